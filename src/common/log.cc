@@ -1,0 +1,130 @@
+#include "common/log.h"
+
+#include <strings.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "common/params.h"
+
+namespace tcpx {
+namespace {
+
+constexpr int kLevelUnset = -1;
+std::atomic<int> g_level{kLevelUnset};
+
+std::mutex& sink_mutex() {
+    static std::mutex mu;
+    return mu;
+}
+LogSink& sink_slot() {
+    static LogSink sink;
+    return sink;
+}
+
+void stderr_sink(LogLevel level, const char* file, int line, std::string_view message) {
+    const char* base = std::strrchr(file, '/');
+    base = base ? base + 1 : file;
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+    // One fprintf per line so concurrent messages do not interleave within a line.
+    std::fprintf(stderr, "[%lld.%06lld] tcpx %s %ld %s:%d %.*s\n",
+                 static_cast<long long>(us / 1000000), static_cast<long long>(us % 1000000),
+                 log_level_name(level), static_cast<long>(::syscall(SYS_gettid)), base, line,
+                 static_cast<int>(message.size()), message.data());
+}
+
+}  // namespace
+
+const char* log_level_name(LogLevel level) {
+    switch (level) {
+        case LogLevel::kTrace:
+            return "trace";
+        case LogLevel::kDebug:
+            return "debug";
+        case LogLevel::kInfo:
+            return "info";
+        case LogLevel::kWarn:
+            return "warn";
+        case LogLevel::kError:
+            return "error";
+        case LogLevel::kOff:
+            return "off";
+    }
+    return "?";
+}
+
+bool parse_log_level(std::string_view text, LogLevel* level) {
+    for (int i = 0; i <= static_cast<int>(LogLevel::kOff); ++i) {
+        const char* name = log_level_name(static_cast<LogLevel>(i));
+        if (text.size() == std::strlen(name) &&
+            ::strncasecmp(text.data(), name, text.size()) == 0) {
+            *level = static_cast<LogLevel>(i);
+            return true;
+        }
+    }
+    return false;
+}
+
+void set_log_sink(LogSink sink) {
+    std::lock_guard<std::mutex> lock(sink_mutex());
+    sink_slot() = std::move(sink);
+}
+
+void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+
+LogLevel log_level() {
+    int level = g_level.load(std::memory_order_relaxed);
+    if (level == kLevelUnset) {
+        // First use: TCPX_P2P_LOG_LEVEL, parsed through the parameter table. An invalid value
+        // keeps the default here; Settings::from_env() reports it as an error. (Only this one
+        // variable is read: loading all of them could log, and logging needs the level.)
+        LogLevel resolved = LogLevel::kWarn;
+        Settings settings;
+        const std::string env_name = std::string(kEnvPrefix) + "LOG_LEVEL";
+        if (const char* value = std::getenv(env_name.c_str());
+            value && settings.set("LOG_LEVEL", value).ok()) {
+            parse_log_level(settings.log_level, &resolved);
+        }
+        int expected = kLevelUnset;
+        g_level.compare_exchange_strong(expected, static_cast<int>(resolved));
+        level = g_level.load();
+    }
+    return static_cast<LogLevel>(level);
+}
+
+void log_message(LogLevel level, const char* file, int line, const char* fmt, ...) {
+    char stack_buf[512];
+    va_list args;
+    va_start(args, fmt);
+    va_list copy;
+    va_copy(copy, args);
+    const int len = std::vsnprintf(stack_buf, sizeof(stack_buf), fmt, copy);
+    va_end(copy);
+    std::string heap_buf;
+    std::string_view message(stack_buf, len < 0 ? 0 : static_cast<size_t>(len));
+    if (len >= static_cast<int>(sizeof(stack_buf))) {
+        heap_buf.resize(static_cast<size_t>(len) + 1);
+        std::vsnprintf(heap_buf.data(), heap_buf.size(), fmt, args);
+        heap_buf.resize(static_cast<size_t>(len));
+        message = heap_buf;
+    }
+    va_end(args);
+
+    std::lock_guard<std::mutex> lock(sink_mutex());
+    if (sink_slot()) {
+        sink_slot()(level, file, line, message);
+    } else {
+        stderr_sink(level, file, line, message);
+    }
+}
+
+}  // namespace tcpx

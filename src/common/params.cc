@@ -1,0 +1,279 @@
+#include "common/params.h"
+
+#include <strings.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+
+extern char** environ;
+
+namespace tcpx {
+namespace {
+
+std::string size_default_text(uint64_t v) { return v == 0 ? "0" : format_bytes(v); }
+
+// The table with defaults rendered as text; built once from params.inc.
+struct TableStorage {
+    std::vector<std::string> default_texts;
+    std::vector<ParamInfo> rows;
+    TableStorage() {
+#define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) \
+    add(#NAME, ParamType::kInt, std::to_string(def), lo, hi, "", doc);
+#define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) \
+    add(#NAME, ParamType::kSize, size_default_text(def), lo, hi, "", doc);
+#define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) \
+    add(#NAME, ParamType::kChoice, def, 0, 0, choices, doc);
+#define TCPX_PARAM_STRING(field, NAME, def, doc) add(#NAME, ParamType::kString, def, 0, 0, "", doc);
+#include "common/params.inc"
+#undef TCPX_PARAM_INT
+#undef TCPX_PARAM_SIZE
+#undef TCPX_PARAM_CHOICE
+#undef TCPX_PARAM_STRING
+        // default_texts is fully built now; point the rows at its strings.
+        for (size_t i = 0; i < rows.size(); ++i) rows[i].default_text = default_texts[i];
+    }
+    void add(const char* name, ParamType type, std::string def, int64_t lo, int64_t hi,
+             const char* choices, const char* doc) {
+        default_texts.push_back(std::move(def));
+        rows.push_back(ParamInfo{name, type, {}, lo, hi, choices, doc});
+    }
+};
+
+const TableStorage& table() {
+    static const TableStorage storage;
+    return storage;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+    return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string_view strip_prefix(std::string_view name) {
+    if (name.size() > kEnvPrefix.size() && iequals(name.substr(0, kEnvPrefix.size()), kEnvPrefix)) {
+        name.remove_prefix(kEnvPrefix.size());
+    }
+    return name;
+}
+
+Status parse_int(std::string_view text, int64_t lo, int64_t hi, int64_t* out) {
+    text = trim(text);
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+        return invalid_argument(
+            strformat("'%.*s' is not an integer", static_cast<int>(text.size()), text.data()));
+    }
+    if (v < lo || v > hi) {
+        return out_of_range(strformat("%lld is outside [%lld, %lld]", static_cast<long long>(v),
+                                      static_cast<long long>(lo), static_cast<long long>(hi)));
+    }
+    *out = v;
+    return Status();
+}
+
+Status parse_size_checked(std::string_view text, int64_t lo, int64_t hi, uint64_t* out) {
+    uint64_t v = 0;
+    if (!parse_size(text, &v)) {
+        return invalid_argument(strformat("'%.*s' is not a size (e.g. 4096, 512K, 64MiB)",
+                                          static_cast<int>(text.size()), text.data()));
+    }
+    if (v < static_cast<uint64_t>(lo) || v > static_cast<uint64_t>(hi)) {
+        return out_of_range(strformat("%s is outside [%s, %s]", format_bytes(v).c_str(),
+                                      format_bytes(static_cast<uint64_t>(lo)).c_str(),
+                                      format_bytes(static_cast<uint64_t>(hi)).c_str()));
+    }
+    *out = v;
+    return Status();
+}
+
+Status parse_choice(std::string_view text, std::string_view choices, std::string* out) {
+    text = trim(text);
+    for (const std::string& choice : split_trimmed(choices, '|')) {
+        if (iequals(text, choice)) {
+            *out = choice;
+            return Status();
+        }
+    }
+    return invalid_argument(strformat("'%.*s' is not one of %.*s", static_cast<int>(text.size()),
+                                      text.data(), static_cast<int>(choices.size()),
+                                      choices.data()));
+}
+
+Status range_check_int(const char* name, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+        return out_of_range(strformat("%.*s%s = %lld is outside [%lld, %lld]",
+                                      static_cast<int>(kEnvPrefix.size()), kEnvPrefix.data(), name,
+                                      static_cast<long long>(v), static_cast<long long>(lo),
+                                      static_cast<long long>(hi)));
+    }
+    return Status();
+}
+
+Status choice_check(const char* name, const std::string& v, std::string_view choices) {
+    std::string canonical;
+    Status st = parse_choice(v, choices, &canonical);
+    if (!st.ok()) {
+        return st.with_context(
+            strformat("%.*s%s", static_cast<int>(kEnvPrefix.size()), kEnvPrefix.data(), name));
+    }
+    return Status();
+}
+
+}  // namespace
+
+bool parse_size(std::string_view text, uint64_t* out) {
+    text = trim(text);
+    size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    if (digits == 0) return false;
+    uint64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + digits, v);
+    if (ec != std::errc() || end != text.data() + digits) return false;
+    std::string_view unit = trim(text.substr(digits));
+    uint64_t mult = 1;
+    if (unit.empty() || iequals(unit, "B")) {
+        mult = 1;
+    } else if (iequals(unit, "K") || iequals(unit, "KiB") || iequals(unit, "KB")) {
+        mult = 1ULL << 10;
+    } else if (iequals(unit, "M") || iequals(unit, "MiB") || iequals(unit, "MB")) {
+        mult = 1ULL << 20;
+    } else if (iequals(unit, "G") || iequals(unit, "GiB") || iequals(unit, "GB")) {
+        mult = 1ULL << 30;
+    } else {
+        return false;
+    }
+    if (v > std::numeric_limits<uint64_t>::max() / mult) return false;
+    *out = v * mult;
+    return true;
+}
+
+std::span<const ParamInfo> param_table() { return table().rows; }
+
+Status Settings::set(std::string_view name, std::string_view value) {
+    const std::string_view key = strip_prefix(trim(name));
+    Status st = invalid_argument("no such parameter");
+#define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) \
+    if (iequals(key, #NAME)) st = parse_int(value, lo, hi, &field);
+#define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) \
+    if (iequals(key, #NAME)) st = parse_size_checked(value, lo, hi, &field);
+#define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) \
+    if (iequals(key, #NAME)) st = parse_choice(value, choices, &field);
+#define TCPX_PARAM_STRING(field, NAME, def, doc) \
+    if (iequals(key, #NAME)) {                   \
+        field = std::string(trim(value));        \
+        st = Status();                           \
+    }
+#include "common/params.inc"
+#undef TCPX_PARAM_INT
+#undef TCPX_PARAM_SIZE
+#undef TCPX_PARAM_CHOICE
+#undef TCPX_PARAM_STRING
+    if (!st.ok()) {
+        return st.with_context(strformat("%.*s%.*s", static_cast<int>(kEnvPrefix.size()),
+                                         kEnvPrefix.data(), static_cast<int>(key.size()),
+                                         key.data()));
+    }
+    return Status();
+}
+
+Status Settings::validate() const {
+#define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) \
+    TCPX_RETURN_IF_ERROR(range_check_int(#NAME, field, lo, hi));
+#define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) \
+    if (field > static_cast<uint64_t>(INT64_MAX)) {    \
+        return out_of_range(#NAME " is too large");    \
+    }                                                  \
+    TCPX_RETURN_IF_ERROR(range_check_int(#NAME, static_cast<int64_t>(field), lo, hi));
+#define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) \
+    TCPX_RETURN_IF_ERROR(choice_check(#NAME, field, choices));
+#define TCPX_PARAM_STRING(field, NAME, def, doc)
+#include "common/params.inc"
+#undef TCPX_PARAM_INT
+#undef TCPX_PARAM_SIZE
+#undef TCPX_PARAM_CHOICE
+#undef TCPX_PARAM_STRING
+    if (min_chunk_size > chunk_size) {
+        return invalid_argument(
+            strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is larger than TCPX_P2P_CHUNK_SIZE (%s)",
+                      format_bytes(min_chunk_size).c_str(), format_bytes(chunk_size).c_str()));
+    }
+    return Status();
+}
+
+StatusOr<Settings> Settings::from_env() {
+    Settings settings;
+    for (char** env = environ; env && *env; ++env) {
+        std::string_view entry(*env);
+        if (entry.substr(0, kEnvPrefix.size()) != kEnvPrefix) continue;
+        const size_t eq = entry.find('=');
+        if (eq == std::string_view::npos) continue;
+        const std::string_view name = entry.substr(0, eq);
+        const std::string_view value = entry.substr(eq + 1);
+        bool known = false;
+        for (const ParamInfo& info : param_table()) {
+            if (name.substr(kEnvPrefix.size()) == info.name) known = true;
+        }
+        if (!known) {
+            static std::atomic<bool> warned{false};
+            if (!warned.exchange(true)) {
+                TCPX_WARN("ignoring %.*s: no such parameter (see `tcpx-p2p params`)",
+                          static_cast<int>(name.size()), name.data());
+            }
+            continue;
+        }
+        Status st = settings.set(name, value);
+        if (!st.ok()) return st.with_context("invalid environment");
+    }
+    TCPX_RETURN_IF_ERROR(settings.validate());
+    return settings;
+}
+
+std::string param_table_markdown() {
+    std::string out =
+        "| Variable | Type | Default | Range | Meaning |\n"
+        "| --- | --- | --- | --- | --- |\n";
+    for (const ParamInfo& p : param_table()) {
+        std::string type;
+        std::string range;
+        switch (p.type) {
+            case ParamType::kInt:
+                type = "integer";
+                range = strformat("%lld – %lld", static_cast<long long>(p.min),
+                                  static_cast<long long>(p.max));
+                break;
+            case ParamType::kSize:
+                type = "size";
+                range = size_default_text(static_cast<uint64_t>(p.min)) + " – " +
+                        size_default_text(static_cast<uint64_t>(p.max));
+                break;
+            case ParamType::kChoice: {
+                type = "choice";
+                for (const std::string& c : split_trimmed(p.choices, '|')) {
+                    if (!range.empty()) range += ", ";
+                    range += "`" + c + "`";
+                }
+                break;
+            }
+            case ParamType::kString:
+                type = "string";
+                break;
+        }
+        const std::string def =
+            p.default_text.empty() ? "(empty)" : "`" + std::string(p.default_text) + "`";
+        out += strformat("| `%.*s%.*s` | %s | %s | %s | %.*s |\n",
+                         static_cast<int>(kEnvPrefix.size()), kEnvPrefix.data(),
+                         static_cast<int>(p.name.size()), p.name.data(), type.c_str(), def.c_str(),
+                         range.c_str(), static_cast<int>(p.doc.size()), p.doc.data());
+    }
+    return out;
+}
+
+}  // namespace tcpx

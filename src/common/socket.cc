@@ -1,0 +1,418 @@
+#include "common/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <limits>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx {
+
+void Fd::reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+}
+
+bool parse_address_family(std::string_view text, AddressFamily* family) {
+    text = trim(text);
+    if (text == "any") {
+        *family = AddressFamily::kAny;
+    } else if (text == "ipv4") {
+        *family = AddressFamily::kIPv4;
+    } else if (text == "ipv6") {
+        *family = AddressFamily::kIPv6;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+// --- SocketAddress -------------------------------------------------------------------------------
+
+StatusOr<SocketAddress> SocketAddress::parse(std::string_view host, uint16_t port) {
+    std::string h(trim(host));
+    if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string service = std::to_string(port);
+    const int rc = ::getaddrinfo(h.c_str(), service.c_str(), &hints, &res);
+    if (rc != 0 || res == nullptr) {
+        return invalid_argument(strformat("'%s' is not a numeric IPv4 or IPv6 address: %s",
+                                          h.c_str(), ::gai_strerror(rc)));
+    }
+    auto out = from_sockaddr(res->ai_addr, res->ai_addrlen);
+    ::freeaddrinfo(res);
+    return out;
+}
+
+StatusOr<SocketAddress> SocketAddress::from_sockaddr(const sockaddr* addr, socklen_t len) {
+    SocketAddress out;
+    if (addr == nullptr) return invalid_argument("null socket address");
+    if (addr->sa_family == AF_INET && len >= static_cast<socklen_t>(sizeof(sockaddr_in))) {
+        out.len_ = sizeof(sockaddr_in);
+    } else if (addr->sa_family == AF_INET6 && len >= static_cast<socklen_t>(sizeof(sockaddr_in6))) {
+        out.len_ = sizeof(sockaddr_in6);
+    } else {
+        return invalid_argument(strformat("unsupported address family %d", addr->sa_family));
+    }
+    std::memcpy(&out.storage_, addr, out.len_);
+    return out;
+}
+
+uint16_t SocketAddress::port() const {
+    if (family() == AF_INET)
+        return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
+    if (family() == AF_INET6) {
+        return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_port);
+    }
+    return 0;
+}
+
+void SocketAddress::set_port(uint16_t port) {
+    if (family() == AF_INET) reinterpret_cast<sockaddr_in*>(&storage_)->sin_port = htons(port);
+    if (family() == AF_INET6) reinterpret_cast<sockaddr_in6*>(&storage_)->sin6_port = htons(port);
+}
+
+bool SocketAddress::is_loopback() const {
+    if (family() == AF_INET) {
+        const uint32_t a = ntohl(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_addr.s_addr);
+        return (a >> 24) == 127;
+    }
+    if (family() == AF_INET6) {
+        return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr);
+    }
+    return false;
+}
+
+std::string SocketAddress::host_string() const {
+    char host[NI_MAXHOST];
+    if (len_ == 0 ||
+        ::getnameinfo(get(), len_, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+        return "(none)";
+    }
+    return host;
+}
+
+std::string SocketAddress::to_string() const {
+    if (len_ == 0) return "(none)";
+    if (family() == AF_INET6) return "[" + host_string() + "]:" + std::to_string(port());
+    return host_string() + ":" + std::to_string(port());
+}
+
+// --- interfaces ----------------------------------------------------------------------------------
+
+bool interface_matches(std::string_view spec, std::string_view name) {
+    spec = trim(spec);
+    bool exclude = false;
+    bool exact = false;
+    if (!spec.empty() && spec.front() == '^') {
+        exclude = true;
+        spec.remove_prefix(1);
+    }
+    if (!spec.empty() && spec.front() == '=') {
+        exact = true;
+        spec.remove_prefix(1);
+    }
+    bool listed = false;
+    for (const std::string& entry : split_trimmed(spec, ',')) {
+        if (exact ? name == entry : name.substr(0, entry.size()) == entry) {
+            listed = true;
+            break;
+        }
+    }
+    return exclude ? !listed : listed;
+}
+
+namespace {
+
+bool family_allowed(int fam, AddressFamily family) {
+    if (fam == AF_INET) return family != AddressFamily::kIPv6;
+    if (fam == AF_INET6) return family != AddressFamily::kIPv4;
+    return false;
+}
+
+// Lower is preferred: IPv4, then global IPv6, then link-local IPv6.
+int address_rank(const sockaddr* sa) {
+    if (sa->sa_family == AF_INET) return 0;
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    return IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr) ? 2 : 1;
+}
+
+}  // namespace
+
+StatusOr<std::vector<NetInterface>> find_interfaces(std::string_view spec, AddressFamily family) {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return errno_status(errno, "getifaddrs");
+
+    struct Candidate {
+        NetInterface iface;
+        int rank;
+    };
+    std::vector<Candidate> found;
+    auto collect = [&](auto&& selected) {
+        found.clear();
+        for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+            if (it->ifa_addr == nullptr || !(it->ifa_flags & IFF_UP)) continue;
+            if (!family_allowed(it->ifa_addr->sa_family, family)) continue;
+            if (!selected(std::string_view(it->ifa_name))) continue;
+            const socklen_t len =
+                it->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+            auto addr = SocketAddress::from_sockaddr(it->ifa_addr, len);
+            if (!addr.ok()) continue;
+            const int rank = address_rank(it->ifa_addr);
+            auto same = std::find_if(found.begin(), found.end(), [&](const Candidate& c) {
+                return c.iface.name == it->ifa_name;
+            });
+            if (same == found.end()) {
+                found.push_back(
+                    Candidate{NetInterface{it->ifa_name, *addr,
+                                           static_cast<int>(::if_nametoindex(it->ifa_name))},
+                              rank});
+            } else if (rank < same->rank) {
+                same->iface.address = *addr;
+                same->rank = rank;
+            }
+        }
+    };
+
+    if (!trim(spec).empty()) {
+        collect([&](std::string_view name) { return interface_matches(spec, name); });
+    } else {
+        collect(
+            [](std::string_view name) { return name != "lo" && name.substr(0, 6) != "docker"; });
+        if (found.empty()) collect([](std::string_view name) { return name == "lo"; });
+    }
+    ::freeifaddrs(list);
+
+    if (found.empty()) {
+        return not_found(strformat("no interface that is up with an %s address matches '%.*s'",
+                                   family == AddressFamily::kIPv4   ? "IPv4"
+                                   : family == AddressFamily::kIPv6 ? "IPv6"
+                                                                    : "IP",
+                                   static_cast<int>(spec.size()), spec.data()));
+    }
+    std::vector<NetInterface> out;
+    out.reserve(found.size());
+    for (Candidate& c : found) out.push_back(std::move(c.iface));
+    return out;
+}
+
+// --- socket operations ---------------------------------------------------------------------------
+
+StatusOr<Fd> listen_tcp(const SocketAddress& addr, int backlog) {
+    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return errno_status(errno, "socket");
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), addr.get(), addr.size()) != 0) {
+        return errno_status(errno, "bind " + addr.to_string());
+    }
+    if (::listen(fd.get(), backlog) != 0) return errno_status(errno, "listen " + addr.to_string());
+    return fd;
+}
+
+StatusOr<SocketAddress> local_address(int fd) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        return errno_status(errno, "getsockname");
+    }
+    return SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+}
+
+StatusOr<SocketAddress> peer_address(int fd) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        return errno_status(errno, "getpeername");
+    }
+    return SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+}
+
+StatusOr<Fd> start_connect(const SocketAddress& addr) {
+    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return errno_status(errno, "socket");
+    if (::connect(fd.get(), addr.get(), addr.size()) != 0 && errno != EINPROGRESS) {
+        return errno_status(errno, "connect to " + addr.to_string());
+    }
+    return fd;
+}
+
+Status finish_connect(int fd, const SocketAddress& addr, bool* done) {
+    *done = false;
+    pollfd pfd{fd, POLLOUT, 0};
+    const int rc = ::poll(&pfd, 1, 0);
+    if (rc < 0) return errno_status(errno, "poll");
+    if (rc == 0) return Status();
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+        return errno_status(errno, "getsockopt(SO_ERROR)");
+    }
+    if (err != 0) return errno_status(err, "connect to " + addr.to_string());
+    *done = true;
+    return Status();
+}
+
+StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms) {
+    TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+        pollfd pfd{fd.get(), POLLOUT, 0};
+        ::poll(&pfd, 1, 50);
+        bool done = false;
+        TCPX_RETURN_IF_ERROR(finish_connect(fd.get(), addr, &done));
+        if (done) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+            return timeout_error("connect to " + addr.to_string() + " timed out");
+        }
+    }
+    TCPX_RETURN_IF_ERROR(set_nonblocking(fd.get(), false));
+    return fd;
+}
+
+StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    const int fd =
+        ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Fd();
+        // A connection that was reset while queued is not an error of the listener.
+        if (errno == ECONNABORTED || errno == EPROTO) return Fd();
+        return errno_status(errno, "accept");
+    }
+    if (peer != nullptr) {
+        auto addr = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+        if (addr.ok()) *peer = *addr;
+    }
+    return Fd(fd);
+}
+
+Status set_nonblocking(int fd, bool nonblocking) {
+    const int flags = ::fcntl(fd, F_GETFL, 0);
+    if (flags < 0) return errno_status(errno, "fcntl(F_GETFL)");
+    const int want = nonblocking ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+    if (want != flags && ::fcntl(fd, F_SETFL, want) != 0) {
+        return errno_status(errno, "fcntl(F_SETFL)");
+    }
+    return Status();
+}
+
+Status set_nodelay(int fd) {
+    const int one = 1;
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+        return errno_status(errno, "setsockopt(TCP_NODELAY)");
+    }
+    return Status();
+}
+
+Status set_buffer_sizes(int fd, uint64_t sndbuf, uint64_t rcvbuf) {
+    auto set = [fd](int opt, uint64_t bytes, const char* name) -> Status {
+        if (bytes == 0) return Status();
+        const int v = static_cast<int>(std::min<uint64_t>(bytes, std::numeric_limits<int>::max()));
+        if (::setsockopt(fd, SOL_SOCKET, opt, &v, sizeof(v)) != 0) {
+            return errno_status(errno, strformat("setsockopt(%s, %d)", name, v));
+        }
+        return Status();
+    };
+    TCPX_RETURN_IF_ERROR(set(SO_SNDBUF, sndbuf, "SO_SNDBUF"));
+    return set(SO_RCVBUF, rcvbuf, "SO_RCVBUF");
+}
+
+Status set_dead_peer_timeout(int fd, int64_t timeout_ms) {
+    if (timeout_ms <= 0) return Status();
+    const unsigned user_timeout =
+        static_cast<unsigned>(std::min<int64_t>(timeout_ms, std::numeric_limits<unsigned>::max()));
+    if (::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout)) != 0) {
+        return errno_status(errno, "setsockopt(TCP_USER_TIMEOUT)");
+    }
+    // Keepalive finds a dead peer on an idle connection: first probe after a third of the
+    // timeout, then probes every sixth, so about three unanswered probes fail it.
+    const int one = 1;
+    const int idle = static_cast<int>(std::max<int64_t>(1, timeout_ms / 3000));
+    const int interval = static_cast<int>(std::max<int64_t>(1, timeout_ms / 6000));
+    const int count = 3;
+    if (::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)) != 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval)) != 0 ||
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count)) != 0) {
+        return errno_status(errno, "setsockopt(keepalive)");
+    }
+    return Status();
+}
+
+StatusOr<size_t> send_some(int fd, const iovec* iov, int iovcnt) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    while (true) {
+        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0) return static_cast<size_t>(n);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+        return errno_status(errno, "send");
+    }
+}
+
+StatusOr<size_t> recv_some(int fd, void* buf, size_t len, bool* eof) {
+    *eof = false;
+    while (true) {
+        const ssize_t n = ::recv(fd, buf, len, MSG_DONTWAIT);
+        if (n > 0) return static_cast<size_t>(n);
+        if (n == 0) {
+            *eof = len > 0;
+            return size_t{0};
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+        return errno_status(errno, "recv");
+    }
+}
+
+Status send_all(int fd, const void* buf, size_t len) {
+    const auto* p = static_cast<const uint8_t*>(buf);
+    while (len > 0) {
+        const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno_status(errno, "send");
+        }
+        p += n;
+        len -= static_cast<size_t>(n);
+    }
+    return Status();
+}
+
+Status recv_all(int fd, void* buf, size_t len) {
+    auto* p = static_cast<uint8_t*>(buf);
+    while (len > 0) {
+        const ssize_t n = ::recv(fd, p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno_status(errno, "recv");
+        }
+        if (n == 0) return unavailable("connection closed by peer");
+        p += n;
+        len -= static_cast<size_t>(n);
+    }
+    return Status();
+}
+
+}  // namespace tcpx

@@ -1,0 +1,128 @@
+// Socket helpers: an owning fd, addresses (IPv4 and IPv6), interface selection, and
+// non-blocking operations that report partial progress instead of blocking.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tcpx/status.h"
+
+namespace tcpx {
+
+// Owns a file descriptor; closes it on destruction.
+class Fd {
+ public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    Fd(Fd&& other) noexcept : fd_(other.release()) {}
+    Fd& operator=(Fd&& other) noexcept {
+        if (this != &other) reset(other.release());
+        return *this;
+    }
+    ~Fd() { reset(); }
+
+    int get() const { return fd_; }
+    bool valid() const { return fd_ >= 0; }
+    int release() {
+        const int fd = fd_;
+        fd_ = -1;
+        return fd;
+    }
+    void reset(int fd = -1);
+
+ private:
+    int fd_ = -1;
+};
+
+enum class AddressFamily { kAny, kIPv4, kIPv6 };
+
+// Parses "any" / "ipv4" / "ipv6" (the SOCKET_FAMILY parameter).
+bool parse_address_family(std::string_view text, AddressFamily* family);
+
+// An IPv4 or IPv6 socket address.
+class SocketAddress {
+ public:
+    SocketAddress() = default;
+    // From a numeric host ("127.0.0.1", "::1", "fe80::1%eth0") and a port.
+    static StatusOr<SocketAddress> parse(std::string_view host, uint16_t port);
+    static StatusOr<SocketAddress> from_sockaddr(const sockaddr* addr, socklen_t len);
+
+    int family() const { return storage_.ss_family; }
+    uint16_t port() const;
+    void set_port(uint16_t port);
+    bool is_loopback() const;
+    const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage_); }
+    socklen_t size() const { return len_; }
+    // "127.0.0.1:5000", "[::1]:5000"; "(none)" when empty.
+    std::string to_string() const;
+    // The host part alone: "127.0.0.1", "::1".
+    std::string host_string() const;
+
+ private:
+    sockaddr_storage storage_{};
+    socklen_t len_ = 0;
+};
+
+struct NetInterface {
+    std::string name;       // "eth0"
+    SocketAddress address;  // port 0
+    int index = 0;          // if_nametoindex
+};
+
+// The interfaces selected by `spec` (the SOCKET_IFNAME syntax: comma-separated name prefixes,
+// "^" excludes, "=" exact) that are up and have an address of `family`, in the order the system
+// lists them, one entry per interface (its first matching address). With an empty spec: every
+// interface except lo and docker*, or lo when there is no other. Error when nothing matches.
+StatusOr<std::vector<NetInterface>> find_interfaces(std::string_view spec, AddressFamily family);
+
+// Whether `name` is selected by `spec` (exposed for tests).
+bool interface_matches(std::string_view spec, std::string_view name);
+
+// A non-blocking, close-on-exec listening TCP socket bound to `addr` (port 0: ephemeral).
+StatusOr<Fd> listen_tcp(const SocketAddress& addr, int backlog);
+// The address a socket is bound to (with the port the kernel chose).
+StatusOr<SocketAddress> local_address(int fd);
+StatusOr<SocketAddress> peer_address(int fd);
+
+// Starts a non-blocking connect; the returned fd completes later (poll for writability, then
+// finish_connect).
+StatusOr<Fd> start_connect(const SocketAddress& addr);
+// Checks a connect started by start_connect: *done is false while in progress; an error status
+// when it failed.
+Status finish_connect(int fd, const SocketAddress& addr, bool* done);
+// Blocking connect with a deadline, for tools and tests.
+StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms);
+
+// Accepts one pending connection as a non-blocking, close-on-exec fd; an invalid Fd when none is
+// pending. `peer` may be null.
+StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer);
+
+Status set_nonblocking(int fd, bool nonblocking);
+Status set_nodelay(int fd);
+// 0 leaves a buffer size alone (the kernel autotunes it).
+Status set_buffer_sizes(int fd, uint64_t sndbuf, uint64_t rcvbuf);
+// Dead-peer detection: TCP_USER_TIMEOUT plus keepalive probes that together give up after about
+// `timeout_ms`. 0 leaves the kernel's defaults.
+Status set_dead_peer_timeout(int fd, int64_t timeout_ms);
+
+// Non-blocking I/O with partial progress. Each returns the number of bytes moved, 0 when the
+// call would block; recv_some sets *eof when the peer closed its side. Errors carry strerror.
+// Sends never raise SIGPIPE.
+StatusOr<size_t> send_some(int fd, const iovec* iov, int iovcnt);
+StatusOr<size_t> recv_some(int fd, void* buf, size_t len, bool* eof);
+
+// Blocking whole-buffer I/O for tools, tests and baselines (the fd must be blocking).
+Status send_all(int fd, const void* buf, size_t len);
+// Error on EOF before `len` bytes.
+Status recv_all(int fd, void* buf, size_t len);
+
+}  // namespace tcpx

@@ -1,0 +1,124 @@
+#include "common/socket.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+namespace tcpx {
+namespace {
+
+TEST(SocketAddress, ParsesBothFamilies) {
+    auto v4 = SocketAddress::parse("127.0.0.1", 5000);
+    ASSERT_TRUE(v4.ok());
+    EXPECT_EQ(v4->family(), AF_INET);
+    EXPECT_EQ(v4->port(), 5000);
+    EXPECT_TRUE(v4->is_loopback());
+    EXPECT_EQ(v4->to_string(), "127.0.0.1:5000");
+    auto v6 = SocketAddress::parse("[::1]", 80);
+    ASSERT_TRUE(v6.ok());
+    EXPECT_EQ(v6->family(), AF_INET6);
+    EXPECT_TRUE(v6->is_loopback());
+    EXPECT_EQ(v6->to_string(), "[::1]:80");
+    EXPECT_FALSE(SocketAddress::parse("example.com", 1).ok());  // numeric only: no DNS
+    EXPECT_FALSE(SocketAddress::parse("300.1.1.1", 1).ok());
+}
+
+TEST(Interfaces, SpecSyntax) {
+    EXPECT_TRUE(interface_matches("eth", "eth0"));
+    EXPECT_TRUE(interface_matches("eth,ib", "ib1"));
+    EXPECT_FALSE(interface_matches("eth", "lo"));
+    EXPECT_FALSE(interface_matches("^eth", "eth3"));
+    EXPECT_TRUE(interface_matches("^eth", "lo"));
+    EXPECT_TRUE(interface_matches("=eth0", "eth0"));
+    EXPECT_FALSE(interface_matches("=eth0", "eth01"));
+    EXPECT_FALSE(interface_matches("^=lo", "lo"));
+    EXPECT_TRUE(interface_matches("^=lo", "lo2"));
+}
+
+TEST(Interfaces, LoopbackIsFound) {
+    auto ifs = find_interfaces("=lo", AddressFamily::kIPv4);
+    ASSERT_TRUE(ifs.ok()) << ifs.status().to_string();
+    ASSERT_EQ(ifs->size(), 1u);
+    EXPECT_EQ((*ifs)[0].name, "lo");
+    EXPECT_EQ((*ifs)[0].address.host_string(), "127.0.0.1");
+    auto none = find_interfaces("=nonexistent9", AddressFamily::kAny);
+    EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+}
+
+TEST(Sockets, ListenConnectAcceptAndPartialIo) {
+    auto addr = SocketAddress::parse("127.0.0.1", 0);
+    auto listener = listen_tcp(*addr, 16);
+    ASSERT_TRUE(listener.ok());
+    auto bound = local_address(listener->get());
+    ASSERT_TRUE(bound.ok());
+    EXPECT_NE(bound->port(), 0);
+    auto client = start_connect(*bound);
+    ASSERT_TRUE(client.ok());
+    Fd server;
+    for (int i = 0; i < 1000 && !server.valid(); ++i) {
+        auto s = accept_tcp(listener->get(), nullptr);
+        ASSERT_TRUE(s.ok());
+        if (s->valid()) server = std::move(s).value();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(server.valid());
+    bool done = false;
+    for (int i = 0; i < 1000 && !done; ++i) {
+        ASSERT_TRUE(finish_connect(client->get(), *bound, &done).ok());
+    }
+    ASSERT_TRUE(done);
+    ASSERT_TRUE(set_nodelay(client->get()).ok());
+    ASSERT_TRUE(set_dead_peer_timeout(client->get(), 5000).ok());
+
+    // Nothing to read yet: 0 bytes, not EOF.
+    char buf[16];
+    bool eof = true;
+    auto n = recv_some(server.get(), buf, sizeof(buf), &eof);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 0u);
+    EXPECT_FALSE(eof);
+
+    const char msg[] = "hello";
+    iovec iov{const_cast<char*>(msg), 5};
+    auto sent = send_some(client->get(), &iov, 1);
+    ASSERT_TRUE(sent.ok());
+    EXPECT_EQ(*sent, 5u);
+    size_t got = 0;
+    for (int i = 0; i < 1000 && got < 5; ++i) {
+        auto r = recv_some(server.get(), buf + got, sizeof(buf) - got, &eof);
+        ASSERT_TRUE(r.ok());
+        got += *r;
+    }
+    EXPECT_EQ(std::string(buf, got), "hello");
+
+    client->reset();  // close: the server sees EOF
+    bool saw_eof = false;
+    for (int i = 0; i < 1000 && !saw_eof; ++i) {
+        auto r = recv_some(server.get(), buf, sizeof(buf), &saw_eof);
+        ASSERT_TRUE(r.ok());
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(saw_eof);
+    // Writing to a closed peer is an error, not a SIGPIPE.
+    Status st;
+    for (int i = 0; i < 100 && st.ok(); ++i) {
+        auto w = send_some(server.get(), &iov, 1);
+        st = w.ok() ? Status() : w.status();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+}
+
+TEST(Sockets, ConnectRefusedIsUnavailable) {
+    auto addr = SocketAddress::parse("127.0.0.1", 0);
+    auto listener = listen_tcp(*addr, 1);
+    auto bound = local_address(listener->get());
+    listener->reset();  // nobody listens there now
+    auto fd = connect_blocking(*bound, 2000);
+    ASSERT_FALSE(fd.ok());
+    EXPECT_EQ(fd.status().code(), StatusCode::kUnavailable) << fd.status().to_string();
+}
+
+}  // namespace
+}  // namespace tcpx
