@@ -1,0 +1,132 @@
+// The transport contract: a C++ rendering of ncclNet v7 (shared/reference/ncclnet-v7.md).
+//
+// Every transport the engine uses implements Net: the built-in socket provider (host memory), an
+// external ncclNet plugin loaded by path (Google's GPUDirect-TCPX) and test fakes. Keeping the
+// contract exactly v7's means one engine runs over all of them unchanged, and that our own
+// provider can be exported as a real ncclNet table (v7_table.h).
+//
+// Contract, as in v7:
+// - Comms are unidirectional. listen() yields a handle (at most 128 bytes) that the other side
+//   passes to connect(); accept() on the listening side yields the matching receive comm.
+// - connect() and accept() never block: they return OK with a null comm until the connection is
+//   ready, and the caller calls again (with the same handle buffer, which connect may modify).
+// - isend()/irecv() never block: OK with a null request means "no room now, post again later".
+//   On one comm, sends and receives match in posting order. A receive with n > 1 buffers takes the
+//   next n sends of the comm, each landing in the buffer whose tag equals the send's tag.
+//   A receive buffer may be larger than the send; a smaller one fails that receive.
+// - test() polls a request. When it reports done (or returns an error) the request is gone and
+//   must not be used again. An error from test() means that request failed.
+// - Every receive that test() reported done must be followed by irecv_consumed(), in completion
+//   order, once the caller has finished reading the data (Google's TCPX recycles the receive's
+//   device pages then). The request pointer serves there as an identifier only.
+// - close_*() may be called with requests pending: they are abandoned, their buffers are no longer
+//   touched once close returns, and their request pointers become invalid.
+// - A Net instance is thread-safe: different comms may be used from different threads at once, and
+//   posting and testing on one comm may come from several threads.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tcpx/status.h"
+
+namespace tcpx::net {
+
+inline constexpr size_t kHandleSize = 128;
+
+// The connection handle produced by listen() and consumed by connect(). Opaque bytes that the
+// application carries from one side to the other (out of band).
+struct Handle {
+    alignas(8) std::array<uint8_t, kHandleSize> bytes{};
+};
+
+// Memory kinds (the values of NCCL_PTR_*; `ptr_support` is a mask of them).
+enum class MemType : int { kHost = 0x1, kCuda = 0x2, kDmaBuf = 0x4 };
+
+// How received device data is handed over (ncclNetDeviceType).
+enum class DeviceType : int { kHost = 0, kUnpack = 1 };
+
+struct Properties {
+    std::string name;      // interface name, e.g. "eth1"
+    std::string pci_path;  // sysfs path of the NIC's PCI device; empty if unknown
+    uint64_t guid = 0;
+    int ptr_support = static_cast<int>(MemType::kHost);
+    int speed_mbps = 0;
+    int port = 0;
+    float latency_us = 0;
+    int max_comms = 0;
+    int max_recvs = 1;  // largest n accepted by irecv
+    DeviceType device_type = DeviceType::kHost;
+    int device_version = 0;
+    // Not in v7's properties: requests in flight per comm before isend/irecv return no request
+    // (NCCL assumes 8–32; Google's TCPX allows 16).
+    int max_requests = 8;
+    // Not in v7: whether test() reports received sizes. Google's TCPX plugin never does, so the
+    // engine must know sizes from its own protocol when this is false.
+    bool reports_sizes = true;
+};
+
+// What accept()/connect() return for device-side consumption of received data
+// (ncclNetDeviceHandle_v7_t).
+struct DeviceHandle {
+    DeviceType type = DeviceType::kHost;
+    int version = 0;
+    void* handle = nullptr;  // a device pointer; for UNPACK the unpack handle
+    size_t size = 0;
+    bool needs_proxy_progress = false;
+};
+
+// Opaque handles. Each provider casts them to its own types; they are never defined.
+struct ListenComm;
+struct SendComm;
+struct RecvComm;
+struct Request;
+struct MemHandle;
+
+class Net {
+ public:
+    virtual ~Net() = default;
+
+    // The provider's name ("socket", or the plugin's name).
+    virtual std::string_view name() const = 0;
+
+    virtual int device_count() const = 0;
+    virtual Status get_properties(int dev, Properties* props) const = 0;
+
+    virtual Status listen(int dev, Handle* handle, ListenComm** listen_comm) = 0;
+    // Non-blocking: *send_comm stays null until connected; call again with the same handle.
+    // `dev_handle` may be null when the caller takes no device handle.
+    virtual Status connect(int dev, Handle* handle, SendComm** send_comm,
+                           DeviceHandle* dev_handle) = 0;
+    // Non-blocking: *recv_comm stays null until a connection has arrived and is ready.
+    virtual Status accept(ListenComm* listen_comm, RecvComm** recv_comm,
+                          DeviceHandle* dev_handle) = 0;
+
+    // `comm` is a SendComm* or RecvComm*. `type` is one MemType.
+    virtual Status reg_mr(void* comm, void* data, size_t size, MemType type,
+                          MemHandle** mhandle) = 0;
+    virtual Status dereg_mr(void* comm, MemHandle* mhandle) = 0;
+
+    // OK with *request == nullptr: too many requests in flight, post again later.
+    virtual Status isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                         Request** request) = 0;
+    virtual Status irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
+                         const int* tags, MemHandle* const* mhandles, Request** request) = 0;
+    // *done set; when done and `sizes` is not null and the provider reports sizes, sizes[i] is the
+    // size received into buffer i (the size sent, for a send). An error means the request failed;
+    // either way a finished request is released.
+    virtual Status test(Request* request, bool* done, size_t* sizes) = 0;
+    // The caller is done with the data of completed receive `request` (of `n` buffers); must be
+    // called for every completed receive, oldest first.
+    virtual Status irecv_consumed(RecvComm* comm, int n, Request* request) = 0;
+
+    virtual Status close_send(SendComm* comm) = 0;
+    virtual Status close_recv(RecvComm* comm) = 0;
+    virtual Status close_listen(ListenComm* comm) = 0;
+};
+
+}  // namespace tcpx::net

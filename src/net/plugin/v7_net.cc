@@ -1,0 +1,380 @@
+#include "net/plugin/v7_net.h"
+
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <unordered_set>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "net/v7_common.h"
+
+namespace tcpx::net {
+namespace {
+
+constexpr uint32_t kSendWrap = 0x56375343;     // "V7SC"
+constexpr uint32_t kRecvWrap = 0x56375243;     // "V7RC"
+constexpr uint32_t kListenWrap = 0x56374c43;   // "V7LC"
+constexpr uint32_t kRequestWrap = 0x56375251;  // "V7RQ"
+constexpr int kMaxRecvs = 8;
+
+Status check_int_size(size_t size, const char* what) {
+    if (size > static_cast<size_t>(INT_MAX)) {
+        return invalid_argument(
+            strformat("%s: %zu bytes exceed what an ncclNet v7 transport "
+                      "takes in one call (2 GiB - 1)",
+                      what, size));
+    }
+    return Status();
+}
+
+DeviceHandle to_device_handle(const tcpx_ncclNetDeviceHandle_v7_t& h) {
+    DeviceHandle out;
+    out.type = static_cast<DeviceType>(h.netDeviceType);
+    out.version = h.netDeviceVersion;
+    out.handle = h.handle;
+    out.size = h.size;
+    out.needs_proxy_progress = h.needsProxyProgress != 0;
+    return out;
+}
+
+}  // namespace
+
+// A comm of the plugin plus the device-handle storage the plugin may fill in.
+struct V7Net::CommWrap {
+    uint32_t magic;
+    void* comm = nullptr;
+    tcpx_ncclNetDeviceHandle_v7_t dev{};
+    tcpx_ncclNetDeviceHandle_v7_t* dev_ptr = &dev;
+    std::mutex mu;
+    // Every request wrapper of this comm not yet released, so close frees abandoned ones.
+    std::unordered_set<RequestWrap*> live;
+    // Receives test() reported done, awaiting irecv_consumed(), oldest first (also in `live`).
+    std::deque<RequestWrap*> completed;
+};
+
+struct V7Net::ListenWrap {
+    uint32_t magic = kListenWrap;
+    void* comm = nullptr;
+    // Storage for the next accepted comm, kept across accept() retries for the same reason.
+    std::unique_ptr<CommWrap> next;
+    std::mutex mu;
+};
+
+struct V7Net::RequestWrap {
+    uint32_t magic = kRequestWrap;
+    void* request = nullptr;
+    CommWrap* comm = nullptr;
+    bool is_recv = false;
+    int n = 1;  // sizes test() reports: n for a receive, 1 for a send
+};
+
+V7Net::RequestWrap* V7Net::new_request(CommWrap* comm, void* request, bool is_recv, int n) {
+    auto* r = new RequestWrap;
+    r->request = request;
+    r->comm = comm;
+    r->is_recv = is_recv;
+    r->n = n;
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->live.insert(r);
+    return r;
+}
+
+void V7Net::release_request(RequestWrap* r) {
+    {
+        std::lock_guard<std::mutex> lock(r->comm->mu);
+        r->comm->live.erase(r);
+    }
+    r->magic = 0;
+    delete r;
+}
+
+void V7Net::release_all(CommWrap* comm) {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    for (RequestWrap* r : comm->live) delete r;
+    comm->live.clear();
+    comm->completed.clear();
+}
+
+StatusOr<std::unique_ptr<V7Net>> V7Net::create(const tcpx_ncclNet_v7_t* table, V7Options options) {
+    if (table == nullptr) return invalid_argument("null ncclNet v7 table");
+    const std::string name = table->name != nullptr ? table->name : "(unnamed)";
+    for (const void* fn :
+         {reinterpret_cast<const void*>(table->init), reinterpret_cast<const void*>(table->devices),
+          reinterpret_cast<const void*>(table->getProperties),
+          reinterpret_cast<const void*>(table->listen),
+          reinterpret_cast<const void*>(table->connect),
+          reinterpret_cast<const void*>(table->accept), reinterpret_cast<const void*>(table->regMr),
+          reinterpret_cast<const void*>(table->deregMr),
+          reinterpret_cast<const void*>(table->isend), reinterpret_cast<const void*>(table->irecv),
+          reinterpret_cast<const void*>(table->test),
+          reinterpret_cast<const void*>(table->closeSend),
+          reinterpret_cast<const void*>(table->closeRecv),
+          reinterpret_cast<const void*>(table->closeListen)}) {
+        if (fn == nullptr) {
+            return invalid_argument("ncclNet table '" + name + "' lacks a required function");
+        }
+    }
+    TCPX_RETURN_IF_ERROR(
+        from_nccl_result(table->init(nccl_logger_into_tcpx_log()), name + ": init"));
+    int ndev = 0;
+    TCPX_RETURN_IF_ERROR(from_nccl_result(table->devices(&ndev), name + ": devices"));
+    if (ndev < 1) return not_found(name + ": no network devices");
+    return std::unique_ptr<V7Net>(new V7Net(table, options, ndev));
+}
+
+V7Net::V7Net(const tcpx_ncclNet_v7_t* table, V7Options options, int ndev)
+    : table_(table),
+      options_(options),
+      name_(table->name != nullptr ? table->name : "(unnamed)"),
+      ndev_(ndev) {}
+
+V7Net::~V7Net() = default;
+
+void* V7Net::unwrap_comm(void* comm) {
+    auto* w = static_cast<CommWrap*>(comm);
+    if (w == nullptr || (w->magic != kSendWrap && w->magic != kRecvWrap)) return nullptr;
+    return w->comm;
+}
+
+Status V7Net::get_properties(int dev, Properties* props) const {
+    tcpx_ncclNetProperties_v7_t p{};
+    TCPX_RETURN_IF_ERROR(
+        from_nccl_result(table_->getProperties(dev, &p), name_ + ": getProperties"));
+    *props = Properties{};
+    props->name = p.name != nullptr ? p.name : "";
+    props->pci_path = p.pciPath != nullptr ? p.pciPath : "";
+    props->guid = p.guid;
+    props->ptr_support = p.ptrSupport;
+    props->speed_mbps = p.speed;
+    props->port = p.port;
+    props->latency_us = p.latency;
+    props->max_comms = p.maxComms;
+    props->max_recvs = p.maxRecvs;
+    props->device_type = static_cast<DeviceType>(p.netDeviceType);
+    props->device_version = p.netDeviceVersion;
+    props->max_requests = options_.max_requests;
+    props->reports_sizes = options_.reports_sizes;
+    return Status();
+}
+
+Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
+    if (handle == nullptr || listen_comm == nullptr) {
+        return invalid_argument("listen: null handle or comm");
+    }
+    *listen_comm = nullptr;
+    auto w = std::make_unique<ListenWrap>();
+    TCPX_RETURN_IF_ERROR(
+        from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
+    *listen_comm = reinterpret_cast<ListenComm*>(w.release());
+    return Status();
+}
+
+Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {
+    if (handle == nullptr || send_comm == nullptr) {
+        return invalid_argument("connect: null handle or comm");
+    }
+    *send_comm = nullptr;
+    std::unique_ptr<CommWrap> w;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = connecting_.find(handle);
+        if (it != connecting_.end()) {
+            w = std::move(it->second);
+            connecting_.erase(it);
+        }
+    }
+    if (!w) {
+        w = std::make_unique<CommWrap>();
+        w->magic = kSendWrap;
+    }
+    Status st = from_nccl_result(table_->connect(dev, handle->bytes.data(), &w->comm, &w->dev_ptr),
+                                 name_ + ": connect");
+    if (!st.ok()) return st;
+    if (w->comm == nullptr) {
+        std::lock_guard<std::mutex> lock(mu_);
+        connecting_[handle] = std::move(w);
+        return Status();
+    }
+    if (dev_handle != nullptr) {
+        *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
+    }
+    *send_comm = reinterpret_cast<SendComm*>(w.release());
+    return Status();
+}
+
+Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) {
+    auto* l = reinterpret_cast<ListenWrap*>(listen_comm);
+    if (l == nullptr || l->magic != kListenWrap || recv_comm == nullptr) {
+        return invalid_argument("accept: not a listen comm");
+    }
+    *recv_comm = nullptr;
+    std::lock_guard<std::mutex> lock(l->mu);
+    if (!l->next) {
+        l->next = std::make_unique<CommWrap>();
+        l->next->magic = kRecvWrap;
+    }
+    CommWrap* w = l->next.get();
+    TCPX_RETURN_IF_ERROR(
+        from_nccl_result(table_->accept(l->comm, &w->comm, &w->dev_ptr), name_ + ": accept"));
+    if (w->comm == nullptr) return Status();
+    if (dev_handle != nullptr) {
+        *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
+    }
+    *recv_comm = reinterpret_cast<RecvComm*>(l->next.release());
+    return Status();
+}
+
+Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) {
+    void* c = unwrap_comm(comm);
+    if (c == nullptr || mhandle == nullptr) return invalid_argument("reg_mr: not a comm");
+    TCPX_RETURN_IF_ERROR(check_int_size(size, "reg_mr"));
+    void* mh = nullptr;
+    TCPX_RETURN_IF_ERROR(from_nccl_result(
+        table_->regMr(c, data, static_cast<int>(size), static_cast<int>(type), &mh),
+        name_ + ": regMr"));
+    *mhandle = static_cast<MemHandle*>(mh);
+    return Status();
+}
+
+Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
+    void* c = unwrap_comm(comm);
+    if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
+    return from_nccl_result(table_->deregMr(c, mhandle), name_ + ": deregMr");
+}
+
+Status V7Net::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                    Request** request) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    if (w == nullptr || w->magic != kSendWrap || request == nullptr) {
+        return invalid_argument("isend: not a send comm");
+    }
+    *request = nullptr;
+    TCPX_RETURN_IF_ERROR(check_int_size(size, "isend"));
+    void* req = nullptr;
+    TCPX_RETURN_IF_ERROR(from_nccl_result(
+        table_->isend(w->comm, const_cast<void*>(data), static_cast<int>(size), tag, mhandle, &req),
+        name_ + ": isend"));
+    if (req == nullptr) return Status();
+    *request = reinterpret_cast<Request*>(new_request(w, req, false, 1));
+    return Status();
+}
+
+Status V7Net::irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes, const int* tags,
+                    MemHandle* const* mhandles, Request** request) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    if (w == nullptr || w->magic != kRecvWrap || request == nullptr) {
+        return invalid_argument("irecv: not a receive comm");
+    }
+    *request = nullptr;
+    if (n < 1 || n > kMaxRecvs || data == nullptr || sizes == nullptr || tags == nullptr) {
+        return invalid_argument(
+            strformat("irecv: n = %d outside [1, %d] or null arrays", n, kMaxRecvs));
+    }
+    int int_sizes[kMaxRecvs];
+    int int_tags[kMaxRecvs];
+    void* bufs[kMaxRecvs];
+    void* mhs[kMaxRecvs];
+    for (int i = 0; i < n; ++i) {
+        TCPX_RETURN_IF_ERROR(check_int_size(sizes[i], "irecv"));
+        int_sizes[i] = static_cast<int>(sizes[i]);
+        int_tags[i] = tags[i];
+        bufs[i] = data[i];
+        mhs[i] = mhandles != nullptr ? mhandles[i] : nullptr;
+    }
+    void* req = nullptr;
+    TCPX_RETURN_IF_ERROR(from_nccl_result(
+        table_->irecv(w->comm, n, bufs, int_sizes, int_tags, mhs, &req), name_ + ": irecv"));
+    if (req == nullptr) return Status();
+    *request = reinterpret_cast<Request*>(new_request(w, req, true, n));
+    return Status();
+}
+
+Status V7Net::test(Request* request, bool* done, size_t* sizes) {
+    auto* r = reinterpret_cast<RequestWrap*>(request);
+    if (r == nullptr || r->magic != kRequestWrap || done == nullptr) {
+        return invalid_argument("test: not a request");
+    }
+    *done = false;
+    int finished = 0;
+    int int_sizes[kMaxRecvs];
+    for (int& s : int_sizes) s = -1;
+    const tcpx_ncclResult_t rc = table_->test(r->request, &finished, int_sizes);
+    if (rc != tcpx_ncclSuccess) {
+        // A failed request is finished too: release it as test() promises.
+        release_request(r);
+        *done = true;
+        return from_nccl_result(rc, name_ + ": test");
+    }
+    if (!finished) return Status();
+    *done = true;
+    if (sizes != nullptr && options_.reports_sizes) {
+        for (int i = 0; i < r->n; ++i) {
+            sizes[i] = int_sizes[i] < 0 ? 0 : static_cast<size_t>(int_sizes[i]);
+        }
+    }
+    if (r->is_recv && table_->irecvConsumed != nullptr) {
+        // The plugin's own request pointer is needed once more, by irecv_consumed().
+        std::lock_guard<std::mutex> lock(r->comm->mu);
+        r->comm->completed.push_back(r);
+        return Status();
+    }
+    release_request(r);
+    return Status();
+}
+
+Status V7Net::irecv_consumed(RecvComm* comm, int n, Request* request) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    if (w == nullptr || w->magic != kRecvWrap)
+        return invalid_argument("irecv_consumed: not a comm");
+    if (table_->irecvConsumed == nullptr) return Status();
+    RequestWrap* r = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (w->completed.empty() ||
+            w->completed.front() != reinterpret_cast<RequestWrap*>(request)) {
+            return invalid_argument(
+                "irecv_consumed: not the oldest completed receive of this comm");
+        }
+        r = w->completed.front();
+        w->completed.pop_front();
+    }
+    Status st =
+        from_nccl_result(table_->irecvConsumed(w->comm, n, r->request), name_ + ": irecvConsumed");
+    release_request(r);
+    return st;
+}
+
+Status V7Net::close_send(SendComm* comm) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    if (w == nullptr) return Status();
+    if (w->magic != kSendWrap) return invalid_argument("close_send: not a send comm");
+    Status st = from_nccl_result(table_->closeSend(w->comm), name_ + ": closeSend");
+    release_all(w);
+    w->magic = 0;
+    delete w;
+    return st;
+}
+
+Status V7Net::close_recv(RecvComm* comm) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    if (w == nullptr) return Status();
+    if (w->magic != kRecvWrap) return invalid_argument("close_recv: not a receive comm");
+    Status st = from_nccl_result(table_->closeRecv(w->comm), name_ + ": closeRecv");
+    release_all(w);
+    w->magic = 0;
+    delete w;
+    return st;
+}
+
+Status V7Net::close_listen(ListenComm* comm) {
+    auto* l = reinterpret_cast<ListenWrap*>(comm);
+    if (l == nullptr) return Status();
+    if (l->magic != kListenWrap) return invalid_argument("close_listen: not a listen comm");
+    Status st = from_nccl_result(table_->closeListen(l->comm), name_ + ": closeListen");
+    l->magic = 0;
+    delete l;
+    return st;
+}
+
+}  // namespace tcpx::net

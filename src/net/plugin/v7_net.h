@@ -1,0 +1,77 @@
+// A Net over any ncclNet v7 function table: an external plugin loaded by path (Google's
+// GPUDirect-TCPX, issue 4's loader), or our own socket transport's exported table.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "net/ncclnet_v7.h"
+#include "net/net.h"
+
+namespace tcpx::net {
+
+struct V7Options {
+    // Requests in flight per comm the table is known to accept (v7 does not say). NCCL itself
+    // keeps at most 8; Google's TCPX allows 16.
+    int max_requests = 8;
+    // Whether test() fills in received sizes (Google's TCPX plugin does not).
+    bool reports_sizes = true;
+};
+
+class V7Net final : public Net {
+ public:
+    // Calls the table's init() with a logger that feeds this library's log. `table` must outlive
+    // the V7Net.
+    static StatusOr<std::unique_ptr<V7Net>> create(const tcpx_ncclNet_v7_t* table,
+                                                   V7Options options);
+    ~V7Net() override;
+
+    std::string_view name() const override { return name_; }
+    int device_count() const override { return ndev_; }
+    Status get_properties(int dev, Properties* props) const override;
+
+    Status listen(int dev, Handle* handle, ListenComm** listen_comm) override;
+    Status connect(int dev, Handle* handle, SendComm** send_comm,
+                   DeviceHandle* dev_handle) override;
+    Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
+
+    Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
+    Status dereg_mr(void* comm, MemHandle* mhandle) override;
+
+    Status isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                 Request** request) override;
+    Status irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes, const int* tags,
+                 MemHandle* const* mhandles, Request** request) override;
+    Status test(Request* request, bool* done, size_t* sizes) override;
+    Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
+
+    Status close_send(SendComm* comm) override;
+    Status close_recv(RecvComm* comm) override;
+    Status close_listen(ListenComm* comm) override;
+
+ private:
+    struct CommWrap;
+    struct ListenWrap;
+    struct RequestWrap;
+
+    V7Net(const tcpx_ncclNet_v7_t* table, V7Options options, int ndev);
+    static void* unwrap_comm(void* comm);
+    static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
+    static void release_request(RequestWrap* r);
+    // Frees the wrappers of requests abandoned by closing `comm`.
+    static void release_all(CommWrap* comm);
+
+    const tcpx_ncclNet_v7_t* const table_;
+    const V7Options options_;
+    const std::string name_;
+    const int ndev_;
+
+    std::mutex mu_;
+    // connect() in progress, by the caller's handle: its device-handle storage must stay put
+    // across retries (a plugin may write it when the connection completes).
+    std::unordered_map<Handle*, std::unique_ptr<CommWrap>> connecting_;
+};
+
+}  // namespace tcpx::net

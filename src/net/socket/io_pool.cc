@@ -1,0 +1,215 @@
+#include "net/socket/io_pool.h"
+
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/log.h"
+#include "common/status_util.h"
+
+namespace tcpx::net {
+namespace {
+
+thread_local const void* tls_current_thread = nullptr;
+
+// epoll data for the wake eventfd; handlers are never null, so null marks the eventfd.
+constexpr void* kWakeMarker = nullptr;
+
+}  // namespace
+
+StatusOr<std::unique_ptr<IoPool>> IoPool::create(int threads) {
+    if (threads < 1) return invalid_argument("I/O pool needs at least one thread");
+    std::unique_ptr<IoPool> pool(new IoPool());
+    for (int i = 0; i < threads; ++i) {
+        auto t = std::make_unique<Thread>();
+        t->epfd = ::epoll_create1(EPOLL_CLOEXEC);
+        if (t->epfd < 0) return errno_status(errno, "epoll_create1");
+        t->wakefd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (t->wakefd < 0) {
+            ::close(t->epfd);
+            return errno_status(errno, "eventfd");
+        }
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.ptr = kWakeMarker;
+        if (::epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->wakefd, &ev) != 0) {
+            const int err = errno;
+            ::close(t->wakefd);
+            ::close(t->epfd);
+            return errno_status(err, "epoll_ctl(eventfd)");
+        }
+        pool->threads_.push_back(std::move(t));
+    }
+    for (size_t i = 0; i < pool->threads_.size(); ++i) {
+        Thread* raw = pool->threads_[i].get();
+        IoPool* self = pool.get();
+        raw->thread = std::thread([self, raw] { self->run(raw); });
+        // Named for top, gdb and the tests (at most 15 characters), before create() returns.
+        const std::string name = "tcpx-io-" + std::to_string(i);
+        pthread_setname_np(raw->thread.native_handle(), name.c_str());
+    }
+    return pool;
+}
+
+IoPool::~IoPool() {
+    for (auto& t : threads_) {
+        t->stop.store(true);
+        std::lock_guard<std::mutex> lock(t->mu);
+        wake_locked(t.get());
+    }
+    for (auto& t : threads_) {
+        if (t->thread.joinable()) t->thread.join();
+        ::close(t->wakefd);
+        ::close(t->epfd);
+    }
+}
+
+int IoPool::assign_thread(int weight) {
+    int best = 0;
+    int64_t best_load = threads_[0]->load.load();
+    for (int i = 1; i < size(); ++i) {
+        const int64_t load = threads_[i]->load.load();
+        if (load < best_load) {
+            best = i;
+            best_load = load;
+        }
+    }
+    threads_[best]->load.fetch_add(weight);
+    return best;
+}
+
+void IoPool::unassign(int thread, int weight) { threads_[thread]->load.fetch_sub(weight); }
+
+Status IoPool::add(Handler* handler, int fd, int thread) {
+    handler->thread_ = thread;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.ptr = handler;
+    if (::epoll_ctl(threads_[thread]->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        return errno_status(errno, "epoll_ctl(ADD)");
+    }
+    return Status();
+}
+
+void IoPool::remove(Handler* handler, int fd) {
+    Thread* t = threads_[handler->thread_].get();
+    if (::epoll_ctl(t->epfd, EPOLL_CTL_DEL, fd, nullptr) != 0 && errno != ENOENT &&
+        errno != EBADF) {
+        TCPX_WARN("epoll_ctl(DEL, fd %d): %s", fd, std::strerror(errno));
+    }
+    if (handler->ready_) {
+        t->ready.erase(std::remove(t->ready.begin(), t->ready.end(), handler), t->ready.end());
+        handler->ready_ = false;
+    }
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (handler->kicked_) {
+        t->kicks.erase(std::remove(t->kicks.begin(), t->kicks.end(), handler), t->kicks.end());
+        handler->kicked_ = false;
+    }
+}
+
+void IoPool::kick(Handler* handler) {
+    Thread* t = threads_[handler->thread_].get();
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (!handler->kicked_) {
+        handler->kicked_ = true;
+        t->kicks.push_back(handler);
+    }
+    wake_locked(t);
+}
+
+void IoPool::requeue(Handler* handler) {
+    Thread* t = threads_[handler->thread_].get();
+    if (!handler->ready_) {
+        handler->ready_ = true;
+        t->ready.push_back(handler);
+    }
+}
+
+void IoPool::post(int thread, std::function<void()> task) {
+    Thread* t = threads_[thread].get();
+    std::lock_guard<std::mutex> lock(t->mu);
+    t->tasks.push_back(std::move(task));
+    wake_locked(t);
+}
+
+bool IoPool::on_thread(int thread) const { return tls_current_thread == threads_[thread].get(); }
+
+void IoPool::wake_locked(Thread* t) {
+    // Only a thread blocked (or about to block) in epoll_wait needs the eventfd; one that is
+    // running checks its lists before it next blocks.
+    if (t->sleeping && !t->wake_pending) {
+        const uint64_t one = 1;
+        if (::write(t->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN) {
+            TCPX_WARN("eventfd write: %s", std::strerror(errno));
+        }
+        t->wake_pending = true;
+    }
+}
+
+void IoPool::run(Thread* t) {
+    tls_current_thread = t;
+    constexpr int kMaxEvents = 128;
+    epoll_event events[kMaxEvents];
+    std::vector<Handler*> kicks;
+    std::vector<std::function<void()>> tasks;
+    std::vector<Handler*> ready;
+    while (!t->stop.load(std::memory_order_relaxed)) {
+        {
+            std::lock_guard<std::mutex> lock(t->mu);
+            kicks.swap(t->kicks);
+            tasks.swap(t->tasks);
+            for (Handler* h : kicks) h->kicked_ = false;
+        }
+        for (Handler* h : kicks) h->service(0);
+        kicks.clear();
+        for (auto& task : tasks) task();
+        tasks.clear();
+
+        ready.swap(t->ready);
+        for (Handler* h : ready) h->ready_ = false;
+        // Swapped after the tasks ran, so a handler removed by a task is not in this list.
+        for (Handler* h : ready) h->service(0);
+        ready.clear();
+
+        int timeout = -1;
+        {
+            std::lock_guard<std::mutex> lock(t->mu);
+            if (!t->kicks.empty() || !t->tasks.empty() || !t->ready.empty() ||
+                t->stop.load(std::memory_order_relaxed)) {
+                timeout = 0;
+            } else {
+                t->sleeping = true;
+            }
+        }
+        const int n = ::epoll_wait(t->epfd, events, kMaxEvents, timeout);
+        {
+            std::lock_guard<std::mutex> lock(t->mu);
+            t->sleeping = false;
+        }
+        if (n < 0) {
+            if (errno != EINTR) TCPX_ERROR("epoll_wait: %s", std::strerror(errno));
+            continue;
+        }
+        for (int i = 0; i < n; ++i) {
+            if (events[i].data.ptr == kWakeMarker) {
+                uint64_t value = 0;
+                while (::read(t->wakefd, &value, sizeof(value)) > 0) {
+                }
+                std::lock_guard<std::mutex> lock(t->mu);
+                t->wake_pending = false;
+                continue;
+            }
+            static_cast<Handler*>(events[i].data.ptr)->service(events[i].events);
+        }
+    }
+    tls_current_thread = nullptr;
+}
+
+}  // namespace tcpx::net

@@ -1,0 +1,97 @@
+// A fixed pool of I/O threads (named tcpx-io-<n>) serving non-blocking sockets with
+// edge-triggered epoll.
+//
+// Each socket (a Handler) belongs to one thread for its whole life, so its I/O state needs no
+// lock against other pool threads. The thread count is fixed at creation and never grows with
+// peers or connections.
+//
+// A thread's round: (1) service handlers kicked from other threads, (2) run posted tasks,
+// (3) service handlers that asked to continue (requeue), (4) wait in epoll_wait and service the
+// sockets it reports. Kicks run before tasks so that a task posted after a kick (closing a
+// connection, say) finds that kick already served; a handler is removed only from inside a task
+// on its own thread (remove()), after which no event, kick or requeue reaches it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/socket.h"
+#include "tcpx/status.h"
+
+namespace tcpx::net {
+
+class IoPool {
+ public:
+    class Handler {
+     public:
+        virtual ~Handler() = default;
+        // Runs on the handler's thread. `events` are epoll events, or 0 when kicked or requeued.
+        // Edge-triggered: the handler reads and writes until the socket would block, or requeues
+        // itself when it stops early.
+        virtual void service(uint32_t events) = 0;
+        // The pool thread serving this handler (-1 before add()).
+        int thread() const { return thread_; }
+
+     private:
+        friend class IoPool;
+        int thread_ = -1;
+        bool kicked_ = false;  // in the thread's kick list (guarded by the thread's mutex)
+        bool ready_ = false;   // in the thread's ready list (owner thread only)
+    };
+
+    static StatusOr<std::unique_ptr<IoPool>> create(int threads);
+    ~IoPool();
+    IoPool(const IoPool&) = delete;
+    IoPool& operator=(const IoPool&) = delete;
+
+    int size() const { return static_cast<int>(threads_.size()); }
+
+    // The thread with the least load (sum of weights); adds `weight` to it. Pair with unassign().
+    int assign_thread(int weight);
+    void unassign(int thread, int weight);
+
+    // Registers `fd` for edge-triggered read/write/hang-up events on `thread`. Callable from any
+    // thread; events may start arriving before add() returns.
+    Status add(Handler* handler, int fd, int thread);
+    // Unregisters on the handler's own thread (call from a posted task): no event, kick or requeue
+    // reaches the handler afterwards.
+    void remove(Handler* handler, int fd);
+
+    // Has `handler` serviced (events = 0) on its thread soon. Callable from any thread.
+    void kick(Handler* handler);
+    // From the handler's own thread: service it again in the next round without waiting for
+    // events (a handler that stopped early to be fair to others).
+    void requeue(Handler* handler);
+    // Runs `task` on `thread` at the start of its next round.
+    void post(int thread, std::function<void()> task);
+    // Whether the calling thread is pool thread `thread`.
+    bool on_thread(int thread) const;
+
+ private:
+    struct Thread {
+        int epfd = -1;
+        int wakefd = -1;
+        std::thread thread;
+        std::mutex mu;
+        std::vector<Handler*> kicks;               // guarded by mu
+        std::vector<std::function<void()>> tasks;  // guarded by mu
+        bool sleeping = false;                     // guarded by mu: blocked in epoll_wait
+        bool wake_pending = false;                 // guarded by mu: wakefd written, not drained
+        std::vector<Handler*> ready;               // owner thread only
+        std::atomic<int64_t> load{0};
+        std::atomic<bool> stop{false};
+    };
+
+    IoPool() = default;
+    void run(Thread* t);
+    void wake_locked(Thread* t);
+
+    std::vector<std::unique_ptr<Thread>> threads_;
+};
+
+}  // namespace tcpx::net

@@ -1,0 +1,815 @@
+#include "net/socket/socket_comm.h"
+
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::net::socket_internal {
+namespace {
+
+// Bytes a conn moves in one service call before it yields to the other sockets of its thread.
+constexpr uint64_t kServiceBudget = 8ULL << 20;
+// Inline payloads at least this large are received straight into the destination buffer.
+constexpr uint64_t kDirectInlineRecv = 4096;
+constexpr size_t kControlBufferSize = 64 * 1024;
+constexpr size_t kScratchSize = 64 * 1024;
+
+constexpr uint32_t kHangupEvents = EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+
+// Discarded payload (of a receive that failed) is read into this.
+uint8_t* scratch_buffer() {
+    thread_local std::unique_ptr<uint8_t[]> buf(new uint8_t[kScratchSize]);
+    return buf.get();
+}
+
+// Conns are weighted by the traffic they carry when spread over pool threads.
+int conn_weight(const Conn& conn) { return conn.is_data() ? 4 : 1; }
+
+}  // namespace
+
+// --- Comm ----------------------------------------------------------------------------------------
+
+Comm::Comm(uint32_t kind, IoPool* pool, CommConfig config, std::string peer)
+    : kind_(kind), pool_(pool), config_(config), peer_(std::move(peer)) {}
+
+Comm::~Comm() = default;
+
+void Comm::add_conn(std::unique_ptr<Conn> conn) { conns_.push_back(std::move(conn)); }
+
+Status Comm::start() {
+    // Held throughout so that a conn failing as soon as it is added cannot start detaching the
+    // comm before every conn is registered.
+    std::lock_guard<std::mutex> lock(mu_);
+    attached_ = static_cast<int>(conns_.size());
+    for (size_t i = 0; i < conns_.size(); ++i) {
+        Conn* conn = conns_[i].get();
+        const int thread = pool_->assign_thread(conn_weight(*conn));
+        Status st = pool_->add(conn, conn->fd(), thread);
+        if (!st.ok()) {
+            pool_->unassign(thread, conn_weight(*conn));
+            // Conns not added count as detached; the added ones detach the usual way.
+            attached_ -= static_cast<int>(conns_.size() - i);
+            // No thread serves these yet; the detach tasks posted below are ordered after this.
+            for (size_t j = i; j < conns_.size(); ++j) conns_[j]->detached_ = true;
+            st.with_context("registering a socket with the I/O pool");
+            fail_locked(st);
+            return st;
+        }
+    }
+    return Status();
+}
+
+void Comm::kick_locked(Conn* conn) {
+    if (!closing_) pool_->kick(conn);
+}
+
+void Comm::fail(Status why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_locked(std::move(why));
+}
+
+void Comm::fail_locked(Status why) {
+    if (closing_) return;
+    closing_ = true;
+    failed_ = true;
+    error_ = std::move(why).with_context("connection with " + peer_);
+    // A peer closing an idle connection is ordinary; fail_pending_locked() warns when requests
+    // are lost.
+    TCPX_DEBUG("%s", error_.to_string().c_str());
+    if (attached_ == 0) {
+        fail_pending_locked();
+        cv_.notify_all();
+        return;
+    }
+    for (auto& conn : conns_) {
+        Conn* c = conn.get();
+        if (c->thread() >= 0) pool_->post(c->thread(), [this, c] { detach(c); });
+    }
+}
+
+void Comm::detach(Conn* conn) {
+    {
+        std::lock_guard<std::mutex> io_lock(conn->io_mu_);
+        if (conn->detached_) return;
+        pool_->remove(conn, conn->fd());
+        pool_->unassign(conn->thread(), conn_weight(*conn));
+        conn->detached_ = true;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--attached_ == 0) {
+        if (failed_) fail_pending_locked();
+        cv_.notify_all();
+    }
+}
+
+void Comm::shut_down() {
+    std::unique_lock<std::mutex> lock(mu_);
+    closing_ = true;
+    for (auto& conn : conns_) {
+        Conn* c = conn.get();
+        if (c->thread() < 0) continue;
+        ++shutdown_tasks_;
+        // Tasks run in posting order on each thread, so this one runs after any detach task
+        // that a failure posted before; kicks issued before it are served before it.
+        pool_->post(c->thread(), [this, c] {
+            detach(c);
+            std::lock_guard<std::mutex> task_lock(mu_);
+            --shutdown_tasks_;
+            cv_.notify_all();
+        });
+    }
+    cv_.wait(lock, [this] { return shutdown_tasks_ == 0; });
+}
+
+Status Comm::error_locked(std::string_view op) const {
+    if (failed_) return Status(error_.code(), error_.message()).with_context(op);
+    return failed_precondition(std::string(op) + ": connection is closed");
+}
+
+// --- SendComm ------------------------------------------------------------------------------------
+
+SendComm::SendComm(IoPool* pool, CommConfig config, std::string peer, Fd control,
+                   std::vector<Fd> data)
+    : Comm(kSendKind, pool, config, std::move(peer)) {
+    auto ctrl = std::make_unique<SendControlConn>(this, std::move(control), -1);
+    control_ = ctrl.get();
+    add_conn(std::move(ctrl));
+    for (size_t i = 0; i < data.size(); ++i) {
+        auto conn = std::make_unique<SendDataConn>(this, std::move(data[i]), static_cast<int>(i));
+        data_.push_back(conn.get());
+        add_conn(std::move(conn));
+    }
+    reqs_.reserve(static_cast<size_t>(config_.max_requests));
+    for (int i = 0; i < config_.max_requests; ++i) {
+        reqs_.push_back(std::make_unique<SendReq>(this));
+        free_.push_back(reqs_.back().get());
+    }
+}
+
+uint64_t SendComm::chunk_size_for(uint64_t size) const {
+    // Enough chunks to spread one message over every data socket, but no chunk so small that
+    // headers and wakeups dominate, nor so large that one slow socket holds the message back.
+    const uint64_t nsocks = data_.size();
+    uint64_t chunk = (size + nsocks - 1) / nsocks;
+    chunk = (chunk + 4095) & ~uint64_t{4095};
+    return std::clamp(chunk, config_.min_chunk_size, config_.chunk_size);
+}
+
+Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) {
+    *out = nullptr;
+    if (data == nullptr && size > 0) {
+        return invalid_argument(
+            strformat("isend: null buffer of %llu bytes", static_cast<unsigned long long>(size)));
+    }
+    bool fast = false;
+    SendReq* req = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closing_) return error_locked("isend");
+        if (free_.empty()) return Status();  // no room: the caller posts again later
+        req = free_.back();
+        free_.pop_back();
+        // Small messages (and empty ones) travel whole on the control socket; larger ones are
+        // cut into chunks for the data sockets.
+        const bool is_inline = size <= config_.inline_threshold || size == 0;
+        req->data = static_cast<const uint8_t*>(data);
+        req->size = size;
+        req->seq = next_seq_++;
+        req->tag = tag;
+        req->chunk = is_inline ? 0 : chunk_size_for(size);
+        const uint64_t chunks = is_inline ? 0 : (size + req->chunk - 1) / req->chunk;
+        req->parts_left.store(static_cast<uint32_t>(is_inline ? 1 : chunks),
+                              std::memory_order_relaxed);
+        req->state.store(ReqState::kPending, std::memory_order_relaxed);
+
+        if (!is_inline) {
+            chunk_queue_.push_back(req);
+            // Wake as many idle data sockets as there are new chunks; busy ones pull the next
+            // chunk themselves when they finish their current one.
+            uint64_t to_wake = chunks;
+            for (SendDataConn* conn : data_) {
+                if (to_wake == 0) break;
+                if (conn->idle_) {
+                    conn->idle_ = false;
+                    kick_locked(conn);
+                    --to_wake;
+                }
+            }
+            *out = req;
+            return Status();
+        }
+        OutMsg msg{};
+        msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
+        msg.payload = req->data;
+        msg.total = sizeof(wire::MsgHeader) + size;
+        msg.req = req;
+        out_.push_back(msg);
+        // Fast path: write the message from this thread when the control socket's writer is
+        // free, sparing a thread handoff on the latency-critical path.
+        if (control_->io_mu_.try_lock()) {
+            fast = true;
+        } else {
+            kick_locked(control_);
+        }
+    }
+    if (fast) {
+        control_->flush_locked();
+        control_->io_mu_.unlock();
+    }
+    *out = req;
+    return Status();
+}
+
+Status SendComm::test(SendReq* req, bool* done, size_t* size) {
+    *done = false;
+    const ReqState state = req->state.load(std::memory_order_acquire);
+    if (state == ReqState::kPending) return Status();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state == ReqState::kFree) {
+        return failed_precondition("test: request is not in flight (already completed?)");
+    }
+    *done = true;
+    if (size != nullptr) *size = req->size;
+    req->state.store(ReqState::kFree, std::memory_order_relaxed);
+    free_.push_back(req);
+    if (state == ReqState::kFailed) return error_locked("isend");
+    return Status();
+}
+
+void SendComm::fail_pending_locked() {
+    int failed = 0;
+    for (auto& req : reqs_) {
+        if (req->state.load(std::memory_order_relaxed) == ReqState::kPending) {
+            req->state.store(ReqState::kFailed, std::memory_order_release);
+            ++failed;
+        }
+    }
+    if (failed > 0) TCPX_WARN("%d sends failed: %s", failed, error_.to_string().c_str());
+}
+
+bool SendComm::next_chunk_locked(SendDataConn* conn) {
+    if (chunk_queue_.empty()) {
+        conn->idle_ = true;
+        return false;
+    }
+    SendReq* req = chunk_queue_.front();
+    const uint64_t len = std::min(req->chunk, req->size - chunk_offset_);
+    conn->req_ = req;
+    conn->hdr_ = wire::ChunkHeader{wire::kChunkMagic,
+                                   static_cast<uint32_t>(len),
+                                   req->seq,
+                                   req->size,
+                                   chunk_offset_,
+                                   req->tag,
+                                   0};
+    conn->payload_ = req->data + chunk_offset_;
+    conn->sent_ = 0;
+    conn->idle_ = false;
+    chunk_offset_ += len;
+    if (chunk_offset_ == req->size) {
+        chunk_queue_.pop_front();
+        chunk_offset_ = 0;
+    }
+    return true;
+}
+
+void SendComm::part_done(SendReq* req) {
+    if (req->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        req->state.store(ReqState::kDone, std::memory_order_release);
+    }
+}
+
+// --- SendControlConn -----------------------------------------------------------------------------
+
+SendComm* SendControlConn::send_comm() const { return static_cast<SendComm*>(comm_); }
+
+void SendControlConn::service(uint32_t events) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (detached_) return;
+    if (events == 0 || (events & kHangupEvents)) read_locked();
+    flush_locked();
+}
+
+void SendControlConn::read_locked() {
+    SendComm* comm = send_comm();
+    while (reply_got_ < sizeof(reply_)) {
+        bool eof = false;
+        auto n = recv_some(fd(), reinterpret_cast<uint8_t*>(&reply_) + reply_got_,
+                           sizeof(reply_) - reply_got_, &eof);
+        if (!n.ok()) return comm->fail(n.status());
+        if (eof) return comm->fail(unavailable("peer closed the connection during the handshake"));
+        if (*n == 0) return;
+        reply_got_ += *n;
+        if (reply_got_ < sizeof(reply_)) continue;
+        if (reply_.magic != wire::kReplyMagic) {
+            return comm->fail(protocol_error("the peer is not a tcpx-p2p socket endpoint"));
+        }
+        const auto status = static_cast<wire::ReplyStatus>(reply_.status);
+        if (status != wire::ReplyStatus::kAccepted) {
+            return comm->fail(unavailable(
+                strformat("peer refused the connection: %s (peer protocol version %u, ours %u)",
+                          wire::reply_status_text(status), reply_.version, wire::kVersion)));
+        }
+    }
+    // After the reply the receiver sends nothing; anything readable is its close or garbage.
+    uint8_t byte = 0;
+    bool eof = false;
+    auto n = recv_some(fd(), &byte, 1, &eof);
+    if (!n.ok()) return comm->fail(n.status());
+    if (eof) return comm->fail(unavailable("peer closed the connection"));
+    if (*n > 0) return comm->fail(protocol_error("unexpected data from the receiving side"));
+}
+
+void SendControlConn::flush_locked() {
+    if (detached_) return;
+    SendComm* comm = send_comm();
+    constexpr int kMaxIov = 64;
+    iovec iov[kMaxIov];
+    std::vector<SendReq*> finished;
+    while (true) {
+        int cnt = 0;
+        {
+            std::lock_guard<std::mutex> lock(comm->mu_);
+            // Deque elements stay put while posters append, and only this writer pops, so the
+            // iovecs may point into them after the lock is released.
+            for (auto it = comm->out_.begin(); it != comm->out_.end() && cnt + 2 <= kMaxIov; ++it) {
+                constexpr uint64_t kHdr = sizeof(wire::MsgHeader);
+                if (it->sent < kHdr) {
+                    iov[cnt++] = {reinterpret_cast<uint8_t*>(&it->hdr) + it->sent, kHdr - it->sent};
+                }
+                const uint64_t payload_sent = it->sent > kHdr ? it->sent - kHdr : 0;
+                if (it->total > kHdr && payload_sent < it->total - kHdr) {
+                    iov[cnt++] = {const_cast<uint8_t*>(it->payload) + payload_sent,
+                                  it->total - kHdr - payload_sent};
+                }
+            }
+        }
+        if (cnt == 0) return;
+        auto n = send_some(fd(), iov, cnt);
+        if (!n.ok()) return comm->fail(n.status());
+        if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us
+        uint64_t left = *n;
+        {
+            std::lock_guard<std::mutex> lock(comm->mu_);
+            while (left > 0) {
+                SendComm::OutMsg& msg = comm->out_.front();
+                const uint64_t take = std::min(left, msg.total - msg.sent);
+                msg.sent += take;
+                left -= take;
+                if (msg.sent == msg.total) {
+                    finished.push_back(msg.req);
+                    comm->out_.pop_front();
+                }
+            }
+        }
+        for (SendReq* req : finished) comm->part_done(req);
+        finished.clear();
+    }
+}
+
+// --- SendDataConn --------------------------------------------------------------------------------
+
+SendComm* SendDataConn::send_comm() const { return static_cast<SendComm*>(comm_); }
+
+void SendDataConn::service(uint32_t events) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (detached_) return;
+    SendComm* comm = send_comm();
+    if (events & kHangupEvents) {
+        // The receiving side never writes on data sockets: readable means closed or broken.
+        uint8_t byte = 0;
+        bool eof = false;
+        auto n = recv_some(fd(), &byte, 1, &eof);
+        if (!n.ok()) return comm->fail(n.status());
+        if (eof) return comm->fail(unavailable("peer closed the connection"));
+        if (*n > 0) return comm->fail(protocol_error("unexpected data from the receiving side"));
+    }
+    uint64_t moved = 0;
+    while (true) {
+        if (req_ == nullptr) {
+            std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            if (comm->closing_ || !comm->next_chunk_locked(this)) return;
+        }
+        constexpr uint64_t kHdr = sizeof(wire::ChunkHeader);
+        const uint64_t total = kHdr + hdr_.length;
+        iovec iov[2];
+        int cnt = 0;
+        if (sent_ < kHdr) iov[cnt++] = {reinterpret_cast<uint8_t*>(&hdr_) + sent_, kHdr - sent_};
+        const uint64_t payload_sent = sent_ > kHdr ? sent_ - kHdr : 0;
+        iov[cnt++] = {const_cast<uint8_t*>(payload_) + payload_sent, hdr_.length - payload_sent};
+        auto n = send_some(fd(), iov, cnt);
+        if (!n.ok()) return comm->fail(n.status());
+        if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us
+        sent_ += *n;
+        moved += *n;
+        if (sent_ == total) {
+            SendReq* req = req_;
+            req_ = nullptr;
+            comm->part_done(req);
+        }
+        if (moved >= kServiceBudget) {
+            comm->pool()->requeue(this);
+            return;
+        }
+    }
+}
+
+// --- RecvComm ------------------------------------------------------------------------------------
+
+RecvComm::RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control,
+                   std::vector<Fd> data)
+    : Comm(kRecvKind, pool, config, std::move(peer)) {
+    auto ctrl = std::make_unique<RecvControlConn>(this, std::move(control), -1);
+    control_ = ctrl.get();
+    add_conn(std::move(ctrl));
+    for (size_t i = 0; i < data.size(); ++i) {
+        auto conn = std::make_unique<RecvDataConn>(this, std::move(data[i]), static_cast<int>(i));
+        data_.push_back(conn.get());
+        add_conn(std::move(conn));
+    }
+    reqs_.reserve(static_cast<size_t>(config_.max_requests));
+    for (int i = 0; i < config_.max_requests; ++i) {
+        reqs_.push_back(std::make_unique<RecvReq>(this));
+        free_.push_back(reqs_.back().get());
+    }
+}
+
+Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags,
+                       RecvReq** out) {
+    *out = nullptr;
+    if (n < 1 || n > kMaxRecvs) {
+        return invalid_argument(strformat("irecv: n = %d is outside [1, %d]", n, kMaxRecvs));
+    }
+    if (data == nullptr || sizes == nullptr || tags == nullptr) {
+        return invalid_argument("irecv: null data, sizes or tags array");
+    }
+    for (int i = 0; i < n; ++i) {
+        if (data[i] == nullptr && sizes[i] > 0) {
+            return invalid_argument(
+                strformat("irecv: buffer %d is null but has %zu bytes", i, sizes[i]));
+        }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_) return error_locked("irecv");
+    if (free_.empty()) return Status();
+    RecvReq* req = free_.back();
+    free_.pop_back();
+    req->n = n;
+    req->first_seq = next_post_seq_;
+    next_post_seq_ += static_cast<uint64_t>(n);
+    req->unmatched = n;
+    req->incomplete = n;
+    req->error = Status();
+    for (int i = 0; i < n; ++i) {
+        req->slots[i] = RecvReq::Slot{static_cast<uint8_t*>(data[i]), sizes[i], tags[i], false, 0};
+    }
+    req->state.store(ReqState::kPending, std::memory_order_relaxed);
+    posted_.push_back(req);
+    wake_parked_locked();
+    *out = req;
+    return Status();
+}
+
+Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
+    *done = false;
+    const ReqState state = req->state.load(std::memory_order_acquire);
+    if (state == ReqState::kPending) return Status();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state == ReqState::kFree) {
+        return failed_precondition("test: request is not in flight (already completed?)");
+    }
+    *done = true;
+    if (sizes != nullptr) {
+        for (int i = 0; i < req->n; ++i) sizes[i] = req->slots[i].size;
+    }
+    Status result;
+    if (state == ReqState::kFailed) {
+        result = req->error.ok() ? error_locked("irecv") : Status(req->error).with_context("irecv");
+    }
+    req->state.store(ReqState::kFree, std::memory_order_relaxed);
+    free_.push_back(req);
+    return result;
+}
+
+void RecvComm::fail_pending_locked() {
+    int failed = 0;
+    for (auto& req : reqs_) {
+        if (req->state.load(std::memory_order_relaxed) == ReqState::kPending) {
+            req->state.store(ReqState::kFailed, std::memory_order_release);
+            ++failed;
+        }
+    }
+    if (failed > 0) TCPX_WARN("%d receives failed: %s", failed, error_.to_string().c_str());
+}
+
+RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg,
+                                     Status* error) {
+    if (seq < bound_upto_) {
+        *error = protocol_error(
+            strformat("message %llu arrived twice", static_cast<unsigned long long>(seq)));
+        return Bind::kError;
+    }
+    if (seq > bound_upto_ || posted_.empty()) {
+        // An earlier message is still unbound (its first bytes are on another socket), or no
+        // receive is posted yet.
+        park_locked(conn);
+        return Bind::kPark;
+    }
+    RecvReq* req = posted_.front();
+    *msg = RecvMsg{req, nullptr, size, 0};
+    int slot = -1;
+    for (int i = 0; i < req->n; ++i) {
+        if (!req->slots[i].used && req->slots[i].tag == tag) {
+            slot = i;
+            break;
+        }
+    }
+    if (slot < 0) {
+        if (req->error.ok()) {
+            req->error = invalid_argument(strformat(
+                "a message of %llu bytes with tag %d matches no unfilled buffer of the receive",
+                static_cast<unsigned long long>(size), tag));
+        }
+    } else {
+        RecvReq::Slot& s = req->slots[slot];
+        s.used = true;
+        if (size > s.capacity) {
+            if (req->error.ok()) {
+                req->error = out_of_range(strformat(
+                    "a message of %llu bytes does not fit receive buffer %d of %llu bytes",
+                    static_cast<unsigned long long>(size), slot,
+                    static_cast<unsigned long long>(s.capacity)));
+            }
+        } else {
+            s.size = size;
+            msg->dest = s.data;
+        }
+    }
+    ++bound_upto_;
+    if (--req->unmatched == 0) posted_.pop_front();
+    wake_parked_locked();
+    return Bind::kBound;
+}
+
+void RecvComm::park_locked(Conn* conn) {
+    if (!conn->parked_) {
+        conn->parked_ = true;
+        parked_.push_back(conn);
+    }
+}
+
+void RecvComm::wake_parked_locked() {
+    for (Conn* conn : parked_) {
+        conn->parked_ = false;
+        kick_locked(conn);
+    }
+    parked_.clear();
+}
+
+void RecvComm::complete_locked(const RecvMsg& msg) {
+    RecvReq* req = msg.req;
+    if (--req->incomplete == 0) {
+        req->state.store(req->error.ok() ? ReqState::kDone : ReqState::kFailed,
+                         std::memory_order_release);
+    }
+}
+
+void RecvComm::eof_locked() {
+    if (++eofs_ == static_cast<int>(conns_.size())) {
+        fail_locked(unavailable("peer closed the connection"));
+    }
+}
+
+// --- RecvControlConn -----------------------------------------------------------------------------
+
+RecvControlConn::RecvControlConn(Comm* comm, Fd fd, int index)
+    : Conn(comm, std::move(fd), index), buf_(new uint8_t[kControlBufferSize]) {}
+
+RecvComm* RecvControlConn::recv_comm() const { return static_cast<RecvComm*>(comm_); }
+
+bool RecvControlConn::fill() {
+    RecvComm* comm = recv_comm();
+    if (begin_ > 0) {
+        std::memmove(buf_.get(), buf_.get() + begin_, avail());
+        end_ -= begin_;
+        begin_ = 0;
+    }
+    bool eof = false;
+    auto n = recv_some(fd(), buf_.get() + end_, kControlBufferSize - end_, &eof);
+    if (!n.ok()) {
+        comm->fail(n.status());
+        return false;
+    }
+    if (eof) {
+        if (have_hdr_ || avail() > 0) {
+            comm->fail(unavailable("peer closed the connection in the middle of a message"));
+        } else if (!eof_) {
+            eof_ = true;
+            std::lock_guard<std::mutex> lock(comm->mu_);
+            comm->eof_locked();
+        }
+        return false;
+    }
+    end_ += *n;
+    return *n > 0;
+}
+
+void RecvControlConn::service(uint32_t events) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (detached_ || eof_) return;
+    RecvComm* comm = recv_comm();
+    uint64_t moved = 0;
+    while (true) {
+        if (!have_hdr_) {
+            if (avail() < sizeof(wire::MsgHeader)) {
+                if (!fill()) return;
+                continue;
+            }
+            std::memcpy(&hdr_, buf_.get() + begin_, sizeof(hdr_));
+            begin_ += sizeof(hdr_);
+            if (hdr_.magic != wire::kMsgMagic) {
+                return comm->fail(protocol_error(
+                    strformat("corrupt control stream (message magic 0x%08x)", hdr_.magic)));
+            }
+            have_hdr_ = true;
+            bound_ = false;
+        }
+        if (!bound_) {
+            std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            Status error;
+            switch (comm->bind_locked(this, hdr_.seq, hdr_.size, hdr_.tag, &msg_, &error)) {
+                case RecvComm::Bind::kPark:
+                    return;  // kicked when it can bind
+                case RecvComm::Bind::kError:
+                    comm->fail_locked(std::move(error));
+                    return;
+                case RecvComm::Bind::kBound:
+                    break;
+            }
+            bound_ = true;
+            got_ = 0;
+        }
+        while (got_ < hdr_.size) {
+            const uint64_t want = hdr_.size - got_;
+            if (avail() == 0) {
+                if (msg_.dest != nullptr && want >= kDirectInlineRecv) {
+                    bool eof = false;
+                    auto n = recv_some(fd(), msg_.dest + got_, want, &eof);
+                    if (!n.ok()) return comm->fail(n.status());
+                    if (eof) {
+                        return comm->fail(
+                            unavailable("peer closed the connection in the middle of a message"));
+                    }
+                    if (*n == 0) return;
+                    got_ += *n;
+                    continue;
+                }
+                if (!fill()) return;
+                continue;
+            }
+            const uint64_t take = std::min<uint64_t>(want, avail());
+            if (msg_.dest != nullptr) std::memcpy(msg_.dest + got_, buf_.get() + begin_, take);
+            begin_ += take;
+            got_ += take;
+        }
+        {
+            std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            comm->complete_locked(msg_);
+        }
+        have_hdr_ = false;
+        moved += sizeof(wire::MsgHeader) + hdr_.size;
+        if (moved >= kServiceBudget) {
+            comm->pool()->requeue(this);
+            return;
+        }
+    }
+}
+
+// --- RecvDataConn --------------------------------------------------------------------------------
+
+RecvComm* RecvDataConn::recv_comm() const { return static_cast<RecvComm*>(comm_); }
+
+void RecvDataConn::service(uint32_t events) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (detached_ || eof_) return;
+    RecvComm* comm = recv_comm();
+    uint64_t moved = 0;
+    while (true) {
+        if (hdr_got_ < sizeof(hdr_)) {
+            bool eof = false;
+            auto n = recv_some(fd(), reinterpret_cast<uint8_t*>(&hdr_) + hdr_got_,
+                               sizeof(hdr_) - hdr_got_, &eof);
+            if (!n.ok()) return comm->fail(n.status());
+            if (eof) {
+                if (hdr_got_ > 0) {
+                    return comm->fail(
+                        unavailable("peer closed the connection in the middle of a chunk"));
+                }
+                eof_ = true;
+                std::lock_guard<std::mutex> comm_lock(comm->mu_);
+                comm->eof_locked();
+                return;
+            }
+            if (*n == 0) return;
+            hdr_got_ += *n;
+            if (hdr_got_ < sizeof(hdr_)) continue;
+            if (hdr_.magic != wire::kChunkMagic || hdr_.length == 0) {
+                return comm->fail(
+                    protocol_error(strformat("corrupt data stream (chunk magic 0x%08x, length %u)",
+                                             hdr_.magic, hdr_.length)));
+            }
+            bound_ = false;
+            got_ = 0;
+        }
+        if (!bound_) {
+            std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            if (hdr_.seq >= comm->bound_upto_) {
+                // The first chunk of its message seen anywhere: bind the message here.
+                RecvMsg msg;
+                Status error;
+                switch (comm->bind_locked(this, hdr_.seq, hdr_.size, hdr_.tag, &msg, &error)) {
+                    case RecvComm::Bind::kPark:
+                        return;  // kicked when it can bind
+                    case RecvComm::Bind::kError:
+                        comm->fail_locked(std::move(error));
+                        return;
+                    case RecvComm::Bind::kBound:
+                        comm->chunked_.emplace(hdr_.seq, msg);
+                        break;
+                }
+            }
+            auto it = comm->chunked_.find(hdr_.seq);
+            if (it == comm->chunked_.end() || hdr_.size != it->second.size ||
+                hdr_.offset + hdr_.length < hdr_.offset ||
+                hdr_.offset + hdr_.length > it->second.size ||
+                it->second.received + hdr_.length > it->second.size) {
+                comm->fail_locked(protocol_error(strformat(
+                    "chunk [%llu, +%u) of message %llu does not belong to a message in flight",
+                    static_cast<unsigned long long>(hdr_.offset), hdr_.length,
+                    static_cast<unsigned long long>(hdr_.seq))));
+                return;
+            }
+            dest_ = it->second.dest != nullptr ? it->second.dest + hdr_.offset : nullptr;
+            bound_ = true;
+        }
+        while (got_ < hdr_.length) {
+            const uint64_t want = hdr_.length - got_;
+            bool eof = false;
+            auto n = dest_ != nullptr ? recv_some(fd(), dest_ + got_, want, &eof)
+                                      : recv_some(fd(), scratch_buffer(),
+                                                  std::min<uint64_t>(want, kScratchSize), &eof);
+            if (!n.ok()) return comm->fail(n.status());
+            if (eof) {
+                return comm->fail(
+                    unavailable("peer closed the connection in the middle of a chunk"));
+            }
+            if (*n == 0) return;
+            got_ += *n;
+            moved += *n;
+            if (moved >= kServiceBudget && got_ < hdr_.length) {
+                comm->pool()->requeue(this);
+                return;
+            }
+        }
+        {
+            std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            auto it = comm->chunked_.find(hdr_.seq);
+            it->second.received += hdr_.length;
+            if (it->second.received == it->second.size) {
+                comm->complete_locked(it->second);
+                comm->chunked_.erase(it);
+            }
+        }
+        hdr_got_ = 0;
+        bound_ = false;
+        if (moved >= kServiceBudget) {
+            comm->pool()->requeue(this);
+            return;
+        }
+    }
+}
+
+}  // namespace tcpx::net::socket_internal
+
+namespace tcpx::net::wire {
+
+const char* reply_status_text(ReplyStatus status) {
+    switch (status) {
+        case ReplyStatus::kAccepted:
+            return "accepted";
+        case ReplyStatus::kVersionMismatch:
+            return "protocol version mismatch";
+        case ReplyStatus::kWrongListener:
+            return "the handle belongs to another listener";
+        case ReplyStatus::kBadHello:
+            return "malformed handshake";
+    }
+    return "unknown reason";
+}
+
+}  // namespace tcpx::net::wire

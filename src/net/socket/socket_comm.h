@@ -1,0 +1,320 @@
+// Internals of the socket transport's comms: the send and receive sides of one connection and
+// the sockets (Conns) they are made of. Private to src/net/socket.
+//
+// Threads and locks
+// - Each Conn is served by one I/O pool thread (IoPool::Handler). Only that thread reads its
+//   socket; writes come from that thread or, for the send side's control socket, from a posting
+//   thread's fast path (Conn::io_mu arbitrates: the I/O thread locks, a poster only try-locks).
+// - Comm::mu guards the comm's shared state: request slots, sequence numbers, the queues between
+//   posters and conns, matching, failure. Lock order: Conn::io_mu, then Comm::mu, then the pool's
+//   own mutexes. No syscall that moves payload runs under Comm::mu.
+// - Kicks (asking a conn's thread to service it) are issued under Comm::mu only while the comm is
+//   not closing, so once detach tasks are posted no new kick can reach a conn.
+//
+// Lifetime and failure
+// - A comm is created with all its sockets connected and handshaken, then its conns are added to
+//   the pool. fail() (any thread) marks the comm failed and posts a detach task for each conn to
+//   its thread; when the last conn is detached, pending requests are marked failed. Only then can
+//   a caller learn of the failure, so no thread still reads from or writes into the caller's
+//   buffers when test() reports it.
+// - close() detaches whatever is still attached and waits for a task on every conn's thread, so
+//   nothing touches the comm when it is deleted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/params.h"
+#include "common/socket.h"
+#include "net/net.h"
+#include "net/socket/io_pool.h"
+#include "net/socket/wire.h"
+#include "tcpx/status.h"
+
+namespace tcpx::net::socket_internal {
+
+// The largest n accepted by irecv (NCCL's grouped receives use up to 8).
+inline constexpr int kMaxRecvs = 8;
+
+enum class ReqState : int { kFree = 0, kPending, kDone, kFailed };
+
+// What a net::Request* points to: a SendReq or a RecvReq, told apart by `kind`.
+struct ReqBase {
+    static constexpr uint32_t kSend = 0x53524551;  // "SREQ"
+    static constexpr uint32_t kRecv = 0x52524551;  // "RREQ"
+    explicit ReqBase(uint32_t k) : kind(k) {}
+    const uint32_t kind;
+};
+
+// Per-comm settings, copied from Settings when the comm is made.
+struct CommConfig {
+    uint64_t chunk_size = 0;
+    uint64_t min_chunk_size = 0;
+    uint64_t inline_threshold = 0;
+    int max_requests = 0;
+};
+
+class Comm;
+
+class Conn : public IoPool::Handler {
+ public:
+    Conn(Comm* comm, Fd fd, int index) : comm_(comm), fd_(std::move(fd)), index_(index) {}
+    int fd() const { return fd_.get(); }
+    int index() const { return index_; }  // -1 for control, else the data socket's index
+    bool is_data() const { return index_ >= 0; }
+
+ protected:
+    friend class Comm;
+    friend class RecvComm;
+    Comm* comm_;
+    Fd fd_;
+    int index_;
+    std::mutex io_mu_;       // see the header comment
+    bool detached_ = false;  // under io_mu_ (set on the owner thread)
+    bool eof_ = false;       // the peer closed its side (owner thread)
+    bool parked_ = false;    // under Comm::mu_: waiting for a bind or a receive, to be kicked
+};
+
+class Comm {
+ public:
+    static constexpr uint32_t kSendKind = 0x53434f4d;  // "SCOM"
+    static constexpr uint32_t kRecvKind = 0x52434f4d;  // "RCOM"
+
+    Comm(uint32_t kind, IoPool* pool, CommConfig config, std::string peer);
+    virtual ~Comm();
+
+    // kSendKind or kRecvKind: lets the Net entry points reject a comm of the wrong direction.
+    uint32_t kind() const { return kind_; }
+    const std::string& peer() const { return peer_; }
+    IoPool* pool() const { return pool_; }
+
+    // Adds the conns to the pool (their threads start serving them).
+    Status start();
+    // Marks the comm failed with `why` (first failure wins) and detaches every conn; pending
+    // requests fail once all are detached. Any thread.
+    void fail(Status why);
+    void fail_locked(Status why);
+    // Detaches every conn and waits until no pool thread can touch this comm. Caller's thread.
+    void shut_down();
+
+ protected:
+    // Under mu_, once every conn is detached after a failure: fail the pending requests.
+    virtual void fail_pending_locked() = 0;
+    // Adds a conn (before start()).
+    void add_conn(std::unique_ptr<Conn> conn);
+    void kick_locked(Conn* conn);
+    // The error callers see once the comm has failed (under mu_).
+    Status error_locked(std::string_view op) const;
+    // Runs on the conn's thread: unregisters it.
+    void detach(Conn* conn);
+
+    const uint32_t kind_;
+    IoPool* const pool_;
+    const CommConfig config_;
+    const std::string peer_;  // "10.0.0.2:41234", for messages
+    std::vector<std::unique_ptr<Conn>> conns_;
+
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool closing_ = false;  // detach under way: no more kicks
+    bool failed_ = false;
+    Status error_;
+    int attached_ = 0;
+    int shutdown_tasks_ = 0;  // shut_down() tasks not yet run
+};
+
+// --- send side
+// -------------------------------------------------------------------------------------
+
+class SendComm;
+
+struct SendReq : ReqBase {
+    explicit SendReq(SendComm* c) : ReqBase(kSend), comm(c) {}
+    SendComm* const comm;
+    std::atomic<ReqState> state{ReqState::kFree};
+    const uint8_t* data = nullptr;
+    uint64_t size = 0;
+    uint64_t seq = 0;
+    uint64_t chunk = 0;  // chunk length for data sockets; 0 when inline
+    int tag = 0;
+    std::atomic<uint32_t> parts_left{0};  // inline message or chunks still to be written
+};
+
+class SendControlConn final : public Conn {
+ public:
+    using Conn::Conn;
+    void service(uint32_t events) override;
+    // Writes queued messages until done or the socket is full. Requires io_mu_.
+    void flush_locked();
+
+ private:
+    friend class SendComm;
+    SendComm* send_comm() const;
+    void read_locked();
+    wire::HelloReply reply_{};
+    size_t reply_got_ = 0;
+};
+
+class SendDataConn final : public Conn {
+ public:
+    using Conn::Conn;
+    void service(uint32_t events) override;
+
+ private:
+    friend class SendComm;
+    SendComm* send_comm() const;
+    // The chunk being written.
+    SendReq* req_ = nullptr;
+    wire::ChunkHeader hdr_{};
+    const uint8_t* payload_ = nullptr;
+    uint64_t sent_ = 0;  // bytes of header + payload written
+    bool idle_ = true;   // under Comm::mu_: waiting for chunks, needs a kick when some arrive
+};
+
+class SendComm final : public Comm {
+ public:
+    SendComm(IoPool* pool, CommConfig config, std::string peer, Fd control, std::vector<Fd> data);
+
+    Status isend(const void* data, uint64_t size, int tag, SendReq** out);
+    Status test(SendReq* req, bool* done, size_t* size);
+
+ private:
+    friend class SendControlConn;
+    friend class SendDataConn;
+
+    struct OutMsg {
+        wire::MsgHeader hdr;
+        const uint8_t* payload;
+        uint64_t total;  // header + payload bytes
+        uint64_t sent;
+        SendReq* req;
+    };
+
+    void fail_pending_locked() override;
+    uint64_t chunk_size_for(uint64_t size) const;
+    // Under mu_: gives `conn` its next chunk; false when there is none (conn goes idle).
+    bool next_chunk_locked(SendDataConn* conn);
+    void part_done(SendReq* req);
+
+    SendControlConn* control_ = nullptr;
+    std::vector<SendDataConn*> data_;
+    std::vector<std::unique_ptr<SendReq>> reqs_;
+    std::vector<SendReq*> free_;        // under mu_
+    uint64_t next_seq_ = 0;             // under mu_
+    std::deque<OutMsg> out_;            // under mu_; only the control conn's writer pops
+    std::deque<SendReq*> chunk_queue_;  // under mu_: messages with chunks left to hand out
+    uint64_t chunk_offset_ = 0;         // under mu_: next offset in chunk_queue_.front()
+};
+
+// --- receive side
+// ----------------------------------------------------------------------------------
+
+class RecvComm;
+
+struct RecvReq : ReqBase {
+    explicit RecvReq(RecvComm* c) : ReqBase(kRecv), comm(c) {}
+    RecvComm* const comm;
+    std::atomic<ReqState> state{ReqState::kFree};
+    int n = 0;
+    uint64_t first_seq = 0;
+    int unmatched = 0;   // under mu_: messages not yet bound
+    int incomplete = 0;  // under mu_: messages not yet fully received
+    struct Slot {
+        uint8_t* data = nullptr;
+        uint64_t capacity = 0;
+        int tag = 0;
+        bool used = false;
+        uint64_t size = 0;
+    } slots[kMaxRecvs];
+    Status error;  // under mu_: why the request failed (first error)
+};
+
+// A message bound to a receive, whose payload is still arriving.
+struct RecvMsg {
+    RecvReq* req = nullptr;
+    uint8_t* dest = nullptr;  // null: discard (the receive failed for this message)
+    uint64_t size = 0;
+    uint64_t received = 0;
+};
+
+class RecvControlConn final : public Conn {
+ public:
+    RecvControlConn(Comm* comm, Fd fd, int index);
+    void service(uint32_t events) override;
+
+ private:
+    friend class RecvComm;
+    RecvComm* recv_comm() const;
+    // Reads more bytes into buf_; false when nothing more can be read now.
+    bool fill();
+    size_t avail() const { return end_ - begin_; }
+
+    std::unique_ptr<uint8_t[]> buf_;
+    size_t begin_ = 0;
+    size_t end_ = 0;
+    bool have_hdr_ = false;
+    bool bound_ = false;
+    wire::MsgHeader hdr_{};
+    RecvMsg msg_;  // the message being copied
+    uint64_t got_ = 0;
+};
+
+class RecvDataConn final : public Conn {
+ public:
+    using Conn::Conn;
+    void service(uint32_t events) override;
+
+ private:
+    friend class RecvComm;
+    RecvComm* recv_comm() const;
+    wire::ChunkHeader hdr_{};
+    size_t hdr_got_ = 0;
+    bool bound_ = false;
+    uint8_t* dest_ = nullptr;  // null: discard
+    uint64_t got_ = 0;
+};
+
+class RecvComm final : public Comm {
+ public:
+    RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control, std::vector<Fd> data);
+
+    Status irecv(int n, void* const* data, const size_t* sizes, const int* tags, RecvReq** out);
+    Status test(RecvReq* req, bool* done, size_t* sizes);
+
+ private:
+    friend class RecvControlConn;
+    friend class RecvDataConn;
+
+    enum class Bind { kBound, kPark, kError };
+    void fail_pending_locked() override;
+    // Under mu_: binds message `seq` to the oldest posted receive. kPark when an earlier message is
+    // not bound yet or no receive is posted: `conn` is parked and kicked when that changes.
+    Bind bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg, Status* error);
+    void park_locked(Conn* conn);
+    // Under mu_: kicks every parked conn to try again.
+    void wake_parked_locked();
+    // Under mu_: `msg` has all its bytes.
+    void complete_locked(const RecvMsg& msg);
+    // Under mu_: a conn reached end-of-stream cleanly; the comm fails once all have.
+    void eof_locked();
+
+    RecvControlConn* control_ = nullptr;
+    std::vector<RecvDataConn*> data_;
+    std::vector<std::unique_ptr<RecvReq>> reqs_;
+    std::vector<RecvReq*> free_;   // under mu_
+    std::deque<RecvReq*> posted_;  // under mu_: receives with messages still to bind
+    uint64_t next_post_seq_ = 0;   // under mu_: first seq of the next receive
+    uint64_t bound_upto_ = 0;      // under mu_: every seq below is bound
+    std::unordered_map<uint64_t, RecvMsg> chunked_;  // under mu_: bound, chunks still arriving
+    std::vector<Conn*> parked_;                      // under mu_
+    int eofs_ = 0;                                   // under mu_
+};
+
+}  // namespace tcpx::net::socket_internal

@@ -1,0 +1,608 @@
+#include "net/socket/socket_net.h"
+
+#include <net/if.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "common/log.h"
+#include "common/random.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "net/socket/io_pool.h"
+#include "net/socket/socket_comm.h"
+#include "net/socket/wire.h"
+
+namespace tcpx::net {
+
+using socket_internal::Comm;
+using socket_internal::CommConfig;
+using socket_internal::ReqBase;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kListenBacklog = 1024;
+// Inbound sockets in handshake (pending or grouped) per listener; more are closed at once.
+constexpr size_t kMaxHandshaking = 1024;
+// Connections accepted per accept() call, so one call stays short under a connection storm.
+constexpr int kAcceptsPerCall = 64;
+
+constexpr uint32_t kListenMagic = 0x4c534e54;  // "TNSL"
+constexpr uint32_t kMrMagic = 0x4d524d54;      // "TMRM"
+
+struct MrRecord {
+    uint32_t magic = kMrMagic;
+    void* data = nullptr;
+    size_t size = 0;
+};
+
+struct Pending {
+    Fd fd;
+    SocketAddress peer;
+    wire::Hello hello{};
+    size_t got = 0;
+    Clock::time_point since;
+};
+
+struct Group {
+    Fd control;
+    std::vector<Fd> data;
+    int have_data = 0;
+    SocketAddress peer;
+    Clock::time_point since;
+};
+
+struct SocketListen {
+    uint32_t magic = kListenMagic;
+    int dev = 0;
+    Fd fd;
+    SocketAddress addr;
+    uint64_t nonce = 0;
+    uint16_t nsocks = 0;
+    std::mutex mu;  // accept() may be called from several threads
+    std::vector<Pending> pending;
+    std::unordered_map<uint64_t, Group> groups;
+    size_t grouped_sockets = 0;
+};
+
+CommConfig comm_config(const Settings& s) {
+    CommConfig c;
+    c.chunk_size = s.chunk_size;
+    c.min_chunk_size = s.min_chunk_size;
+    c.inline_threshold = s.inline_threshold;
+    c.max_requests = static_cast<int>(s.max_requests);
+    return c;
+}
+
+Status configure_socket(int fd, const Settings& s) {
+    TCPX_RETURN_IF_ERROR(set_nodelay(fd));
+    TCPX_RETURN_IF_ERROR(set_buffer_sizes(fd, s.socket_sndbuf, s.socket_rcvbuf));
+    return set_dead_peer_timeout(fd, s.socket_timeout_ms);
+}
+
+std::string read_sysfs(const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    return std::string(trim(line));
+}
+
+// Best effort: tells a refused connector why, then the caller closes the socket.
+void send_reply(int fd, wire::ReplyStatus status) {
+    const wire::HelloReply reply{wire::kReplyMagic, wire::kVersion, static_cast<uint16_t>(status)};
+    const iovec iov{const_cast<wire::HelloReply*>(&reply), sizeof(reply)};
+    (void)send_some(fd, &iov, 1);
+}
+
+StatusOr<SocketAddress> handle_address(const wire::HandleBlob& blob) {
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    if (blob.family == AF_INET) {
+        auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+        in->sin_family = AF_INET;
+        std::memcpy(&in->sin_addr, blob.addr, 4);
+        len = sizeof(sockaddr_in);
+    } else if (blob.family == AF_INET6) {
+        auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+        in6->sin6_family = AF_INET6;
+        std::memcpy(&in6->sin6_addr, blob.addr, 16);
+        in6->sin6_scope_id = blob.scope_id;
+        len = sizeof(sockaddr_in6);
+    } else {
+        return invalid_argument(strformat("handle has unknown address family %u", blob.family));
+    }
+    TCPX_ASSIGN_OR_RETURN(SocketAddress addr,
+                          SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len));
+    addr.set_port(blob.port);
+    return addr;
+}
+
+}  // namespace
+
+// --- creation, properties ------------------------------------------------------------------------
+
+struct SocketNet::ConnectState {
+    SocketAddress addr;
+    uint16_t nsocks = 0;
+    struct Sock {
+        Fd fd;
+        bool connected = false;
+        wire::Hello hello{};
+        size_t sent = 0;
+    };
+    std::vector<Sock> socks;  // [0] is the control socket
+    Clock::time_point deadline;
+};
+
+StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& settings) {
+    TCPX_RETURN_IF_ERROR(settings.validate());
+    AddressFamily family = AddressFamily::kAny;
+    if (!parse_address_family(settings.socket_family, &family)) {
+        return invalid_argument("TCPX_P2P_SOCKET_FAMILY: '" + settings.socket_family +
+                                "' is not any, ipv4 or ipv6");
+    }
+    auto devices = find_interfaces(settings.socket_ifname, family);
+    if (!devices.ok()) {
+        return Status(devices.status()).with_context("socket transport: choosing interfaces");
+    }
+    int threads = static_cast<int>(settings.io_threads);
+    if (threads == 0) {
+        threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
+    }
+    TCPX_ASSIGN_OR_RETURN(auto pool, IoPool::create(threads));
+    std::string names;
+    for (const auto& d : *devices) names += " " + d.name + "=" + d.address.host_string();
+    TCPX_INFO("socket transport: %d I/O threads, %lld data sockets per comm, interfaces:%s",
+              threads, static_cast<long long>(settings.nsocks), names.c_str());
+    return std::unique_ptr<SocketNet>(
+        new SocketNet(settings, std::move(devices).value(), std::move(pool)));
+}
+
+SocketNet::SocketNet(Settings settings, std::vector<NetInterface> devices,
+                     std::unique_ptr<IoPool> pool)
+    : settings_(std::move(settings)), devices_(std::move(devices)), pool_(std::move(pool)) {}
+
+SocketNet::~SocketNet() = default;
+
+int SocketNet::io_threads() const { return pool_->size(); }
+
+Status SocketNet::get_properties(int dev, Properties* props) const {
+    if (dev < 0 || dev >= device_count()) {
+        return invalid_argument(
+            strformat("device %d does not exist (%d devices)", dev, device_count()));
+    }
+    const NetInterface& iface = devices_[static_cast<size_t>(dev)];
+    *props = Properties{};
+    props->name = iface.name;
+    char resolved[PATH_MAX];
+    const std::string dev_link = "/sys/class/net/" + iface.name + "/device";
+    if (::realpath(dev_link.c_str(), resolved) != nullptr) props->pci_path = resolved;
+    props->guid = static_cast<uint64_t>(dev);
+    props->ptr_support = static_cast<int>(MemType::kHost);
+    int speed = std::atoi(read_sysfs("/sys/class/net/" + iface.name + "/speed").c_str());
+    props->speed_mbps = speed > 0 ? speed : 10000;
+    props->port = 0;
+    props->latency_us = 0;
+    props->max_comms = 65536;
+    props->max_recvs = socket_internal::kMaxRecvs;
+    props->device_type = DeviceType::kHost;
+    props->device_version = 0;
+    props->max_requests = static_cast<int>(settings_.max_requests);
+    props->reports_sizes = true;
+    return Status();
+}
+
+// --- listen / connect / accept -------------------------------------------------------------------
+
+Status SocketNet::listen(int dev, Handle* handle, ListenComm** listen_comm) {
+    if (handle == nullptr || listen_comm == nullptr) {
+        return invalid_argument("listen: null handle or comm");
+    }
+    *listen_comm = nullptr;
+    if (dev < 0 || dev >= device_count()) {
+        return invalid_argument(strformat("listen: device %d does not exist", dev));
+    }
+    const NetInterface& iface = devices_[static_cast<size_t>(dev)];
+    auto l = std::make_unique<SocketListen>();
+    l->dev = dev;
+    TCPX_ASSIGN_OR_RETURN(l->fd, listen_tcp(iface.address, kListenBacklog));
+    TCPX_ASSIGN_OR_RETURN(l->addr, local_address(l->fd.get()));
+    l->nonce = random_u64();
+    l->nsocks = static_cast<uint16_t>(settings_.nsocks);
+
+    wire::HandleBlob blob{};
+    blob.magic = wire::kHandleMagic;
+    blob.version = wire::kVersion;
+    blob.family = static_cast<uint16_t>(l->addr.family());
+    if (l->addr.family() == AF_INET) {
+        std::memcpy(blob.addr, &reinterpret_cast<const sockaddr_in*>(l->addr.get())->sin_addr, 4);
+    } else {
+        const auto* in6 = reinterpret_cast<const sockaddr_in6*>(l->addr.get());
+        std::memcpy(blob.addr, &in6->sin6_addr, 16);
+        blob.scope_id = in6->sin6_scope_id;
+    }
+    blob.port = l->addr.port();
+    blob.nsocks = l->nsocks;
+    blob.listen_nonce = l->nonce;
+    blob.connect_key = 0;
+    handle->bytes.fill(0);
+    std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
+    TCPX_DEBUG("listening on %s (%s)", l->addr.to_string().c_str(), iface.name.c_str());
+    *listen_comm = reinterpret_cast<ListenComm*>(l.release());
+    return Status();
+}
+
+Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {
+    if (handle == nullptr || send_comm == nullptr) {
+        return invalid_argument("connect: null handle or comm");
+    }
+    *send_comm = nullptr;
+    if (dev < 0 || dev >= device_count()) {
+        return invalid_argument(strformat("connect: device %d does not exist", dev));
+    }
+    if (dev_handle != nullptr) *dev_handle = DeviceHandle{};
+    wire::HandleBlob blob;
+    std::memcpy(&blob, handle->bytes.data(), sizeof(blob));
+    if (blob.magic != wire::kHandleMagic) {
+        return invalid_argument("connect: the handle was not made by the socket transport");
+    }
+    if (blob.version != wire::kVersion) {
+        return invalid_argument(strformat("connect: handle of protocol version %u, ours is %u",
+                                          blob.version, wire::kVersion));
+    }
+    if (blob.nsocks < 1 || blob.nsocks > 64) {
+        return invalid_argument(strformat("connect: handle asks for %u data sockets", blob.nsocks));
+    }
+
+    std::lock_guard<std::mutex> lock(connect_mu_);
+    auto save_key = [&](uint64_t key) {
+        blob.connect_key = key;
+        std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
+    };
+    ConnectState* st = nullptr;
+    auto it = connecting_.find(blob.connect_key);
+    if (blob.connect_key != 0 && it != connecting_.end()) st = it->second.get();
+    if (st == nullptr) {
+        auto state = std::make_unique<ConnectState>();
+        TCPX_ASSIGN_OR_RETURN(state->addr, handle_address(blob));
+        state->nsocks = blob.nsocks;
+        state->deadline = Clock::now() + std::chrono::milliseconds(settings_.handshake_timeout_ms);
+        const uint64_t comm_nonce = random_u64();
+        for (int i = 0; i <= blob.nsocks; ++i) {
+            ConnectState::Sock sock;
+            auto fd = start_connect(state->addr);
+            if (!fd.ok()) return Status(fd.status()).with_context("connect");
+            sock.fd = std::move(fd).value();
+            sock.hello = wire::Hello{
+                wire::kHelloMagic,
+                wire::kVersion,
+                static_cast<uint16_t>(i == 0 ? wire::Role::kControl : wire::Role::kData),
+                blob.listen_nonce,
+                comm_nonce,
+                static_cast<uint16_t>(i == 0 ? 0 : i - 1),
+                blob.nsocks,
+                0};
+            state->socks.push_back(std::move(sock));
+        }
+        uint64_t key = 0;
+        while (key == 0 || connecting_.count(key) != 0) key = random_u64();
+        st = state.get();
+        connecting_.emplace(key, std::move(state));
+        save_key(key);
+    }
+
+    auto abandon = [&](Status why) {
+        why.with_context("connect to " + st->addr.to_string());
+        connecting_.erase(blob.connect_key);  // frees *st
+        save_key(0);
+        return why;
+    };
+    bool all_sent = true;
+    for (auto& sock : st->socks) {
+        if (!sock.connected) {
+            bool done = false;
+            Status s = finish_connect(sock.fd.get(), st->addr, &done);
+            if (!s.ok()) return abandon(std::move(s));
+            if (!done) {
+                all_sent = false;
+                continue;
+            }
+            sock.connected = true;
+            s = configure_socket(sock.fd.get(), settings_);
+            if (!s.ok()) return abandon(std::move(s));
+        }
+        if (sock.sent < sizeof(sock.hello)) {
+            const iovec iov{reinterpret_cast<uint8_t*>(&sock.hello) + sock.sent,
+                            sizeof(sock.hello) - sock.sent};
+            auto n = send_some(sock.fd.get(), &iov, 1);
+            if (!n.ok()) return abandon(n.status());
+            sock.sent += *n;
+            if (sock.sent < sizeof(sock.hello)) all_sent = false;
+        }
+    }
+    if (!all_sent) {
+        if (Clock::now() > st->deadline) {
+            return abandon(
+                timeout_error(strformat("handshake not done after %lld ms",
+                                        static_cast<long long>(settings_.handshake_timeout_ms))));
+        }
+        return Status();  // in progress: call again
+    }
+    std::vector<Fd> data;
+    for (size_t i = 1; i < st->socks.size(); ++i) data.push_back(std::move(st->socks[i].fd));
+    auto comm = std::make_unique<socket_internal::SendComm>(
+        pool_.get(), comm_config(settings_), st->addr.to_string(), std::move(st->socks[0].fd),
+        std::move(data));
+    connecting_.erase(blob.connect_key);
+    save_key(0);
+    if (Status started = comm->start(); !started.ok()) {
+        comm->shut_down();
+        return started;
+    }
+    *send_comm = reinterpret_cast<SendComm*>(comm.release());
+    return Status();
+}
+
+Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) {
+    if (listen_comm == nullptr || recv_comm == nullptr) {
+        return invalid_argument("accept: null listen comm or comm");
+    }
+    *recv_comm = nullptr;
+    if (dev_handle != nullptr) *dev_handle = DeviceHandle{};
+    auto* l = reinterpret_cast<SocketListen*>(listen_comm);
+    if (l->magic != kListenMagic) return invalid_argument("accept: not a listen comm");
+    std::lock_guard<std::mutex> lock(l->mu);
+    const auto now = Clock::now();
+    const auto handshake_timeout = std::chrono::milliseconds(settings_.handshake_timeout_ms);
+
+    // 1. New connections.
+    for (int i = 0; i < kAcceptsPerCall; ++i) {
+        SocketAddress peer;
+        auto fd = accept_tcp(l->fd.get(), &peer);
+        if (!fd.ok()) return Status(fd.status()).with_context("accept on " + l->addr.to_string());
+        if (!fd->valid()) break;
+        if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
+            TCPX_WARN("closing connection from %s: %zu connections already in handshake on %s",
+                      peer.to_string().c_str(), kMaxHandshaking, l->addr.to_string().c_str());
+            continue;
+        }
+        l->pending.push_back(Pending{std::move(fd).value(), peer, {}, 0, now});
+    }
+
+    // 2. Handshakes.
+    for (size_t i = 0; i < l->pending.size();) {
+        Pending& p = l->pending[i];
+        auto drop = [&] {
+            p = std::move(l->pending.back());
+            l->pending.pop_back();
+        };
+        bool eof = false;
+        auto n = recv_some(p.fd.get(), reinterpret_cast<uint8_t*>(&p.hello) + p.got,
+                           sizeof(p.hello) - p.got, &eof);
+        if (!n.ok() || eof) {
+            TCPX_INFO("connection from %s closed during its handshake: %s",
+                      p.peer.to_string().c_str(),
+                      n.ok() ? "end of stream" : n.status().to_string().c_str());
+            drop();
+            continue;
+        }
+        p.got += *n;
+        if (p.got < sizeof(p.hello)) {
+            if (now - p.since > handshake_timeout) {
+                TCPX_WARN(
+                    "closing connection from %s: no complete handshake within %lld ms "
+                    "(%zu of %zu bytes)",
+                    p.peer.to_string().c_str(),
+                    static_cast<long long>(settings_.handshake_timeout_ms), p.got, sizeof(p.hello));
+                drop();
+                continue;
+            }
+            ++i;
+            continue;
+        }
+        const wire::Hello& h = p.hello;
+        if (h.magic != wire::kHelloMagic) {
+            TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
+                      p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
+            drop();
+            continue;
+        }
+        wire::ReplyStatus refuse = wire::ReplyStatus::kAccepted;
+        if (h.version != wire::kVersion) {
+            refuse = wire::ReplyStatus::kVersionMismatch;
+        } else if (h.listen_nonce != l->nonce) {
+            refuse = wire::ReplyStatus::kWrongListener;
+        } else if (h.nsocks != l->nsocks ||
+                   (h.role == static_cast<uint16_t>(wire::Role::kControl) && h.index != 0) ||
+                   (h.role == static_cast<uint16_t>(wire::Role::kData) && h.index >= h.nsocks) ||
+                   (h.role != static_cast<uint16_t>(wire::Role::kControl) &&
+                    h.role != static_cast<uint16_t>(wire::Role::kData))) {
+            refuse = wire::ReplyStatus::kBadHello;
+        }
+        Group* group = nullptr;
+        if (refuse == wire::ReplyStatus::kAccepted) {
+            auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);
+            group = &it->second;
+            if (fresh) {
+                group->data.resize(l->nsocks);
+                group->peer = p.peer;
+                group->since = now;
+            }
+            Fd& slot = h.role == static_cast<uint16_t>(wire::Role::kControl) ? group->control
+                                                                             : group->data[h.index];
+            if (slot.valid()) {
+                refuse = wire::ReplyStatus::kBadHello;  // a socket of this role arrived twice
+            } else {
+                slot = std::move(p.fd);
+                ++l->grouped_sockets;
+                if (h.role == static_cast<uint16_t>(wire::Role::kData)) ++group->have_data;
+            }
+        }
+        if (refuse != wire::ReplyStatus::kAccepted) {
+            TCPX_WARN("refused connection from %s: %s (its version %u, ours %u)",
+                      p.peer.to_string().c_str(), wire::reply_status_text(refuse), h.version,
+                      wire::kVersion);
+            send_reply(p.fd.get(), refuse);
+        }
+        drop();
+    }
+
+    // 3. Complete comms (one per call) and abandoned groups.
+    for (auto it = l->groups.begin(); it != l->groups.end();) {
+        Group& g = it->second;
+        const int arrived = (g.control.valid() ? 1 : 0) + g.have_data;
+        if (g.control.valid() && g.have_data == l->nsocks && *recv_comm == nullptr) {
+            Status st = configure_socket(g.control.get(), settings_);
+            for (Fd& fd : g.data) {
+                if (st.ok()) st = configure_socket(fd.get(), settings_);
+            }
+            const wire::HelloReply reply{wire::kReplyMagic, wire::kVersion,
+                                         static_cast<uint16_t>(wire::ReplyStatus::kAccepted)};
+            const iovec iov{const_cast<wire::HelloReply*>(&reply), sizeof(reply)};
+            if (st.ok()) {
+                auto n = send_some(g.control.get(), &iov, 1);
+                if (!n.ok()) {
+                    st = n.status();
+                } else if (*n != sizeof(reply)) {
+                    st = unavailable("could not send the handshake reply");
+                }
+            }
+            l->grouped_sockets -= static_cast<size_t>(arrived);
+            if (!st.ok()) {
+                TCPX_WARN("dropping connection from %s: %s", g.peer.to_string().c_str(),
+                          st.to_string().c_str());
+                it = l->groups.erase(it);
+                continue;
+            }
+            auto comm = std::make_unique<socket_internal::RecvComm>(
+                pool_.get(), comm_config(settings_), g.peer.to_string(), std::move(g.control),
+                std::move(g.data));
+            it = l->groups.erase(it);
+            if (Status started = comm->start(); !started.ok()) {
+                comm->shut_down();
+                return started;
+            }
+            *recv_comm = reinterpret_cast<RecvComm*>(comm.release());
+            continue;
+        }
+        if (now - g.since > handshake_timeout) {
+            TCPX_WARN(
+                "dropping incomplete connection from %s: %d of %d sockets arrived within "
+                "%lld ms",
+                g.peer.to_string().c_str(), arrived, l->nsocks + 1,
+                static_cast<long long>(settings_.handshake_timeout_ms));
+            l->grouped_sockets -= static_cast<size_t>(arrived);
+            it = l->groups.erase(it);
+            continue;
+        }
+        ++it;
+    }
+    return Status();
+}
+
+// --- memory registration -------------------------------------------------------------------------
+
+Status SocketNet::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) {
+    if (comm == nullptr || mhandle == nullptr) return invalid_argument("reg_mr: null argument");
+    *mhandle = nullptr;
+    if (type != MemType::kHost) {
+        return unimplemented(
+            strformat("reg_mr: the socket transport moves host memory only (memory type %d)",
+                      static_cast<int>(type)));
+    }
+    if (data == nullptr && size > 0) return invalid_argument("reg_mr: null buffer");
+    auto* rec = new MrRecord;
+    rec->data = data;
+    rec->size = size;
+    *mhandle = reinterpret_cast<MemHandle*>(rec);
+    return Status();
+}
+
+Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
+    auto* rec = reinterpret_cast<MrRecord*>(mhandle);
+    if (rec == nullptr || rec->magic != kMrMagic) {
+        return invalid_argument("dereg_mr: not a registration of the socket transport");
+    }
+    rec->magic = 0;
+    delete rec;
+    return Status();
+}
+
+// --- data path -----------------------------------------------------------------------------------
+
+Status SocketNet::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                        Request** request) {
+    auto* c = reinterpret_cast<socket_internal::SendComm*>(comm);
+    if (c == nullptr || request == nullptr) return invalid_argument("isend: null comm or request");
+    if (c->kind() != Comm::kSendKind) return invalid_argument("isend: not a send comm");
+    socket_internal::SendReq* req = nullptr;
+    Status st = c->isend(data, size, tag, &req);
+    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
+    return st;
+}
+
+Status SocketNet::irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
+                        const int* tags, MemHandle* const* mhandles, Request** request) {
+    auto* c = reinterpret_cast<socket_internal::RecvComm*>(comm);
+    if (c == nullptr || request == nullptr) return invalid_argument("irecv: null comm or request");
+    if (c->kind() != Comm::kRecvKind) return invalid_argument("irecv: not a receive comm");
+    socket_internal::RecvReq* req = nullptr;
+    Status st = c->irecv(n, data, sizes, tags, &req);
+    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
+    return st;
+}
+
+Status SocketNet::test(Request* request, bool* done, size_t* sizes) {
+    if (request == nullptr || done == nullptr) return invalid_argument("test: null argument");
+    auto* base = reinterpret_cast<ReqBase*>(request);
+    if (base->kind == ReqBase::kSend) {
+        auto* req = static_cast<socket_internal::SendReq*>(base);
+        return req->comm->test(req, done, sizes);
+    }
+    if (base->kind == ReqBase::kRecv) {
+        auto* req = static_cast<socket_internal::RecvReq*>(base);
+        return req->comm->test(req, done, sizes);
+    }
+    return invalid_argument("test: not a request of the socket transport");
+}
+
+Status SocketNet::irecv_consumed(RecvComm* comm, int n, Request* request) {
+    // Host memory: received data is in place when test() reports it; nothing to return.
+    return Status();
+}
+
+Status SocketNet::close_send(SendComm* comm) {
+    auto* c = reinterpret_cast<socket_internal::SendComm*>(comm);
+    if (c == nullptr) return Status();
+    if (c->kind() != Comm::kSendKind) return invalid_argument("close_send: not a send comm");
+    c->shut_down();
+    delete c;
+    return Status();
+}
+
+Status SocketNet::close_recv(RecvComm* comm) {
+    auto* c = reinterpret_cast<socket_internal::RecvComm*>(comm);
+    if (c == nullptr) return Status();
+    if (c->kind() != Comm::kRecvKind) return invalid_argument("close_recv: not a receive comm");
+    c->shut_down();
+    delete c;
+    return Status();
+}
+
+Status SocketNet::close_listen(ListenComm* comm) {
+    auto* l = reinterpret_cast<SocketListen*>(comm);
+    if (l == nullptr) return Status();
+    if (l->magic != kListenMagic) return invalid_argument("close_listen: not a listen comm");
+    l->magic = 0;
+    delete l;
+    return Status();
+}
+
+}  // namespace tcpx::net

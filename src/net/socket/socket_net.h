@@ -1,0 +1,66 @@
+// The built-in TCP transport ("socket"): host memory, one control socket plus N data sockets per
+// comm, served by a fixed pool of I/O threads. See docs/socket-transport.md for the design and
+// wire.h for the protocol.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/params.h"
+#include "common/socket.h"
+#include "net/net.h"
+
+namespace tcpx::net {
+
+class IoPool;
+
+class SocketNet final : public Net {
+ public:
+    // One device per interface selected by settings.socket_ifname / socket_family.
+    static StatusOr<std::unique_ptr<SocketNet>> create(const Settings& settings);
+    ~SocketNet() override;
+
+    std::string_view name() const override { return "socket"; }
+    int device_count() const override { return static_cast<int>(devices_.size()); }
+    Status get_properties(int dev, Properties* props) const override;
+
+    Status listen(int dev, Handle* handle, ListenComm** listen_comm) override;
+    Status connect(int dev, Handle* handle, SendComm** send_comm,
+                   DeviceHandle* dev_handle) override;
+    Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
+
+    Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
+    Status dereg_mr(void* comm, MemHandle* mhandle) override;
+
+    Status isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                 Request** request) override;
+    Status irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes, const int* tags,
+                 MemHandle* const* mhandles, Request** request) override;
+    Status test(Request* request, bool* done, size_t* sizes) override;
+    Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
+
+    Status close_send(SendComm* comm) override;
+    Status close_recv(RecvComm* comm) override;
+    Status close_listen(ListenComm* comm) override;
+
+    const Settings& settings() const { return settings_; }
+    const std::vector<NetInterface>& interfaces() const { return devices_; }
+    int io_threads() const;
+
+ private:
+    struct ConnectState;
+
+    SocketNet(Settings settings, std::vector<NetInterface> devices, std::unique_ptr<IoPool> pool);
+
+    Settings settings_;
+    std::vector<NetInterface> devices_;
+    std::unique_ptr<IoPool> pool_;
+
+    std::mutex connect_mu_;
+    // Connects in progress, keyed by the random key stored in the caller's handle.
+    std::unordered_map<uint64_t, std::unique_ptr<ConnectState>> connecting_;
+};
+
+}  // namespace tcpx::net

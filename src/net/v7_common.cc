@@ -1,0 +1,108 @@
+#include "net/v7_common.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace tcpx::net {
+namespace {
+
+void plugin_log(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+    LogLevel ours = LogLevel::kDebug;
+    switch (level) {
+        case TCPX_NCCL_LOG_WARN:
+        case TCPX_NCCL_LOG_ABORT:
+            ours = LogLevel::kWarn;
+            break;
+        case TCPX_NCCL_LOG_TRACE:
+            ours = LogLevel::kTrace;
+            break;
+        case TCPX_NCCL_LOG_NONE:
+            return;
+        default:
+            ours = LogLevel::kDebug;
+            break;
+    }
+    if (!log_enabled(ours)) return;
+    char buf[1024];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buf, sizeof(buf), fmt, args);
+    va_end(args);
+    log_message(ours, file != nullptr ? file : "plugin", line, "net plugin: %s", buf);
+}
+
+}  // namespace
+
+tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what) {
+    if (status.ok()) return tcpx_ncclSuccess;
+    TCPX_WARN("%.*s: %s", static_cast<int>(what.size()), what.data(), status.to_string().c_str());
+    switch (status.code()) {
+        case StatusCode::kInvalidArgument:
+        case StatusCode::kOutOfRange:
+            return tcpx_ncclInvalidArgument;
+        case StatusCode::kFailedPrecondition:
+        case StatusCode::kUnimplemented:
+            return tcpx_ncclInvalidUsage;
+        case StatusCode::kUnavailable:
+        case StatusCode::kTimeout:
+        case StatusCode::kProtocol:
+        case StatusCode::kRemote:
+        case StatusCode::kCancelled:
+            return tcpx_ncclRemoteError;
+        case StatusCode::kSystem:
+            return tcpx_ncclSystemError;
+        case StatusCode::kCuda:
+            return tcpx_ncclUnhandledCudaError;
+        default:
+            return tcpx_ncclInternalError;
+    }
+}
+
+Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what) {
+    const std::string w(what);
+    switch (result) {
+        case tcpx_ncclSuccess:
+        case tcpx_ncclInProgress:
+            return Status();
+        case tcpx_ncclUnhandledCudaError:
+            return Status(StatusCode::kCuda, w + ": CUDA error (see the plugin's log)");
+        case tcpx_ncclSystemError:
+            return Status(StatusCode::kSystem, w + ": system error (see the plugin's log)");
+        case tcpx_ncclInvalidArgument:
+            return Status(StatusCode::kInvalidArgument, w + ": invalid argument");
+        case tcpx_ncclInvalidUsage:
+            return Status(StatusCode::kFailedPrecondition, w + ": invalid usage");
+        case tcpx_ncclRemoteError:
+            return Status(StatusCode::kUnavailable, w + ": remote error (peer or connection)");
+        case tcpx_ncclInternalError:
+            return Status(StatusCode::kInternal, w + ": internal error in the plugin");
+    }
+    return Status(StatusCode::kInternal,
+                  strformat("%s: unknown result %d", w.c_str(), static_cast<int>(result)));
+}
+
+void forward_log_to_nccl(tcpx_ncclDebugLogger_t logger) {
+    if (logger == nullptr) {
+        set_log_sink(nullptr);
+        return;
+    }
+    set_log_sink([logger](LogLevel level, const char* file, int line, std::string_view message) {
+        int nccl_level = TCPX_NCCL_LOG_INFO;
+        if (level >= LogLevel::kWarn) {
+            nccl_level = TCPX_NCCL_LOG_WARN;
+        } else if (level == LogLevel::kTrace) {
+            nccl_level = TCPX_NCCL_LOG_TRACE;
+        }
+        const std::string text(message);
+        logger(nccl_level, TCPX_NCCL_NET_FLAG, file, line, "%s", text.c_str());
+    });
+}
+
+tcpx_ncclDebugLogger_t nccl_logger_into_tcpx_log() { return &plugin_log; }
+
+}  // namespace tcpx::net

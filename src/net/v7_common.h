@@ -1,0 +1,27 @@
+// What both directions of the v7 bridge share: status translation and logger bridging.
+// socket/socket_v7.cc exports a Net as a v7 table; plugin/v7_net.cc wraps a v7 table as a Net.
+#pragma once
+
+#include <string_view>
+
+#include "net/ncclnet_v7.h"
+#include "tcpx/status.h"
+
+namespace tcpx::net {
+
+// A Status as an ncclResult_t. Non-OK statuses are logged here, once, with their message: the
+// C ABI can carry only the code. `what` names the entry point for the log line.
+tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what);
+
+// An ncclResult_t as a Status; `what` says which call returned it.
+Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what);
+
+// Routes this library's log messages to NCCL's logger (level and the NET subsystem flag
+// mapped). A null logger restores the default sink.
+void forward_log_to_nccl(tcpx_ncclDebugLogger_t logger);
+
+// A logger to hand to an ncclNet plugin's init(): it feeds the plugin's messages into this
+// library's log (NCCL WARN -> warn, INFO -> debug, TRACE -> trace), prefixed "net plugin:".
+tcpx_ncclDebugLogger_t nccl_logger_into_tcpx_log();
+
+}  // namespace tcpx::net

@@ -1,0 +1,473 @@
+// Bad input and faults on the socket transport: stray and malformed connections, refused
+// handshakes, and peers that die (other processes, killed with SIGKILL).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/socket.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "net/socket/socket_net.h"
+#include "net/socket/wire.h"
+#include "tests/support/log_capture.h"
+#include "tests/support/net_test_util.h"
+#include "tests/support/subprocess.h"
+
+#ifndef TCPX_NET_PEER_PATH
+#error "TCPX_NET_PEER_PATH must point at the tcpx_net_peer helper"
+#endif
+
+namespace tcpx::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using net::Request;
+namespace wire = net::wire;
+
+wire::HandleBlob decode(const net::Handle& handle) {
+    wire::HandleBlob blob;
+    std::memcpy(&blob, handle.bytes.data(), sizeof(blob));
+    return blob;
+}
+
+SocketAddress handle_address(const net::Handle& handle) {
+    const wire::HandleBlob blob = decode(handle);
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(blob.family, blob.addr, text, sizeof(text));
+    auto addr = SocketAddress::parse(text, blob.port);
+    return addr.ok() ? *addr : SocketAddress();
+}
+
+// A raw client socket connected to a listener's handle.
+Fd raw_connect(const net::Handle& handle) {
+    auto fd = connect_blocking(handle_address(handle), 5000);
+    return fd.ok() ? std::move(fd).value() : Fd();
+}
+
+wire::Hello valid_hello(const net::Handle& handle, wire::Role role, uint16_t index,
+                        uint64_t comm_nonce) {
+    const wire::HandleBlob blob = decode(handle);
+    return wire::Hello{wire::kHelloMagic,
+                       wire::kVersion,
+                       static_cast<uint16_t>(role),
+                       blob.listen_nonce,
+                       comm_nonce,
+                       index,
+                       blob.nsocks,
+                       0};
+}
+
+// Reads until EOF or `timeout`; true when the peer closed the connection.
+bool closed_by_peer(int fd, std::chrono::milliseconds timeout, std::string* received = nullptr) {
+    timeval tv{};
+    tv.tv_sec = static_cast<long>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<long>((timeout.count() % 1000) * 1000);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[256];
+    while (true) {
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n == 0) return true;
+        if (n < 0) return errno == ECONNRESET;
+        if (received != nullptr) received->append(buf, static_cast<size_t>(n));
+    }
+}
+
+class NetFaultTest : public ::testing::Test {
+ protected:
+    void SetUp() override {
+        Settings s = loopback_settings();
+        s.handshake_timeout_ms = 300;
+        auto created = net::SocketNet::create(s);
+        ASSERT_TRUE(created.ok()) << created.status().to_string();
+        net_ = std::move(created).value();
+        ASSERT_TRUE(net_->listen(0, &handle_, &listen_).ok());
+    }
+    void TearDown() override {
+        if (listen_ != nullptr) (void)net_->close_listen(listen_);
+    }
+
+    // Accepts for `duration`, returning the first comm that arrives (or null).
+    net::RecvComm* accept_for(std::chrono::milliseconds duration) {
+        const auto deadline = std::chrono::steady_clock::now() + duration;
+        net::RecvComm* comm = nullptr;
+        while (comm == nullptr && std::chrono::steady_clock::now() < deadline) {
+            EXPECT_TRUE(net_->accept(listen_, &comm, nullptr).ok());
+            std::this_thread::sleep_for(1ms);
+        }
+        return comm;
+    }
+
+    // A real connection still gets through, and carries data.
+    void expect_listener_serves() {
+        net::SendComm* send = nullptr;
+        net::RecvComm* recv = nullptr;
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while ((send == nullptr || recv == nullptr) &&
+               std::chrono::steady_clock::now() < deadline) {
+            if (send == nullptr) {
+                ASSERT_TRUE(net_->connect(0, &handle_, &send, nullptr).ok());
+            }
+            if (recv == nullptr) {
+                ASSERT_TRUE(net_->accept(listen_, &recv, nullptr).ok());
+            }
+        }
+        ASSERT_NE(send, nullptr);
+        ASSERT_NE(recv, nullptr);
+        std::vector<uint8_t> src(100000), dst(100000);
+        fill_pattern(src.data(), src.size(), 3);
+        Request* r = nullptr;
+        Request* s = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &r).ok());
+        ASSERT_TRUE(post_send(net_.get(), send, src.data(), src.size(), 0, &s).ok());
+        ASSERT_TRUE(wait_request(net_.get(), s).ok());
+        ASSERT_TRUE(wait_request(net_.get(), r).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 3), -1);
+        (void)net_->close_send(send);
+        (void)net_->close_recv(recv);
+    }
+
+    std::unique_ptr<net::SocketNet> net_;
+    net::Handle handle_;
+    net::ListenComm* listen_ = nullptr;
+};
+
+TEST_F(NetFaultTest, GarbageConnectionIsRefusedAndLogged) {
+    LogCapture log(LogLevel::kWarn);
+    Fd raw = raw_connect(handle_);
+    ASSERT_TRUE(raw.valid());
+    const std::string http = "GET / HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n";
+    ASSERT_TRUE(send_all(raw.get(), http.data(), http.size()).ok());
+    EXPECT_EQ(accept_for(200ms), nullptr);
+    EXPECT_TRUE(closed_by_peer(raw.get(), 2s));
+    EXPECT_TRUE(log.contains("not a tcpx-p2p handshake")) << log.all();
+    expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, TruncatedHandshakeTimesOut) {
+    LogCapture log(LogLevel::kWarn);
+    Fd raw = raw_connect(handle_);
+    ASSERT_TRUE(raw.valid());
+    const wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, 1234);
+    ASSERT_TRUE(send_all(raw.get(), &hello, 10).ok());
+    EXPECT_EQ(accept_for(600ms), nullptr);  // past the 300 ms handshake timeout
+    EXPECT_TRUE(closed_by_peer(raw.get(), 2s));
+    EXPECT_TRUE(log.contains("no complete handshake")) << log.all();
+    expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, ConnectionClosedDuringHandshakeIsDropped) {
+    {
+        Fd raw = raw_connect(handle_);
+        ASSERT_TRUE(raw.valid());
+        const wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, 99);
+        ASSERT_TRUE(send_all(raw.get(), &hello, 5).ok());
+    }
+    EXPECT_EQ(accept_for(100ms), nullptr);
+    expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, WrongVersionIsRefusedWithAReply) {
+    LogCapture log(LogLevel::kWarn);
+    Fd raw = raw_connect(handle_);
+    ASSERT_TRUE(raw.valid());
+    wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, 77);
+    hello.version = 99;
+    ASSERT_TRUE(send_all(raw.get(), &hello, sizeof(hello)).ok());
+    EXPECT_EQ(accept_for(100ms), nullptr);
+    std::string reply;
+    EXPECT_TRUE(closed_by_peer(raw.get(), 2s, &reply));
+    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
+    wire::HelloReply r;
+    std::memcpy(&r, reply.data(), sizeof(r));
+    EXPECT_EQ(r.magic, wire::kReplyMagic);
+    EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kVersionMismatch));
+    EXPECT_EQ(r.version, wire::kVersion);
+    EXPECT_TRUE(log.contains("protocol version mismatch")) << log.all();
+    expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, StaleHandleIsRefused) {
+    Fd raw = raw_connect(handle_);
+    ASSERT_TRUE(raw.valid());
+    wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, 78);
+    hello.listen_nonce ^= 1;  // as if from an earlier listener on the same port
+    ASSERT_TRUE(send_all(raw.get(), &hello, sizeof(hello)).ok());
+    EXPECT_EQ(accept_for(100ms), nullptr);
+    std::string reply;
+    EXPECT_TRUE(closed_by_peer(raw.get(), 2s, &reply));
+    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
+    wire::HelloReply r;
+    std::memcpy(&r, reply.data(), sizeof(r));
+    EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kWrongListener));
+}
+
+TEST_F(NetFaultTest, DuplicateOrOutOfRangeSocketsAreRefused) {
+    const uint64_t nonce = 4242;
+    Fd control = raw_connect(handle_);
+    wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, nonce);
+    ASSERT_TRUE(send_all(control.get(), &hello, sizeof(hello)).ok());
+    Fd again = raw_connect(handle_);
+    ASSERT_TRUE(send_all(again.get(), &hello, sizeof(hello)).ok());
+    Fd beyond = raw_connect(handle_);
+    wire::Hello data = valid_hello(handle_, wire::Role::kData, 200, nonce);
+    ASSERT_TRUE(send_all(beyond.get(), &data, sizeof(data)).ok());
+    EXPECT_EQ(accept_for(100ms), nullptr);
+    EXPECT_TRUE(closed_by_peer(again.get(), 2s));
+    EXPECT_TRUE(closed_by_peer(beyond.get(), 2s));
+    // The incomplete group (control only) is dropped after the handshake timeout.
+    EXPECT_EQ(accept_for(500ms), nullptr);
+    EXPECT_TRUE(closed_by_peer(control.get(), 2s));
+    expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, SilentStraysDoNotDelayRealConnections) {
+    std::vector<Fd> strays;
+    for (int i = 0; i < 50; ++i) strays.push_back(raw_connect(handle_));
+    const auto start = std::chrono::steady_clock::now();
+    expect_listener_serves();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+}
+
+// A raw listener that plays the receiving side badly, to check what the connecting side does.
+class FakeReceiver {
+ public:
+    FakeReceiver() {
+        auto addr = SocketAddress::parse("127.0.0.1", 0);
+        auto fd = listen_tcp(*addr, 64);
+        listen_ = std::move(fd).value();
+        (void)set_nonblocking(listen_.get(), false);
+        port_ = local_address(listen_.get())->port();
+    }
+    // A handle of the socket transport's format pointing at this listener.
+    net::Handle handle(uint16_t nsocks) const {
+        wire::HandleBlob blob{};
+        blob.magic = wire::kHandleMagic;
+        blob.version = wire::kVersion;
+        blob.family = AF_INET;
+        const uint32_t loopback = htonl(INADDR_LOOPBACK);
+        std::memcpy(blob.addr, &loopback, 4);
+        blob.port = port_;
+        blob.nsocks = nsocks;
+        blob.listen_nonce = 5;
+        net::Handle h;
+        std::memcpy(h.bytes.data(), &blob, sizeof(blob));
+        return h;
+    }
+    // Accepts `count` sockets and reads their hellos; the control socket is returned first.
+    std::vector<Fd> accept_all(int count) {
+        std::vector<Fd> socks(static_cast<size_t>(count));
+        for (int i = 0; i < count; ++i) {
+            Fd fd(::accept(listen_.get(), nullptr, nullptr));
+            wire::Hello hello{};
+            if (!recv_all(fd.get(), &hello, sizeof(hello)).ok()) return {};
+            const size_t slot =
+                hello.role == static_cast<uint16_t>(wire::Role::kControl) ? 0 : hello.index + 1u;
+            if (slot >= socks.size()) return {};
+            socks[slot] = std::move(fd);
+        }
+        return socks;
+    }
+
+ private:
+    Fd listen_;
+    uint16_t port_ = 0;
+};
+
+// Connects to the fake, lets it answer with `reply`, and returns how the comm then fails.
+Status connect_and_fail(net::SocketNet* net, FakeReceiver* fake, const std::string& reply) {
+    net::Handle handle = fake->handle(2);
+    net::SendComm* send = nullptr;
+    std::vector<Fd> socks;
+    std::thread server([&] { socks = fake->accept_all(3); });
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (send == nullptr && std::chrono::steady_clock::now() < deadline) {
+        Status st = net->connect(0, &handle, &send, nullptr);
+        if (!st.ok()) {
+            server.join();
+            return st;
+        }
+    }
+    server.join();
+    if (send == nullptr || socks.size() != 3) return internal_error("could not connect");
+    (void)send_all(socks[0].get(), reply.data(), reply.size());
+    Status failure;
+    eventually([&] {
+        uint8_t byte = 0;
+        Request* req = nullptr;
+        failure = net->isend(send, &byte, 1, 0, nullptr, &req);
+        if (req != nullptr) (void)wait_request(net, req);
+        return !failure.ok();
+    });
+    (void)net->close_send(send);
+    return failure;
+}
+
+TEST(NetConnectFault, RefusalReachesTheConnectingSide) {
+    auto net = net::SocketNet::create(loopback_settings());
+    ASSERT_TRUE(net.ok());
+    FakeReceiver fake;
+    const wire::HelloReply refuse{wire::kReplyMagic, 7,
+                                  static_cast<uint16_t>(wire::ReplyStatus::kVersionMismatch)};
+    Status st = connect_and_fail(
+        net->get(), &fake, std::string(reinterpret_cast<const char*>(&refuse), sizeof(refuse)));
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("refused"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("version"), std::string::npos) << st.to_string();
+}
+
+TEST(NetConnectFault, ForeignServerIsDetected) {
+    auto net = net::SocketNet::create(loopback_settings());
+    ASSERT_TRUE(net.ok());
+    FakeReceiver fake;
+    Status st = connect_and_fail(net->get(), &fake, "HTTP/1.1 400 Bad Request\r\n\r\n");
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    EXPECT_NE(st.message().find("not a tcpx-p2p"), std::string::npos) << st.to_string();
+}
+
+TEST(NetConnectFault, NobodyListening) {
+    auto net = net::SocketNet::create(loopback_settings());
+    ASSERT_TRUE(net.ok());
+    net::Handle handle;
+    {
+        FakeReceiver gone;  // a port that was just free
+        handle = gone.handle(2);
+    }
+    net::SendComm* send = nullptr;
+    Status st;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (st.ok() && send == nullptr && std::chrono::steady_clock::now() < deadline) {
+        st = (*net)->connect(0, &handle, &send, nullptr);
+    }
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_NE(st.message().find("refused"), std::string::npos) << st.to_string();
+}
+
+// --- peers in other processes, killed mid-transfer ----------------------------------------------
+
+std::map<std::string, std::string> peer_env(const Settings& s) {
+    return {{"TCPX_P2P_SOCKET_IFNAME", s.socket_ifname},
+            {"TCPX_P2P_SOCKET_FAMILY", s.socket_family},
+            {"TCPX_P2P_NSOCKS", std::to_string(s.nsocks)},
+            {"TCPX_P2P_IO_THREADS", "2"},
+            // Small socket buffers slow the peer down, so it is surely killed mid-transfer.
+            {"TCPX_P2P_SOCKET_SNDBUF", "16K"},
+            {"TCPX_P2P_SOCKET_RCVBUF", "16K"},
+            {"TCPX_P2P_LOG_LEVEL", "error"}};
+}
+
+TEST(NetPeerDeath, SenderKilledMidTransferFailsTheReceive) {
+    const Settings s = loopback_settings();
+    auto created = net::SocketNet::create(s);
+    ASSERT_TRUE(created.ok());
+    net::SocketNet* net = created->get();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+
+    const size_t bytes = 1ULL << 30;
+    Subprocess peer;
+    ASSERT_TRUE(
+        peer.start({TCPX_NET_PEER_PATH, "send", to_hex(handle.bytes.data(), handle.bytes.size()),
+                    std::to_string(bytes)},
+                   peer_env(s)));
+    net::RecvComm* recv = nullptr;
+    ASSERT_TRUE(eventually([&] { return net->accept(listen, &recv, nullptr).ok() && recv; }, 10s));
+    std::vector<uint8_t> dst(bytes);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_recv(net, recv, dst.data(), bytes, 0, &req).ok());
+    std::string line;
+    ASSERT_TRUE(peer.read_line(&line, 10s));
+    ASSERT_EQ(line, "posted");
+    std::this_thread::sleep_for(50ms);
+    peer.kill_now();
+    const auto killed = std::chrono::steady_clock::now();
+    Status st = wait_request(net, req, nullptr, 20s);
+    EXPECT_FALSE(st.ok()) << "the receive completed although its sender was killed";
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - killed, 5s);
+    EXPECT_NE(peer.wait(5s), -1);
+    (void)net->close_recv(recv);
+    (void)net->close_listen(listen);
+}
+
+TEST(NetPeerDeath, ReceiverKilledMidTransferFailsTheSend) {
+    const Settings s = loopback_settings();
+    auto created = net::SocketNet::create(s);
+    ASSERT_TRUE(created.ok());
+    net::SocketNet* net = created->get();
+
+    const size_t bytes = 1ULL << 30;
+    Subprocess peer;
+    ASSERT_TRUE(peer.start({TCPX_NET_PEER_PATH, "recv", std::to_string(bytes)}, peer_env(s)));
+    std::string line;
+    ASSERT_TRUE(peer.read_line(&line, 10s));
+    ASSERT_EQ(line.rfind("handle ", 0), 0u) << line;
+    std::vector<uint8_t> raw;
+    ASSERT_TRUE(from_hex(line.substr(7), &raw));
+    net::Handle handle;
+    ASSERT_EQ(raw.size(), handle.bytes.size());
+    std::memcpy(handle.bytes.data(), raw.data(), raw.size());
+    net::SendComm* send = nullptr;
+    ASSERT_TRUE(
+        eventually([&] { return net->connect(0, &handle, &send, nullptr).ok() && send; }, 10s));
+    ASSERT_TRUE(peer.read_line(&line, 10s));
+    ASSERT_EQ(line, "posted");
+    std::vector<uint8_t> src(bytes, 0x11);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_send(net, send, src.data(), bytes, 0, &req).ok());
+    std::this_thread::sleep_for(50ms);
+    peer.kill_now();
+    const auto killed = std::chrono::steady_clock::now();
+    Status st = wait_request(net, req, nullptr, 20s);
+    EXPECT_FALSE(st.ok()) << "the send completed although its receiver was killed";
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - killed, 5s);
+    EXPECT_NE(peer.wait(5s), -1);
+    (void)net->close_send(send);
+}
+
+TEST(NetPeerDeath, CompletedTransferBetweenProcesses) {
+    // The helper itself is sound: a transfer it is not killed in completes.
+    const Settings s = loopback_settings();
+    auto created = net::SocketNet::create(s);
+    ASSERT_TRUE(created.ok());
+    net::SocketNet* net = created->get();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    auto env = peer_env(s);
+    env.erase("TCPX_P2P_SOCKET_SNDBUF");
+    env.erase("TCPX_P2P_SOCKET_RCVBUF");
+    const size_t bytes = 32ULL << 20;
+    Subprocess peer;
+    ASSERT_TRUE(
+        peer.start({TCPX_NET_PEER_PATH, "send", to_hex(handle.bytes.data(), handle.bytes.size()),
+                    std::to_string(bytes)},
+                   env));
+    net::RecvComm* recv = nullptr;
+    ASSERT_TRUE(eventually([&] { return net->accept(listen, &recv, nullptr).ok() && recv; }, 10s));
+    std::vector<uint8_t> dst(bytes, 0xee);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_recv(net, recv, dst.data(), bytes, 0, &req).ok());
+    size_t got = 0;
+    ASSERT_TRUE(wait_request(net, req, &got, 20s).ok());
+    EXPECT_EQ(got, bytes);
+    EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), static_cast<long>(bytes));  // zero pages sent
+    std::string line;
+    EXPECT_TRUE(peer.read_line(&line, 10s));
+    EXPECT_EQ(peer.wait(10s), 0);
+    (void)net->close_recv(recv);
+    (void)net->close_listen(listen);
+}
+
+}  // namespace
+}  // namespace tcpx::testing

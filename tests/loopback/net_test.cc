@@ -1,0 +1,603 @@
+// The Net contract over real loopback sockets, for the socket transport reached directly and
+// through its exported ncclNet v7 table. Every byte is verified.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "net/socket/socket_net.h"
+#include "tests/support/net_test_util.h"
+
+namespace tcpx::testing {
+namespace {
+
+using net::Net;
+using net::Request;
+
+class NetTest : public ::testing::TestWithParam<Provider> {
+ protected:
+    void SetUp() override {
+        net_ = make_net(GetParam(), loopback_settings());
+        ASSERT_NE(net_, nullptr);
+        pair_ = connect_pair(net_.get());
+        ASSERT_NE(pair_.send, nullptr);
+        ASSERT_NE(pair_.recv, nullptr);
+    }
+    void TearDown() override {
+        if (net_) close_pair(net_.get(), pair_);
+    }
+
+    // Sends `size` bytes into a receive buffer of `capacity` bytes (plus a canary tail) and
+    // checks data, reported sizes and canary.
+    void round_trip(size_t size, size_t capacity, uint64_t seed) {
+        SCOPED_TRACE("size " + std::to_string(size));
+        std::vector<uint8_t> src(size);
+        fill_pattern(src.data(), size, seed);
+        constexpr size_t kCanary = 64;
+        std::vector<uint8_t> dst(capacity + kCanary, 0xcd);
+        Request* rreq = nullptr;
+        Request* sreq = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), pair_.recv, dst.data(), capacity, 1, &rreq).ok());
+        ASSERT_TRUE(post_send(net_.get(), pair_.send, src.data(), size, 1, &sreq).ok());
+        size_t sent = 0;
+        size_t received = 0;
+        ASSERT_TRUE(wait_request(net_.get(), sreq, &sent).ok());
+        ASSERT_TRUE(wait_request(net_.get(), rreq, &received).ok());
+        EXPECT_EQ(sent, size);
+        EXPECT_EQ(received, size);
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), size, seed), -1);
+        for (size_t i = size; i < dst.size(); ++i) {
+            ASSERT_EQ(dst[i], 0xcd) << "byte " << i << " beyond the message was written";
+        }
+        ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, rreq).ok());
+    }
+
+    std::unique_ptr<Net> net_;
+    CommPair pair_;
+};
+
+TEST_P(NetTest, PropertiesDescribeAHostTransport) {
+    ASSERT_GE(net_->device_count(), 1);
+    net::Properties props;
+    ASSERT_TRUE(net_->get_properties(0, &props).ok());
+    EXPECT_EQ(props.name, "lo");
+    EXPECT_EQ(props.ptr_support, static_cast<int>(net::MemType::kHost));
+    EXPECT_EQ(props.max_recvs, 8);
+    EXPECT_EQ(props.device_type, net::DeviceType::kHost);
+    EXPECT_GT(props.speed_mbps, 0);
+    EXPECT_FALSE(net_->get_properties(net_->device_count(), &props).ok());
+    EXPECT_FALSE(net_->get_properties(-1, &props).ok());
+}
+
+TEST_P(NetTest, SizesFromZeroToManyMegabytes) {
+    const size_t sizes[] = {
+        0,     1,     7,         4095,    4096,          4097,    16383,
+        16384, 16385, 65536 + 3, 1 << 20, (1 << 20) + 5, 3 << 20, (8 << 20) + 1};
+    uint64_t seed = 1;
+    for (size_t size : sizes) round_trip(size, size, seed++);
+}
+
+TEST_P(NetTest, ReceiveLargerThanSendReportsSentSize) {
+    round_trip(1000, 5000, 11);
+    round_trip(300 * 1024 + 17, 1 << 20, 12);
+}
+
+TEST_P(NetTest, LargeTransferIsExact) {
+    // 1 GiB through the C++ provider; 256 MiB through the v7 table.
+    const size_t size = GetParam() == Provider::kSocket ? (1ULL << 30) : (256ULL << 20);
+    round_trip(size, size, 99);
+}
+
+TEST_P(NetTest, MessagesMatchReceivesInPostingOrder) {
+    std::mt19937_64 rng(42);
+    constexpr int kMessages = 300;
+    std::vector<size_t> sizes(kMessages);
+    for (auto& s : sizes) {
+        const int kind = static_cast<int>(rng() % 4);
+        s = kind == 0   ? rng() % 64
+            : kind == 1 ? rng() % 20000
+            : kind == 2 ? rng() % 300000
+                        : rng() % 3000000;
+    }
+    std::vector<std::vector<uint8_t>> src(kMessages), dst(kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+        src[i].resize(sizes[i]);
+        fill_pattern(src[i].data(), sizes[i], 1000 + i);
+        dst[i].assign(sizes[i] + 8, 0);
+    }
+    std::atomic<bool> send_ok{true};
+    std::thread sender([&] {
+        std::vector<Request*> inflight;
+        for (int i = 0; i < kMessages; ++i) {
+            Request* req = nullptr;
+            if (!post_send(net_.get(), pair_.send, src[i].data(), sizes[i], 0, &req).ok()) {
+                send_ok = false;
+                return;
+            }
+            inflight.push_back(req);
+            if (inflight.size() >= 8) {
+                if (!wait_request(net_.get(), inflight.front()).ok()) send_ok = false;
+                inflight.erase(inflight.begin());
+            }
+        }
+        for (Request* req : inflight) {
+            if (!wait_request(net_.get(), req).ok()) send_ok = false;
+        }
+    });
+    std::vector<Request*> inflight;
+    std::vector<int> index;
+    auto finish_oldest = [&] {
+        size_t got = 0;
+        ASSERT_TRUE(wait_request(net_.get(), inflight.front(), &got).ok());
+        const int i = index.front();
+        EXPECT_EQ(got, sizes[i]) << "message " << i;
+        EXPECT_EQ(find_pattern_mismatch(dst[i].data(), sizes[i], 1000 + i), -1) << "message " << i;
+        ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, inflight.front()).ok());
+        inflight.erase(inflight.begin());
+        index.erase(index.begin());
+    };
+    for (int i = 0; i < kMessages; ++i) {
+        Request* req = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), pair_.recv, dst[i].data(), dst[i].size(), 0, &req).ok());
+        inflight.push_back(req);
+        index.push_back(i);
+        if (inflight.size() >= 6) finish_oldest();
+    }
+    while (!inflight.empty()) finish_oldest();
+    sender.join();
+    EXPECT_TRUE(send_ok);
+}
+
+TEST_P(NetTest, MultiReceiveRoutesByTag) {
+    // One receive of three buffers takes the next three sends, each into the buffer of its tag.
+    const size_t sizes[3] = {100, 70000, 5};
+    const int tags[3] = {7, 3, 9};
+    std::vector<uint8_t> bufs[3];
+    void* ptrs[3];
+    size_t caps[3];
+    for (int i = 0; i < 3; ++i) {
+        bufs[i].assign(sizes[i] + 100, 0);
+        ptrs[i] = bufs[i].data();
+        caps[i] = bufs[i].size();
+    }
+    Request* rreq = nullptr;
+    ASSERT_TRUE(net_->irecv(pair_.recv, 3, ptrs, caps, tags, nullptr, &rreq).ok());
+    ASSERT_NE(rreq, nullptr);
+    // Sent in another order than the buffers are listed.
+    std::vector<uint8_t> src[3];
+    Request* sreqs[3];
+    for (int k : {2, 0, 1}) {
+        src[k].resize(sizes[k]);
+        fill_pattern(src[k].data(), sizes[k], 50 + k);
+        ASSERT_TRUE(
+            post_send(net_.get(), pair_.send, src[k].data(), sizes[k], tags[k], &sreqs[k]).ok());
+    }
+    size_t got[8] = {};
+    ASSERT_TRUE(wait_request(net_.get(), rreq, got).ok());
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(got[i], sizes[i]) << "buffer " << i;
+        EXPECT_EQ(find_pattern_mismatch(bufs[i].data(), sizes[i], 50 + i), -1) << "buffer " << i;
+        ASSERT_TRUE(wait_request(net_.get(), sreqs[i]).ok());
+    }
+    ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 3, rreq).ok());
+}
+
+TEST_P(NetTest, MultiReceiveWithRepeatedTagsFillsInOrder) {
+    std::vector<uint8_t> a(64, 0), b(64, 0);
+    void* ptrs[2] = {a.data(), b.data()};
+    size_t caps[2] = {64, 64};
+    int tags[2] = {5, 5};
+    Request* rreq = nullptr;
+    ASSERT_TRUE(net_->irecv(pair_.recv, 2, ptrs, caps, tags, nullptr, &rreq).ok());
+    std::vector<uint8_t> first(10, 1), second(20, 2);
+    Request* s1 = nullptr;
+    Request* s2 = nullptr;
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, first.data(), first.size(), 5, &s1).ok());
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, second.data(), second.size(), 5, &s2).ok());
+    size_t got[8] = {};
+    ASSERT_TRUE(wait_request(net_.get(), rreq, got).ok());
+    EXPECT_EQ(got[0], 10u);
+    EXPECT_EQ(got[1], 20u);
+    EXPECT_EQ(a[9], 1);
+    EXPECT_EQ(a[10], 0);
+    EXPECT_EQ(b[19], 2);
+    EXPECT_EQ(b[20], 0);
+    ASSERT_TRUE(wait_request(net_.get(), s1).ok());
+    ASSERT_TRUE(wait_request(net_.get(), s2).ok());
+    ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 2, rreq).ok());
+}
+
+TEST_P(NetTest, TagMatchingNoBufferFailsThatReceiveOnly) {
+    std::vector<uint8_t> a(64, 0), b(64, 0);
+    void* ptrs[2] = {a.data(), b.data()};
+    size_t caps[2] = {64, 64};
+    int tags[2] = {1, 2};
+    Request* rreq = nullptr;
+    ASSERT_TRUE(net_->irecv(pair_.recv, 2, ptrs, caps, tags, nullptr, &rreq).ok());
+    std::vector<uint8_t> m1(10, 1), m4(10, 4);
+    Request* s1 = nullptr;
+    Request* s4 = nullptr;
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, m1.data(), m1.size(), 1, &s1).ok());
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, m4.data(), m4.size(), 4, &s4).ok());
+    Status st = wait_request(net_.get(), rreq);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_EQ(std::count(b.begin(), b.end(), 4), 0) << "the unmatched message landed somewhere";
+    ASSERT_TRUE(wait_request(net_.get(), s1).ok());
+    ASSERT_TRUE(wait_request(net_.get(), s4).ok());
+    // The comm stays in step: the next message arrives intact.
+    round_trip(5000, 5000, 77);
+}
+
+TEST_P(NetTest, ReceiveSmallerThanSendFailsAndTouchesNothing) {
+    for (size_t size : {size_t{1000}, size_t{1} << 20}) {
+        SCOPED_TRACE(size);
+        std::vector<uint8_t> src(size, 0x5a);
+        std::vector<uint8_t> dst(size, 0xcd);
+        const size_t capacity = size / 10;
+        Request* rreq = nullptr;
+        Request* sreq = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), pair_.recv, dst.data(), capacity, 0, &rreq).ok());
+        ASSERT_TRUE(post_send(net_.get(), pair_.send, src.data(), size, 0, &sreq).ok());
+        Status st = wait_request(net_.get(), rreq);
+        EXPECT_FALSE(st.ok());
+        EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+        EXPECT_EQ(std::count(dst.begin(), dst.end(), 0xcd), static_cast<long>(size))
+            << "a truncated receive wrote into its buffer";
+        EXPECT_TRUE(wait_request(net_.get(), sreq).ok());
+        round_trip(3000, 3000, 5);  // still in step
+    }
+}
+
+TEST_P(NetTest, ZeroSizedMessagesAndBuffers) {
+    Request* rreq = nullptr;
+    Request* sreq = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), pair_.recv, nullptr, 0, 0, &rreq).ok());
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, nullptr, 0, 0, &sreq).ok());
+    size_t got = 99;
+    ASSERT_TRUE(wait_request(net_.get(), rreq, &got).ok());
+    EXPECT_EQ(got, 0u);
+    ASSERT_TRUE(wait_request(net_.get(), sreq).ok());
+    ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, rreq).ok());
+}
+
+TEST_P(NetTest, ConcurrentPostersKeepTheirOwnOrder) {
+    constexpr int kThreads = 4;
+    constexpr int kPerThread = 60;
+    constexpr size_t kMax = 200000;
+    std::atomic<bool> ok{true};
+    std::vector<std::thread> senders;
+    std::vector<std::vector<std::vector<uint8_t>>> msgs(kThreads);
+    std::mt19937_64 rng(7);
+    for (int t = 0; t < kThreads; ++t) {
+        for (int i = 0; i < kPerThread; ++i) {
+            const size_t size = 16 + rng() % kMax;
+            std::vector<uint8_t> m(size);
+            fill_pattern(m.data(), size, static_cast<uint64_t>(t) << 32 | static_cast<uint64_t>(i));
+            const uint32_t id[2] = {static_cast<uint32_t>(t), static_cast<uint32_t>(i)};
+            std::memcpy(m.data(), id, sizeof(id));  // who sent it, readable by the receiver
+            msgs[t].push_back(std::move(m));
+        }
+    }
+    for (int t = 0; t < kThreads; ++t) {
+        senders.emplace_back([&, t] {
+            for (int i = 0; i < kPerThread; ++i) {
+                Request* req = nullptr;
+                const auto& m = msgs[t][i];
+                if (!post_send(net_.get(), pair_.send, m.data(), m.size(), 0, &req).ok() ||
+                    !wait_request(net_.get(), req).ok()) {
+                    ok = false;
+                    return;
+                }
+            }
+        });
+    }
+    std::vector<int> next(kThreads, 0);
+    std::vector<uint8_t> buf(kMax + 16);
+    for (int k = 0; k < kThreads * kPerThread; ++k) {
+        Request* req = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), pair_.recv, buf.data(), buf.size(), 0, &req).ok());
+        size_t got = 0;
+        ASSERT_TRUE(wait_request(net_.get(), req, &got).ok());
+        ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, req).ok());
+        uint32_t id[2];
+        std::memcpy(id, buf.data(), sizeof(id));
+        ASSERT_LT(id[0], static_cast<uint32_t>(kThreads));
+        ASSERT_EQ(static_cast<int>(id[1]), next[id[0]]) << "thread " << id[0] << " out of order";
+        const auto& expect = msgs[id[0]][id[1]];
+        ASSERT_EQ(got, expect.size());
+        ASSERT_EQ(std::memcmp(buf.data(), expect.data(), got), 0);
+        ++next[id[0]];
+    }
+    for (auto& t : senders) t.join();
+    EXPECT_TRUE(ok);
+}
+
+TEST_P(NetTest, RequestSlotsAreBoundedAndRecycled) {
+    const int max = static_cast<int>(loopback_settings().max_requests);
+    std::vector<uint8_t> byte(1, 0);
+    std::vector<Request*> reqs;
+    for (int i = 0; i < max; ++i) {
+        Request* req = nullptr;
+        ASSERT_TRUE(net_->isend(pair_.send, byte.data(), 1, 0, nullptr, &req).ok());
+        ASSERT_NE(req, nullptr) << "request " << i;
+        reqs.push_back(req);
+    }
+    Request* extra = nullptr;
+    ASSERT_TRUE(net_->isend(pair_.send, byte.data(), 1, 0, nullptr, &extra).ok());
+    EXPECT_EQ(extra, nullptr) << "more requests in flight than the limit";
+    ASSERT_TRUE(wait_request(net_.get(), reqs[0]).ok());
+    ASSERT_TRUE(net_->isend(pair_.send, byte.data(), 1, 0, nullptr, &extra).ok());
+    EXPECT_NE(extra, nullptr) << "a finished request's slot was not recycled";
+    reqs[0] = extra;
+    // Drain: receive every message.
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        Request* r = nullptr;
+        uint8_t b = 0;
+        ASSERT_TRUE(post_recv(net_.get(), pair_.recv, &b, 1, 0, &r).ok());
+        ASSERT_TRUE(wait_request(net_.get(), r).ok());
+        ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, r).ok());
+    }
+    for (Request* r : reqs) ASSERT_TRUE(wait_request(net_.get(), r).ok());
+
+    // Receives too.
+    std::vector<uint8_t> sink(max + 1);
+    std::vector<Request*> rreqs;
+    for (int i = 0; i < max; ++i) {
+        Request* r = nullptr;
+        void* p = &sink[i];
+        size_t one = 1;
+        int tag = 0;
+        ASSERT_TRUE(net_->irecv(pair_.recv, 1, &p, &one, &tag, nullptr, &r).ok());
+        ASSERT_NE(r, nullptr);
+        rreqs.push_back(r);
+    }
+    Request* r = nullptr;
+    void* p = &sink[max];
+    size_t one = 1;
+    int tag = 0;
+    ASSERT_TRUE(net_->irecv(pair_.recv, 1, &p, &one, &tag, nullptr, &r).ok());
+    EXPECT_EQ(r, nullptr);
+    for (int i = 0; i < max; ++i) {
+        Request* s = nullptr;
+        ASSERT_TRUE(post_send(net_.get(), pair_.send, byte.data(), 1, 0, &s).ok());
+        ASSERT_TRUE(wait_request(net_.get(), s).ok());
+    }
+    for (Request* rr : rreqs) {
+        ASSERT_TRUE(wait_request(net_.get(), rr).ok());
+        ASSERT_TRUE(net_->irecv_consumed(pair_.recv, 1, rr).ok());
+    }
+}
+
+TEST_P(NetTest, InvalidArgumentsAreRejected) {
+    Request* req = nullptr;
+    uint8_t buf[8];
+    void* ptrs[9];
+    size_t sizes[9];
+    int tags[9] = {};
+    for (int i = 0; i < 9; ++i) {
+        ptrs[i] = buf;
+        sizes[i] = 1;
+    }
+    EXPECT_FALSE(net_->irecv(pair_.recv, 0, ptrs, sizes, tags, nullptr, &req).ok());
+    EXPECT_FALSE(net_->irecv(pair_.recv, 9, ptrs, sizes, tags, nullptr, &req).ok());
+    EXPECT_FALSE(net_->irecv(pair_.recv, -1, ptrs, sizes, tags, nullptr, &req).ok());
+    EXPECT_EQ(req, nullptr);
+    EXPECT_FALSE(
+        net_->isend(reinterpret_cast<net::SendComm*>(pair_.recv), buf, 1, 0, nullptr, &req).ok());
+    EXPECT_FALSE(net_->irecv(reinterpret_cast<net::RecvComm*>(pair_.send), 1, ptrs, sizes, tags,
+                             nullptr, &req)
+                     .ok());
+    EXPECT_EQ(req, nullptr);
+    if (GetParam() == Provider::kSocket) {
+        // Size limits of v7's int do not apply to the C++ provider; null buffers do.
+        EXPECT_FALSE(net_->isend(pair_.send, nullptr, 10, 0, nullptr, &req).ok());
+        void* null_ptr = nullptr;
+        size_t ten = 10;
+        EXPECT_FALSE(net_->irecv(pair_.recv, 1, &null_ptr, &ten, tags, nullptr, &req).ok());
+    }
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    EXPECT_FALSE(net_->listen(net_->device_count(), &handle, &listen).ok());
+    net::Handle garbage;
+    garbage.bytes.fill(0x42);
+    net::SendComm* send = nullptr;
+    EXPECT_FALSE(net_->connect(0, &garbage, &send, nullptr).ok());
+    EXPECT_EQ(send, nullptr);
+
+    net::MemHandle* mh = nullptr;
+    EXPECT_TRUE(net_->reg_mr(pair_.send, buf, sizeof(buf), net::MemType::kHost, &mh).ok());
+    EXPECT_TRUE(net_->dereg_mr(pair_.send, mh).ok());
+    EXPECT_FALSE(net_->reg_mr(pair_.send, buf, sizeof(buf), net::MemType::kCuda, &mh).ok());
+    // The comm is unharmed by all of the above.
+    round_trip(100, 100, 3);
+}
+
+TEST_P(NetTest, ManyCommsInParallel) {
+    constexpr int kPairs = 24;
+    constexpr size_t kSize = 300 * 1024 + 11;
+    std::vector<CommPair> pairs;
+    for (int i = 0; i < kPairs; ++i) {
+        pairs.push_back(connect_pair(net_.get()));
+        ASSERT_NE(pairs.back().send, nullptr);
+    }
+    std::vector<std::vector<uint8_t>> src(kPairs), dst(kPairs);
+    std::vector<Request*> sreq(kPairs), rreq(kPairs);
+    for (int i = 0; i < kPairs; ++i) {
+        src[i].resize(kSize);
+        fill_pattern(src[i].data(), kSize, 500 + i);
+        dst[i].assign(kSize, 0);
+        ASSERT_TRUE(post_recv(net_.get(), pairs[i].recv, dst[i].data(), kSize, 0, &rreq[i]).ok());
+    }
+    for (int i = 0; i < kPairs; ++i) {
+        ASSERT_TRUE(post_send(net_.get(), pairs[i].send, src[i].data(), kSize, 0, &sreq[i]).ok());
+    }
+    for (int i = 0; i < kPairs; ++i) {
+        ASSERT_TRUE(wait_request(net_.get(), sreq[i]).ok());
+        ASSERT_TRUE(wait_request(net_.get(), rreq[i]).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst[i].data(), kSize, 500 + i), -1) << "pair " << i;
+        ASSERT_TRUE(net_->irecv_consumed(pairs[i].recv, 1, rreq[i]).ok());
+    }
+    for (auto& p : pairs) close_pair(net_.get(), p);
+}
+
+TEST_P(NetTest, ClosingTheSenderFailsAPendingReceive) {
+    std::vector<uint8_t> dst(1 << 20);
+    Request* rreq = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), pair_.recv, dst.data(), dst.size(), 0, &rreq).ok());
+    ASSERT_TRUE(net_->close_send(pair_.send).ok());
+    pair_.send = nullptr;
+    Status st = wait_request(net_.get(), rreq, nullptr, std::chrono::seconds(10));
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+    // Further receives are refused at once.
+    Request* again = nullptr;
+    EXPECT_TRUE(eventually([&] {
+        void* p = dst.data();
+        size_t n = 1;
+        int tag = 0;
+        return !net_->irecv(pair_.recv, 1, &p, &n, &tag, nullptr, &again).ok();
+    }));
+}
+
+TEST_P(NetTest, ClosingTheReceiverFailsAPendingSend) {
+    // Large enough that it cannot all sit in socket buffers while nobody receives.
+    const size_t size = 256ULL << 20;
+    std::vector<uint8_t> src(size, 1);
+    Request* sreq = nullptr;
+    ASSERT_TRUE(post_send(net_.get(), pair_.send, src.data(), size, 0, &sreq).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(net_->close_recv(pair_.recv).ok());
+    pair_.recv = nullptr;
+    Status st = wait_request(net_.get(), sreq, nullptr, std::chrono::seconds(10));
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+}
+
+TEST_P(NetTest, CloseWithRequestsInFlightIsSafe) {
+    const int fds = count_open_fds();
+    CommPair p = connect_pair(net_.get());
+    ASSERT_NE(p.send, nullptr);
+    std::vector<uint8_t> big(64 << 20, 3);
+    std::vector<uint8_t> dst(64 << 20, 0);
+    std::vector<uint8_t> idle_dst(4096, 0);
+    Request* r1 = nullptr;
+    Request* r2 = nullptr;
+    Request* s1 = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), p.recv, dst.data(), dst.size(), 0, &r1).ok());
+    ASSERT_TRUE(post_recv(net_.get(), p.recv, idle_dst.data(), idle_dst.size(), 0, &r2).ok());
+    ASSERT_TRUE(post_send(net_.get(), p.send, big.data(), big.size(), 0, &s1).ok());
+    close_pair(net_.get(), p);
+    EXPECT_EQ(count_open_fds(), fds) << "a closed comm kept sockets open";
+    // Once close returns the buffers are the caller's again: nothing writes into them.
+    std::fill(dst.begin(), dst.end(), 0x77);
+    std::fill(idle_dst.begin(), idle_dst.end(), 0x77);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(std::count(dst.begin(), dst.end(), 0x77), static_cast<long>(dst.size()));
+    EXPECT_EQ(std::count(idle_dst.begin(), idle_dst.end(), 0x77), 4096);
+    round_trip(70000, 70000, 8);  // the net and its other comms carry on
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, NetTest,
+                         ::testing::Values(Provider::kSocket, Provider::kSocketV7),
+                         [](const auto& p) { return provider_name(p.param); });
+
+// --- resources (C++ provider only: the v7 table's net lives as long as the process)
+// ----------------
+
+TEST(NetResources, NoFdOrThreadOutlivesTheNet) {
+    const int fds_before = count_open_fds();
+    const int threads_before = count_io_threads();
+    {
+        auto net = make_net(Provider::kSocket, loopback_settings());
+        ASSERT_NE(net, nullptr);
+        std::vector<CommPair> pairs;
+        for (int i = 0; i < 5; ++i) pairs.push_back(connect_pair(net.get()));
+        std::vector<uint8_t> buf(1 << 20, 9), dst(1 << 20);
+        for (auto& p : pairs) {
+            Request* r = nullptr;
+            Request* s = nullptr;
+            ASSERT_TRUE(post_recv(net.get(), p.recv, dst.data(), dst.size(), 0, &r).ok());
+            ASSERT_TRUE(post_send(net.get(), p.send, buf.data(), buf.size(), 0, &s).ok());
+            ASSERT_TRUE(wait_request(net.get(), s).ok());
+            ASSERT_TRUE(wait_request(net.get(), r).ok());
+            ASSERT_TRUE(net->irecv_consumed(p.recv, 1, r).ok());
+        }
+        // One pair failed by its peer, one closed with a request pending.
+        ASSERT_TRUE(net->close_send(pairs[0].send).ok());
+        pairs[0].send = nullptr;
+        Request* pending = nullptr;
+        ASSERT_TRUE(post_recv(net.get(), pairs[1].recv, dst.data(), dst.size(), 0, &pending).ok());
+        for (auto& p : pairs) close_pair(net.get(), p);
+        EXPECT_EQ(count_io_threads(),
+                  threads_before + static_cast<int>(loopback_settings().io_threads));
+    }
+    EXPECT_EQ(count_open_fds(), fds_before);
+    EXPECT_EQ(count_io_threads(), threads_before);
+}
+
+TEST(NetResources, ThreadCountDoesNotGrowWithComms) {
+    auto net = make_net(Provider::kSocket, loopback_settings());
+    ASSERT_NE(net, nullptr);
+    const int threads = count_io_threads();
+    std::vector<CommPair> pairs;
+    for (int i = 0; i < 40; ++i) {
+        pairs.push_back(connect_pair(net.get()));
+        ASSERT_NE(pairs.back().send, nullptr);
+    }
+    EXPECT_EQ(count_io_threads(), threads);
+    for (auto& p : pairs) close_pair(net.get(), p);
+}
+
+TEST(NetSettings, OneDataSocketAndManySocketsBothWork) {
+    for (int nsocks : {1, 16}) {
+        Settings s = loopback_settings();
+        s.nsocks = nsocks;
+        s.inline_threshold = 0;  // everything but empty messages through the data sockets
+        s.min_chunk_size = 4096;
+        s.chunk_size = 64 * 1024;
+        auto net = make_net(Provider::kSocket, s);
+        ASSERT_NE(net, nullptr);
+        CommPair p = connect_pair(net.get());
+        ASSERT_NE(p.send, nullptr);
+        for (size_t size : {size_t{1}, size_t{4096}, size_t{5} << 20}) {
+            std::vector<uint8_t> src(size), dst(size);
+            fill_pattern(src.data(), size, size);
+            Request* r = nullptr;
+            Request* q = nullptr;
+            ASSERT_TRUE(post_recv(net.get(), p.recv, dst.data(), size, 0, &r).ok());
+            ASSERT_TRUE(post_send(net.get(), p.send, src.data(), size, 0, &q).ok());
+            ASSERT_TRUE(wait_request(net.get(), q).ok());
+            ASSERT_TRUE(wait_request(net.get(), r).ok());
+            EXPECT_EQ(find_pattern_mismatch(dst.data(), size, size), -1)
+                << nsocks << " sockets, " << size << " bytes";
+            ASSERT_TRUE(net->irecv_consumed(p.recv, 1, r).ok());
+        }
+        close_pair(net.get(), p);
+    }
+}
+
+TEST(NetSettings, InvalidSettingsAreErrors) {
+    Settings s = loopback_settings();
+    s.socket_ifname = "=no-such-interface0";
+    auto net = net::SocketNet::create(s);
+    ASSERT_FALSE(net.ok());
+    EXPECT_NE(net.status().message().find("no-such-interface0"), std::string::npos)
+        << net.status().to_string();
+    s = loopback_settings();
+    s.nsocks = 0;
+    EXPECT_FALSE(net::SocketNet::create(s).ok());
+    s = loopback_settings();
+    s.min_chunk_size = 1 << 20;
+    s.chunk_size = 64 << 10;
+    EXPECT_FALSE(net::SocketNet::create(s).ok());
+}
+
+}  // namespace
+}  // namespace tcpx::testing

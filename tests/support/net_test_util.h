@@ -1,0 +1,59 @@
+// Helpers shared by the net-layer tests: nets bound to loopback, connected comm pairs, polling
+// with deadlines, data patterns, and process resource counts.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/params.h"
+#include "net/net.h"
+
+namespace tcpx::testing {
+
+// Settings for tests: loopback only (tests never send traffic off the machine), a few sockets.
+Settings loopback_settings();
+
+// The two ways a test reaches the socket transport: the C++ provider directly, or its exported
+// ncclNet v7 table wrapped back into a Net (so the C ABI path is tested by the same suite).
+enum class Provider { kSocket, kSocketV7 };
+std::string provider_name(Provider p);
+std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings);
+
+struct CommPair {
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+};
+
+// Listens, connects and accepts (interleaved, as the contract requires), within `timeout`.
+CommPair connect_pair(net::Net* net, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+void close_pair(net::Net* net, CommPair pair);
+
+// Polls `request` until done or the deadline; returns the status test() gave. On timeout returns
+// kTimeout and leaves the request in flight.
+Status wait_request(net::Net* net, net::Request* request, size_t* sizes = nullptr,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// Posts, retrying while the net has no room, until the deadline.
+Status post_send(net::Net* net, net::SendComm* comm, const void* data, size_t size, int tag,
+                 net::Request** request);
+Status post_recv(net::Net* net, net::RecvComm* comm, void* data, size_t size, int tag,
+                 net::Request** request);
+
+// A deterministic byte pattern per (seed, offset), so any misplaced byte is detected.
+void fill_pattern(void* data, size_t size, uint64_t seed);
+// Index of the first byte that differs from the pattern, or -1.
+int64_t find_pattern_mismatch(const void* data, size_t size, uint64_t seed);
+
+int count_open_fds();
+// Threads of this process named tcpx-io-* (the transports' I/O threads).
+int count_io_threads();
+
+// Retries `cond` until true or `timeout`.
+bool eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+}  // namespace tcpx::testing
