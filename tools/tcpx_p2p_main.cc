@@ -1,0 +1,138 @@
+// tcpx-p2p: the command-line tool (benchmarks, parameters).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "bench/net_bench.h"
+#include "common/params.h"
+#include "common/strings.h"
+#include "tcpx/version.h"
+
+namespace {
+
+// "4K,64K,1M" or a range "4K..64M" (each size 4x the previous).
+bool parse_sizes(const std::string& text, std::vector<uint64_t>* out) {
+    out->clear();
+    for (const std::string& item : tcpx::split_trimmed(text, ',')) {
+        const size_t dots = item.find("..");
+        if (dots != std::string::npos) {
+            uint64_t lo = 0;
+            uint64_t hi = 0;
+            if (!tcpx::parse_size(item.substr(0, dots), &lo) ||
+                !tcpx::parse_size(item.substr(dots + 2), &hi) || lo == 0 || lo > hi) {
+                return false;
+            }
+            for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
+            continue;
+        }
+        uint64_t v = 0;
+        if (!tcpx::parse_size(item, &v)) return false;
+        out->push_back(v);
+    }
+    return !out->empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"tcpx-p2p: GPU-to-GPU point-to-point transfers over TCP"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("tcpx-p2p ") + tcpx::version_string());
+
+    // params
+    auto* params = app.add_subcommand("params", "Print every TCPX_P2P_* parameter");
+    bool show_values = false;
+    params->add_flag("--values", show_values,
+                     "Print the values in effect (defaults overridden by the environment)");
+
+    // bench net
+    auto* bench = app.add_subcommand("bench", "Benchmarks");
+    bench->require_subcommand(1);
+    auto* bench_net = bench->add_subcommand(
+        "net", "Socket transport vs raw TCP over loopback: throughput and round trips per size");
+    tcpx::bench::NetBenchOptions net_opts;
+    std::string sizes = "4K..64M";
+    bool serve = false;
+    bool no_baseline = false;
+    bool no_latency = false;
+    bool no_progress = false;
+    bench_net
+        ->add_option("--sizes", sizes, "Message sizes: a list (4K,1M) or a range (4K..64M, x4)")
+        ->capture_default_str();
+    bench_net->add_option("--nsocks", net_opts.nsocks, "Data sockets per comm = raw TCP streams")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    bench_net->add_option("--io-threads", net_opts.io_threads, "I/O threads (0: default)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 256));
+    bench_net->add_option("--window", net_opts.window, "Messages in flight when streaming")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 32));
+    bench_net->add_option("--time", net_opts.min_seconds, "Seconds per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(0.01, 600.0));
+    bench_net->add_option("--iters", net_opts.min_iters, "Minimum iterations per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000000));
+    bench_net->add_option("--procs", net_opts.processes, "1: one process; 2: receiver in a child")
+        ->capture_default_str()
+        ->check(CLI::IsMember({1, 2}));
+    bench_net
+        ->add_option("--interface", net_opts.interface,
+                     "Interface (TCPX_P2P_SOCKET_IFNAME syntax); both ends are on this host")
+        ->capture_default_str();
+    bench_net->add_flag("--no-baseline", no_baseline, "Skip the raw TCP baseline");
+    bench_net->add_flag("--no-latency", no_latency, "Skip the round-trip measurements");
+    bench_net->add_flag("--json", net_opts.json, "Print JSON instead of a table");
+    bench_net->add_flag("--no-progress", no_progress, "No progress display on stderr");
+    bench_net->add_flag("--serve", serve, "(internal) the responder of --procs 2")->group("");
+
+    CLI11_PARSE(app, argc, argv);
+
+    if (params->parsed()) {
+        if (!show_values) {
+            std::fputs(tcpx::param_table_markdown().c_str(), stdout);
+            return 0;
+        }
+        auto settings = tcpx::Settings::from_env();
+        if (!settings.ok()) {
+            std::fprintf(stderr, "tcpx-p2p: %s\n", settings.status().to_string().c_str());
+            return 1;
+        }
+        // One line per parameter, in table order, with the value in effect.
+        auto text = [](const auto& v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+                return v.empty() ? std::string("(empty)") : v;
+            } else {
+                return std::to_string(v);
+            }
+        };
+#define SHOW(field, NAME) std::printf("TCPX_P2P_%-22s %s\n", #NAME, text(settings->field).c_str());
+#define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) SHOW(field, NAME)
+#define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) SHOW(field, NAME)
+#define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) SHOW(field, NAME)
+#define TCPX_PARAM_STRING(field, NAME, def, doc) SHOW(field, NAME)
+#include "common/params.inc"
+#undef TCPX_PARAM_INT
+#undef TCPX_PARAM_SIZE
+#undef TCPX_PARAM_CHOICE
+#undef TCPX_PARAM_STRING
+#undef SHOW
+        return 0;
+    }
+    if (bench_net->parsed()) {
+        if (!parse_sizes(sizes, &net_opts.sizes)) {
+            std::fprintf(stderr, "tcpx-p2p bench net: --sizes '%s' is not a size list or range\n",
+                         sizes.c_str());
+            return 2;
+        }
+        net_opts.baseline = !no_baseline;
+        net_opts.latency = !no_latency;
+        net_opts.progress = !no_progress;
+        if (serve) return tcpx::bench::serve_net_bench(net_opts);
+        return tcpx::bench::run_net_bench(net_opts);
+    }
+    return 0;
+}
