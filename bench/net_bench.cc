@@ -185,11 +185,20 @@ StatusOr<net::Handle> parse_handle(const std::string& hex) {
     return handle;
 }
 
-// Splits `size` bytes over `n` streams: stream i carries share(i).
+// Splits `size` bytes over `n` streams: stream i carries share(i) bytes at offset(i).
 uint64_t stream_share(uint64_t size, int n, int i) {
     const uint64_t base = size / static_cast<uint64_t>(n);
     return base + (static_cast<uint64_t>(i) < size % static_cast<uint64_t>(n) ? 1 : 0);
 }
+uint64_t stream_offset(uint64_t size, int n, int i) {
+    const uint64_t base = size / static_cast<uint64_t>(n);
+    const uint64_t rem = size % static_cast<uint64_t>(n);
+    return base * static_cast<uint64_t>(i) + std::min<uint64_t>(static_cast<uint64_t>(i), rem);
+}
+
+// Receive buffers in flight are capped at this many bytes (a window of 16 64 MiB messages
+// would be 1 GiB).
+constexpr uint64_t kMaxInFlightBytes = 512ULL << 20;
 
 // Runs fn(i) on n threads at once and joins them; the first error wins.
 Status run_threads(int n, const std::function<Status(int)>& fn) {
@@ -240,8 +249,8 @@ class Responder {
                 st = raw_listen(&reply);
             } else if (w[0] == "raw-accept") {
                 st = raw_accept();
-            } else if (w[0] == "raw-stream" && w.size() == 3) {
-                st = raw_stream(std::stoull(w[1]), std::stoull(w[2]));
+            } else if (w[0] == "raw-stream" && w.size() == 4) {
+                st = raw_stream(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]));
             } else if (w[0] == "raw-pingpong" && w.size() == 3) {
                 st = raw_pingpong(std::stoull(w[1]), std::stoull(w[2]));
             } else {
@@ -330,14 +339,16 @@ class Responder {
         return Status();
     }
 
-    Status raw_stream(uint64_t size, uint64_t count) {
+    // Message k lands in buffer k % window, each stream's share at its offset: the same bytes
+    // in the same places as the transport's receives.
+    Status raw_stream(uint64_t size, uint64_t count, int window) {
         const int n = options_.nsocks;
-        TCPX_RETURN_IF_ERROR(ensure_buffer(size + static_cast<uint64_t>(n) * 4096));
+        TCPX_RETURN_IF_ERROR(ensure_buffer(size * static_cast<uint64_t>(window)));
         return run_threads(n, [&](int i) -> Status {
-            // Each stream gets its own region of the buffer (they would not share one page).
-            uint8_t* dst = buffer_.data() + static_cast<uint64_t>(i) * (size / n + 4096);
             const uint64_t share = stream_share(size, n, i);
+            const uint64_t offset = stream_offset(size, n, i);
             for (uint64_t k = 0; k < count; ++k) {
+                uint8_t* dst = buffer_.data() + (k % static_cast<uint64_t>(window)) * size + offset;
                 TCPX_RETURN_IF_ERROR(recv_all(raw_[static_cast<size_t>(i)].get(), dst, share));
             }
             return Status();
@@ -554,7 +565,7 @@ class Initiator {
     // Streams `count` messages of `size` with `window` in flight; timed until the peer has all.
     StatusOr<double> ours_stream(uint64_t size, uint64_t count) {
         ensure_buffer(size);
-        const int window = options_.window;
+        const int window = window_for(size);
         TCPX_RETURN_IF_ERROR(peer_->send("stream " + std::to_string(size) + " " +
                                          std::to_string(count) + " " + std::to_string(window)));
         const auto start = Clock::now();
@@ -575,12 +586,13 @@ class Initiator {
 
     StatusOr<double> raw_stream(uint64_t size, uint64_t count) {
         const int n = options_.nsocks;
-        ensure_buffer(size + static_cast<uint64_t>(n) * 4096);
-        TCPX_RETURN_IF_ERROR(
-            peer_->send("raw-stream " + std::to_string(size) + " " + std::to_string(count)));
+        ensure_buffer(size);
+        TCPX_RETURN_IF_ERROR(peer_->send("raw-stream " + std::to_string(size) + " " +
+                                         std::to_string(count) + " " +
+                                         std::to_string(window_for(size))));
         const auto start = Clock::now();
         TCPX_RETURN_IF_ERROR(run_threads(n, [&](int i) -> Status {
-            const uint8_t* src = buffer_.data() + static_cast<uint64_t>(i) * (size / n + 4096);
+            const uint8_t* src = buffer_.data() + stream_offset(size, n, i);
             const uint64_t share = stream_share(size, n, i);
             for (uint64_t k = 0; k < count; ++k) {
                 TCPX_RETURN_IF_ERROR(send_all(raw_[static_cast<size_t>(i)].get(), src, share));
@@ -631,22 +643,32 @@ class Initiator {
         return rtts;
     }
 
-    // Calibrates a count from a short run, then measures for about min_seconds.
+    // Warms up with growing runs until one lasts an eighth of min_seconds (connections and
+    // buffers are warm then, and the rate is known), then measures for about min_seconds.
     template <typename Run>
     StatusOr<Throughput> throughput(uint64_t size, Run run) {
-        const uint64_t warm =
-            std::clamp<uint64_t>((32ULL << 20) / std::max<uint64_t>(size, 1), 4, 2000);
-        TCPX_ASSIGN_OR_RETURN(double t, run(size, warm));
-        const double per = std::max(t / static_cast<double>(warm), 1e-7);
-        const uint64_t count =
-            std::clamp<uint64_t>(static_cast<uint64_t>(options_.min_seconds / per),
-                                 static_cast<uint64_t>(options_.min_iters), 5'000'000);
+        constexpr uint64_t kMaxCount = 5'000'000;
+        uint64_t count = std::clamp<uint64_t>((32ULL << 20) / std::max<uint64_t>(size, 1), 4, 2000);
+        TCPX_ASSIGN_OR_RETURN(double t, run(size, count));
+        while (t < options_.min_seconds / 8 && count < kMaxCount) {
+            count = std::min(kMaxCount, count * 4);
+            TCPX_ASSIGN_OR_RETURN(t, run(size, count));
+        }
+        const double per = std::max(t / static_cast<double>(count), 1e-9);
+        count = std::clamp<uint64_t>(static_cast<uint64_t>(options_.min_seconds / per),
+                                     static_cast<uint64_t>(options_.min_iters), kMaxCount);
         TCPX_ASSIGN_OR_RETURN(double seconds, run(size, count));
         Throughput out;
         out.iters = count;
         out.seconds = seconds;
         out.gbps = static_cast<double>(size) * static_cast<double>(count) / seconds / 1e9;
         return out;
+    }
+
+    // Messages in flight for `size`: the window, capped by kMaxInFlightBytes (at least 2).
+    int window_for(uint64_t size) const {
+        const uint64_t cap = std::max<uint64_t>(2, kMaxInFlightBytes / std::max<uint64_t>(size, 1));
+        return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(options_.window), cap));
     }
 
     template <typename Run>

@@ -12,10 +12,10 @@ struct NetBenchOptions {
     std::vector<uint64_t> sizes;  // message sizes to sweep
     int nsocks = 8;               // data sockets per comm = raw TCP streams
     int io_threads = 0;           // 0: the transport's default
-    int window = 4;               // messages in flight in the throughput runs
-    double min_seconds = 0.5;     // per measurement
-    int min_iters = 5;            // per measurement
-    int processes = 1;            // 1: both endpoints in this process; 2: the receiver in a child
+    int window = 16;  // messages in flight in the throughput runs (at most 512 MiB of them)
+    double min_seconds = 0.5;  // per measurement
+    int min_iters = 5;         // per measurement
+    int processes = 1;         // 1: both endpoints in this process; 2: the receiver in a child
     std::string interface = "=lo";
     bool baseline = true;  // also measure raw TCP
     bool latency = true;   // also measure round trips

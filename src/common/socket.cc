@@ -386,6 +386,24 @@ StatusOr<size_t> recv_some(int fd, void* buf, size_t len, bool* eof) {
     }
 }
 
+StatusOr<size_t> recv_some_iov(int fd, const iovec* iov, int iovcnt, bool* eof) {
+    *eof = false;
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    while (true) {
+        const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+        if (n > 0) return static_cast<size_t>(n);
+        if (n == 0) {
+            *eof = true;
+            return size_t{0};
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+        return errno_status(errno, "recv");
+    }
+}
+
 Status send_all(int fd, const void* buf, size_t len) {
     const auto* p = static_cast<const uint8_t*>(buf);
     while (len > 0) {

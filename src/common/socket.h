@@ -119,6 +119,7 @@ Status set_dead_peer_timeout(int fd, int64_t timeout_ms);
 // Sends never raise SIGPIPE.
 StatusOr<size_t> send_some(int fd, const iovec* iov, int iovcnt);
 StatusOr<size_t> recv_some(int fd, void* buf, size_t len, bool* eof);
+StatusOr<size_t> recv_some_iov(int fd, const iovec* iov, int iovcnt, bool* eof);
 
 // Blocking whole-buffer I/O for tools, tests and baselines (the fd must be blocking).
 Status send_all(int fd, const void* buf, size_t len);

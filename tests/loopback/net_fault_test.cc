@@ -235,6 +235,35 @@ TEST_F(NetFaultTest, SilentStraysDoNotDelayRealConnections) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
 }
 
+TEST_F(NetFaultTest, CorruptStreamFailsTheCommAndTellsThePeer) {
+    // A hand-made sender: valid handshakes, then garbage where a chunk header belongs.
+    const uint64_t nonce = 777;
+    const int nsocks = static_cast<int>(decode(handle_).nsocks);
+    std::vector<Fd> socks;
+    for (int i = 0; i <= nsocks; ++i) {
+        socks.push_back(raw_connect(handle_));
+        const wire::Hello hello =
+            i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
+                   : valid_hello(handle_, wire::Role::kData, static_cast<uint16_t>(i - 1), nonce);
+        ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
+    }
+    net::RecvComm* recv = accept_for(2s);
+    ASSERT_NE(recv, nullptr);
+    std::vector<uint8_t> dst(4096, 0);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
+    const std::vector<uint8_t> garbage(sizeof(wire::ChunkHeader), 0x5a);
+    ASSERT_TRUE(send_all(socks[1].get(), garbage.data(), garbage.size()).ok());
+    Status st = wait_request(net_.get(), req, nullptr, 5s);
+    EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096) << "garbage landed in the buffer";
+    // The peer learns at once, not after a timeout: every one of its sockets is shut down.
+    std::string reply;
+    EXPECT_TRUE(closed_by_peer(socks[0].get(), 2s, &reply));  // the handshake reply, then EOF
+    for (int i = 1; i <= nsocks; ++i) EXPECT_TRUE(closed_by_peer(socks[i].get(), 2s));
+    (void)net_->close_recv(recv);
+}
+
 // A raw listener that plays the receiving side badly, to check what the connecting side does.
 class FakeReceiver {
  public:

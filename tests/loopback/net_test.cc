@@ -583,6 +583,30 @@ TEST(NetSettings, OneDataSocketAndManySocketsBothWork) {
     }
 }
 
+TEST(NetSettings, IPv6Loopback) {
+    Settings s = loopback_settings();
+    s.socket_family = "ipv6";
+    auto created = net::SocketNet::create(s);
+    if (!created.ok()) GTEST_SKIP() << "no IPv6 on lo: " << created.status().to_string();
+    auto& net = *created;
+    EXPECT_EQ(net->interfaces()[0].address.host_string(), "::1");
+    CommPair p = connect_pair(net.get());
+    ASSERT_NE(p.send, nullptr);
+    for (size_t size : {size_t{100}, size_t{3} << 20}) {
+        std::vector<uint8_t> src(size), dst(size);
+        fill_pattern(src.data(), size, 66);
+        Request* r = nullptr;
+        Request* q = nullptr;
+        ASSERT_TRUE(post_recv(net.get(), p.recv, dst.data(), size, 0, &r).ok());
+        ASSERT_TRUE(post_send(net.get(), p.send, src.data(), size, 0, &q).ok());
+        ASSERT_TRUE(wait_request(net.get(), q).ok());
+        ASSERT_TRUE(wait_request(net.get(), r).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), size, 66), -1);
+        ASSERT_TRUE(net->irecv_consumed(p.recv, 1, r).ok());
+    }
+    close_pair(net.get(), p);
+}
+
 TEST(NetSettings, InvalidSettingsAreErrors) {
     Settings s = loopback_settings();
     s.socket_ifname = "=no-such-interface0";

@@ -132,6 +132,14 @@ void IoPool::requeue(Handler* handler) {
     }
 }
 
+void IoPool::continue_later(Handler* handler) {
+    if (on_thread(handler->thread_)) {
+        requeue(handler);
+    } else {
+        kick(handler);
+    }
+}
+
 void IoPool::post(int thread, std::function<void()> task) {
     Thread* t = threads_[thread].get();
     std::lock_guard<std::mutex> lock(t->mu);

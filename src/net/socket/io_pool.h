@@ -67,6 +67,9 @@ class IoPool {
     // From the handler's own thread: service it again in the next round without waiting for
     // events (a handler that stopped early to be fair to others).
     void requeue(Handler* handler);
+    // requeue() on the handler's thread, kick() from any other (a handler serviced elsewhere
+    // that stopped early).
+    void continue_later(Handler* handler);
     // Runs `task` on `thread` at the start of its next round.
     void post(int thread, std::function<void()> task);
     // Whether the calling thread is pool thread `thread`.

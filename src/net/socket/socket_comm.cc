@@ -1,6 +1,7 @@
 #include "net/socket/socket_comm.h"
 
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
@@ -78,9 +79,13 @@ void Comm::fail_locked(Status why) {
     closing_ = true;
     failed_ = true;
     error_ = std::move(why).with_context("connection with " + peer_);
-    // A peer closing an idle connection is ordinary; fail_pending_locked() warns when requests
-    // are lost.
-    TCPX_DEBUG("%s", error_.to_string().c_str());
+    // A peer closing an idle connection is ordinary (fail_pending_locked() warns when requests
+    // are lost); a peer breaking the protocol is not.
+    if (error_.code() == StatusCode::kProtocol) {
+        TCPX_WARN("%s", error_.to_string().c_str());
+    } else {
+        TCPX_DEBUG("%s", error_.to_string().c_str());
+    }
     if (attached_ == 0) {
         fail_pending_locked();
         cv_.notify_all();
@@ -101,6 +106,9 @@ void Comm::detach(Conn* conn) {
         conn->detached_ = true;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    // A failed comm tells its peer at once (rather than leaving it to time out): its sockets
+    // are shut down now, though closed only when the comm is.
+    if (failed_) ::shutdown(conn->fd(), SHUT_RDWR);
     if (--attached_ == 0) {
         if (failed_) fail_pending_locked();
         cv_.notify_all();
@@ -167,6 +175,7 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
             strformat("isend: null buffer of %llu bytes", static_cast<unsigned long long>(size)));
     }
     bool fast = false;
+    SendDataConn* direct = nullptr;
     SendReq* req = nullptr;
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -188,38 +197,58 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
         req->state.store(ReqState::kPending, std::memory_order_relaxed);
 
         if (!is_inline) {
+            const bool queue_was_empty = chunk_queue_.empty();
             chunk_queue_.push_back(req);
-            // Wake as many idle data sockets as there are new chunks; busy ones pull the next
-            // chunk themselves when they finish their current one.
-            uint64_t to_wake = chunks;
-            for (SendDataConn* conn : data_) {
-                if (to_wake == 0) break;
-                if (conn->idle_) {
-                    conn->idle_ = false;
-                    kick_locked(conn);
-                    --to_wake;
+            // Latency path: a one-chunk message on an idle comm (no other request outstanding)
+            // is written by this thread, on an idle data socket whose writer is free, sparing a
+            // thread wakeup. Under load the I/O threads do the writing, in parallel (they pull
+            // chunks as they drain); a posting thread writing them would serialize the comm.
+            const bool comm_idle = free_.size() + 1 == reqs_.size();
+            if (queue_was_empty && comm_idle && chunks == 1) {
+                for (SendDataConn* conn : data_) {
+                    if (conn->idle_ && conn->io_mu_.try_lock()) {
+                        next_chunk_locked(conn);
+                        direct = conn;
+                        break;
+                    }
                 }
             }
-            *out = req;
-            return Status();
-        }
-        OutMsg msg{};
-        msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
-        msg.payload = req->data;
-        msg.total = sizeof(wire::MsgHeader) + size;
-        msg.req = req;
-        out_.push_back(msg);
-        // Fast path: write the message from this thread when the control socket's writer is
-        // free, sparing a thread handoff on the latency-critical path.
-        if (control_->io_mu_.try_lock()) {
-            fast = true;
+            if (direct == nullptr) {
+                // Wake as many idle data sockets as there are new chunks; busy ones pull the
+                // next chunk themselves when they finish their current one.
+                uint64_t to_wake = chunks;
+                for (SendDataConn* conn : data_) {
+                    if (to_wake == 0) break;
+                    if (conn->idle_) {
+                        conn->idle_ = false;
+                        kick_locked(conn);
+                        --to_wake;
+                    }
+                }
+            }
         } else {
-            kick_locked(control_);
+            OutMsg msg{};
+            msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
+            msg.payload = req->data;
+            msg.total = sizeof(wire::MsgHeader) + size;
+            msg.req = req;
+            out_.push_back(msg);
+            // Fast path: write the message from this thread when the control socket's writer is
+            // free, sparing a thread handoff on the latency-critical path.
+            if (control_->io_mu_.try_lock()) {
+                fast = true;
+            } else {
+                kick_locked(control_);
+            }
         }
     }
     if (fast) {
         control_->flush_locked();
         control_->io_mu_.unlock();
+    }
+    if (direct != nullptr) {
+        direct->write_locked(/*one_chunk=*/true);
+        direct->io_mu_.unlock();
     }
     *out = req;
     return Status();
@@ -389,10 +418,26 @@ void SendDataConn::service(uint32_t events) {
         if (eof) return comm->fail(unavailable("peer closed the connection"));
         if (*n > 0) return comm->fail(protocol_error("unexpected data from the receiving side"));
     }
+    write_locked(/*one_chunk=*/false);
+}
+
+void SendDataConn::write_locked(bool one_chunk) {
+    if (detached_) return;
+    SendComm* comm = send_comm();
     uint64_t moved = 0;
     while (true) {
         if (req_ == nullptr) {
             std::lock_guard<std::mutex> comm_lock(comm->mu_);
+            if (one_chunk) {
+                // A posting thread wrote its chunk: leave the rest to this socket's I/O thread,
+                // which must be woken if chunks arrived meanwhile (posters only wake idle ones).
+                if (!comm->chunk_queue_.empty()) {
+                    comm->kick_locked(this);
+                } else {
+                    idle_ = true;
+                }
+                return;
+            }
             if (comm->closing_ || !comm->next_chunk_locked(this)) return;
         }
         constexpr uint64_t kHdr = sizeof(wire::ChunkHeader);
@@ -404,7 +449,7 @@ void SendDataConn::service(uint32_t events) {
         iov[cnt++] = {const_cast<uint8_t*>(payload_) + payload_sent, hdr_.length - payload_sent};
         auto n = send_some(fd(), iov, cnt);
         if (!n.ok()) return comm->fail(n.status());
-        if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us
+        if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us on the I/O thread
         sent_ += *n;
         moved += *n;
         if (sent_ == total) {
@@ -412,8 +457,8 @@ void SendDataConn::service(uint32_t events) {
             req_ = nullptr;
             comm->part_done(req);
         }
-        if (moved >= kServiceBudget) {
-            comm->pool()->requeue(this);
+        if (moved >= kServiceBudget && req_ == nullptr && !one_chunk) {
+            comm->pool()->continue_later(this);
             return;
         }
     }
@@ -477,7 +522,16 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
 
 Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
     *done = false;
-    const ReqState state = req->state.load(std::memory_order_acquire);
+    ReqState state = req->state.load(std::memory_order_acquire);
+    if (state == ReqState::kPending && control_->io_mu_.try_lock()) {
+        // Progress in test(), as NCCL's own socket transport does: a caller polling for a small
+        // message reads it on its own core the moment it arrives, instead of waiting for an I/O
+        // thread to wake up and hand it over. Only the control socket (whole small messages);
+        // when its I/O thread holds it, that thread is already at work.
+        control_->service_locked();
+        control_->io_mu_.unlock();
+        state = req->state.load(std::memory_order_acquire);
+    }
     if (state == ReqState::kPending) return Status();
     std::lock_guard<std::mutex> lock(mu_);
     if (state == ReqState::kFree) {
@@ -517,7 +571,7 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
     if (seq > bound_upto_ || posted_.empty()) {
         // An earlier message is still unbound (its first bytes are on another socket), or no
         // receive is posted yet.
-        park_locked(conn);
+        park_locked(conn, seq);
         return Bind::kPark;
     }
     RecvReq* req = posted_.front();
@@ -556,7 +610,8 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
     return Bind::kBound;
 }
 
-void RecvComm::park_locked(Conn* conn) {
+void RecvComm::park_locked(Conn* conn, uint64_t seq) {
+    conn->park_seq_ = seq;
     if (!conn->parked_) {
         conn->parked_ = true;
         parked_.push_back(conn);
@@ -564,11 +619,18 @@ void RecvComm::park_locked(Conn* conn) {
 }
 
 void RecvComm::wake_parked_locked() {
+    // Only conns that can now proceed: their message is the next to bind (and a receive may have
+    // been posted) or already bound. Waking the others would only have them park again.
+    auto keep = parked_.begin();
     for (Conn* conn : parked_) {
-        conn->parked_ = false;
-        kick_locked(conn);
+        if (conn->park_seq_ <= bound_upto_) {
+            conn->parked_ = false;
+            kick_locked(conn);
+        } else {
+            *keep++ = conn;
+        }
     }
-    parked_.clear();
+    parked_.erase(keep, parked_.end());
 }
 
 void RecvComm::complete_locked(const RecvMsg& msg) {
@@ -621,6 +683,10 @@ bool RecvControlConn::fill() {
 
 void RecvControlConn::service(uint32_t events) {
     std::lock_guard<std::mutex> lock(io_mu_);
+    service_locked();
+}
+
+void RecvControlConn::service_locked() {
     if (detached_ || eof_) return;
     RecvComm* comm = recv_comm();
     uint64_t moved = 0;
@@ -684,7 +750,7 @@ void RecvControlConn::service(uint32_t events) {
         have_hdr_ = false;
         moved += sizeof(wire::MsgHeader) + hdr_.size;
         if (moved >= kServiceBudget) {
-            comm->pool()->requeue(this);
+            comm->pool()->continue_later(this);
             return;
         }
     }
@@ -700,29 +766,32 @@ void RecvDataConn::service(uint32_t events) {
     RecvComm* comm = recv_comm();
     uint64_t moved = 0;
     while (true) {
-        if (hdr_got_ < sizeof(hdr_)) {
-            bool eof = false;
-            auto n = recv_some(fd(), reinterpret_cast<uint8_t*>(&hdr_) + hdr_got_,
-                               sizeof(hdr_) - hdr_got_, &eof);
-            if (!n.ok()) return comm->fail(n.status());
-            if (eof) {
-                if (hdr_got_ > 0) {
-                    return comm->fail(
-                        unavailable("peer closed the connection in the middle of a chunk"));
+        if (!have_hdr_) {
+            if (hdr_got_ < sizeof(hdr_)) {
+                bool eof = false;
+                auto n = recv_some(fd(), reinterpret_cast<uint8_t*>(&hdr_) + hdr_got_,
+                                   sizeof(hdr_) - hdr_got_, &eof);
+                if (!n.ok()) return comm->fail(n.status());
+                if (eof) {
+                    if (hdr_got_ > 0) {
+                        return comm->fail(
+                            unavailable("peer closed the connection in the middle of a chunk"));
+                    }
+                    eof_ = true;
+                    std::lock_guard<std::mutex> comm_lock(comm->mu_);
+                    comm->eof_locked();
+                    return;
                 }
-                eof_ = true;
-                std::lock_guard<std::mutex> comm_lock(comm->mu_);
-                comm->eof_locked();
-                return;
+                if (*n == 0) return;
+                hdr_got_ += *n;
+                if (hdr_got_ < sizeof(hdr_)) continue;
             }
-            if (*n == 0) return;
-            hdr_got_ += *n;
-            if (hdr_got_ < sizeof(hdr_)) continue;
             if (hdr_.magic != wire::kChunkMagic || hdr_.length == 0) {
                 return comm->fail(
                     protocol_error(strformat("corrupt data stream (chunk magic 0x%08x, length %u)",
                                              hdr_.magic, hdr_.length)));
             }
+            have_hdr_ = true;
             bound_ = false;
             got_ = 0;
         }
@@ -757,22 +826,35 @@ void RecvDataConn::service(uint32_t events) {
             dest_ = it->second.dest != nullptr ? it->second.dest + hdr_.offset : nullptr;
             bound_ = true;
         }
+        size_t lookahead = 0;  // bytes of the next chunk's header read with this payload
         while (got_ < hdr_.length) {
             const uint64_t want = hdr_.length - got_;
             bool eof = false;
-            auto n = dest_ != nullptr ? recv_some(fd(), dest_ + got_, want, &eof)
-                                      : recv_some(fd(), scratch_buffer(),
-                                                  std::min<uint64_t>(want, kScratchSize), &eof);
+            StatusOr<size_t> n = size_t{0};
+            if (dest_ != nullptr) {
+                // The payload's tail and the next header in one call: one syscall per chunk
+                // saved while chunks stream in.
+                const iovec iov[2] = {{dest_ + got_, want}, {next_hdr_, sizeof(next_hdr_)}};
+                n = recv_some_iov(fd(), iov, 2, &eof);
+            } else {
+                n = recv_some(fd(), scratch_buffer(), std::min<uint64_t>(want, kScratchSize), &eof);
+            }
             if (!n.ok()) return comm->fail(n.status());
             if (eof) {
                 return comm->fail(
                     unavailable("peer closed the connection in the middle of a chunk"));
             }
             if (*n == 0) return;
+            if (*n > want) {
+                lookahead = *n - want;
+                got_ = hdr_.length;
+                moved += want;
+                break;
+            }
             got_ += *n;
             moved += *n;
             if (moved >= kServiceBudget && got_ < hdr_.length) {
-                comm->pool()->requeue(this);
+                comm->pool()->continue_later(this);
                 return;
             }
         }
@@ -785,10 +867,12 @@ void RecvDataConn::service(uint32_t events) {
                 comm->chunked_.erase(it);
             }
         }
-        hdr_got_ = 0;
+        std::memcpy(&hdr_, next_hdr_, lookahead);
+        hdr_got_ = lookahead;
+        have_hdr_ = false;
         bound_ = false;
         if (moved >= kServiceBudget) {
-            comm->pool()->requeue(this);
+            comm->pool()->continue_later(this);
             return;
         }
     }

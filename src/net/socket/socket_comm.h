@@ -80,6 +80,7 @@ class Conn : public IoPool::Handler {
     bool detached_ = false;  // under io_mu_ (set on the owner thread)
     bool eof_ = false;       // the peer closed its side (owner thread)
     bool parked_ = false;    // under Comm::mu_: waiting for a bind or a receive, to be kicked
+    uint64_t park_seq_ = 0;  // under Comm::mu_: the message it waits to bind
 };
 
 class Comm {
@@ -166,6 +167,9 @@ class SendDataConn final : public Conn {
  public:
     using Conn::Conn;
     void service(uint32_t events) override;
+    // Writes chunks until the socket is full or none is left. Requires io_mu_. With `one_chunk`
+    // (a posting thread's fast path) it stops after the current chunk.
+    void write_locked(bool one_chunk);
 
  private:
     friend class SendComm;
@@ -248,6 +252,8 @@ class RecvControlConn final : public Conn {
  public:
     RecvControlConn(Comm* comm, Fd fd, int index);
     void service(uint32_t events) override;
+    // Reads and delivers what has arrived. Requires io_mu_; any thread (RecvComm::test).
+    void service_locked();
 
  private:
     friend class RecvComm;
@@ -276,6 +282,8 @@ class RecvDataConn final : public Conn {
     RecvComm* recv_comm() const;
     wire::ChunkHeader hdr_{};
     size_t hdr_got_ = 0;
+    uint8_t next_hdr_[sizeof(wire::ChunkHeader)];  // read ahead with a payload's tail
+    bool have_hdr_ = false;                        // hdr_ is complete and checked
     bool bound_ = false;
     uint8_t* dest_ = nullptr;  // null: discard
     uint64_t got_ = 0;
@@ -297,7 +305,7 @@ class RecvComm final : public Comm {
     // Under mu_: binds message `seq` to the oldest posted receive. kPark when an earlier message is
     // not bound yet or no receive is posted: `conn` is parked and kicked when that changes.
     Bind bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg, Status* error);
-    void park_locked(Conn* conn);
+    void park_locked(Conn* conn, uint64_t seq);
     // Under mu_: kicks every parked conn to try again.
     void wake_parked_locked();
     // Under mu_: `msg` has all its bytes.
