@@ -86,6 +86,38 @@ Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what) {
                   strformat("%s: unknown result %d", w.c_str(), static_cast<int>(result)));
 }
 
+Properties from_v7(const tcpx_ncclNetProperties_v7_t& in) {
+    Properties out;
+    out.name = in.name != nullptr ? in.name : "";
+    out.pci_path = in.pciPath != nullptr ? in.pciPath : "";
+    out.guid = in.guid;
+    out.ptr_support = in.ptrSupport;
+    out.speed_mbps = in.speed;
+    out.port = in.port;
+    out.latency_us = in.latency;
+    out.max_comms = in.maxComms;
+    out.max_recvs = in.maxRecvs;
+    out.device_type = static_cast<DeviceType>(in.netDeviceType);
+    out.device_version = in.netDeviceVersion;
+    return out;
+}
+
+void to_v7(const Properties& in, const char* name, const char* pci_path,
+           tcpx_ncclNetProperties_v7_t* out) {
+    *out = tcpx_ncclNetProperties_v7_t{};
+    out->name = const_cast<char*>(name);
+    out->pciPath = const_cast<char*>(pci_path);
+    out->guid = in.guid;
+    out->ptrSupport = in.ptr_support;
+    out->speed = in.speed_mbps;
+    out->port = in.port;
+    out->latency = in.latency_us;
+    out->maxComms = in.max_comms;
+    out->maxRecvs = in.max_recvs;
+    out->netDeviceType = static_cast<int>(in.device_type);
+    out->netDeviceVersion = in.device_version;
+}
+
 void forward_log_to_nccl(tcpx_ncclDebugLogger_t logger) {
     if (logger == nullptr) {
         set_log_sink(nullptr);

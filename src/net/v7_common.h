@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "net/ncclnet_v7.h"
+#include "net/net.h"
 #include "tcpx/status.h"
 
 namespace tcpx::net {
@@ -15,6 +16,12 @@ tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what);
 
 // An ncclResult_t as a Status; `what` says which call returned it.
 Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what);
+
+// v7 properties <-> Properties. v7 has no max_requests / reports_sizes: from_v7 leaves them at
+// their defaults. to_v7 points name/pciPath at the caller's strings, which must outlive `out`.
+Properties from_v7(const tcpx_ncclNetProperties_v7_t& in);
+void to_v7(const Properties& in, const char* name, const char* pci_path,
+           tcpx_ncclNetProperties_v7_t* out);
 
 // Routes this library's log messages to NCCL's logger (level and the NET subsystem flag
 // mapped). A null logger restores the default sink.

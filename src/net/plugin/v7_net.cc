@@ -141,18 +141,7 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     tcpx_ncclNetProperties_v7_t p{};
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->getProperties(dev, &p), name_ + ": getProperties"));
-    *props = Properties{};
-    props->name = p.name != nullptr ? p.name : "";
-    props->pci_path = p.pciPath != nullptr ? p.pciPath : "";
-    props->guid = p.guid;
-    props->ptr_support = p.ptrSupport;
-    props->speed_mbps = p.speed;
-    props->port = p.port;
-    props->latency_us = p.latency;
-    props->max_comms = p.maxComms;
-    props->max_recvs = p.maxRecvs;
-    props->device_type = static_cast<DeviceType>(p.netDeviceType);
-    props->device_version = p.netDeviceVersion;
+    *props = from_v7(p);
     props->max_requests = options_.max_requests;
     props->reports_sizes = options_.reports_sizes;
     return Status();

@@ -40,8 +40,6 @@ Comm::Comm(uint32_t kind, IoPool* pool, CommConfig config, std::string peer)
 
 Comm::~Comm() = default;
 
-void Comm::add_conn(std::unique_ptr<Conn> conn) { conns_.push_back(std::move(conn)); }
-
 Status Comm::start() {
     // Held throughout so that a conn failing as soon as it is added cannot start detaching the
     // comm before every conn is registered.
@@ -144,19 +142,8 @@ Status Comm::error_locked(std::string_view op) const {
 SendComm::SendComm(IoPool* pool, CommConfig config, std::string peer, Fd control,
                    std::vector<Fd> data)
     : Comm(kSendKind, pool, config, std::move(peer)) {
-    auto ctrl = std::make_unique<SendControlConn>(this, std::move(control), -1);
-    control_ = ctrl.get();
-    add_conn(std::move(ctrl));
-    for (size_t i = 0; i < data.size(); ++i) {
-        auto conn = std::make_unique<SendDataConn>(this, std::move(data[i]), static_cast<int>(i));
-        data_.push_back(conn.get());
-        add_conn(std::move(conn));
-    }
-    reqs_.reserve(static_cast<size_t>(config_.max_requests));
-    for (int i = 0; i < config_.max_requests; ++i) {
-        reqs_.push_back(std::make_unique<SendReq>(this));
-        free_.push_back(reqs_.back().get());
-    }
+    add_conns(std::move(control), std::move(data), &control_, &data_);
+    reqs_.init(this, config_.max_requests);
 }
 
 uint64_t SendComm::chunk_size_for(uint64_t size) const {
@@ -180,9 +167,8 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (closing_) return error_locked("isend");
-        if (free_.empty()) return Status();  // no room: the caller posts again later
-        req = free_.back();
-        free_.pop_back();
+        req = reqs_.take();
+        if (req == nullptr) return Status();  // no room: the caller posts again later
         // Small messages (and empty ones) travel whole on the control socket; larger ones are
         // cut into chunks for the data sockets.
         const bool is_inline = size <= config_.inline_threshold || size == 0;
@@ -203,7 +189,7 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
             // is written by this thread, on an idle data socket whose writer is free, sparing a
             // thread wakeup. Under load the I/O threads do the writing, in parallel (they pull
             // chunks as they drain); a posting thread writing them would serialize the comm.
-            const bool comm_idle = free_.size() + 1 == reqs_.size();
+            const bool comm_idle = reqs_.in_use() == 1;
             if (queue_was_empty && comm_idle && chunks == 1) {
                 for (SendDataConn* conn : data_) {
                     if (conn->idle_ && conn->io_mu_.try_lock()) {
@@ -264,20 +250,13 @@ Status SendComm::test(SendReq* req, bool* done, size_t* size) {
     }
     *done = true;
     if (size != nullptr) *size = req->size;
-    req->state.store(ReqState::kFree, std::memory_order_relaxed);
-    free_.push_back(req);
+    reqs_.give(req);
     if (state == ReqState::kFailed) return error_locked("isend");
     return Status();
 }
 
 void SendComm::fail_pending_locked() {
-    int failed = 0;
-    for (auto& req : reqs_) {
-        if (req->state.load(std::memory_order_relaxed) == ReqState::kPending) {
-            req->state.store(ReqState::kFailed, std::memory_order_release);
-            ++failed;
-        }
-    }
+    const int failed = reqs_.fail_pending();
     if (failed > 0) TCPX_WARN("%d sends failed: %s", failed, error_.to_string().c_str());
 }
 
@@ -469,19 +448,8 @@ void SendDataConn::write_locked(bool one_chunk) {
 RecvComm::RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control,
                    std::vector<Fd> data)
     : Comm(kRecvKind, pool, config, std::move(peer)) {
-    auto ctrl = std::make_unique<RecvControlConn>(this, std::move(control), -1);
-    control_ = ctrl.get();
-    add_conn(std::move(ctrl));
-    for (size_t i = 0; i < data.size(); ++i) {
-        auto conn = std::make_unique<RecvDataConn>(this, std::move(data[i]), static_cast<int>(i));
-        data_.push_back(conn.get());
-        add_conn(std::move(conn));
-    }
-    reqs_.reserve(static_cast<size_t>(config_.max_requests));
-    for (int i = 0; i < config_.max_requests; ++i) {
-        reqs_.push_back(std::make_unique<RecvReq>(this));
-        free_.push_back(reqs_.back().get());
-    }
+    add_conns(std::move(control), std::move(data), &control_, &data_);
+    reqs_.init(this, config_.max_requests);
 }
 
 Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags,
@@ -501,9 +469,8 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return error_locked("irecv");
-    if (free_.empty()) return Status();
-    RecvReq* req = free_.back();
-    free_.pop_back();
+    RecvReq* req = reqs_.take();
+    if (req == nullptr) return Status();  // no room: the caller posts again later
     req->n = n;
     req->first_seq = next_post_seq_;
     next_post_seq_ += static_cast<uint64_t>(n);
@@ -545,19 +512,12 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
     if (state == ReqState::kFailed) {
         result = req->error.ok() ? error_locked("irecv") : Status(req->error).with_context("irecv");
     }
-    req->state.store(ReqState::kFree, std::memory_order_relaxed);
-    free_.push_back(req);
+    reqs_.give(req);
     return result;
 }
 
 void RecvComm::fail_pending_locked() {
-    int failed = 0;
-    for (auto& req : reqs_) {
-        if (req->state.load(std::memory_order_relaxed) == ReqState::kPending) {
-            req->state.store(ReqState::kFailed, std::memory_order_release);
-            ++failed;
-        }
-    }
+    const int failed = reqs_.fail_pending();
     if (failed > 0) TCPX_WARN("%d receives failed: %s", failed, error_.to_string().c_str());
 }
 

@@ -53,6 +53,48 @@ struct ReqBase {
     const uint32_t kind;
 };
 
+// A comm's fixed set of request slots (its in-flight limit) and the free ones. Guarded by the
+// owning comm's mu_.
+template <typename Req>
+class RequestPool {
+ public:
+    template <typename Owner>
+    void init(Owner* owner, int n) {
+        all_.reserve(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) {
+            all_.push_back(std::make_unique<Req>(owner));
+            free_.push_back(all_.back().get());
+        }
+    }
+    // A free slot, or null when every slot is in flight.
+    Req* take() {
+        if (free_.empty()) return nullptr;
+        Req* req = free_.back();
+        free_.pop_back();
+        return req;
+    }
+    void give(Req* req) {
+        req->state.store(ReqState::kFree, std::memory_order_relaxed);
+        free_.push_back(req);
+    }
+    size_t in_use() const { return all_.size() - free_.size(); }
+    // Marks every pending request failed; returns how many.
+    int fail_pending() {
+        int failed = 0;
+        for (auto& req : all_) {
+            if (req->state.load(std::memory_order_relaxed) == ReqState::kPending) {
+                req->state.store(ReqState::kFailed, std::memory_order_release);
+                ++failed;
+            }
+        }
+        return failed;
+    }
+
+ private:
+    std::vector<std::unique_ptr<Req>> all_;
+    std::vector<Req*> free_;
+};
+
 // Per-comm settings, copied from Settings when the comm is made.
 struct CommConfig {
     uint64_t chunk_size = 0;
@@ -108,8 +150,19 @@ class Comm {
  protected:
     // Under mu_, once every conn is detached after a failure: fail the pending requests.
     virtual void fail_pending_locked() = 0;
-    // Adds a conn (before start()).
-    void add_conn(std::unique_ptr<Conn> conn);
+    // Makes the control conn and one data conn per data fd (before start()).
+    template <typename ControlConn, typename DataConn>
+    void add_conns(Fd control, std::vector<Fd> data, ControlConn** control_out,
+                   std::vector<DataConn*>* data_out) {
+        auto ctrl = std::make_unique<ControlConn>(this, std::move(control), -1);
+        *control_out = ctrl.get();
+        conns_.push_back(std::move(ctrl));
+        for (size_t i = 0; i < data.size(); ++i) {
+            auto conn = std::make_unique<DataConn>(this, std::move(data[i]), static_cast<int>(i));
+            data_out->push_back(conn.get());
+            conns_.push_back(std::move(conn));
+        }
+    }
     void kick_locked(Conn* conn);
     // The error callers see once the comm has failed (under mu_).
     Status error_locked(std::string_view op) const;
@@ -209,8 +262,7 @@ class SendComm final : public Comm {
 
     SendControlConn* control_ = nullptr;
     std::vector<SendDataConn*> data_;
-    std::vector<std::unique_ptr<SendReq>> reqs_;
-    std::vector<SendReq*> free_;        // under mu_
+    RequestPool<SendReq> reqs_;         // under mu_
     uint64_t next_seq_ = 0;             // under mu_
     std::deque<OutMsg> out_;            // under mu_; only the control conn's writer pops
     std::deque<SendReq*> chunk_queue_;  // under mu_: messages with chunks left to hand out
@@ -315,8 +367,7 @@ class RecvComm final : public Comm {
 
     RecvControlConn* control_ = nullptr;
     std::vector<RecvDataConn*> data_;
-    std::vector<std::unique_ptr<RecvReq>> reqs_;
-    std::vector<RecvReq*> free_;   // under mu_
+    RequestPool<RecvReq> reqs_;    // under mu_
     std::deque<RecvReq*> posted_;  // under mu_: receives with messages still to bind
     uint64_t next_post_seq_ = 0;   // under mu_: first seq of the next receive
     uint64_t bound_upto_ = 0;      // under mu_: every seq below is bound

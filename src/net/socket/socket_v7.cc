@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,8 +22,9 @@ constexpr int kMaxRecvs = socket_internal::kMaxRecvs;
 struct Global {
     std::mutex mu;
     std::unique_ptr<SocketNet> net;
-    // Property strings handed to the caller by pointer; they live as long as the process.
-    std::vector<std::unique_ptr<std::string>> strings;
+    // Property strings handed to the caller by pointer, per device; they live as long as the
+    // process (NCCL keeps the pointers), made once however often getProperties is called.
+    std::map<int, std::pair<std::string, std::string>> strings;
 };
 
 Global& global() {
@@ -66,19 +68,9 @@ tcpx_ncclResult_t v7_get_properties(int dev, tcpx_ncclNetProperties_v7_t* out) {
     if (!st.ok()) return to_nccl_result(st, "getProperties");
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mu);
-    g.strings.push_back(std::make_unique<std::string>(p.name));
-    out->name = g.strings.back()->data();
-    g.strings.push_back(std::make_unique<std::string>(p.pci_path));
-    out->pciPath = p.pci_path.empty() ? nullptr : g.strings.back()->data();
-    out->guid = p.guid;
-    out->ptrSupport = p.ptr_support;
-    out->speed = p.speed_mbps;
-    out->port = p.port;
-    out->latency = p.latency_us;
-    out->maxComms = p.max_comms;
-    out->maxRecvs = p.max_recvs;
-    out->netDeviceType = static_cast<int>(p.device_type);
-    out->netDeviceVersion = p.device_version;
+    // std::map never moves its nodes, so the c_str() pointers stay valid.
+    const auto& names = g.strings.try_emplace(dev, p.name, p.pci_path).first->second;
+    to_v7(p, names.first.c_str(), names.second.empty() ? nullptr : names.second.c_str(), out);
     return tcpx_ncclSuccess;
 }
 

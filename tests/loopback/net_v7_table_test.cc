@@ -1,0 +1,126 @@
+// The socket transport's ncclNet v7 table driven directly through its C function pointers, as
+// NCCL drives it: what the V7Net wrapper in net_test.cc would hide (int sizes per buffer of a
+// multi-receive, property pointers, NULL requests, error codes).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <vector>
+
+#include "net/socket/socket_v7.h"
+#include "tests/support/net_test_util.h"
+
+namespace tcpx::testing {
+namespace {
+
+class V7TableTest : public ::testing::Test {
+ protected:
+    void SetUp() override {
+        setenv("TCPX_P2P_SOCKET_IFNAME", "=lo", 1);
+        setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
+        t_ = net::socket_net_v7();
+        ASSERT_EQ(t_->init(nullptr), tcpx_ncclSuccess);
+        ASSERT_EQ(t_->init(nullptr), tcpx_ncclSuccess);  // a second init is harmless
+        char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+        void* listen = nullptr;
+        ASSERT_EQ(t_->listen(0, handle, &listen), tcpx_ncclSuccess);
+        for (int i = 0; i < 100000 && (send_ == nullptr || recv_ == nullptr); ++i) {
+            tcpx_ncclNetDeviceHandle_v7_t* dev = nullptr;
+            if (send_ == nullptr) {
+                ASSERT_EQ(t_->connect(0, handle, &send_, &dev), tcpx_ncclSuccess);
+            }
+            if (recv_ == nullptr) {
+                ASSERT_EQ(t_->accept(listen, &recv_, &dev), tcpx_ncclSuccess);
+            }
+        }
+        ASSERT_EQ(t_->closeListen(listen), tcpx_ncclSuccess);
+        ASSERT_NE(send_, nullptr);
+        ASSERT_NE(recv_, nullptr);
+    }
+    void TearDown() override {
+        if (send_ != nullptr) {
+            EXPECT_EQ(t_->closeSend(send_), tcpx_ncclSuccess);
+        }
+        if (recv_ != nullptr) {
+            EXPECT_EQ(t_->closeRecv(recv_), tcpx_ncclSuccess);
+        }
+    }
+    // Polls until done; returns test()'s result.
+    tcpx_ncclResult_t wait(void* req, int* sizes) {
+        int done = 0;
+        for (long i = 0; i < 100000000L; ++i) {
+            const tcpx_ncclResult_t rc = t_->test(req, &done, sizes);
+            if (rc != tcpx_ncclSuccess || done) return rc;
+        }
+        return tcpx_ncclInternalError;
+    }
+
+    const tcpx_ncclNet_v7_t* t_ = nullptr;
+    void* send_ = nullptr;
+    void* recv_ = nullptr;
+};
+
+TEST_F(V7TableTest, PropertiesAreStableAndHostOnly) {
+    int ndev = 0;
+    ASSERT_EQ(t_->devices(&ndev), tcpx_ncclSuccess);
+    ASSERT_GE(ndev, 1);
+    tcpx_ncclNetProperties_v7_t a{}, b{};
+    ASSERT_EQ(t_->getProperties(0, &a), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->getProperties(0, &b), tcpx_ncclSuccess);
+    EXPECT_STREQ(a.name, "lo");
+    EXPECT_EQ(a.name, b.name) << "name strings must be made once, not per call";
+    EXPECT_EQ(a.ptrSupport, TCPX_NCCL_PTR_HOST);
+    EXPECT_EQ(a.maxRecvs, 8);
+    EXPECT_EQ(a.netDeviceType, TCPX_NCCL_NET_DEVICE_HOST);
+    EXPECT_EQ(t_->getProperties(ndev, &a), tcpx_ncclInvalidArgument);
+    EXPECT_STREQ(t_->name, "tcpx-p2p-socket");
+    EXPECT_EQ(t_->regMrDmaBuf, nullptr);
+}
+
+TEST_F(V7TableTest, MultiReceiveReportsEverySize) {
+    std::vector<char> a(100, 0), b(100, 0);
+    void* bufs[2] = {a.data(), b.data()};
+    int sizes[2] = {100, 100};
+    int tags[2] = {1, 2};
+    void* rreq = nullptr;
+    ASSERT_EQ(t_->irecv(recv_, 2, bufs, sizes, tags, nullptr, &rreq), tcpx_ncclSuccess);
+    ASSERT_NE(rreq, nullptr);
+    char m2[7] = "second";
+    char m1[6] = "first";
+    void* s2 = nullptr;
+    void* s1 = nullptr;
+    ASSERT_EQ(t_->isend(send_, m2, 7, 2, nullptr, &s2), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->isend(send_, m1, 6, 1, nullptr, &s1), tcpx_ncclSuccess);
+    int got[2] = {-1, -1};
+    ASSERT_EQ(wait(rreq, got), tcpx_ncclSuccess);
+    EXPECT_EQ(got[0], 6);
+    EXPECT_EQ(got[1], 7);
+    EXPECT_STREQ(a.data(), "first");
+    EXPECT_STREQ(b.data(), "second");
+    int sent = -1;
+    ASSERT_EQ(wait(s1, &sent), tcpx_ncclSuccess);
+    EXPECT_EQ(sent, 6);
+    ASSERT_EQ(wait(s2, &sent), tcpx_ncclSuccess);
+    EXPECT_EQ(t_->irecvConsumed(recv_, 2, rreq), tcpx_ncclSuccess);
+}
+
+TEST_F(V7TableTest, BadArgumentsGiveErrorCodes) {
+    char buf[8];
+    void* req = nullptr;
+    EXPECT_EQ(t_->isend(send_, buf, -1, 0, nullptr, &req), tcpx_ncclInvalidArgument);
+    void* bufs[1] = {buf};
+    int sizes[1] = {-5};
+    int tags[1] = {0};
+    EXPECT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, nullptr, &req), tcpx_ncclInvalidArgument);
+    sizes[0] = 8;
+    EXPECT_EQ(t_->irecv(recv_, 9, bufs, sizes, tags, nullptr, &req), tcpx_ncclInvalidArgument);
+    void* mh = nullptr;
+    EXPECT_NE(t_->regMr(send_, buf, 8, TCPX_NCCL_PTR_CUDA, &mh), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->regMr(send_, buf, 8, TCPX_NCCL_PTR_HOST, &mh), tcpx_ncclSuccess);
+    EXPECT_EQ(t_->deregMr(send_, mh), tcpx_ncclSuccess);
+    EXPECT_NE(t_->iflush(recv_, 1, bufs, sizes, nullptr, &req), tcpx_ncclSuccess);
+    EXPECT_EQ(req, nullptr);
+}
+
+}  // namespace
+}  // namespace tcpx::testing
