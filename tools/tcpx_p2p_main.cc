@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
 #define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) SHOW(field, NAME)
 #define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) SHOW(field, NAME)
 #define TCPX_PARAM_STRING(field, NAME, def, doc) SHOW(field, NAME)
-#include "common/params.inc"
+#include "tcpx/config_params.inc"
 #undef TCPX_PARAM_INT
 #undef TCPX_PARAM_SIZE
 #undef TCPX_PARAM_CHOICE

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "tcpx/api.h"
+
 namespace tcpx {
 
 enum class StatusCode : int {
@@ -35,9 +37,9 @@ enum class StatusCode : int {
 };
 
 // "INVALID_ARGUMENT", "UNAVAILABLE", ... ; "UNKNOWN" for values outside the enum.
-const char* status_code_name(StatusCode code);
+TCPX_API const char* status_code_name(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] TCPX_API Status {
  public:
     // An OK status.
     Status() noexcept = default;

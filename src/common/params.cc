@@ -32,7 +32,7 @@ struct TableStorage {
 #define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) \
     add(#NAME, ParamType::kChoice, def, 0, 0, choices, doc);
 #define TCPX_PARAM_STRING(field, NAME, def, doc) add(#NAME, ParamType::kString, def, 0, 0, "", doc);
-#include "common/params.inc"
+#include "tcpx/config_params.inc"
 #undef TCPX_PARAM_INT
 #undef TCPX_PARAM_SIZE
 #undef TCPX_PARAM_CHOICE
@@ -171,7 +171,7 @@ Status Settings::set(std::string_view name, std::string_view value) {
         field = std::string(trim(value));        \
         st = Status();                           \
     }
-#include "common/params.inc"
+#include "tcpx/config_params.inc"
 #undef TCPX_PARAM_INT
 #undef TCPX_PARAM_SIZE
 #undef TCPX_PARAM_CHOICE
@@ -195,7 +195,7 @@ Status Settings::validate() const {
 #define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) \
     TCPX_RETURN_IF_ERROR(choice_check(#NAME, field, choices));
 #define TCPX_PARAM_STRING(field, NAME, def, doc)
-#include "common/params.inc"
+#include "tcpx/config_params.inc"
 #undef TCPX_PARAM_INT
 #undef TCPX_PARAM_SIZE
 #undef TCPX_PARAM_CHOICE

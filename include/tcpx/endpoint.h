@@ -1,0 +1,210 @@
+// tcpx/endpoint.h — the transfer engine's C++ API.
+//
+// An Endpoint connects to peers (other endpoints, in this process or elsewhere) and moves bytes
+// between registered memory regions:
+//
+//   auto ep = tcpx::Endpoint::create(tcpx::Config::from_env().value(), "prefill-0").value();
+//   std::string md = ep->metadata();                 // give this to peers out of band
+//   tcpx::PeerId peer = ep->connect(their_md).value();
+//   tcpx::MemId mem = ep->reg(buf, len).value();
+//   tcpx::XferId x = ep->write(peer, mem, 0, their_region, 0, len, "kv-ready").value();
+//   tcpx::Status st = ep->wait(x, std::chrono::seconds(10));
+//
+// One-sided operations (write, read, their vector forms) need nothing from the target's
+// application: its endpoint validates every request against its registrations and serves it.
+// A write may carry a notification, delivered to the target's application exactly once, after
+// all of the write's data is in place there. Two-sided send/recv match by tag.
+//
+// Every operation is asynchronous and returns a transfer id; poll() reports its state and
+// wait() blocks for it. A finished transfer (done or failed) is reported once, by the poll() or
+// wait() that sees it finish, and its id is then forgotten.
+//
+// All methods are thread-safe. Errors are Status values; no exception leaves this API.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tcpx/api.h"
+#include "tcpx/config.h"
+#include "tcpx/status.h"
+
+namespace tcpx {
+
+using PeerId = uint64_t;
+using MemId = uint64_t;
+using XferId = uint64_t;
+
+enum class MemKind : uint8_t { kHost = 0, kCuda = 1 };
+
+// What a peer needs to address one of our registrations. Produced by Endpoint::describe, carried
+// to peers out of band (serialize/parse), used as the target of write/read.
+struct TCPX_API RemoteMem {
+    uint64_t addr = 0;  // the region's start in its owner's address space
+    uint64_t len = 0;
+    uint64_t key = 0;  // random per registration: requests must present it
+    MemKind kind = MemKind::kHost;
+    int32_t device = -1;  // GPU index when kind is kCuda
+
+    // A versioned binary form (binary-safe bytes).
+    std::string serialize() const;
+    static StatusOr<RemoteMem> parse(std::string_view bytes);
+};
+
+// What Endpoint::metadata() says about an endpoint.
+struct TCPX_API EndpointInfo {
+    std::string name;
+    std::string host;  // numeric IPv4 or IPv6 address
+    uint16_t port = 0;
+    int32_t gpu = -1;
+};
+
+struct TCPX_API Notification {
+    std::string peer;     // the sending endpoint's name
+    std::string payload;  // binary-safe, possibly empty
+};
+
+// One piece of a vector transfer: `len` bytes between our registration `mem` at `offset` and the
+// peer's registration `remote` at `remote_offset`.
+struct TCPX_API IoVec {
+    MemId mem = 0;
+    uint64_t offset = 0;
+    RemoteMem remote;
+    uint64_t remote_offset = 0;
+    uint64_t len = 0;
+};
+
+enum class XferState { kInProgress, kDone, kFailed };
+
+struct TCPX_API XferStatus {
+    XferState state = XferState::kInProgress;
+    Status error;  // why it failed, when state is kFailed (or NOT_FOUND for an unknown id)
+};
+
+class TcpxSession;
+class TcpxTransfer;
+
+class TCPX_API Endpoint {
+ public:
+    // Starts an endpoint: picks the interface and transport from `config`, listens for peers.
+    // `name` identifies it to peers (default: "<host>:<port>").
+    static StatusOr<std::unique_ptr<Endpoint>> create(const Config& config, std::string name = "");
+    // Disconnects every peer (their transfers fail) and stops.
+    ~Endpoint();
+    Endpoint(const Endpoint&) = delete;
+    Endpoint& operator=(const Endpoint&) = delete;
+
+    const std::string& name() const;
+    // A versioned binary blob (binary-safe bytes) with how to reach this endpoint.
+    std::string metadata() const;
+    static StatusOr<EndpointInfo> parse_metadata(std::string_view metadata);
+
+    // --- peers ---
+    // Connects to the endpoint described by `metadata`; returns once the connection is ready
+    // (or fails after TCPX_P2P_CONNECT_TIMEOUT_MS).
+    StatusOr<PeerId> connect(std::string_view metadata);
+    // Endpoints that connect to us are served at once, without accept(): one-sided transfers,
+    // notifications and sends from them work immediately. accept() returns the next such peer
+    // not yet returned, waiting up to `timeout` (kTimeout if none came).
+    StatusOr<PeerId> accept(std::chrono::milliseconds timeout);
+    // Closes the connection; the peer's transfers in flight fail, here and there.
+    Status disconnect(PeerId peer);
+    StatusOr<std::string> peer_name(PeerId peer) const;
+
+    // --- memory ---
+    // Registers [ptr, ptr + len) for transfers. Registration ids and keys are never reused.
+    StatusOr<MemId> reg(void* ptr, size_t len);
+    // After dereg returns, nothing reads or writes the region any more: new requests for it are
+    // refused; transfers already using it finish first (or fail, if their peer does not complete
+    // them within TCPX_P2P_PEER_TIMEOUT_MS — that peer is then disconnected).
+    Status dereg(MemId mem);
+    StatusOr<RemoteMem> describe(MemId mem) const;
+
+    // --- one-sided ---
+    // Copies `len` bytes from our registration `mem` at `offset` to the peer's `remote` at
+    // `remote_offset`. With `notification`, the peer's application receives it (with our name)
+    // once all the data is in place there.
+    StatusOr<XferId> write(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
+                           uint64_t remote_offset, uint64_t len,
+                           std::optional<std::string_view> notification = std::nullopt);
+    // Copies `len` bytes from the peer's `remote` at `remote_offset` into our `mem` at `offset`.
+    StatusOr<XferId> read(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
+                          uint64_t remote_offset, uint64_t len);
+    // Many pieces as one transfer: done when all are, failed if any fails. A notification comes
+    // after all of them.
+    StatusOr<XferId> writev(PeerId peer, std::span<const IoVec> iov,
+                            std::optional<std::string_view> notification = std::nullopt);
+    StatusOr<XferId> readv(PeerId peer, std::span<const IoVec> iov);
+
+    // A notification on its own.
+    Status notify(PeerId peer, std::string_view payload);
+    // Notifications received since the last call, each exactly once, in arrival order.
+    std::vector<Notification> get_notifications();
+
+    // --- two-sided ---
+    // A send matches the peer's first posted recv of the same tag (in posting order); the recv's
+    // buffer must be at least as large. The send completes when its buffer may be reused, the
+    // recv when the data is in it.
+    StatusOr<XferId> send(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+    StatusOr<XferId> recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+
+    // Sessions and transfers as objects (the same operations).
+    TcpxSession session(PeerId peer);
+
+    // --- completion ---
+    XferStatus poll(XferId xfer);
+    // OK when done; the failure when it failed; kTimeout (transfer still in flight) when
+    // `timeout` passed first.
+    Status wait(XferId xfer, std::chrono::milliseconds timeout);
+
+    class Impl;
+
+ private:
+    explicit Endpoint(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+// A transfer as an object: its endpoint and id.
+class TCPX_API TcpxTransfer {
+ public:
+    TcpxTransfer(Endpoint* endpoint, XferId id) : endpoint_(endpoint), id_(id) {}
+    XferId id() const { return id_; }
+    XferStatus poll() { return endpoint_->poll(id_); }
+    Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) {
+        return endpoint_->wait(id_, timeout);
+    }
+
+ private:
+    Endpoint* endpoint_;
+    XferId id_;
+};
+
+// A connection to one peer as an object.
+class TCPX_API TcpxSession {
+ public:
+    TcpxSession(Endpoint* endpoint, PeerId peer) : endpoint_(endpoint), peer_(peer) {}
+    PeerId peer() const { return peer_; }
+    StatusOr<std::string> peer_name() const { return endpoint_->peer_name(peer_); }
+
+    StatusOr<TcpxTransfer> send(MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+    StatusOr<TcpxTransfer> recv(MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+    StatusOr<TcpxTransfer> write(MemId mem, uint64_t offset, const RemoteMem& remote,
+                                 uint64_t remote_offset, uint64_t len,
+                                 std::optional<std::string_view> notification = std::nullopt);
+    StatusOr<TcpxTransfer> read(MemId mem, uint64_t offset, const RemoteMem& remote,
+                                uint64_t remote_offset, uint64_t len);
+    Status notify(std::string_view payload) { return endpoint_->notify(peer_, payload); }
+    Status close() { return endpoint_->disconnect(peer_); }
+
+ private:
+    Endpoint* endpoint_;
+    PeerId peer_;
+};
+
+}  // namespace tcpx

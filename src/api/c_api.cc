@@ -1,0 +1,1 @@
+// The C API (tcpx/tcpx.h). Being written; see include/tcpx/tcpx.h.

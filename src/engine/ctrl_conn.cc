@@ -1,0 +1,95 @@
+#include "engine/ctrl_conn.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::engine {
+
+namespace {
+constexpr size_t kReadChunk = 256 * 1024;
+constexpr int kMaxIov = 64;
+}  // namespace
+
+void CtrlConn::reset(Fd fd) {
+    fd_ = std::move(fd);
+    out_.clear();
+    out_offset_ = 0;
+    in_.clear();
+    begin_ = end_ = consumed_ = 0;
+}
+
+void CtrlConn::queue(std::string msg) { out_.push_back(std::move(msg)); }
+
+Status CtrlConn::flush() {
+    while (!out_.empty()) {
+        iovec iov[kMaxIov];
+        int cnt = 0;
+        size_t offset = out_offset_;
+        for (auto it = out_.begin(); it != out_.end() && cnt < kMaxIov; ++it) {
+            iov[cnt++] = {it->data() + offset, it->size() - offset};
+            offset = 0;
+        }
+        TCPX_ASSIGN_OR_RETURN(size_t n, send_some(fd_.get(), iov, cnt));
+        if (n == 0) return Status();  // full: later
+        while (n > 0) {
+            const size_t left = out_.front().size() - out_offset_;
+            if (n >= left) {
+                n -= left;
+                out_.pop_front();
+                out_offset_ = 0;
+            } else {
+                out_offset_ += n;
+                n = 0;
+            }
+        }
+    }
+    return Status();
+}
+
+Status CtrlConn::read(bool* eof) {
+    *eof = false;
+    while (true) {
+        // Drop what was handed out, then make room.
+        begin_ += consumed_;
+        consumed_ = 0;
+        if (begin_ == end_) begin_ = end_ = 0;
+        // A peer cannot make us buffer without bound: past two maximal messages, what is here
+        // gets handled before more is read (TCP holds the rest back).
+        if (end_ - begin_ > 2 * static_cast<size_t>(wire::kMaxBody)) return Status();
+        if (in_.size() - end_ < kReadChunk) {
+            if (begin_ > 0) {
+                std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
+                end_ -= begin_;
+                begin_ = 0;
+            }
+            if (in_.size() - end_ < kReadChunk) in_.resize(end_ + kReadChunk);
+        }
+        TCPX_ASSIGN_OR_RETURN(size_t n,
+                              recv_some(fd_.get(), in_.data() + end_, in_.size() - end_, eof));
+        if (*eof || n == 0) return Status();
+        end_ += n;
+    }
+}
+
+StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* body) {
+    begin_ += consumed_;
+    consumed_ = 0;
+    if (end_ - begin_ < sizeof(wire::Header)) return false;
+    std::memcpy(header, in_.data() + begin_, sizeof(wire::Header));
+    if (header->magic != wire::kMagic) {
+        return protocol_error(strformat("corrupt control stream (magic 0x%08x)", header->magic));
+    }
+    if (header->length > wire::kMaxBody) {
+        return protocol_error(strformat("control message of %u bytes exceeds the limit of %u",
+                                        header->length, wire::kMaxBody));
+    }
+    if (end_ - begin_ < sizeof(wire::Header) + header->length) return false;
+    *body = std::string_view(in_.data() + begin_ + sizeof(wire::Header), header->length);
+    consumed_ = sizeof(wire::Header) + header->length;
+    return true;
+}
+
+}  // namespace tcpx::engine

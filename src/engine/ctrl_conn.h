@@ -1,0 +1,53 @@
+// One peer's control connection: a non-blocking TCP socket carrying framed messages
+// (ctrl_wire.h). Writes queue and go out as the socket takes them; reads collect bytes until
+// whole messages can be handed out. Not thread-safe: the engine's lock guards it.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/socket.h"
+#include "engine/ctrl_wire.h"
+#include "tcpx/status.h"
+
+namespace tcpx::engine {
+
+class CtrlConn {
+ public:
+    CtrlConn() = default;
+    explicit CtrlConn(Fd fd) : fd_(std::move(fd)) {}
+
+    int fd() const { return fd_.get(); }
+    bool valid() const { return fd_.valid(); }
+    void reset(Fd fd);
+    void close() { fd_.reset(); }
+
+    // Queues a complete message (header included).
+    void queue(std::string msg);
+    bool has_output() const { return !out_.empty(); }
+    // Writes queued bytes until done or the socket is full.
+    Status flush();
+
+    // Reads what has arrived. *eof: the peer closed its side.
+    Status read(bool* eof);
+    // The next complete message, or false. `body` stays valid until the next read() or
+    // next_message(). A bad header is an error.
+    StatusOr<bool> next_message(wire::Header* header, std::string_view* body);
+    // Bytes read but not yet handed out (a partial message at EOF means the peer broke off).
+    size_t buffered() const { return end_ - begin_; }
+
+ private:
+    Fd fd_;
+    std::deque<std::string> out_;
+    size_t out_offset_ = 0;  // bytes of out_.front() already written
+    std::vector<char> in_;
+    size_t begin_ = 0;
+    size_t end_ = 0;
+    size_t consumed_ = 0;  // bytes of the message handed out last, dropped at the next call
+};
+
+}  // namespace tcpx::engine

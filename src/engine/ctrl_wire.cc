@@ -1,0 +1,321 @@
+#include "engine/ctrl_wire.h"
+
+#include <cstring>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::engine::wire {
+
+const char* msg_type_name(MsgType type) {
+    switch (type) {
+        case MsgType::kHello:
+            return "HELLO";
+        case MsgType::kReady:
+            return "READY";
+        case MsgType::kPing:
+            return "PING";
+        case MsgType::kBye:
+            return "BYE";
+        case MsgType::kWriteReq:
+            return "WRITE_REQ";
+        case MsgType::kWriteAck:
+            return "WRITE_ACK";
+        case MsgType::kReadReq:
+            return "READ_REQ";
+        case MsgType::kReadResp:
+            return "READ_RESP";
+        case MsgType::kNotif:
+            return "NOTIF";
+        case MsgType::kSendRts:
+            return "SEND_RTS";
+        case MsgType::kRecvCts:
+            return "RECV_CTS";
+        case MsgType::kSendData:
+            return "SEND_DATA";
+    }
+    return "UNKNOWN";
+}
+
+std::string_view Reader::raw(size_t len) {
+    if (failed_ || len > n_) {
+        failed_ = true;
+        n_ = 0;
+        return {};
+    }
+    std::string_view out(p_, len);
+    p_ += len;
+    n_ -= len;
+    return out;
+}
+
+std::string_view Reader::str(size_t max_len) {
+    const uint32_t len = u32();
+    if (len > max_len) {
+        failed_ = true;
+        return {};
+    }
+    return raw(len);
+}
+
+std::string begin_message(MsgType type, uint16_t flags) {
+    std::string msg;
+    const Header h{kMagic, static_cast<uint16_t>(type), flags, 0, 0};
+    msg.append(reinterpret_cast<const char*>(&h), sizeof(h));
+    return msg;
+}
+
+void end_message(std::string* msg) {
+    const uint32_t len = static_cast<uint32_t>(msg->size() - sizeof(Header));
+    std::memcpy(msg->data() + offsetof(Header, length), &len, sizeof(len));
+}
+
+namespace {
+
+void put_segments(Writer* w, const std::vector<Segment>& segs) {
+    w->u32(static_cast<uint32_t>(segs.size()));
+    for (const Segment& s : segs) {
+        w->u64(s.key);
+        w->u64(s.offset);
+        w->u64(s.len);
+    }
+}
+
+bool get_segments(Reader* r, std::vector<Segment>* segs) {
+    const uint32_t n = r->u32();
+    // Each segment takes 24 bytes: a count beyond what arrived is malformed, checked before any
+    // allocation so a forged count cannot make us reserve gigabytes.
+    if (r->failed() || n > kMaxSegments || static_cast<uint64_t>(n) * 24 > r->left()) return false;
+    segs->resize(n);
+    for (Segment& s : *segs) {
+        s.key = r->u64();
+        s.offset = r->u64();
+        s.len = r->u64();
+    }
+    return !r->failed();
+}
+
+void put_status(Writer* w, const Status& st) {
+    w->u32(static_cast<uint32_t>(st.code()));
+    w->str(st.message());
+}
+
+Result get_result(Reader* r) {
+    Result out;
+    out.code = r->u32();
+    out.message = r->str(kMaxBody);
+    return out;
+}
+
+Status malformed(MsgType type) {
+    return protocol_error(strformat("malformed %s message", msg_type_name(type)));
+}
+
+std::string finish(std::string msg) {
+    end_message(&msg);
+    return msg;
+}
+
+}  // namespace
+
+std::string encode_hello(const Hello& m) {
+    std::string msg = begin_message(MsgType::kHello, 0);
+    Writer w(&msg);
+    w.u16(m.version);
+    w.u16(m.channels);
+    w.u64(m.nonce);
+    w.str(m.name);
+    w.u32(static_cast<uint32_t>(m.handles.size()));
+    for (const net::Handle& h : m.handles) w.raw(h.bytes.data(), h.bytes.size());
+    return finish(std::move(msg));
+}
+
+std::string encode_empty(MsgType type) { return finish(begin_message(type, 0)); }
+
+std::string encode_write_req(const WriteReq& m) {
+    std::string msg = begin_message(MsgType::kWriteReq, m.flags);
+    Writer w(&msg);
+    w.u64(m.xfer);
+    put_segments(&w, m.segs);
+    if (m.flags & kFlagNotif) w.str(m.notification);
+    return msg;  // inline data, if any, follows; the caller ends the message
+}
+
+std::string encode_write_ack(uint64_t xfer, const Status& st) {
+    std::string msg = begin_message(MsgType::kWriteAck, 0);
+    Writer w(&msg);
+    w.u64(xfer);
+    put_status(&w, st);
+    return finish(std::move(msg));
+}
+
+std::string encode_read_req(const ReadReq& m) {
+    std::string msg = begin_message(MsgType::kReadReq, 0);
+    Writer w(&msg);
+    w.u64(m.xfer);
+    put_segments(&w, m.segs);
+    return finish(std::move(msg));
+}
+
+std::string encode_read_resp(uint64_t xfer, uint16_t flags, const Status& st) {
+    std::string msg = begin_message(MsgType::kReadResp, flags);
+    Writer w(&msg);
+    w.u64(xfer);
+    put_status(&w, st);
+    return msg;
+}
+
+std::string encode_notif(std::string_view payload) {
+    std::string msg = begin_message(MsgType::kNotif, 0);
+    Writer w(&msg);
+    w.str(payload);
+    return finish(std::move(msg));
+}
+
+std::string encode_send_rts(const SendRts& m) {
+    std::string msg = begin_message(MsgType::kSendRts, 0);
+    Writer w(&msg);
+    w.u64(m.send_xfer);
+    w.u64(m.tag);
+    w.u64(m.len);
+    return finish(std::move(msg));
+}
+
+std::string encode_recv_cts(uint64_t send_xfer, uint64_t recv_xfer, const Status& st) {
+    std::string msg = begin_message(MsgType::kRecvCts, 0);
+    Writer w(&msg);
+    w.u64(send_xfer);
+    w.u64(recv_xfer);
+    put_status(&w, st);
+    return finish(std::move(msg));
+}
+
+std::string encode_send_data(uint64_t recv_xfer, uint16_t flags, uint64_t len) {
+    std::string msg = begin_message(MsgType::kSendData, flags);
+    Writer w(&msg);
+    w.u64(recv_xfer);
+    w.u64(len);
+    return msg;
+}
+
+Status decode_hello(std::string_view body, Hello* m) {
+    Reader r(body);
+    m->version = r.u16();
+    if (!r.failed() && m->version != kVersion) {
+        return protocol_error(
+            strformat("peer speaks engine protocol version %u, we speak %u", m->version, kVersion));
+    }
+    m->channels = r.u16();
+    m->nonce = r.u64();
+    m->name = std::string(r.str(kMaxName));
+    const uint32_t n = r.u32();
+    if (r.failed() || n != m->channels || n == 0 ||
+        static_cast<uint64_t>(n) * net::kHandleSize != r.left()) {
+        return malformed(MsgType::kHello);
+    }
+    m->handles.resize(n);
+    for (net::Handle& h : m->handles) {
+        std::memcpy(h.bytes.data(), r.raw(net::kHandleSize).data(), net::kHandleSize);
+    }
+    return Status();
+}
+
+Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m) {
+    Reader r(body);
+    m->flags = flags;
+    m->xfer = r.u64();
+    if (!get_segments(&r, &m->segs)) return malformed(MsgType::kWriteReq);
+    if (flags & kFlagNotif) m->notification = r.str(kMaxBody);
+    if (r.failed()) return malformed(MsgType::kWriteReq);
+    uint64_t total = 0;
+    for (const Segment& s : m->segs) {
+        if (s.len > UINT64_MAX - total) return malformed(MsgType::kWriteReq);
+        total += s.len;
+    }
+    if (flags & kFlagInline) {
+        if (total != r.left()) return malformed(MsgType::kWriteReq);
+        m->data = r.raw(total);
+    } else if (r.left() != 0) {
+        return malformed(MsgType::kWriteReq);
+    }
+    return Status();
+}
+
+Status decode_write_ack(std::string_view body, WriteAck* m) {
+    Reader r(body);
+    m->xfer = r.u64();
+    m->result = get_result(&r);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kWriteAck);
+    return Status();
+}
+
+Status decode_read_req(std::string_view body, ReadReq* m) {
+    Reader r(body);
+    m->xfer = r.u64();
+    if (!get_segments(&r, &m->segs) || r.left() != 0) return malformed(MsgType::kReadReq);
+    return Status();
+}
+
+Status decode_read_resp(std::string_view body, uint16_t flags, ReadResp* m) {
+    Reader r(body);
+    m->flags = flags;
+    m->xfer = r.u64();
+    m->result = get_result(&r);
+    if (r.failed()) return malformed(MsgType::kReadResp);
+    if (flags & kFlagInline) {
+        m->data = r.raw(r.left());
+    } else if (r.left() != 0) {
+        return malformed(MsgType::kReadResp);
+    }
+    return Status();
+}
+
+Status decode_notif(std::string_view body, std::string_view* payload) {
+    Reader r(body);
+    *payload = r.str(kMaxBody);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kNotif);
+    return Status();
+}
+
+Status decode_send_rts(std::string_view body, SendRts* m) {
+    Reader r(body);
+    m->send_xfer = r.u64();
+    m->tag = r.u64();
+    m->len = r.u64();
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kSendRts);
+    return Status();
+}
+
+Status decode_recv_cts(std::string_view body, RecvCts* m) {
+    Reader r(body);
+    m->send_xfer = r.u64();
+    m->recv_xfer = r.u64();
+    m->result = get_result(&r);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kRecvCts);
+    return Status();
+}
+
+Status decode_send_data(std::string_view body, uint16_t flags, SendData* m) {
+    Reader r(body);
+    m->flags = flags;
+    m->recv_xfer = r.u64();
+    m->len = r.u64();
+    if (r.failed()) return malformed(MsgType::kSendData);
+    if (flags & kFlagInline) {
+        if (r.left() != m->len) return malformed(MsgType::kSendData);
+        m->data = r.raw(m->len);
+    } else if (r.left() != 0) {
+        return malformed(MsgType::kSendData);
+    }
+    return Status();
+}
+
+Status to_status(const Result& r, std::string_view context) {
+    if (r.code == 0) return Status();
+    StatusCode code = StatusCode::kRemote;
+    if (r.code <= static_cast<uint32_t>(StatusCode::kInternal))
+        code = static_cast<StatusCode>(r.code);
+    return Status(code, r.message).with_context(context);
+}
+
+}  // namespace tcpx::engine::wire

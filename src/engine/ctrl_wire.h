@@ -1,0 +1,208 @@
+// The engine's control protocol (version 1): framed messages on one TCP connection per peer pair.
+//
+// Every message is a 16-byte header (magic, type, flags, body length) and a body of little-endian
+// fields. Decoding checks every length against what arrived, so a malformed message is a
+// protocol error, never an out-of-bounds read.
+//
+//   HELLO      both ways, first: version, name, channel count, the sender's listen handles
+//   READY      both ways: the sender's data channels are all up
+//   PING       heartbeat; BYE: the sender is disconnecting
+//   WRITE_REQ  initiator -> target: segments (key, offset, len), optional notification, and
+//              either the data inline or "chunks follow on the data channels"
+//   WRITE_ACK  target -> initiator: the write's data is in place (or why it was refused)
+//   READ_REQ   initiator -> target: segments to read
+//   READ_RESP  target -> initiator: accepted (data inline, or chunks follow) or refused
+//   NOTIF      a standalone notification
+//   SEND_RTS / RECV_CTS / SEND_DATA   two-sided: ready to send; matched by a receive; the data
+//
+// Data chunks on the channels carry no header of their own: both sides derive the channel and
+// order of every chunk from the order of these messages (see engine.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "net/net.h"
+#include "tcpx/status.h"
+
+namespace tcpx::engine::wire {
+
+inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
+inline constexpr uint16_t kVersion = 1;
+inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
+inline constexpr size_t kMaxName = 256;
+inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
+
+enum class MsgType : uint16_t {
+    kHello = 1,
+    kReady = 2,
+    kPing = 3,
+    kBye = 4,
+    kWriteReq = 10,
+    kWriteAck = 11,
+    kReadReq = 12,
+    kReadResp = 13,
+    kNotif = 14,
+    kSendRts = 20,
+    kRecvCts = 21,
+    kSendData = 22,
+};
+const char* msg_type_name(MsgType type);
+
+struct Header {
+    uint32_t magic;
+    uint16_t type;
+    uint16_t flags;
+    uint32_t length;  // body bytes
+    uint32_t reserved;
+};
+static_assert(sizeof(Header) == 16);
+
+// Appends little-endian fields to a message body.
+class Writer {
+ public:
+    explicit Writer(std::string* out) : out_(out) {}
+    void u8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
+    void u16(uint16_t v) { raw(&v, sizeof(v)); }
+    void u32(uint32_t v) { raw(&v, sizeof(v)); }
+    void u64(uint64_t v) { raw(&v, sizeof(v)); }
+    void raw(const void* data, size_t len) { out_->append(static_cast<const char*>(data), len); }
+    // u32 length, then the bytes.
+    void str(std::string_view s) {
+        u32(static_cast<uint32_t>(s.size()));
+        raw(s.data(), s.size());
+    }
+
+ private:
+    std::string* out_;
+};
+
+// Reads fields back; any read past the end sets failed() and yields zeros.
+class Reader {
+ public:
+    explicit Reader(std::string_view body) : p_(body.data()), n_(body.size()) {}
+    uint8_t u8() { return get<uint8_t>(); }
+    uint16_t u16() { return get<uint16_t>(); }
+    uint32_t u32() { return get<uint32_t>(); }
+    uint64_t u64() { return get<uint64_t>(); }
+    std::string_view raw(size_t len);
+    std::string_view str(size_t max_len);
+    bool failed() const { return failed_; }
+    size_t left() const { return n_; }
+
+ private:
+    template <typename T>
+    T get() {
+        T v{};
+        std::string_view bytes = raw(sizeof(T));
+        if (!failed_) __builtin_memcpy(&v, bytes.data(), sizeof(T));
+        return v;
+    }
+    const char* p_;
+    size_t n_;
+    bool failed_ = false;
+};
+
+struct Segment {
+    uint64_t key = 0;
+    uint64_t offset = 0;  // from the registration's start
+    uint64_t len = 0;
+};
+
+struct Hello {
+    uint16_t version = kVersion;
+    uint16_t channels = 0;
+    uint64_t nonce = 0;  // the sending endpoint's, for logs
+    std::string name;
+    std::vector<net::Handle> handles;  // one per channel: where to connect to reach its receiver
+};
+
+inline constexpr uint16_t kFlagNotif = 0x1;   // WRITE_REQ carries a notification
+inline constexpr uint16_t kFlagInline = 0x2;  // the data follows in this message
+
+struct WriteReq {
+    uint64_t xfer = 0;
+    uint16_t flags = 0;
+    std::vector<Segment> segs;
+    std::string_view notification;  // with kFlagNotif
+    std::string_view data;          // with kFlagInline: every segment's bytes, in order
+};
+
+// The status a peer reports: a StatusCode and its message.
+struct Result {
+    uint32_t code = 0;
+    std::string_view message;
+};
+
+struct WriteAck {
+    uint64_t xfer = 0;
+    Result result;
+};
+
+struct ReadReq {
+    uint64_t xfer = 0;
+    std::vector<Segment> segs;
+};
+
+struct ReadResp {
+    uint64_t xfer = 0;
+    uint16_t flags = 0;
+    Result result;
+    std::string_view data;  // with kFlagInline
+};
+
+struct SendRts {
+    uint64_t send_xfer = 0;
+    uint64_t tag = 0;
+    uint64_t len = 0;
+};
+
+struct RecvCts {
+    uint64_t send_xfer = 0;
+    uint64_t recv_xfer = 0;
+    Result result;
+};
+
+struct SendData {
+    uint64_t recv_xfer = 0;
+    uint16_t flags = 0;
+    uint64_t len = 0;
+    std::string_view data;  // with kFlagInline
+};
+
+// A whole message (header + body) ready to queue. Inline data is appended by the caller after
+// encode_*() for messages that carry it (it is the body's tail).
+std::string begin_message(MsgType type, uint16_t flags);
+// Fixes the header's length once the body is complete.
+void end_message(std::string* msg);
+
+std::string encode_hello(const Hello& m);
+std::string encode_empty(MsgType type);
+// WRITE_REQ without its inline data: append it, then end_message().
+std::string encode_write_req(const WriteReq& m);
+std::string encode_write_ack(uint64_t xfer, const Status& st);
+std::string encode_read_req(const ReadReq& m);
+// READ_RESP without its inline data: append it, then end_message().
+std::string encode_read_resp(uint64_t xfer, uint16_t flags, const Status& st);
+std::string encode_notif(std::string_view payload);
+std::string encode_send_rts(const SendRts& m);
+std::string encode_recv_cts(uint64_t send_xfer, uint64_t recv_xfer, const Status& st);
+// SEND_DATA without its inline data: append it, then end_message().
+std::string encode_send_data(uint64_t recv_xfer, uint16_t flags, uint64_t len);
+
+Status decode_hello(std::string_view body, Hello* m);
+Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
+Status decode_write_ack(std::string_view body, WriteAck* m);
+Status decode_read_req(std::string_view body, ReadReq* m);
+Status decode_read_resp(std::string_view body, uint16_t flags, ReadResp* m);
+Status decode_notif(std::string_view body, std::string_view* payload);
+Status decode_send_rts(std::string_view body, SendRts* m);
+Status decode_recv_cts(std::string_view body, RecvCts* m);
+Status decode_send_data(std::string_view body, uint16_t flags, SendData* m);
+
+// A Result as a Status; `context` is prepended to a failure's message.
+Status to_status(const Result& r, std::string_view context);
+
+}  // namespace tcpx::engine::wire

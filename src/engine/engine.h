@@ -1,0 +1,241 @@
+// The transfer engine behind tcpx::Endpoint: one-sided READ/WRITE and two-sided send/recv over a
+// two-sided, FIFO-ordered transport (net::Net).
+//
+// Per peer pair: one control connection (plain TCP, framed messages, ctrl_wire.h) and
+// `channels` data channels in each direction (each a Net comm). One-sided requests travel on
+// control; their data travels on the channels, cut into chunks of at most xfer_chunk_size, one
+// Net request each. Nothing on a channel says which transfer a chunk belongs to: both sides
+// derive it. Every control message that starts data flowing in one direction (WRITE_REQ and
+// SEND_DATA from the data's sender, READ_RESP from the data's sender) assigns that data's chunks
+// to channels round-robin with a per-direction counter, at the moment the message is queued; the
+// receiving side, handling control messages in order, assigns its receives with its own copy of
+// the counter. Net comms match sends and receives in posting order, so every chunk lands where
+// its receive says.
+//
+// A write's data follows its WRITE_REQ without waiting (one round trip per write). The target
+// validates every segment before posting any receive; a refused write is still received, into a
+// scratch buffer, so the channels stay in step, and answered with the reason. Reads wait for the
+// target's READ_RESP before posting receives, so a refused read moves no data at all. Small
+// transfers travel inside their control messages.
+//
+// Threads: all engine state is guarded by one mutex. A progress thread (optional) drives the
+// transport and the control connections; API calls also make progress while they hold the lock,
+// and poll/wait do when they can take it. Transfer states are readable without the lock
+// (xfer_table.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/params.h"
+#include "common/socket.h"
+#include "engine/ctrl_conn.h"
+#include "engine/registry.h"
+#include "engine/xfer_table.h"
+#include "net/net.h"
+#include "tcpx/endpoint.h"
+
+namespace tcpx::engine {
+
+using Clock = std::chrono::steady_clock;
+
+struct Peer;
+
+// A transfer in progress: one the application posted (user_id != 0), or a peer's request being
+// served. Holds a reference on every region it touches until it is destroyed.
+struct Xfer {
+    enum class Kind { kWrite, kRead, kSend, kRecv, kServeWrite, kServeRead };
+    Kind kind = Kind::kWrite;
+    Peer* peer = nullptr;
+    XferId user_id = 0;     // slot in the XferTable; 0 for served requests
+    uint64_t wire_id = 0;   // ours (initiator, receiver of a send) or the initiator's (served)
+    uint64_t ops_left = 0;  // chunk requests not yet complete
+    bool waiting = false;   // for the peer's WRITE_ACK / READ_RESP / RECV_CTS / SEND_DATA
+    Status result;          // the first failure
+    // Local places, in transfer order: where a read/recv lands, where a write/send comes from,
+    // what a served request touches.
+    struct Piece {
+        Region* region;
+        uint64_t offset;
+        uint64_t len;
+    };
+    std::vector<Piece> pieces;
+    // Served write: the notification to deliver once the data is in place.
+    bool has_notification = false;
+    std::string notification;
+    // Two-sided.
+    uint64_t tag = 0;
+    uint64_t len = 0;
+};
+
+// One chunk request, queued on a channel or in flight there.
+struct Op {
+    Xfer* xfer;
+    uint8_t* ptr;  // null for a scratch receive (a refused write being drained)
+    uint64_t len;
+};
+
+struct Channel {
+    net::SendComm* send = nullptr;  // tx channels
+    net::RecvComm* recv = nullptr;  // rx channels
+    std::deque<Op> queued;
+    struct InFlight {
+        Op op;
+        net::Request* req;
+    };
+    std::deque<InFlight> inflight;
+    bool scratch_busy = false;           // one scratch receive at a time per channel
+    std::unique_ptr<uint8_t[]> scratch;  // xfer_chunk_size bytes, made on first need
+};
+
+struct Peer {
+    enum class State { kConnecting, kHello, kChannels, kReady, kFailed };
+    PeerId id = 0;
+    std::string name;  // the peer's own name, from its HELLO (until then, its address)
+    bool outbound = false;
+    State state = State::kConnecting;
+    CtrlConn ctrl;
+    SocketAddress address;
+    Clock::time_point started, last_recv, last_send;
+    int channels = 0;
+    std::vector<net::ListenComm*> listens;  // ours, until our receive channels are accepted
+    std::vector<net::Handle> listen_handles;
+    std::vector<net::Handle> remote_handles;  // where to connect our send channels
+    std::vector<Channel> tx, rx;
+    bool ready_sent = false;
+    bool ready_received = false;
+    uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
+    uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
+    std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
+    std::unordered_set<Xfer*> xfers;               // every transfer with this peer
+    std::deque<Xfer*> posted_recvs;                // receives not yet matched, in posting order
+    struct Rts {
+        uint64_t send_xfer;
+        uint64_t tag;
+        uint64_t len;
+    };
+    std::deque<Rts> unexpected;  // the peer's sends not yet matched
+    Status error;                // why it failed
+    bool known_to_user = false;  // returned by connect() or accept()
+    bool in_accept_queue = false;
+};
+
+}  // namespace tcpx::engine
+
+namespace tcpx {
+
+class Endpoint::Impl {
+ public:
+    static StatusOr<std::unique_ptr<Impl>> create(const Config& config, std::string name);
+    ~Impl();
+
+    const std::string& name() const { return name_; }
+    std::string metadata() const;
+
+    StatusOr<PeerId> connect(std::string_view metadata);
+    StatusOr<PeerId> accept(std::chrono::milliseconds timeout);
+    Status disconnect(PeerId peer);
+    StatusOr<std::string> peer_name(PeerId peer);
+
+    StatusOr<MemId> reg(void* ptr, size_t len);
+    Status dereg(MemId mem);
+    StatusOr<RemoteMem> describe(MemId mem);
+
+    StatusOr<XferId> write(PeerId peer, std::span<const IoVec> iov,
+                           std::optional<std::string_view> notification);
+    StatusOr<XferId> read(PeerId peer, std::span<const IoVec> iov);
+    Status notify(PeerId peer, std::string_view payload);
+    std::vector<Notification> get_notifications();
+    StatusOr<XferId> send(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+    StatusOr<XferId> recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
+
+    XferStatus poll(XferId xfer);
+    Status wait(XferId xfer, std::chrono::milliseconds timeout);
+
+ private:
+    using Clock = engine::Clock;
+    using Peer = engine::Peer;
+    using Xfer = engine::Xfer;
+    using Channel = engine::Channel;
+
+    Impl() = default;
+    Status init(const Config& config, std::string name);
+
+    // --- progress (all under mu_) ---
+    bool progress_once();
+    bool progress_peer(Peer& p, bool readable);
+    bool progress_handshake(Peer& p);
+    bool progress_channel(Peer& p, Channel& ch, bool tx);
+    bool read_control(Peer& p);
+    Status dispatch(Peer& p, const engine::wire::Header& h, std::string_view body);
+    void accept_inbound();
+    void run_progress_thread();
+    void wake();
+    // Makes progress from the calling thread until `done()` (called under mu_) or `deadline`;
+    // takes the lock itself. True when done() became true.
+    bool drive(const std::function<bool()>& done, Clock::time_point deadline);
+    void reap_peers();
+
+    // --- peers ---
+    StatusOr<Peer*> ready_peer(PeerId id);
+    Status start_channels(Peer& p, int channels);
+    void send_ctrl(Peer& p, std::string msg);
+    void fail_peer(Peer& p, Status why);
+    Status handle_hello(Peer& p, std::string_view body);
+
+    // --- transfers ---
+    StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
+    void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
+    void queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint64_t len);
+    void op_done(const engine::Op& op);
+    void maybe_finish(Xfer* x);
+    void destroy(Xfer* x);
+    uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
+
+    Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
+    Status on_write_ack(Peer& p, std::string_view body);
+    Status on_read_req(Peer& p, std::string_view body);
+    Status on_read_resp(Peer& p, uint16_t flags, std::string_view body);
+    Status on_send_rts(Peer& p, std::string_view body);
+    Status on_recv_cts(Peer& p, std::string_view body);
+    Status on_send_data(Peer& p, uint16_t flags, std::string_view body);
+    void match(Peer& p, Xfer* recv, const Peer::Rts& rts);
+
+    std::mutex mu_;
+    Config config_;
+    std::string name_;
+    std::unique_ptr<net::Net> net_;
+    int dev_ = 0;
+    int window_ = 1;
+    SocketAddress listen_addr_;
+    Fd listen_fd_;
+    uint64_t nonce_ = 0;
+    engine::Registry registry_;
+    std::unique_ptr<engine::XferTable> xfers_;
+    std::map<PeerId, std::unique_ptr<Peer>> peers_;
+    PeerId next_peer_ = 1;
+    std::deque<PeerId> accept_queue_;
+    std::vector<Notification> notifications_;
+    uint64_t next_wire_id_ = 1;
+    uint64_t active_ops_ = 0;  // chunk requests queued or in flight, all peers
+
+    int epfd_ = -1;
+    Fd wake_fd_;
+    std::thread progress_thread_;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> sleeping_{false};
+    bool own_progress_thread_ = false;
+};
+
+}  // namespace tcpx

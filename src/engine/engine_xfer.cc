@@ -1,0 +1,713 @@
+// The engine's transfers: registration, posting, the control messages that drive them, the data
+// channels, completion.
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "engine/ctrl_wire.h"
+#include "engine/engine.h"
+
+namespace tcpx {
+
+using engine::Clock;
+using engine::Op;
+using engine::Region;
+namespace wire = engine::wire;
+
+// --- memory
+// ----------------------------------------------------------------------------------------
+
+StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, MemKind::kHost, -1));
+    return r->id;
+}
+
+Status Endpoint::Impl::dereg(MemId mem) {
+    Region* dying = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        TCPX_ASSIGN_OR_RETURN(dying, registry_.kill(mem));
+        if (dying == nullptr) return Status();
+    }
+    // Transfers still use the region: they finish first. The registry frees it with its last
+    // reference; until then `dying` stays valid.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.peer_timeout_ms);
+    if (drive([&] { return !registry_.exists(mem); }, deadline)) return Status();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registry_.exists(mem)) return Status();
+    // The peers holding it up have not completed within the peer timeout: disconnect them, so
+    // nothing touches the region once we return.
+    std::vector<Peer*> stuck;
+    for (auto& [id, p] : peers_) {
+        for (Xfer* x : p->xfers) {
+            for (const Xfer::Piece& piece : x->pieces) {
+                if (piece.region == dying) stuck.push_back(p.get());
+            }
+        }
+    }
+    for (Peer* p : stuck) {
+        fail_peer(*p, timeout_error(strformat(
+                          "a transfer did not complete within %lld ms while its region was "
+                          "being deregistered",
+                          static_cast<long long>(config_.peer_timeout_ms))));
+    }
+    return Status();
+}
+
+StatusOr<RemoteMem> Endpoint::Impl::describe(MemId mem) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Region* r = registry_.find(mem);
+    if (r == nullptr) {
+        return not_found(
+            strformat("no registration with id %llu", static_cast<unsigned long long>(mem)));
+    }
+    RemoteMem out;
+    out.addr = reinterpret_cast<uint64_t>(r->base);
+    out.len = r->len;
+    out.key = r->key;
+    out.kind = r->kind;
+    out.device = r->device;
+    return out;
+}
+
+// --- transfer bookkeeping
+// --------------------------------------------------------------------------
+
+StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& p,
+                                                         bool user_visible) {
+    XferId user_id = 0;
+    if (user_visible) {
+        TCPX_ASSIGN_OR_RETURN(user_id, xfers_->allocate());
+    }
+    auto* x = new Xfer();
+    x->kind = kind;
+    x->peer = &p;
+    x->user_id = user_id;
+    p.xfers.insert(x);
+    return x;
+}
+
+void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
+    registry_.ref(r);
+    x->pieces.push_back(Xfer::Piece{r, offset, len});
+}
+
+void Endpoint::Impl::destroy(Xfer* x) {
+    for (const Xfer::Piece& piece : x->pieces) registry_.unref(piece.region);
+    if (x->peer != nullptr) x->peer->xfers.erase(x);
+    delete x;
+}
+
+void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint64_t len) {
+    // Round-robin over the channels with the direction's counter: the peer assigns the matching
+    // requests with its own copy of the counter, in the same order (see engine.h).
+    const uint64_t chunk = config_.xfer_chunk_size;
+    auto& channels = tx ? p.tx : p.rx;
+    uint64_t& seq = tx ? p.tx_seq : p.rx_seq;
+    for (uint64_t off = 0; off < len; off += chunk) {
+        const uint64_t n = std::min(chunk, len - off);
+        Channel& ch = channels[seq++ % channels.size()];
+        ch.queued.push_back(Op{x, ptr == nullptr ? nullptr : ptr + off, n});
+        ++x->ops_left;
+        ++active_ops_;
+    }
+}
+
+void Endpoint::Impl::op_done(const Op& op) {
+    --active_ops_;
+    if (--op.xfer->ops_left == 0) maybe_finish(op.xfer);
+}
+
+void Endpoint::Impl::maybe_finish(Xfer* x) {
+    if (x->ops_left > 0 || x->waiting) return;
+    Peer& p = *x->peer;
+    switch (x->kind) {
+        case Xfer::Kind::kServeWrite:
+            // The data is in place (or the write was refused): notify, then acknowledge, so the
+            // initiator learns of completion no earlier than our application could.
+            if (x->result.ok() && x->has_notification) {
+                notifications_.push_back(Notification{p.name, std::move(x->notification)});
+            }
+            send_ctrl(p, wire::encode_write_ack(x->wire_id, x->result));
+            break;
+        case Xfer::Kind::kServeRead:
+            break;
+        default:
+            xfers_->finish(x->user_id, x->result);
+            break;
+    }
+    destroy(x);
+}
+
+// --- posting
+// ---------------------------------------------------------------------------------------
+
+StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
+                                       std::optional<std::string_view> notification) {
+    if (iov.size() > wire::kMaxSegments) {
+        return invalid_argument(
+            strformat("write: %zu pieces exceed the limit of %zu", iov.size(), wire::kMaxSegments));
+    }
+    if (notification && notification->size() > wire::kMaxBody / 2) {
+        return invalid_argument("write: notification too large");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    // Everything is checked before anything is sent.
+    std::vector<Region*> regions;
+    uint64_t total = 0;
+    for (const IoVec& v : iov) {
+        auto r = registry_.resolve(v.mem, v.offset, v.len);
+        if (!r.ok()) return Status(r.status()).with_context("write");
+        if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
+            return out_of_range(
+                strformat("write: [%llu, +%llu) is outside the remote region of "
+                          "%llu bytes",
+                          static_cast<unsigned long long>(v.remote_offset),
+                          static_cast<unsigned long long>(v.len),
+                          static_cast<unsigned long long>(v.remote.len)));
+        }
+        regions.push_back(*r);
+        total += v.len;
+    }
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kWrite, *p, true));
+    x->wire_id = next_wire_id_++;
+    wire::WriteReq req;
+    req.xfer = x->wire_id;
+    for (size_t i = 0; i < iov.size(); ++i) {
+        hold(x, regions[i], iov[i].offset, iov[i].len);
+        req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+    }
+    if (notification) {
+        req.flags |= wire::kFlagNotif;
+        req.notification = *notification;
+    }
+    const bool is_inline = total <= inline_limit();
+    if (is_inline) req.flags |= wire::kFlagInline;
+    std::string msg = wire::encode_write_req(req);
+    if (is_inline) {
+        for (const Xfer::Piece& piece : x->pieces) {
+            msg.append(reinterpret_cast<const char*>(piece.region->base + piece.offset), piece.len);
+        }
+    }
+    wire::end_message(&msg);
+    send_ctrl(*p, std::move(msg));
+    if (!is_inline) {
+        for (const Xfer::Piece& piece : x->pieces) {
+            queue_chunks(*p, true, x, piece.region->base + piece.offset, piece.len);
+        }
+    }
+    x->waiting = true;
+    p->awaiting.emplace(x->wire_id, x);
+    const XferId id = x->user_id;
+    progress_peer(*p, false);  // send the request (and first chunks) from this thread
+    lock.unlock();
+    wake();
+    return id;
+}
+
+StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
+    if (iov.size() > wire::kMaxSegments) {
+        return invalid_argument(
+            strformat("read: %zu pieces exceed the limit of %zu", iov.size(), wire::kMaxSegments));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    std::vector<Region*> regions;
+    for (const IoVec& v : iov) {
+        auto r = registry_.resolve(v.mem, v.offset, v.len);
+        if (!r.ok()) return Status(r.status()).with_context("read");
+        if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
+            return out_of_range(
+                strformat("read: [%llu, +%llu) is outside the remote region of "
+                          "%llu bytes",
+                          static_cast<unsigned long long>(v.remote_offset),
+                          static_cast<unsigned long long>(v.len),
+                          static_cast<unsigned long long>(v.remote.len)));
+        }
+        regions.push_back(*r);
+    }
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
+    x->wire_id = next_wire_id_++;
+    wire::ReadReq req;
+    req.xfer = x->wire_id;
+    for (size_t i = 0; i < iov.size(); ++i) {
+        hold(x, regions[i], iov[i].offset, iov[i].len);
+        req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+    }
+    send_ctrl(*p, wire::encode_read_req(req));
+    x->waiting = true;
+    p->awaiting.emplace(x->wire_id, x);
+    const XferId id = x->user_id;
+    progress_peer(*p, false);
+    lock.unlock();
+    wake();
+    return id;
+}
+
+Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
+    if (payload.size() > wire::kMaxBody / 2) return invalid_argument("notify: payload too large");
+    std::unique_lock<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    send_ctrl(*p, wire::encode_notif(payload));
+    progress_peer(*p, false);
+    lock.unlock();
+    wake();
+    return Status();
+}
+
+std::vector<Notification> Endpoint::Impl::get_notifications() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) lock.lock();
+    if (!own_progress_thread_) progress_once();
+    std::vector<Notification> out;
+    out.swap(notifications_);
+    return out;
+}
+
+StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
+                                      uint64_t tag) {
+    std::unique_lock<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    auto r = registry_.resolve(mem, offset, len);
+    if (!r.ok()) return Status(r.status()).with_context("send");
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kSend, *p, true));
+    x->wire_id = next_wire_id_++;
+    x->tag = tag;
+    x->len = len;
+    hold(x, *r, offset, len);
+    send_ctrl(*p, wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len}));
+    x->waiting = true;
+    p->awaiting.emplace(x->wire_id, x);
+    const XferId id = x->user_id;
+    progress_peer(*p, false);
+    lock.unlock();
+    wake();
+    return id;
+}
+
+StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
+                                      uint64_t tag) {
+    std::unique_lock<std::mutex> lock(mu_);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    auto r = registry_.resolve(mem, offset, len);
+    if (!r.ok()) return Status(r.status()).with_context("recv");
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRecv, *p, true));
+    x->wire_id = next_wire_id_++;
+    x->tag = tag;
+    x->len = len;
+    x->waiting = true;
+    hold(x, *r, offset, len);
+    const XferId id = x->user_id;
+    auto it = std::find_if(p->unexpected.begin(), p->unexpected.end(),
+                           [&](const Peer::Rts& rts) { return rts.tag == tag; });
+    if (it != p->unexpected.end()) {
+        const Peer::Rts rts = *it;
+        p->unexpected.erase(it);
+        match(*p, x, rts);
+    } else {
+        p->posted_recvs.push_back(x);
+    }
+    progress_peer(*p, false);
+    lock.unlock();
+    wake();
+    return id;
+}
+
+// A receive meets the send it takes: tell the sender to go ahead, or why not.
+void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
+    if (rts.len > recv->len) {
+        Status st = out_of_range(strformat(
+            "a send of %llu bytes does not fit the receive of %llu bytes (tag %llu)",
+            static_cast<unsigned long long>(rts.len), static_cast<unsigned long long>(recv->len),
+            static_cast<unsigned long long>(rts.tag)));
+        send_ctrl(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, st));
+        recv->result = st;
+        recv->waiting = false;
+        maybe_finish(recv);
+        return;
+    }
+    recv->len = rts.len;
+    p.awaiting.emplace(recv->wire_id, recv);
+    send_ctrl(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, Status()));
+}
+
+// --- completion
+// ------------------------------------------------------------------------------------
+
+XferStatus Endpoint::Impl::poll(XferId xfer) {
+    XferState state;
+    if (xfers_->state(xfer, &state) && state == XferState::kInProgress && !own_progress_thread_) {
+        std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+        if (lock.owns_lock()) progress_once();
+    }
+    if (!xfers_->state(xfer, &state)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        return xfers_->take(xfer);  // reports NOT_FOUND
+    }
+    if (state == XferState::kInProgress) return XferStatus{};
+    std::lock_guard<std::mutex> lock(mu_);
+    return xfers_->take(xfer);
+}
+
+Status Endpoint::Impl::wait(XferId xfer, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    bool known = true;
+    drive(
+        [&] {
+            XferState state;
+            known = xfers_->state(xfer, &state);
+            return !known || state != XferState::kInProgress;
+        },
+        deadline);
+    std::lock_guard<std::mutex> lock(mu_);
+    XferStatus st = xfers_->take(xfer);
+    if (st.state == XferState::kInProgress) {
+        return timeout_error(strformat("transfer %016llx still in flight after %lld ms",
+                                       static_cast<unsigned long long>(xfer),
+                                       static_cast<long long>(timeout.count())));
+    }
+    return st.error;
+}
+
+// --- the data channels
+// -----------------------------------------------------------------------------
+
+bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
+    bool did = false;
+    // Completions, oldest first (some transports require that order).
+    while (!ch.inflight.empty()) {
+        bool done = false;
+        Status st = net_->test(ch.inflight.front().req, &done, nullptr);
+        if (!st.ok()) {
+            fail_peer(p, st.with_context(tx ? "data channel send" : "data channel receive"));
+            return true;
+        }
+        if (!done) break;
+        const Channel::InFlight f = ch.inflight.front();
+        ch.inflight.pop_front();
+        if (!tx) {
+            st = net_->irecv_consumed(ch.recv, 1, f.req);
+            if (!st.ok()) {
+                fail_peer(p, st);
+                return true;
+            }
+        }
+        if (f.op.ptr == nullptr) ch.scratch_busy = false;
+        did = true;
+        op_done(f.op);
+    }
+    while (!ch.queued.empty() && ch.inflight.size() < static_cast<size_t>(window_)) {
+        Op op = ch.queued.front();
+        uint8_t* ptr = op.ptr;
+        if (ptr == nullptr) {
+            // Draining a refused write: one scratch receive at a time per channel, so no two
+            // transport requests ever write the scratch buffer at once.
+            if (ch.scratch_busy) break;
+            if (!ch.scratch) ch.scratch.reset(new uint8_t[config_.xfer_chunk_size]);
+            ptr = ch.scratch.get();
+        }
+        net::Request* req = nullptr;
+        Status st;
+        if (tx) {
+            st = net_->isend(ch.send, ptr, op.len, 0, nullptr, &req);
+        } else {
+            void* data = ptr;
+            size_t size = op.len;
+            int tag = 0;
+            st = net_->irecv(ch.recv, 1, &data, &size, &tag, nullptr, &req);
+        }
+        if (!st.ok()) {
+            fail_peer(p, st.with_context(tx ? "data channel send" : "data channel receive"));
+            return true;
+        }
+        if (req == nullptr) break;  // the transport is full: later
+        if (op.ptr == nullptr) ch.scratch_busy = true;
+        ch.queued.pop_front();
+        ch.inflight.push_back(Channel::InFlight{op, req});
+        did = true;
+    }
+    return did;
+}
+
+// --- control messages
+// ------------------------------------------------------------------------------
+
+Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view body) {
+    const auto type = static_cast<wire::MsgType>(h.type);
+    if (p.state != Peer::State::kReady) {
+        switch (type) {
+            case wire::MsgType::kHello:
+                if (p.state != Peer::State::kHello) return protocol_error("unexpected HELLO");
+                return handle_hello(p, body);
+            case wire::MsgType::kReady:
+                if (p.state != Peer::State::kChannels) return protocol_error("unexpected READY");
+                p.ready_received = true;
+                return Status();
+            case wire::MsgType::kPing:
+                return Status();
+            case wire::MsgType::kBye:
+                return unavailable("peer disconnected");
+            default:
+                return protocol_error(
+                    strformat("%s before the connection was ready", wire::msg_type_name(type)));
+        }
+    }
+    switch (type) {
+        case wire::MsgType::kPing:
+            return Status();
+        case wire::MsgType::kBye:
+            return unavailable("peer disconnected");
+        case wire::MsgType::kWriteReq:
+            return on_write_req(p, h.flags, body);
+        case wire::MsgType::kWriteAck:
+            return on_write_ack(p, body);
+        case wire::MsgType::kReadReq:
+            return on_read_req(p, body);
+        case wire::MsgType::kReadResp:
+            return on_read_resp(p, h.flags, body);
+        case wire::MsgType::kNotif: {
+            std::string_view payload;
+            TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
+            notifications_.push_back(Notification{p.name, std::string(payload)});
+            return Status();
+        }
+        case wire::MsgType::kSendRts:
+            return on_send_rts(p, body);
+        case wire::MsgType::kRecvCts:
+            return on_recv_cts(p, body);
+        case wire::MsgType::kSendData:
+            return on_send_data(p, h.flags, body);
+        default:
+            return protocol_error(
+                strformat("unexpected %s (type %u)", wire::msg_type_name(type), h.type));
+    }
+}
+
+Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view body) {
+    wire::WriteReq req;
+    TCPX_RETURN_IF_ERROR(wire::decode_write_req(body, flags, &req));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
+    x->wire_id = req.xfer;
+    x->has_notification = (flags & wire::kFlagNotif) != 0;
+    x->notification = std::string(req.notification);
+    // Every segment is checked before any byte lands.
+    std::vector<Region*> regions;
+    for (const wire::Segment& s : req.segs) {
+        auto r = registry_.resolve_key(s.key, s.offset, s.len);
+        if (!r.ok()) {
+            x->result = Status(r.status()).with_context("write refused");
+            break;
+        }
+        if ((*r)->kind != MemKind::kHost) {
+            x->result = unimplemented("write refused: device memory is not supported yet");
+            break;
+        }
+        regions.push_back(*r);
+    }
+    const bool ok = x->result.ok();
+    if (ok) {
+        for (size_t i = 0; i < req.segs.size(); ++i) {
+            hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
+        }
+    }
+    if (flags & wire::kFlagInline) {
+        if (ok) {
+            uint64_t at = 0;
+            for (const Xfer::Piece& piece : x->pieces) {
+                std::memcpy(piece.region->base + piece.offset, req.data.data() + at, piece.len);
+                at += piece.len;
+            }
+        }
+    } else {
+        // The data is on its way whatever we think of the request: receive it where it belongs,
+        // or into scratch if refused, so the channels stay in step.
+        for (size_t i = 0; i < req.segs.size(); ++i) {
+            uint8_t* dst = ok ? regions[i]->base + req.segs[i].offset : nullptr;
+            queue_chunks(p, false, x, dst, req.segs[i].len);
+        }
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
+    wire::WriteAck ack;
+    TCPX_RETURN_IF_ERROR(wire::decode_write_ack(body, &ack));
+    auto it = p.awaiting.find(ack.xfer);
+    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kWrite) {
+        return protocol_error(strformat("WRITE_ACK for unknown transfer %llu",
+                                        static_cast<unsigned long long>(ack.xfer)));
+    }
+    Xfer* x = it->second;
+    p.awaiting.erase(it);
+    x->waiting = false;
+    if (x->result.ok()) x->result = wire::to_status(ack.result, "peer '" + p.name + "'");
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
+    wire::ReadReq req;
+    TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, &req));
+    std::vector<Region*> regions;
+    Status refused;
+    uint64_t total = 0;
+    for (const wire::Segment& s : req.segs) {
+        auto r = registry_.resolve_key(s.key, s.offset, s.len);
+        if (!r.ok()) {
+            refused = Status(r.status()).with_context("read refused");
+            break;
+        }
+        if ((*r)->kind != MemKind::kHost) {
+            refused = unimplemented("read refused: device memory is not supported yet");
+            break;
+        }
+        regions.push_back(*r);
+        total += s.len;
+    }
+    if (!refused.ok()) {
+        std::string msg = wire::encode_read_resp(req.xfer, 0, refused);
+        wire::end_message(&msg);
+        send_ctrl(p, std::move(msg));
+        return Status();
+    }
+    if (total <= inline_limit()) {
+        std::string msg = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
+        for (size_t i = 0; i < req.segs.size(); ++i) {
+            msg.append(reinterpret_cast<const char*>(regions[i]->base + req.segs[i].offset),
+                       req.segs[i].len);
+        }
+        wire::end_message(&msg);
+        send_ctrl(p, std::move(msg));
+        return Status();
+    }
+    std::string msg = wire::encode_read_resp(req.xfer, 0, Status());
+    wire::end_message(&msg);
+    send_ctrl(p, std::move(msg));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
+    x->wire_id = req.xfer;
+    for (size_t i = 0; i < req.segs.size(); ++i) {
+        hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
+        queue_chunks(p, true, x, regions[i]->base + req.segs[i].offset, req.segs[i].len);
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view body) {
+    wire::ReadResp resp;
+    TCPX_RETURN_IF_ERROR(wire::decode_read_resp(body, flags, &resp));
+    auto it = p.awaiting.find(resp.xfer);
+    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kRead) {
+        return protocol_error(strformat("READ_RESP for unknown transfer %llu",
+                                        static_cast<unsigned long long>(resp.xfer)));
+    }
+    Xfer* x = it->second;
+    p.awaiting.erase(it);
+    x->waiting = false;
+    Status st = wire::to_status(resp.result, "peer '" + p.name + "'");
+    if (!st.ok()) {
+        x->result = st;
+    } else if (flags & wire::kFlagInline) {
+        uint64_t total = 0;
+        for (const Xfer::Piece& piece : x->pieces) total += piece.len;
+        if (resp.data.size() != total) {
+            return protocol_error(strformat("READ_RESP carries %zu bytes for a read of %llu",
+                                            resp.data.size(),
+                                            static_cast<unsigned long long>(total)));
+        }
+        uint64_t at = 0;
+        for (const Xfer::Piece& piece : x->pieces) {
+            std::memcpy(piece.region->base + piece.offset, resp.data.data() + at, piece.len);
+            at += piece.len;
+        }
+    } else {
+        for (const Xfer::Piece& piece : x->pieces) {
+            queue_chunks(p, false, x, piece.region->base + piece.offset, piece.len);
+        }
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
+    wire::SendRts rts;
+    TCPX_RETURN_IF_ERROR(wire::decode_send_rts(body, &rts));
+    auto it = std::find_if(p.posted_recvs.begin(), p.posted_recvs.end(),
+                           [&](const Xfer* x) { return x->tag == rts.tag; });
+    if (it == p.posted_recvs.end()) {
+        // Bounded: a peer cannot make us hold more unmatched sends than transfers it may have.
+        if (p.unexpected.size() >= static_cast<size_t>(config_.max_transfers)) {
+            return resource_exhausted("too many unmatched sends from the peer");
+        }
+        p.unexpected.push_back(Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+        return Status();
+    }
+    Xfer* recv = *it;
+    p.posted_recvs.erase(it);
+    match(p, recv, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+    return Status();
+}
+
+Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
+    wire::RecvCts cts;
+    TCPX_RETURN_IF_ERROR(wire::decode_recv_cts(body, &cts));
+    auto it = p.awaiting.find(cts.send_xfer);
+    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kSend) {
+        return protocol_error(strformat("RECV_CTS for unknown send %llu",
+                                        static_cast<unsigned long long>(cts.send_xfer)));
+    }
+    Xfer* x = it->second;
+    p.awaiting.erase(it);
+    x->waiting = false;
+    Status st = wire::to_status(cts.result, "peer '" + p.name + "'");
+    if (!st.ok()) {
+        x->result = st;
+        maybe_finish(x);
+        return Status();
+    }
+    const Xfer::Piece& piece = x->pieces.front();
+    const bool is_inline = x->len <= inline_limit();
+    std::string msg =
+        wire::encode_send_data(cts.recv_xfer, is_inline ? wire::kFlagInline : 0, x->len);
+    if (is_inline) {
+        msg.append(reinterpret_cast<const char*>(piece.region->base + piece.offset), x->len);
+    }
+    wire::end_message(&msg);
+    send_ctrl(p, std::move(msg));
+    if (!is_inline) queue_chunks(p, true, x, piece.region->base + piece.offset, x->len);
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view body) {
+    wire::SendData data;
+    TCPX_RETURN_IF_ERROR(wire::decode_send_data(body, flags, &data));
+    auto it = p.awaiting.find(data.recv_xfer);
+    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kRecv) {
+        return protocol_error(strformat("SEND_DATA for unknown receive %llu",
+                                        static_cast<unsigned long long>(data.recv_xfer)));
+    }
+    Xfer* x = it->second;
+    if (data.len != x->len) {
+        return protocol_error(strformat("SEND_DATA of %llu bytes for a send of %llu",
+                                        static_cast<unsigned long long>(data.len),
+                                        static_cast<unsigned long long>(x->len)));
+    }
+    p.awaiting.erase(it);
+    x->waiting = false;
+    const Xfer::Piece& piece = x->pieces.front();
+    if (flags & wire::kFlagInline) {
+        std::memcpy(piece.region->base + piece.offset, data.data.data(), data.len);
+    } else {
+        queue_chunks(p, false, x, piece.region->base + piece.offset, data.len);
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+}  // namespace tcpx

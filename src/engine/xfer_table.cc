@@ -1,0 +1,88 @@
+#include "engine/xfer_table.h"
+
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::engine {
+
+XferTable::XferTable(size_t capacity)
+    : capacity_(capacity), nblocks_((capacity + kBlock - 1) / kBlock) {
+    blocks_.reset(new std::atomic<Slot*>[nblocks_]);
+    for (size_t i = 0; i < nblocks_; ++i) blocks_[i].store(nullptr);
+}
+
+XferTable::~XferTable() {
+    for (size_t i = 0; i < nblocks_; ++i) delete[] blocks_[i].load();
+}
+
+XferTable::Slot* XferTable::slot(uint64_t index) const {
+    if (index >= capacity_) return nullptr;
+    Slot* block = blocks_[index / kBlock].load(std::memory_order_acquire);
+    return block == nullptr ? nullptr : &block[index % kBlock];
+}
+
+StatusOr<XferId> XferTable::allocate() {
+    uint64_t index;
+    if (!free_.empty()) {
+        index = free_.back();
+        free_.pop_back();
+    } else if (high_ < capacity_) {
+        index = high_++;
+        if (index % kBlock == 0) {
+            blocks_[index / kBlock].store(new Slot[kBlock], std::memory_order_release);
+        }
+    } else {
+        return resource_exhausted(strformat(
+            "%zu transfers are in flight (TCPX_P2P_MAX_TRANSFERS); poll or wait for some first",
+            capacity_));
+    }
+    Slot* s = slot(index);
+    s->busy = true;
+    s->result = Status();
+    s->state.store(static_cast<int>(XferState::kInProgress), std::memory_order_release);
+    ++in_use_;
+    return (static_cast<uint64_t>(s->gen.load()) << 32) | (index + 1);
+}
+
+void XferTable::finish(XferId id, Status result) {
+    Slot* s = slot(index_of(id));
+    if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) return;
+    if (s->state.load() != static_cast<int>(XferState::kInProgress)) return;  // first outcome wins
+    const bool ok = result.ok();
+    s->result = std::move(result);
+    s->state.store(static_cast<int>(ok ? XferState::kDone : XferState::kFailed),
+                   std::memory_order_release);
+}
+
+bool XferTable::state(XferId id, XferState* state) const {
+    if ((id & 0xffffffffu) == 0) return false;
+    const Slot* s = slot(index_of(id));
+    if (s == nullptr || s->gen.load(std::memory_order_acquire) != gen_of(id)) return false;
+    *state = static_cast<XferState>(s->state.load(std::memory_order_acquire));
+    return true;
+}
+
+XferStatus XferTable::take(XferId id) {
+    XferStatus out;
+    Slot* s = (id & 0xffffffffu) == 0 ? nullptr : slot(index_of(id));
+    if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) {
+        out.state = XferState::kFailed;
+        out.error = not_found(strformat("no transfer %016llx (unknown, or already reported)",
+                                        static_cast<unsigned long long>(id)));
+        return out;
+    }
+    out.state = static_cast<XferState>(s->state.load());
+    if (out.state == XferState::kInProgress) return out;
+    out.error = std::move(s->result);
+    s->result = Status();
+    s->busy = false;
+    // A new generation, so the id just reported is unknown from now on.
+    uint32_t gen = s->gen.load() + 1;
+    if (gen == 0) gen = 1;
+    s->gen.store(gen, std::memory_order_release);
+    free_.push_back(index_of(id));
+    --in_use_;
+    return out;
+}
+
+}  // namespace tcpx::engine

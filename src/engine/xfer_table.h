@@ -1,0 +1,54 @@
+// The user-visible transfers of an endpoint: a fixed capacity of slots, each id a slot index
+// plus a generation (so a forgotten id is never mistaken for a new transfer).
+//
+// Threads: allocate/finish/take run under the engine's lock; state() takes no lock, so polling a
+// transfer in flight costs two atomic loads and never contends with the progress engine.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tcpx/endpoint.h"
+#include "tcpx/status.h"
+
+namespace tcpx::engine {
+
+class XferTable {
+ public:
+    explicit XferTable(size_t capacity);
+    ~XferTable();
+
+    // A new id in state kInProgress; RESOURCE_EXHAUSTED when every slot is in use.
+    StatusOr<XferId> allocate();
+    // Records the outcome (OK: done).
+    void finish(XferId id, Status result);
+    // No lock: kInProgress, kDone or kFailed; false when `id` is unknown or already taken.
+    bool state(XferId id, XferState* state) const;
+    // Takes a finished transfer's outcome and frees its slot; NOT_FOUND for an unknown id.
+    XferStatus take(XferId id);
+    size_t in_use() const { return in_use_; }
+
+ private:
+    struct Slot {
+        std::atomic<uint32_t> gen{1};
+        std::atomic<int> state{static_cast<int>(XferState::kInProgress)};
+        bool busy = false;
+        Status result;
+    };
+    static constexpr size_t kBlock = 1024;
+
+    Slot* slot(uint64_t index) const;
+    static uint64_t index_of(XferId id) { return (id & 0xffffffffu) - 1; }
+    static uint32_t gen_of(XferId id) { return static_cast<uint32_t>(id >> 32); }
+
+    const size_t capacity_;
+    std::unique_ptr<std::atomic<Slot*>[]> blocks_;  // allocated on demand, never moved
+    size_t nblocks_;
+    std::vector<uint64_t> free_;
+    uint64_t high_ = 0;  // slots ever handed out
+    size_t in_use_ = 0;
+};
+
+}  // namespace tcpx::engine
