@@ -160,7 +160,9 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
             std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
             if (lock.owns_lock()) {
                 if (done()) return true;
-                progress_once();
+                // The progress thread, while awake, is already polling: only step in when there
+                // is none or it sleeps (then this thread sees a reply first, with no wakeup).
+                if (!own_progress_thread_ || sleeping_.load()) progress_once();
                 if (done()) return true;
             }
         }

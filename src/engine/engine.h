@@ -203,6 +203,7 @@ class Endpoint::Impl {
     void destroy(Xfer* x);
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
 
+    Status check_serving_limit(const Peer& p) const;
     Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_write_ack(Peer& p, std::string_view body);
     Status on_read_req(Peer& p, std::string_view body);

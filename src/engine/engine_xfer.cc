@@ -173,6 +173,16 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         regions.push_back(*r);
         total += v.len;
     }
+    // The request must fit one control message (the peer refuses larger ones).
+    const uint64_t request_bytes = 64 + 24 * iov.size() +
+                                   (notification ? notification->size() : 0) +
+                                   (total <= inline_limit() ? total : 0);
+    if (request_bytes > wire::kMaxBody) {
+        return invalid_argument(strformat(
+            "write: %zu pieces and a notification of %zu bytes exceed the %u-byte limit of one "
+            "request; split it",
+            iov.size(), notification ? notification->size() : size_t{0}, wire::kMaxBody));
+    }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kWrite, *p, true));
     x->wire_id = next_wire_id_++;
     wire::WriteReq req;
@@ -487,9 +497,20 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
     }
 }
 
+// A peer may not make us hold more of its requests at once than our own transfer limit.
+Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
+    if (p.xfers.size() >= static_cast<size_t>(config_.max_transfers)) {
+        return resource_exhausted(
+            strformat("the peer has more than %lld requests in flight (TCPX_P2P_MAX_TRANSFERS)",
+                      static_cast<long long>(config_.max_transfers)));
+    }
+    return Status();
+}
+
 Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view body) {
     wire::WriteReq req;
     TCPX_RETURN_IF_ERROR(wire::decode_write_req(body, flags, &req));
+    TCPX_RETURN_IF_ERROR(check_serving_limit(p));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
     x->wire_id = req.xfer;
     x->has_notification = (flags & wire::kFlagNotif) != 0;
@@ -553,6 +574,7 @@ Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
 Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     wire::ReadReq req;
     TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, &req));
+    TCPX_RETURN_IF_ERROR(check_serving_limit(p));
     std::vector<Region*> regions;
     Status refused;
     uint64_t total = 0;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -20,15 +21,23 @@ Subprocess::~Subprocess() {
         wait(std::chrono::seconds(10));
     }
     if (out_fd_ >= 0) ::close(out_fd_);
+    if (in_fd_ >= 0) ::close(in_fd_);
 }
 
 bool Subprocess::start(const std::vector<std::string>& argv,
                        const std::map<std::string, std::string>& env) {
     int fds[2];
+    int in[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+    if (::pipe2(in, O_CLOEXEC) != 0) {
+        ::close(fds[0]);
+        ::close(fds[1]);
+        return false;
+    }
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
 
     std::map<std::string, std::string> merged;
     for (char** e = environ; e && *e; ++e) {
@@ -49,12 +58,27 @@ bool Subprocess::start(const std::vector<std::string>& argv,
     const int rc = ::posix_spawn(&pid_, argp[0], &actions, nullptr, argp.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     ::close(fds[1]);
+    ::close(in[0]);
     if (rc != 0) {
         ::close(fds[0]);
+        ::close(in[1]);
         pid_ = -1;
         return false;
     }
     out_fd_ = fds[0];
+    in_fd_ = in[1];
+    return true;
+}
+
+bool Subprocess::write_line(const std::string& line) {
+    const std::string data = line + "\n";
+    size_t off = 0;
+    while (off < data.size()) {
+        const ssize_t n = ::write(in_fd_, data.data() + off, data.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += static_cast<size_t>(n);
+    }
     return true;
 }
 

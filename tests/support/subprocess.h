@@ -22,6 +22,8 @@ class Subprocess {
     bool start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
     // The next line of the child's stdout (without the newline); false on EOF or timeout.
     bool read_line(std::string* line, std::chrono::milliseconds timeout);
+    // Writes a line to the child's stdin (which stays open until this object goes away).
+    bool write_line(const std::string& line);
     void kill_now();
     // Waits for exit; returns the exit status as from waitpid, or -1 on timeout.
     int wait(std::chrono::milliseconds timeout);
@@ -30,6 +32,7 @@ class Subprocess {
  private:
     pid_t pid_ = -1;
     int out_fd_ = -1;
+    int in_fd_ = -1;
     std::string buffer_;
 };
 

@@ -1,0 +1,669 @@
+// The transfer engine between endpoints in one process, over loopback: every byte verified,
+// canaries around every registered region.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tests/support/engine_test_util.h"
+#include "tests/support/net_test_util.h"
+
+namespace tcpx::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Two connected endpoints, each with a registered buffer, descriptors exchanged.
+class EnginePair : public ::testing::Test {
+ protected:
+    static constexpr size_t kSize = 24 << 20;
+
+    void SetUp() override { set_up(engine_test_config()); }
+    void set_up(const Config& config) {
+        a_ = make_endpoint("alpha", config);
+        b_ = make_endpoint("beta", config);
+        ASSERT_TRUE(a_ && b_);
+        link_ = link(a_.get(), b_.get());
+        ASSERT_NE(link_.a_to_b, 0u);
+        ASSERT_NE(link_.b_to_a, 0u);
+        abuf_ = std::make_unique<GuardedBuffer>(kSize);
+        bbuf_ = std::make_unique<GuardedBuffer>(kSize);
+        amem_ = *a_->reg(abuf_->data(), kSize);
+        bmem_ = *b_->reg(bbuf_->data(), kSize);
+        bdesc_ = *b_->describe(bmem_);
+        adesc_ = *a_->describe(amem_);
+    }
+
+    Status write(uint64_t off, uint64_t roff, uint64_t len,
+                 std::optional<std::string_view> notif = std::nullopt) {
+        auto x = a_->write(link_.a_to_b, amem_, off, bdesc_, roff, len, notif);
+        if (!x.ok()) return x.status();
+        return a_->wait(*x, 20s);
+    }
+    Status read(uint64_t off, uint64_t roff, uint64_t len) {
+        auto x = a_->read(link_.a_to_b, amem_, off, bdesc_, roff, len);
+        if (!x.ok()) return x.status();
+        return a_->wait(*x, 20s);
+    }
+    void expect_canaries() {
+        EXPECT_TRUE(abuf_->canaries_intact());
+        EXPECT_TRUE(bbuf_->canaries_intact());
+    }
+
+    std::unique_ptr<Endpoint> a_, b_;
+    Link link_;
+    std::unique_ptr<GuardedBuffer> abuf_, bbuf_;
+    MemId amem_ = 0, bmem_ = 0;
+    RemoteMem adesc_, bdesc_;
+};
+
+TEST_F(EnginePair, MetadataAndNames) {
+    auto info = Endpoint::parse_metadata(b_->metadata());
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->name, "beta");
+    EXPECT_EQ(info->host, "127.0.0.1");
+    EXPECT_NE(info->port, 0);
+    EXPECT_EQ(*a_->peer_name(link_.a_to_b), "beta");
+    EXPECT_EQ(*b_->peer_name(link_.b_to_a), "alpha");
+    EXPECT_EQ(b_->accept(20ms).status().code(), StatusCode::kTimeout);
+    EXPECT_FALSE(Endpoint::parse_metadata("garbage").ok());
+    std::string md = b_->metadata();
+    EXPECT_FALSE(Endpoint::parse_metadata(md.substr(0, md.size() - 1)).ok());
+    EXPECT_FALSE(a_->connect("not metadata").ok());
+    // Descriptors round-trip.
+    auto parsed = RemoteMem::parse(bdesc_.serialize());
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(parsed->key, bdesc_.key);
+    EXPECT_EQ(parsed->len, kSize);
+    EXPECT_FALSE(RemoteMem::parse("xx").ok());
+}
+
+TEST_F(EnginePair, WriteAndReadRandomizedRangesExactly) {
+    std::mt19937_64 rng(1234);
+    for (int round = 0; round < 60; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const int kind = static_cast<int>(rng() % 4);
+        const uint64_t len = kind == 0   ? rng() % 64
+                             : kind == 1 ? rng() % 20000
+                             : kind == 2 ? rng() % 700000
+                                         : rng() % (6 << 20);
+        const uint64_t off = rng() % (kSize - len + 1);
+        const uint64_t roff = rng() % (kSize - len + 1);
+        const uint64_t seed = rng();
+        // Write: a's [off, +len) to b's [roff, +len); nothing else of b changes.
+        std::vector<uint8_t> before(bbuf_->data(), bbuf_->data() + kSize);
+        fill_pattern(abuf_->data() + off, len, seed);
+        ASSERT_TRUE(write(off, roff, len).ok());
+        ASSERT_EQ(find_pattern_mismatch(bbuf_->data() + roff, len, seed), -1);
+        ASSERT_EQ(std::memcmp(bbuf_->data(), before.data(), roff), 0);
+        ASSERT_EQ(
+            std::memcmp(bbuf_->data() + roff + len, before.data() + roff + len, kSize - roff - len),
+            0);
+        // Read it back elsewhere in a.
+        const uint64_t back = rng() % (kSize - len + 1);
+        std::memset(abuf_->data() + back, 0, len);
+        ASSERT_TRUE(read(back, roff, len).ok());
+        ASSERT_EQ(find_pattern_mismatch(abuf_->data() + back, len, seed), -1);
+    }
+    expect_canaries();
+}
+
+TEST_F(EnginePair, ManyTransfersInFlightAtOnce) {
+    constexpr int kN = 48;
+    constexpr uint64_t kLen = 300 * 1024 + 7;  // several chunks each
+    std::vector<XferId> ids;
+    for (int i = 0; i < kN; ++i) {
+        const uint64_t off = static_cast<uint64_t>(i) * kLen;
+        fill_pattern(abuf_->data() + off, kLen, 77 + i);
+        auto x = a_->write(link_.a_to_b, amem_, off, bdesc_, off, kLen);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ids.push_back(*x);
+    }
+    for (XferId id : ids) ASSERT_TRUE(a_->wait(id, 20s).ok());
+    for (int i = 0; i < kN; ++i) {
+        ASSERT_EQ(find_pattern_mismatch(bbuf_->data() + i * kLen, kLen, 77 + i), -1) << i;
+    }
+    // And as many reads, all in flight together.
+    std::memset(abuf_->data(), 0, kN * kLen);
+    ids.clear();
+    for (int i = 0; i < kN; ++i) {
+        auto x = a_->read(link_.a_to_b, amem_, i * kLen, bdesc_, i * kLen, kLen);
+        ASSERT_TRUE(x.ok());
+        ids.push_back(*x);
+    }
+    for (XferId id : ids) ASSERT_TRUE(a_->wait(id, 20s).ok());
+    for (int i = 0; i < kN; ++i) {
+        ASSERT_EQ(find_pattern_mismatch(abuf_->data() + i * kLen, kLen, 77 + i), -1) << i;
+    }
+    expect_canaries();
+}
+
+TEST_F(EnginePair, VectorTransfersOfRandomShape) {
+    // Several registrations on each side, pieces scattered over them.
+    std::vector<std::unique_ptr<GuardedBuffer>> extra_a, extra_b;
+    std::vector<MemId> amems{amem_}, bmems{bmem_};
+    std::vector<RemoteMem> bdescs{bdesc_};
+    std::vector<uint8_t*> abases{abuf_->data()}, bbases{bbuf_->data()};
+    std::vector<uint64_t> alens{kSize}, blens{kSize};
+    for (int i = 0; i < 3; ++i) {
+        const uint64_t n = (1 << 20) + i * 4099;
+        extra_a.push_back(std::make_unique<GuardedBuffer>(n));
+        extra_b.push_back(std::make_unique<GuardedBuffer>(n));
+        amems.push_back(*a_->reg(extra_a.back()->data(), n));
+        bmems.push_back(*b_->reg(extra_b.back()->data(), n));
+        bdescs.push_back(*b_->describe(bmems.back()));
+        abases.push_back(extra_a.back()->data());
+        bbases.push_back(extra_b.back()->data());
+        alens.push_back(n);
+        blens.push_back(n);
+    }
+    std::mt19937_64 rng(99);
+    for (int round = 0; round < 20; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const int pieces = 1 + static_cast<int>(rng() % 40);
+        std::vector<IoVec> iov;
+        // Non-overlapping destinations: each piece gets its own slice of its region.
+        std::map<size_t, uint64_t> next_dst;
+        for (int k = 0; k < pieces; ++k) {
+            const size_t ai = rng() % amems.size();
+            const size_t bi = rng() % bmems.size();
+            const uint64_t len = rng() % 2 ? rng() % 3000 : rng() % 200000;
+            const uint64_t doff = next_dst[bi];
+            if (doff + len > blens[bi]) continue;
+            next_dst[bi] = doff + len + rng() % 100;
+            const uint64_t soff = rng() % (alens[ai] - len + 1);
+            iov.push_back(IoVec{amems[ai], soff, bdescs[bi], doff, len});
+            fill_pattern(abases[ai] + soff, len, 1000 * round + k);
+        }
+        // Sources may overlap each other: record what each piece carries before posting.
+        std::vector<std::vector<uint8_t>> expect;
+        for (const IoVec& v : iov) {
+            const size_t ai = std::find(amems.begin(), amems.end(), v.mem) - amems.begin();
+            expect.emplace_back(abases[ai] + v.offset, abases[ai] + v.offset + v.len);
+        }
+        auto x = a_->writev(link_.a_to_b, iov, std::string_view("batch"));
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ASSERT_TRUE(a_->wait(*x, 20s).ok());
+        for (size_t k = 0; k < iov.size(); ++k) {
+            const size_t bi =
+                std::find_if(bdescs.begin(), bdescs.end(),
+                             [&](const RemoteMem& m) { return m.key == iov[k].remote.key; }) -
+                bdescs.begin();
+            ASSERT_EQ(std::memcmp(bbases[bi] + iov[k].remote_offset, expect[k].data(), iov[k].len),
+                      0)
+                << "piece " << k;
+        }
+        auto notes = b_->get_notifications();
+        ASSERT_EQ(notes.size(), 1u);
+        EXPECT_EQ(notes[0].payload, "batch");
+        // Read the same pieces back into fresh places of a's main buffer.
+        std::vector<IoVec> back;
+        uint64_t at = 0;
+        for (const IoVec& v : iov) {
+            back.push_back(IoVec{amem_, at, v.remote, v.remote_offset, v.len});
+            at += v.len + 13;
+        }
+        std::memset(abuf_->data(), 0, at);
+        auto r = a_->readv(link_.a_to_b, back);
+        ASSERT_TRUE(r.ok());
+        ASSERT_TRUE(a_->wait(*r, 20s).ok());
+        for (size_t k = 0; k < back.size(); ++k) {
+            ASSERT_EQ(std::memcmp(abuf_->data() + back[k].offset, expect[k].data(), back[k].len), 0)
+                << "piece " << k;
+        }
+    }
+    expect_canaries();
+    for (auto& e : extra_a) EXPECT_TRUE(e->canaries_intact());
+    for (auto& e : extra_b) EXPECT_TRUE(e->canaries_intact());
+}
+
+TEST_F(EnginePair, NotificationsComeExactlyOnceAndOnlyAfterTheData) {
+    constexpr int kWrites = 40;
+    constexpr uint64_t kLen = 512 << 10;  // each write its own slot: kWrites * kLen < kSize
+    std::atomic<bool> stop{false};
+    std::atomic<int> seen{0};
+    std::atomic<int> early{0};
+    std::vector<std::string> payloads;
+    std::mutex mu;
+    // The target's application watches for notifications while the writes land.
+    std::thread watcher([&] {
+        while (!stop.load()) {
+            for (Notification& n : b_->get_notifications()) {
+                if (!n.payload.empty()) {
+                    const int i = std::stoi(n.payload.substr(0, n.payload.find('\0')));
+                    if (find_pattern_mismatch(bbuf_->data() + i * kLen, kLen, 500 + i) != -1) {
+                        ++early;
+                    }
+                }
+                std::lock_guard<std::mutex> lock(mu);
+                payloads.push_back(std::move(n.payload));
+                ++seen;
+            }
+        }
+    });
+    for (int i = 0; i < kWrites; ++i) {
+        // Binary-safe payloads: an embedded NUL and bytes past it.
+        std::string payload = std::to_string(i);
+        payload.push_back('\0');
+        payload += "tail\xff";
+        fill_pattern(abuf_->data() + i * kLen, kLen, 500 + i);
+        ASSERT_TRUE(write(i * kLen, i * kLen, kLen, payload).ok());
+    }
+    // Empty payloads are notifications too; writes without one notify nobody.
+    ASSERT_TRUE(write(kWrites * kLen, kWrites * kLen, 10, std::string_view()).ok());
+    ASSERT_TRUE(write(kWrites * kLen, kWrites * kLen, 10).ok());
+    ASSERT_TRUE(eventually([&] { return seen.load() >= kWrites; }, 10s));
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+    watcher.join();
+    EXPECT_EQ(early.load(), 0) << "a notification arrived before its data";
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(payloads.size(), static_cast<size_t>(kWrites) + 1) << "lost or duplicated";
+    for (int i = 0; i < kWrites; ++i) {
+        std::string expect = std::to_string(i);
+        expect.push_back('\0');
+        expect += "tail\xff";
+        EXPECT_EQ(payloads[i], expect);
+    }
+    EXPECT_EQ(payloads.back(), "");
+    EXPECT_TRUE(b_->get_notifications().empty());
+}
+
+TEST_F(EnginePair, StandaloneNotificationsBothWays) {
+    ASSERT_TRUE(a_->notify(link_.a_to_b, "one").ok());
+    ASSERT_TRUE(a_->notify(link_.a_to_b, std::string("t\0o", 3)).ok());
+    ASSERT_TRUE(b_->notify(link_.b_to_a, "back").ok());
+    std::vector<Notification> at_b, at_a;
+    ASSERT_TRUE(eventually([&] {
+        for (auto& n : b_->get_notifications()) at_b.push_back(n);
+        for (auto& n : a_->get_notifications()) at_a.push_back(n);
+        return at_b.size() >= 2 && at_a.size() >= 1;
+    }));
+    ASSERT_EQ(at_b.size(), 2u);
+    EXPECT_EQ(at_b[0].payload, "one");
+    EXPECT_EQ(at_b[1].payload, std::string("t\0o", 3));
+    EXPECT_EQ(at_b[0].peer, "alpha");
+    ASSERT_EQ(at_a.size(), 1u);
+    EXPECT_EQ(at_a[0].peer, "beta");
+}
+
+TEST_F(EnginePair, RefusedRequestsTouchNothingAndTheConnectionSurvives) {
+    // The target's memory before: every refused request must leave all of it as it was.
+    fill_pattern(bbuf_->data(), kSize, 4242);
+    const std::vector<uint8_t> before(bbuf_->data(), bbuf_->data() + kSize);
+    fill_pattern(abuf_->data(), kSize, 17);
+
+    RemoteMem forged = bdesc_;
+    forged.key ^= 0x1;  // a key nobody registered
+    RemoteMem stretched = bdesc_;
+    stretched.len = kSize * 4;  // claims more than the registration has
+    struct Case {
+        const char* what;
+        RemoteMem remote;
+        uint64_t roff;
+        uint64_t len;
+        StatusCode code;
+    };
+    const Case cases[] = {
+        {"unknown key, inline", forged, 0, 100, StatusCode::kNotFound},
+        {"unknown key, chunked", forged, 0, 5 << 20, StatusCode::kNotFound},
+        {"past the end, inline", stretched, kSize - 10, 100, StatusCode::kOutOfRange},
+        {"past the end, chunked", stretched, kSize - 4096, 3 << 20, StatusCode::kOutOfRange},
+        {"far past the end", stretched, kSize * 2, 1 << 20, StatusCode::kOutOfRange},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        auto w = a_->write(link_.a_to_b, amem_, 0, c.remote, c.roff, c.len, std::string_view("x"));
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        Status st = a_->wait(*w, 20s);
+        EXPECT_EQ(st.code(), c.code) << st.to_string();
+        EXPECT_NE(st.message().find("beta"), std::string::npos) << st.to_string();
+        auto r = a_->read(link_.a_to_b, amem_, 0, c.remote, c.roff, c.len);
+        ASSERT_TRUE(r.ok());
+        st = a_->wait(*r, 20s);
+        EXPECT_EQ(st.code(), c.code) << st.to_string();
+        ASSERT_EQ(std::memcmp(bbuf_->data(), before.data(), kSize), 0) << "target memory changed";
+        EXPECT_TRUE(b_->get_notifications().empty()) << "a refused write notified";
+        // Still in step: a good write right after lands exactly.
+        fill_pattern(abuf_->data(), 4 << 20, 33);
+        ASSERT_TRUE(write(0, 0, 4 << 20).ok());
+        ASSERT_EQ(find_pattern_mismatch(bbuf_->data(), 4 << 20, 33), -1);
+        std::memcpy(bbuf_->data(), before.data(), 4 << 20);
+    }
+    // A vector write with one bad piece among good ones is refused whole.
+    std::vector<IoVec> iov = {{amem_, 0, bdesc_, 0, 1 << 20},
+                              {amem_, 0, forged, 0, 1 << 20},
+                              {amem_, 0, bdesc_, 2 << 20, 1 << 20}};
+    auto w = a_->writev(link_.a_to_b, iov);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(a_->wait(*w, 20s).code(), StatusCode::kNotFound);
+    ASSERT_EQ(std::memcmp(bbuf_->data(), before.data(), kSize), 0);
+    expect_canaries();
+}
+
+TEST_F(EnginePair, LocalErrorsAreReportedAtOnce) {
+    EXPECT_EQ(a_->write(link_.a_to_b, 999, 0, bdesc_, 0, 10).status().code(),
+              StatusCode::kNotFound);
+    EXPECT_EQ(a_->write(link_.a_to_b, amem_, kSize - 5, bdesc_, 0, 10).status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(a_->write(link_.a_to_b, amem_, 0, bdesc_, kSize - 5, 10).status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(a_->write(link_.a_to_b, amem_, UINT64_MAX - 2, bdesc_, 0, 10).status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(a_->read(12345, amem_, 0, bdesc_, 0, 10).status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(a_->reg(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a_->reg(abuf_->data(), 0).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a_->dereg(4242).code(), StatusCode::kNotFound);
+    EXPECT_EQ(a_->poll(0xdeadbeef).error.code(), StatusCode::kNotFound);
+    // A finished transfer is reported once.
+    auto x = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, 10);
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(a_->wait(*x, 5s).ok());
+    EXPECT_EQ(a_->poll(*x).error.code(), StatusCode::kNotFound);
+    EXPECT_EQ(a_->wait(*x, 5s).code(), StatusCode::kNotFound);
+}
+
+TEST_F(EnginePair, DeregisteredRegionsRefuseNewRequestsAndWaitForOldOnes) {
+    // A large write in flight: the target deregisters its region meanwhile. dereg waits for the
+    // write, which completes; afterwards the key is refused.
+    fill_pattern(abuf_->data(), kSize, 8);
+    auto x = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, kSize);
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(b_->dereg(bmem_).ok());
+    Status st = a_->wait(*x, 20s);
+    if (st.ok()) {
+        EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), kSize, 8), -1);
+    } else {
+        EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.to_string();  // refused before it landed
+    }
+    // Whatever happened, nothing is written after dereg returned.
+    std::fill(bbuf_->data(), bbuf_->data() + kSize, 0x3c);
+    auto y = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, kSize);
+    ASSERT_TRUE(y.ok());
+    EXPECT_EQ(a_->wait(*y, 20s).code(), StatusCode::kNotFound);
+    EXPECT_EQ(std::count(bbuf_->data(), bbuf_->data() + kSize, 0x3c), static_cast<long>(kSize));
+    // The initiator's source region, deregistered mid-write, is not read after dereg returns.
+    MemId src = *a_->reg(abuf_->data(), kSize);
+    MemId dst = *b_->reg(bbuf_->data(), kSize);
+    RemoteMem ddesc = *b_->describe(dst);
+    auto z = a_->write(link_.a_to_b, src, 0, ddesc, 0, kSize);
+    ASSERT_TRUE(z.ok());
+    ASSERT_TRUE(a_->dereg(src).ok());
+    EXPECT_TRUE(a_->wait(*z, 20s).ok());
+    expect_canaries();
+}
+
+TEST_F(EnginePair, SendRecvByTag) {
+    // Receives posted before and after their sends, tags out of order, sizes up to several
+    // chunks.
+    struct Msg {
+        uint64_t tag;
+        uint64_t len;
+    };
+    const Msg msgs[] = {{5, 100}, {9, 3 << 20}, {5, 7000}, {1, 0}, {9, 40}};
+    std::vector<XferId> sends, recvs;
+    uint64_t soff = 0;
+    std::vector<uint64_t> soffs;
+    for (const Msg& m : msgs) {
+        fill_pattern(abuf_->data() + soff, m.len, m.tag * 1000 + m.len);
+        soffs.push_back(soff);
+        soff += m.len + 64;
+    }
+    // First two receives before any send; the rest after.
+    uint64_t roff = 0;
+    std::vector<uint64_t> roffs(std::size(msgs));
+    auto post_recv = [&](size_t i) {
+        roffs[i] = roff;
+        roff += msgs[i].len + 64;
+        auto r = b_->recv(link_.b_to_a, bmem_, roffs[i], msgs[i].len + 64, msgs[i].tag);
+        ASSERT_TRUE(r.ok());
+        recvs.push_back(*r);
+    };
+    post_recv(0);
+    post_recv(1);
+    for (size_t i = 0; i < std::size(msgs); ++i) {
+        auto s = a_->send(link_.a_to_b, amem_, soffs[i], msgs[i].len, msgs[i].tag);
+        ASSERT_TRUE(s.ok());
+        sends.push_back(*s);
+    }
+    for (size_t i = 2; i < std::size(msgs); ++i) post_recv(i);
+    for (XferId s : sends) ASSERT_TRUE(a_->wait(s, 20s).ok());
+    for (XferId r : recvs) ASSERT_TRUE(b_->wait(r, 20s).ok());
+    // Same-tag messages match in order: msgs[0] and msgs[2] (tag 5), msgs[1] and msgs[4] (tag 9).
+    for (size_t i = 0; i < std::size(msgs); ++i) {
+        EXPECT_EQ(find_pattern_mismatch(bbuf_->data() + roffs[i], msgs[i].len,
+                                        msgs[i].tag * 1000 + msgs[i].len),
+                  -1)
+            << "message " << i;
+    }
+    // A receive too small fails both sides.
+    auto s = a_->send(link_.a_to_b, amem_, 0, 5000, 77);
+    auto r = b_->recv(link_.b_to_a, bmem_, 0, 4000, 77);
+    ASSERT_TRUE(s.ok() && r.ok());
+    EXPECT_EQ(a_->wait(*s, 10s).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(b_->wait(*r, 10s).code(), StatusCode::kOutOfRange);
+    // Sessions and transfers as objects.
+    TcpxSession sa = a_->session(link_.a_to_b);
+    TcpxSession sb = b_->session(link_.b_to_a);
+    fill_pattern(abuf_->data(), 1 << 20, 5150);
+    auto tr = sb.recv(bmem_, 0, 1 << 20, 3);
+    auto ts = sa.send(amem_, 0, 1 << 20, 3);
+    ASSERT_TRUE(tr.ok() && ts.ok());
+    EXPECT_TRUE(ts->wait(10s).ok());
+    EXPECT_TRUE(tr->wait(10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), 1 << 20, 5150), -1);
+    EXPECT_EQ(*sa.peer_name(), "beta");
+    expect_canaries();
+}
+
+TEST_F(EnginePair, PostingAndPollingFromManyThreads) {
+    constexpr int kThreads = 6;
+    constexpr int kPerThread = 30;
+    constexpr uint64_t kSlot = (kSize / kThreads) & ~uint64_t{4095};
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            std::mt19937_64 rng(t);
+            const uint64_t base = t * kSlot;
+            for (int i = 0; i < kPerThread; ++i) {
+                const uint64_t len = 1 + rng() % (kSlot / 2);
+                fill_pattern(abuf_->data() + base, len, t * 100 + i);
+                auto w = a_->write(link_.a_to_b, amem_, base, bdesc_, base, len);
+                if (!w.ok()) {
+                    ++failures;
+                    return;
+                }
+                // Poll (not wait) from this thread.
+                XferStatus st;
+                const auto deadline = std::chrono::steady_clock::now() + 20s;
+                do {
+                    st = a_->poll(*w);
+                } while (st.state == XferState::kInProgress &&
+                         std::chrono::steady_clock::now() < deadline);
+                if (st.state != XferState::kDone ||
+                    find_pattern_mismatch(bbuf_->data() + base, len, t * 100 + i) != -1) {
+                    ++failures;
+                }
+                // Read back into the other half of the slot.
+                auto r = a_->read(link_.a_to_b, amem_, base + kSlot / 2, bdesc_, base, len);
+                if (!r.ok() || !a_->wait(*r, 20s).ok() ||
+                    find_pattern_mismatch(abuf_->data() + base + kSlot / 2, len, t * 100 + i) !=
+                        -1) {
+                    ++failures;
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    expect_canaries();
+}
+
+TEST_F(EnginePair, DisconnectFailsPendingTransfersOnBothSides) {
+    // b posts a receive nobody will send; a posts a large write and disconnects at once.
+    auto r = b_->recv(link_.b_to_a, bmem_, 0, 100, 1);
+    ASSERT_TRUE(r.ok());
+    auto w = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, kSize);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(a_->disconnect(link_.a_to_b).ok());
+    EXPECT_EQ(a_->wait(*w, 10s).code(), StatusCode::kCancelled);
+    Status st = b_->wait(*r, 10s);
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_EQ(a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, 10).status().code(),
+              StatusCode::kNotFound);
+    // b learns the peer is gone: new requests fail at once.
+    ASSERT_TRUE(eventually([&] { return !b_->notify(link_.b_to_a, "x").ok(); }));
+    // They can connect again.
+    Link again = link(a_.get(), b_.get());
+    ASSERT_NE(again.a_to_b, 0u);
+    fill_pattern(abuf_->data(), 1000, 9);
+    auto x = a_->write(again.a_to_b, amem_, 0, bdesc_, 0, 1000);
+    ASSERT_TRUE(x.ok());
+    EXPECT_TRUE(a_->wait(*x, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), 1000, 9), -1);
+}
+
+TEST(EngineEndpoints, ManyPeersConcurrently) {
+    constexpr int kPeers = 17;
+    constexpr uint64_t kLen = 1 << 20;
+    Config config = engine_test_config();
+    config.nsocks = 1;
+    config.channels = 1;
+    auto hub = make_endpoint("hub", config);
+    ASSERT_NE(hub, nullptr);
+    GuardedBuffer hub_buf(kPeers * 2 * kLen);
+    MemId hub_mem = *hub->reg(hub_buf.data(), hub_buf.size());
+    RemoteMem hub_desc = *hub->describe(hub_mem);
+    std::vector<std::unique_ptr<Endpoint>> spokes;
+    std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+    std::vector<MemId> mems;
+    std::vector<PeerId> to_hub;
+    for (int i = 0; i < kPeers; ++i) {
+        spokes.push_back(make_endpoint("spoke-" + std::to_string(i), config));
+        ASSERT_NE(spokes.back(), nullptr);
+        auto id = spokes.back()->connect(hub->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        to_hub.push_back(*id);
+        bufs.push_back(std::make_unique<GuardedBuffer>(2 * kLen));
+        mems.push_back(*spokes.back()->reg(bufs.back()->data(), 2 * kLen));
+    }
+    // The hub serves them all without accepting; it can still accept them to learn their ids.
+    std::vector<std::string> names;
+    for (int i = 0; i < kPeers; ++i) {
+        auto id = hub->accept(5s);
+        ASSERT_TRUE(id.ok());
+        names.push_back(*hub->peer_name(*id));
+    }
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names.size(), static_cast<size_t>(kPeers));
+    // Every spoke writes its slot of the hub and reads it back, all at once, 4 transfers each.
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int i = 0; i < kPeers; ++i) {
+        threads.emplace_back([&, i] {
+            Endpoint* ep = spokes[i].get();
+            std::vector<XferId> ids;
+            for (int k = 0; k < 4; ++k) {
+                const uint64_t part = kLen / 4;
+                fill_pattern(bufs[i]->data() + k * part, part, i * 10 + k);
+                auto w = ep->write(to_hub[i], mems[i], k * part, hub_desc, i * 2 * kLen + k * part,
+                                   part);
+                if (!w.ok()) {
+                    ++failures;
+                    return;
+                }
+                ids.push_back(*w);
+            }
+            for (XferId id : ids) {
+                if (!ep->wait(id, 30s).ok()) ++failures;
+            }
+            auto r = ep->read(to_hub[i], mems[i], kLen, hub_desc, i * 2 * kLen, kLen);
+            if (!r.ok() || !ep->wait(*r, 30s).ok()) ++failures;
+            for (int k = 0; k < 4; ++k) {
+                if (find_pattern_mismatch(bufs[i]->data() + kLen + k * (kLen / 4), kLen / 4,
+                                          i * 10 + k) != -1) {
+                    ++failures;
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_TRUE(hub_buf.canaries_intact());
+    for (auto& b : bufs) EXPECT_TRUE(b->canaries_intact());
+}
+
+TEST(EngineEndpoints, ProgressWithoutAThreadWhenTheApplicationPolls) {
+    Config config = engine_test_config();
+    config.progress_thread = "off";
+    auto a = make_endpoint("polled-a", config);
+    auto b = make_endpoint("threaded-b");
+    ASSERT_TRUE(a && b);
+    auto id = a->connect(b->metadata());  // connect drives progress itself
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    GuardedBuffer src(3 << 20), dst(3 << 20);
+    fill_pattern(src.data(), src.size(), 12);
+    MemId ms = *a->reg(src.data(), src.size());
+    MemId md = *b->reg(dst.data(), dst.size());
+    auto w = a->write(*id, ms, 0, *b->describe(md), 0, src.size(), std::string_view("n"));
+    ASSERT_TRUE(w.ok());
+    XferStatus st;
+    do {
+        st = a->poll(*w);  // poll alone moves the transfer along
+    } while (st.state == XferState::kInProgress);
+    EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 12), -1);
+    // And in the other direction: b notifies a, a sees it by asking.
+    auto back = b->accept(5s);
+    ASSERT_TRUE(back.ok());
+    ASSERT_TRUE(b->notify(*back, "ping").ok());
+    EXPECT_TRUE(eventually([&] { return !a->get_notifications().empty(); }));
+}
+
+TEST(EngineEndpoints, AStuckPeerTimesOut) {
+    // "stuck" has no progress thread and, after connecting, nobody calls into it: it stops
+    // answering (and sending heartbeats) while its sockets stay open.
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 600;
+    Config stuck_config = config;
+    stuck_config.progress_thread = "off";
+    auto live = make_endpoint("live", config);
+    auto stuck = make_endpoint("stuck", stuck_config);
+    ASSERT_TRUE(live && stuck);
+    auto id = stuck->connect(live->metadata());
+    ASSERT_TRUE(id.ok());
+    auto back = live->accept(5s);
+    ASSERT_TRUE(back.ok());
+    GuardedBuffer buf(1 << 20), remote(1 << 20);
+    MemId lm = *live->reg(buf.data(), buf.size());
+    MemId rm = *stuck->reg(remote.data(), remote.size());
+    RemoteMem rd = *stuck->describe(rm);
+    auto w = live->write(*back, lm, 0, rd, 0, buf.size());
+    ASSERT_TRUE(w.ok());
+    const auto start = std::chrono::steady_clock::now();
+    Status st = live->wait(*w, 10s);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_LT(took, 3s);
+    EXPECT_NE(st.message().find("stuck"), std::string::npos) << st.to_string();
+}
+
+TEST(EngineEndpoints, InvalidConfigurationIsRefused) {
+    Config c = engine_test_config();
+    c.channels = 0;
+    EXPECT_FALSE(Endpoint::create(c, "x").ok());
+    c = engine_test_config();
+    c.progress_thread = "sometimes";
+    EXPECT_FALSE(Endpoint::create(c, "x").ok());
+    c = engine_test_config();
+    EXPECT_FALSE(Endpoint::create(c, std::string(300, 'n')).ok());
+}
+
+}  // namespace
+}  // namespace tcpx::testing
