@@ -114,6 +114,10 @@ std::string Endpoint::Impl::metadata() const {
 // -----------------------------------------------------------------------------
 
 void Endpoint::Impl::wake() {
+    // Paired with run_progress_thread(): it announces sleeping, then re-reads posted_; we bump
+    // posted_, then read sleeping_. Sequentially consistent, so one of the two sees the other and
+    // no wakeup is lost.
+    posted_.fetch_add(1);
     if (sleeping_.load()) {
         const uint64_t one = 1;
         (void)!::write(wake_fd_.get(), &one, sizeof(one));
@@ -179,6 +183,7 @@ void Endpoint::Impl::run_progress_thread() {
     pthread_setname_np(pthread_self(), "tcpx-progress");
     int idle = 0;
     while (!stop_.load()) {
+        const uint64_t posted = posted_.load();
         bool did = false;
         bool busy = false;
         int heartbeat_ms = 1000;
@@ -205,6 +210,10 @@ void Endpoint::Impl::run_progress_thread() {
         // Nothing moved for a while: sleep until a control socket or a wake says otherwise, or
         // briefly while chunk requests are in flight (the transport signals no fd for those).
         sleeping_.store(true);
+        if (posted_.load() != posted || stop_.load()) {  // work came in meanwhile: no sleep
+            sleeping_.store(false);
+            continue;
+        }
         epoll_event ev;
         if (busy) {
             const timespec ts{0, 50'000};
@@ -480,16 +489,18 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
         send_ctrl(p, wire::encode_empty(wire::MsgType::kReady));
         p.ready_sent = true;
     }
-    if (p.ready_received) {
-        p.state = Peer::State::kReady;
-        TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels)", name_.c_str(), p.name.c_str(),
-                   p.channels);
-        if (!p.outbound) {
-            p.in_accept_queue = true;
-            accept_queue_.push_back(p.id);
-        }
-    }
+    if (p.ready_received) become_ready(p);
     return true;
+}
+
+void Endpoint::Impl::become_ready(Peer& p) {
+    p.state = Peer::State::kReady;
+    TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels)", name_.c_str(), p.name.c_str(),
+               p.channels);
+    if (!p.outbound) {
+        p.in_accept_queue = true;
+        accept_queue_.push_back(p.id);
+    }
 }
 
 bool Endpoint::Impl::read_control(Peer& p) {

@@ -176,6 +176,8 @@ class Endpoint::Impl {
     bool progress_once();
     bool progress_peer(Peer& p, bool readable);
     bool progress_handshake(Peer& p);
+    // Both sides' channels are up: the peer takes requests from now on.
+    void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
     bool read_control(Peer& p);
     Status dispatch(Peer& p, const engine::wire::Header& h, std::string_view body);
@@ -236,6 +238,7 @@ class Endpoint::Impl {
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
+    std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
     bool own_progress_thread_ = false;
 };
 

@@ -456,6 +456,9 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
             case wire::MsgType::kReady:
                 if (p.state != Peer::State::kChannels) return protocol_error("unexpected READY");
                 p.ready_received = true;
+                // Our channels may be up already: then we are ready now, before the peer's first
+                // request (which may follow in the same read) is dispatched.
+                if (p.ready_sent) become_ready(p);
                 return Status();
             case wire::MsgType::kPing:
                 return Status();

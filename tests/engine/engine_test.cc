@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/socket.h"
+#include "engine/ctrl_wire.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
 
@@ -652,6 +654,93 @@ TEST(EngineEndpoints, AStuckPeerTimesOut) {
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
     EXPECT_LT(took, 3s);
     EXPECT_NE(st.message().find("stuck"), std::string::npos) << st.to_string();
+}
+
+TEST(EngineEndpoints, RequestsRightAfterConnectAreServed) {
+    // The first request may reach the target in the same read as the handshake's last message.
+    auto target = make_endpoint("target");
+    ASSERT_NE(target, nullptr);
+    GuardedBuffer region(4096);
+    MemId mem = *target->reg(region.data(), region.size());
+    RemoteMem desc = *target->describe(mem);
+    for (int i = 0; i < 40; ++i) {
+        SCOPED_TRACE(i);
+        auto ep = make_endpoint("eager-" + std::to_string(i));
+        ASSERT_NE(ep, nullptr);
+        uint8_t byte = static_cast<uint8_t>(i);
+        MemId src = *ep->reg(&byte, 1);
+        auto id = ep->connect(target->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        auto w = ep->write(*id, src, 0, desc, static_cast<uint64_t>(i), 1);
+        ASSERT_TRUE(w.ok());
+        Status st = ep->wait(*w, 5s);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(region.data()[i], byte);
+    }
+}
+
+TEST(EngineEndpoints, MalformedControlTrafficIsDroppedAndOthersCarryOn) {
+    namespace wire = engine::wire;
+    auto ep = make_endpoint("victim");
+    auto friendly = make_endpoint("friend");
+    ASSERT_TRUE(ep && friendly);
+    GuardedBuffer buf(1 << 20, 0x77);
+    MemId mem = *ep->reg(buf.data(), buf.size());
+    RemoteMem desc = *ep->describe(mem);
+    auto info = Endpoint::parse_metadata(ep->metadata());
+    ASSERT_TRUE(info.ok());
+    auto addr = SocketAddress::parse(info->host, info->port);
+    ASSERT_TRUE(addr.ok());
+    auto closed_soon = [](int fd) {
+        timeval tv{2, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        char b[64];
+        while (true) {
+            const ssize_t n = ::recv(fd, b, sizeof(b), 0);
+            if (n == 0) return true;
+            if (n < 0) return errno == ECONNRESET;
+        }
+    };
+    wire::Hello bad_version;
+    bad_version.version = 2;
+    bad_version.channels = 1;
+    bad_version.name = "evil";
+    bad_version.handles.resize(1);
+    wire::WriteReq early;
+    early.xfer = 1;
+    early.flags = wire::kFlagInline;
+    early.segs = {{desc.key, 0, 4}};
+    std::string early_msg = wire::encode_write_req(early) + "EVIL";
+    wire::end_message(&early_msg);
+    const std::string cases[] = {
+        "GET / HTTP/1.1\r\nHost: x\r\n\r\n",  // not our protocol at all
+        wire::encode_hello(bad_version),      // another version
+        early_msg,                            // a write before any handshake
+        std::string(16, '\xff'),              // a header with an absurd length
+    };
+    for (const std::string& bytes : cases) {
+        auto fd = connect_blocking(*addr, 5000);
+        ASSERT_TRUE(fd.ok());
+        ASSERT_TRUE(send_all(fd->get(), bytes.data(), bytes.size()).ok());
+        EXPECT_TRUE(closed_soon(fd->get())) << "the endpoint kept a malformed connection";
+    }
+    {
+        auto fd = connect_blocking(*addr, 5000);  // a header cut short, then gone
+        ASSERT_TRUE(fd.ok());
+        ASSERT_TRUE(send_all(fd->get(), "TPXE", 4).ok());
+    }
+    EXPECT_EQ(std::count(buf.data(), buf.data() + buf.size(), 0x77), static_cast<long>(buf.size()));
+    // A well-behaved peer is unaffected.
+    auto id = friendly->connect(ep->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    GuardedBuffer src(4096);
+    fill_pattern(src.data(), 4096, 1);
+    MemId sm = *friendly->reg(src.data(), 4096);
+    auto w = friendly->write(*id, sm, 0, desc, 0, 4096);
+    ASSERT_TRUE(w.ok());
+    EXPECT_TRUE(friendly->wait(*w, 5s).ok());
+    EXPECT_EQ(find_pattern_mismatch(buf.data(), 4096, 1), -1);
+    EXPECT_TRUE(buf.canaries_intact());
 }
 
 TEST(EngineEndpoints, InvalidConfigurationIsRefused) {

@@ -1,0 +1,186 @@
+// The engine's control messages: round trips, and every malformed body refused (never read past
+// its end, never an allocation sized by a forged count).
+#include "engine/ctrl_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace tcpx::engine::wire {
+namespace {
+
+std::string_view body_of(const std::string& msg) {
+    return std::string_view(msg).substr(sizeof(Header));
+}
+
+uint16_t flags_of(const std::string& msg) {
+    Header h;
+    std::memcpy(&h, msg.data(), sizeof(h));
+    return h.flags;
+}
+
+TEST(CtrlWire, HeaderCarriesTypeFlagsAndLength) {
+    std::string msg = encode_notif("hello");
+    Header h;
+    std::memcpy(&h, msg.data(), sizeof(h));
+    EXPECT_EQ(h.magic, kMagic);
+    EXPECT_EQ(h.type, static_cast<uint16_t>(MsgType::kNotif));
+    EXPECT_EQ(h.length, msg.size() - sizeof(Header));
+}
+
+TEST(CtrlWire, WriteRequestRoundTrip) {
+    WriteReq req;
+    req.xfer = 77;
+    req.flags = kFlagNotif | kFlagInline;
+    req.segs = {{1, 2, 3}, {4, 5, 0}, {6, 7, 2}};
+    req.notification = std::string_view("n\0t", 3);
+    std::string msg = encode_write_req(req);
+    msg += "abcde";  // 3 + 0 + 2 bytes of inline data
+    end_message(&msg);
+    WriteReq out;
+    ASSERT_TRUE(decode_write_req(body_of(msg), flags_of(msg), &out).ok());
+    EXPECT_EQ(out.xfer, 77u);
+    ASSERT_EQ(out.segs.size(), 3u);
+    EXPECT_EQ(out.segs[2].key, 6u);
+    EXPECT_EQ(out.segs[2].len, 2u);
+    EXPECT_EQ(out.notification, std::string_view("n\0t", 3));
+    EXPECT_EQ(out.data, "abcde");
+}
+
+TEST(CtrlWire, EveryTruncationIsRefused) {
+    WriteReq req;
+    req.xfer = 1;
+    req.flags = kFlagNotif | kFlagInline;
+    req.segs = {{1, 0, 4}, {2, 8, 4}};
+    req.notification = "note";
+    std::string w = encode_write_req(req);
+    w += "12345678";
+    end_message(&w);
+    const std::string messages[] = {
+        w,
+        encode_write_ack(5, Status(StatusCode::kNotFound, "nope")),
+        encode_read_req(ReadReq{9, {{1, 2, 3}}}),
+        encode_recv_cts(1, 2, Status()),
+        encode_send_rts(SendRts{1, 2, 3}),
+        encode_notif("payload"),
+    };
+    for (const std::string& msg : messages) {
+        const std::string_view body = body_of(msg);
+        const uint16_t flags = flags_of(msg);
+        Header h;
+        std::memcpy(&h, msg.data(), sizeof(h));
+        for (size_t cut = 0; cut < body.size(); ++cut) {
+            const std::string_view part = body.substr(0, cut);
+            Status st;
+            switch (static_cast<MsgType>(h.type)) {
+                case MsgType::kWriteReq: {
+                    WriteReq m;
+                    st = decode_write_req(part, flags, &m);
+                    break;
+                }
+                case MsgType::kWriteAck: {
+                    WriteAck m;
+                    st = decode_write_ack(part, &m);
+                    break;
+                }
+                case MsgType::kReadReq: {
+                    ReadReq m;
+                    st = decode_read_req(part, &m);
+                    break;
+                }
+                case MsgType::kRecvCts: {
+                    RecvCts m;
+                    st = decode_recv_cts(part, &m);
+                    break;
+                }
+                case MsgType::kSendRts: {
+                    SendRts m;
+                    st = decode_send_rts(part, &m);
+                    break;
+                }
+                case MsgType::kNotif: {
+                    std::string_view m;
+                    st = decode_notif(part, &m);
+                    break;
+                }
+                default:
+                    FAIL();
+            }
+            EXPECT_EQ(st.code(), StatusCode::kProtocol)
+                << msg_type_name(static_cast<MsgType>(h.type)) << " cut at " << cut;
+        }
+    }
+}
+
+TEST(CtrlWire, ForgedCountsAndLengthsAreRefused) {
+    // A segment count far beyond the body: refused before any allocation.
+    std::string body;
+    Writer w(&body);
+    w.u64(1);
+    w.u32(0x7fffffff);
+    WriteReq m;
+    EXPECT_EQ(decode_write_req(body, 0, &m).code(), StatusCode::kProtocol);
+    // Inline data shorter or longer than the segments say.
+    WriteReq req;
+    req.flags = kFlagInline;
+    req.segs = {{1, 0, 10}};
+    std::string msg = encode_write_req(req);
+    msg += "short";
+    end_message(&msg);
+    EXPECT_EQ(decode_write_req(body_of(msg), kFlagInline, &m).code(), StatusCode::kProtocol);
+    msg = encode_write_req(req);
+    msg += std::string(11, 'x');
+    end_message(&msg);
+    EXPECT_EQ(decode_write_req(body_of(msg), kFlagInline, &m).code(), StatusCode::kProtocol);
+    // Trailing bytes without the inline flag.
+    msg = encode_write_req(WriteReq{1, 0, {{1, 0, 10}}, {}, {}});
+    msg += "junk";
+    end_message(&msg);
+    EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
+    // Segment lengths that overflow when summed.
+    msg = encode_write_req(WriteReq{1, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}, {}, {}});
+    end_message(&msg);
+    EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
+    // SEND_DATA whose inline bytes disagree with its length.
+    msg = encode_send_data(1, kFlagInline, 4);
+    msg += "abc";
+    end_message(&msg);
+    SendData d;
+    EXPECT_EQ(decode_send_data(body_of(msg), kFlagInline, &d).code(), StatusCode::kProtocol);
+}
+
+TEST(CtrlWire, HelloIsCheckedWhole) {
+    Hello hello;
+    hello.channels = 2;
+    hello.name = "x";
+    hello.handles.resize(2);
+    std::string msg = encode_hello(hello);
+    Hello out;
+    ASSERT_TRUE(decode_hello(body_of(msg), &out).ok());
+    EXPECT_EQ(out.handles.size(), 2u);
+    hello.handles.resize(1);  // fewer handles than channels
+    msg = encode_hello(hello);
+    EXPECT_EQ(decode_hello(body_of(msg), &out).code(), StatusCode::kProtocol);
+    hello.handles.resize(2);
+    hello.version = 9;
+    msg = encode_hello(hello);
+    Status st = decode_hello(body_of(msg), &out);
+    EXPECT_EQ(st.code(), StatusCode::kProtocol);
+    EXPECT_NE(st.message().find("version 9"), std::string::npos) << st.to_string();
+    hello.version = kVersion;
+    hello.name = std::string(kMaxName + 1, 'n');
+    msg = encode_hello(hello);
+    EXPECT_EQ(decode_hello(body_of(msg), &out).code(), StatusCode::kProtocol);
+}
+
+TEST(CtrlWire, PeerResultsKeepTheirCode) {
+    Status st =
+        to_status(Result{static_cast<uint32_t>(StatusCode::kOutOfRange), "too far"}, "peer 'b'");
+    EXPECT_EQ(st.code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(st.message(), "peer 'b': too far");
+    EXPECT_EQ(to_status(Result{999, "odd"}, "p").code(), StatusCode::kRemote);
+    EXPECT_TRUE(to_status(Result{0, ""}, "p").ok());
+}
+
+}  // namespace
+}  // namespace tcpx::engine::wire
