@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/engine_bench.h"
 #include "bench/net_bench.h"
 #include "common/params.h"
 #include "common/strings.h"
@@ -89,6 +90,80 @@ int main(int argc, char** argv) {
     bench_net->add_flag("--no-progress", no_progress, "No progress display on stderr");
     bench_net->add_flag("--serve", serve, "(internal) the responder of --procs 2")->group("");
 
+    // bench engine
+    auto* bench_engine = bench->add_subcommand(
+        "engine",
+        "Transfer engine (WRITE/READ) vs raw TCP over loopback: throughput and latency per size");
+    tcpx::bench::EngineBenchOptions eng_opts;
+    std::string eng_sizes = "4K..64M";
+    std::string eng_op = "both";
+    bool eng_serve = false;
+    bool eng_no_baseline = false;
+    bool eng_no_latency = false;
+    bool eng_no_single_peer = false;
+    bool eng_no_progress = false;
+    bench_engine
+        ->add_option("--sizes", eng_sizes,
+                     "Transfer sizes (per piece with --batch): a list (4K,1M) or a range (4K..64M, "
+                     "x4)")
+        ->capture_default_str();
+    bench_engine->add_option("--op", eng_op, "Operations to measure")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"write", "read", "both"}));
+    bench_engine
+        ->add_option("--batch", eng_opts.batch,
+                     "Pieces per transfer (writev/readv of N pieces of the size when > 1)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    bench_engine
+        ->add_option("--concurrency", eng_opts.concurrency,
+                     "Transfers in flight per peer (at most 512 MiB in flight in all)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    bench_engine
+        ->add_option("--peers", eng_opts.peers,
+                     "Target endpoints the initiator connects to (all in the second process with "
+                     "--procs 2)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 256));
+    bench_engine
+        ->add_option("--procs", eng_opts.processes, "1: one process; 2: the targets in a child")
+        ->capture_default_str()
+        ->check(CLI::IsMember({1, 2}));
+    bench_engine->add_option(
+        "--channels", eng_opts.channels,
+        "Data channels per peer and direction (default: TCPX_P2P_CHANNELS or 1)");
+    bench_engine->add_option(
+        "--nsocks", eng_opts.nsocks,
+        "Data sockets per channel (default: TCPX_P2P_NSOCKS or 8); raw TCP streams = channels x "
+        "nsocks");
+    bench_engine->add_option(
+        "--chunk", eng_opts.chunk,
+        "Transfer chunk size, XFER_CHUNK_SIZE (default: TCPX_P2P_XFER_CHUNK_SIZE or 1M)");
+    bench_engine->add_option(
+        "--window", eng_opts.window,
+        "Transport requests in flight per channel (default: TCPX_P2P_WINDOW or 16)");
+    bench_engine
+        ->add_option("--interface", eng_opts.interface,
+                     "Interface (TCPX_P2P_SOCKET_IFNAME syntax); every endpoint is on this host")
+        ->capture_default_str();
+    bench_engine->add_option("--time", eng_opts.min_seconds, "Seconds per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(0.01, 600.0));
+    bench_engine->add_option("--iters", eng_opts.min_iters, "Minimum iterations per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000000));
+    bench_engine->add_flag("--verify", eng_opts.verify,
+                           "Check the bytes of every measurement's last transfer");
+    bench_engine->add_flag("--no-baseline", eng_no_baseline, "Skip the raw TCP baseline");
+    bench_engine->add_flag("--no-latency", eng_no_latency,
+                           "Skip the one-at-a-time (latency) measurements");
+    bench_engine->add_flag("--no-single-peer", eng_no_single_peer,
+                           "With --peers > 1, skip the single-peer throughput");
+    bench_engine->add_flag("--json", eng_opts.json, "Print JSON instead of a table");
+    bench_engine->add_flag("--no-progress", eng_no_progress, "No progress display on stderr");
+    bench_engine->add_flag("--serve", eng_serve, "(internal) the targets of --procs 2")->group("");
+
     CLI11_PARSE(app, argc, argv);
 
     if (params->parsed()) {
@@ -133,6 +208,22 @@ int main(int argc, char** argv) {
         net_opts.progress = !no_progress;
         if (serve) return tcpx::bench::serve_net_bench(net_opts);
         return tcpx::bench::run_net_bench(net_opts);
+    }
+    if (bench_engine->parsed()) {
+        if (eng_serve) return tcpx::bench::serve_engine_bench(eng_opts);
+        if (!parse_sizes(eng_sizes, &eng_opts.sizes)) {
+            std::fprintf(stderr,
+                         "tcpx-p2p bench engine: --sizes '%s' is not a size list or range\n",
+                         eng_sizes.c_str());
+            return 2;
+        }
+        eng_opts.write = eng_op != "read";
+        eng_opts.read = eng_op != "write";
+        eng_opts.baseline = !eng_no_baseline;
+        eng_opts.latency = !eng_no_latency;
+        eng_opts.single_peer = !eng_no_single_peer;
+        eng_opts.progress = !eng_no_progress;
+        return tcpx::bench::run_engine_bench(eng_opts);
     }
     return 0;
 }

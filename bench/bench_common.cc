@@ -1,0 +1,421 @@
+#include "bench/bench_common.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <sstream>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+
+extern char** environ;
+
+namespace tcpx::bench {
+
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// --- channels ----------------------------------------------------------------------------------
+
+void LineQueue::push(std::string line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.push_back(std::move(line));
+    cv_.notify_one();
+}
+
+std::string LineQueue::pop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return !lines_.empty(); });
+    std::string line = std::move(lines_.front());
+    lines_.pop_front();
+    return line;
+}
+
+bool QueueChannel::write_line(const std::string& line) {
+    out_->push(line);
+    return true;
+}
+
+bool QueueChannel::read_line(std::string* line) {
+    *line = in_->pop();
+    return true;
+}
+
+bool FdChannel::write_line(const std::string& line) {
+    const std::string data = line + "\n";
+    size_t off = 0;
+    while (off < data.size()) {
+        const ssize_t n = ::write(out_, data.data() + off, data.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += static_cast<size_t>(n);
+    }
+    return true;
+}
+
+bool FdChannel::read_line(std::string* line) {
+    while (true) {
+        const size_t nl = buffer_.find('\n');
+        if (nl != std::string::npos) {
+            *line = buffer_.substr(0, nl);
+            buffer_.erase(0, nl + 1);
+            return true;
+        }
+        char buf[4096];
+        const ssize_t n = ::read(in_, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        buffer_.append(buf, static_cast<size_t>(n));
+    }
+}
+
+std::vector<std::string> words(const std::string& line) {
+    std::istringstream in(line);
+    std::vector<std::string> out;
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+}
+
+std::string hex_blob(const std::string& bytes) { return to_hex(bytes.data(), bytes.size()); }
+
+bool unhex_blob(const std::string& hex, std::string* bytes) {
+    std::vector<uint8_t> raw;
+    if (!from_hex(hex, &raw)) return false;
+    bytes->assign(raw.begin(), raw.end());
+    return true;
+}
+
+// --- peers -------------------------------------------------------------------------------------
+
+StatusOr<std::string> Peer::call(const std::string& command) {
+    TCPX_RETURN_IF_ERROR(send(command));
+    return reply();
+}
+
+Status Peer::send(const std::string& command) {
+    if (!channel()->write_line(command)) return unavailable("benchmark peer went away");
+    return Status();
+}
+
+StatusOr<std::string> Peer::reply() {
+    std::string line;
+    if (!channel()->read_line(&line)) return unavailable("benchmark peer went away");
+    if (line.rfind("error ", 0) == 0) return remote_error("peer: " + line.substr(6));
+    return line;
+}
+
+ThreadPeer::ThreadPeer(std::function<void(Channel*)> serve)
+    : mine_(&to_peer_, &from_peer_), theirs_(&from_peer_, &to_peer_) {
+    thread_ = std::thread([this, serve = std::move(serve)] { serve(&theirs_); });
+}
+
+ThreadPeer::~ThreadPeer() {
+    mine_.write_line("quit");
+    thread_.join();
+}
+
+StatusOr<std::unique_ptr<ProcessPeer>> ProcessPeer::spawn(const std::vector<std::string>& args) {
+    int to_child[2];
+    int from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0) return errno_status(errno, "pipe");
+    if (::pipe2(from_child, O_CLOEXEC) != 0) {
+        const int err = errno;
+        ::close(to_child[0]);
+        ::close(to_child[1]);
+        return errno_status(err, "pipe");
+    }
+    std::vector<std::string> all = {"/proc/self/exe"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    if (rc != 0) {
+        ::close(to_child[1]);
+        ::close(from_child[0]);
+        return errno_status(rc, "spawning the benchmark's second process");
+    }
+    return std::unique_ptr<ProcessPeer>(new ProcessPeer(pid, from_child[0], to_child[1]));
+}
+
+ProcessPeer::~ProcessPeer() {
+    (void)call("quit");
+    ::close(out_);
+    ::close(in_);
+    int status = 0;
+    for (int i = 0; i < 200 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+}
+
+// --- threads and stream splitting --------------------------------------------------------------
+
+uint64_t stream_share(uint64_t size, int n, int i) {
+    const uint64_t base = size / static_cast<uint64_t>(n);
+    return base + (static_cast<uint64_t>(i) < size % static_cast<uint64_t>(n) ? 1 : 0);
+}
+
+uint64_t stream_offset(uint64_t size, int n, int i) {
+    const uint64_t base = size / static_cast<uint64_t>(n);
+    const uint64_t rem = size % static_cast<uint64_t>(n);
+    return base * static_cast<uint64_t>(i) + std::min<uint64_t>(static_cast<uint64_t>(i), rem);
+}
+
+Status run_threads(int n, const std::function<Status(int)>& fn) {
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    Status first;
+    for (int i = 0; i < n; ++i) {
+        threads.emplace_back([&, i] {
+            Status st = fn(i);
+            std::lock_guard<std::mutex> lock(mu);
+            if (first.ok() && !st.ok()) first = st;
+        });
+    }
+    for (auto& t : threads) t.join();
+    return first;
+}
+
+namespace {
+
+// Every stream moves its share of `count` messages of `size` bytes; message k at slot k % slots
+// of `buf`.
+Status move_streams(const std::vector<Fd>& conns, int n, bool send, uint64_t size, uint64_t count,
+                    uint8_t* buf, uint64_t slots) {
+    return run_threads(n, [&](int i) -> Status {
+        const uint64_t share = stream_share(size, n, i);
+        const uint64_t offset = stream_offset(size, n, i);
+        const int fd = conns[static_cast<size_t>(i)].get();
+        for (uint64_t k = 0; k < count; ++k) {
+            uint8_t* p = buf + (k % slots) * size + offset;
+            TCPX_RETURN_IF_ERROR(send ? send_all(fd, p, share) : recv_all(fd, p, share));
+        }
+        return Status();
+    });
+}
+
+}  // namespace
+
+// --- the raw TCP baseline: responder -----------------------------------------------------------
+
+bool RawTcpResponder::handle(const std::vector<std::string>& w, const BufferFn& buffer, Status* st,
+                             std::string* reply) {
+    if (w.empty()) return false;
+    if (w[0] == "raw-listen") {
+        *st = listen(reply);
+    } else if (w[0] == "raw-accept" && w.size() == 2) {
+        *st = accept(std::stoi(w[1]));
+    } else if (w[0] == "raw-stream" && (w.size() == 4 || (w.size() == 5 && w[4] == "send"))) {
+        *st =
+            stream(std::stoull(w[1]), std::stoull(w[2]), std::stoull(w[3]), w.size() == 5, buffer);
+    } else if (w[0] == "raw-pingpong" && (w.size() == 3 || w.size() == 4)) {
+        const uint64_t size = std::stoull(w[1]);
+        *st = pingpong(size, std::stoull(w[2]), w.size() == 4 ? std::stoull(w[3]) : size, buffer);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+Status RawTcpResponder::listen(std::string* reply) {
+    TCPX_ASSIGN_OR_RETURN(auto ifs, find_interfaces(interface_, AddressFamily::kAny));
+    TCPX_ASSIGN_OR_RETURN(listen_, listen_tcp(ifs[0].address, 128));
+    TCPX_RETURN_IF_ERROR(set_nonblocking(listen_.get(), false));
+    TCPX_ASSIGN_OR_RETURN(SocketAddress addr, local_address(listen_.get()));
+    *reply = "port " + std::to_string(addr.port()) + " " + addr.host_string();
+    return Status();
+}
+
+// `streams` stream connections then one ping-pong connection, each announcing its index.
+Status RawTcpResponder::accept(int streams) {
+    if (!listen_.valid()) return failed_precondition("raw-accept before raw-listen");
+    if (streams < 1) return invalid_argument("raw-accept: no streams");
+    conns_.clear();
+    conns_.resize(static_cast<size_t>(streams) + 1);
+    for (int i = 0; i <= streams; ++i) {
+        Fd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!fd.valid()) return errno_status(errno, "accept");
+        uint32_t index = 0;
+        TCPX_RETURN_IF_ERROR(recv_all(fd.get(), &index, sizeof(index)));
+        if (index >= conns_.size() || conns_[index].valid()) {
+            return protocol_error("bad raw stream index");
+        }
+        TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
+        conns_[index] = std::move(fd);
+    }
+    return Status();
+}
+
+Status RawTcpResponder::stream(uint64_t size, uint64_t count, uint64_t slots, bool send,
+                               const BufferFn& buffer) {
+    if (conns_.size() < 2) return failed_precondition("raw-stream before raw-accept");
+    if (slots == 0) return invalid_argument("raw-stream: no slots");
+    TCPX_ASSIGN_OR_RETURN(uint8_t * buf, buffer(size * slots));
+    return move_streams(conns_, static_cast<int>(conns_.size()) - 1, send, size, count, buf, slots);
+}
+
+Status RawTcpResponder::pingpong(uint64_t size, uint64_t count, uint64_t reply,
+                                 const BufferFn& buffer) {
+    if (conns_.size() < 2) return failed_precondition("raw-pingpong before raw-accept");
+    TCPX_ASSIGN_OR_RETURN(uint8_t * buf, buffer(std::max(size, reply)));
+    const int fd = conns_.back().get();
+    for (uint64_t i = 0; i < count; ++i) {
+        TCPX_RETURN_IF_ERROR(recv_all(fd, buf, size));
+        TCPX_RETURN_IF_ERROR(send_all(fd, buf, reply));
+    }
+    return Status();
+}
+
+void RawTcpResponder::close() {
+    conns_.clear();
+    listen_.reset();
+}
+
+// --- the raw TCP baseline: initiator -----------------------------------------------------------
+
+Status RawTcpInitiator::connect(Peer* peer, int streams) {
+    conns_.clear();
+    TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call("raw-listen"));
+    const auto w = words(reply);
+    if (w.size() != 3 || w[0] != "port") return protocol_error("peer: " + reply);
+    TCPX_ASSIGN_OR_RETURN(SocketAddress addr,
+                          SocketAddress::parse(w[2], static_cast<uint16_t>(std::stoi(w[1]))));
+    TCPX_RETURN_IF_ERROR(peer->send("raw-accept " + std::to_string(streams)));
+    for (int i = 0; i <= streams; ++i) {
+        TCPX_ASSIGN_OR_RETURN(Fd fd, connect_blocking(addr, 10000));
+        TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
+        const uint32_t index = static_cast<uint32_t>(i);
+        TCPX_RETURN_IF_ERROR(send_all(fd.get(), &index, sizeof(index)));
+        conns_.push_back(std::move(fd));
+    }
+    return peer->reply().status();
+}
+
+StatusOr<double> RawTcpInitiator::stream(Peer* peer, bool to_peer, uint64_t size, uint64_t count,
+                                         uint8_t* buf, uint64_t slots, uint64_t peer_slots) {
+    if (conns_.size() < 2) return failed_precondition("raw TCP baseline not connected");
+    const int n = streams();
+    const std::string command = "raw-stream " + std::to_string(size) + " " + std::to_string(count) +
+                                " " + std::to_string(peer_slots);
+    if (to_peer) {
+        TCPX_RETURN_IF_ERROR(peer->send(command));
+        const auto start = Clock::now();
+        TCPX_RETURN_IF_ERROR(move_streams(conns_, n, true, size, count, buf, slots));
+        TCPX_RETURN_IF_ERROR(peer->reply().status());
+        return seconds_since(start);
+    }
+    const auto start = Clock::now();
+    TCPX_RETURN_IF_ERROR(peer->send(command + " send"));
+    TCPX_RETURN_IF_ERROR(move_streams(conns_, n, false, size, count, buf, slots));
+    const double seconds = seconds_since(start);
+    TCPX_RETURN_IF_ERROR(peer->reply().status());
+    return seconds;
+}
+
+StatusOr<std::vector<double>> RawTcpInitiator::pingpong(Peer* peer, uint64_t out, uint64_t back,
+                                                        uint64_t count, uint8_t* buf) {
+    if (conns_.size() < 2) return failed_precondition("raw TCP baseline not connected");
+    std::string command = "raw-pingpong " + std::to_string(out) + " " + std::to_string(count);
+    if (back != out) command += " " + std::to_string(back);
+    TCPX_RETURN_IF_ERROR(peer->send(command));
+    const int fd = conns_.back().get();
+    std::vector<double> rtts;
+    rtts.reserve(count);
+    for (uint64_t i = 0; i < count; ++i) {
+        const auto start = Clock::now();
+        TCPX_RETURN_IF_ERROR(send_all(fd, buf, out));
+        TCPX_RETURN_IF_ERROR(recv_all(fd, buf, back));
+        rtts.push_back(seconds_since(start) * 1e6);
+    }
+    TCPX_RETURN_IF_ERROR(peer->reply().status());
+    return rtts;
+}
+
+// --- measurements ------------------------------------------------------------------------------
+
+Latency summarize(std::vector<double> samples_us) {
+    Latency out;
+    if (samples_us.empty()) return out;
+    std::sort(samples_us.begin(), samples_us.end());
+    const size_t n = samples_us.size();
+    out.p50_us = samples_us[n / 2];
+    out.p99_us = samples_us[std::min(n - 1, n * 99 / 100)];
+    double sum = 0;
+    for (double v : samples_us) sum += v;
+    out.mean_us = sum / static_cast<double>(n);
+    out.iters = n;
+    return out;
+}
+
+StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_per_iter,
+                                        const std::function<StatusOr<double>(uint64_t)>& run) {
+    constexpr uint64_t kMaxCount = 5'000'000;
+    uint64_t count =
+        std::clamp<uint64_t>((32ULL << 20) / std::max<uint64_t>(bytes_per_iter, 1), 4, 2000);
+    TCPX_ASSIGN_OR_RETURN(double t, run(count));
+    while (t < cal.min_seconds / 8 && count < kMaxCount) {
+        count = std::min(kMaxCount, count * 4);
+        TCPX_ASSIGN_OR_RETURN(t, run(count));
+    }
+    const double per = std::max(t / static_cast<double>(count), 1e-9);
+    count = std::clamp<uint64_t>(static_cast<uint64_t>(cal.min_seconds / per), cal.min_iters,
+                                 std::max(kMaxCount, cal.min_iters));
+    TCPX_ASSIGN_OR_RETURN(double seconds, run(count));
+    Throughput out;
+    out.iters = count;
+    out.seconds = seconds;
+    out.gbps = static_cast<double>(bytes_per_iter) * static_cast<double>(count) / seconds / 1e9;
+    return out;
+}
+
+StatusOr<Latency> measure_latency(
+    const Calibration& cal, const std::function<StatusOr<std::vector<double>>(uint64_t)>& run) {
+    TCPX_ASSIGN_OR_RETURN(auto warm, run(20));
+    double sum = 0;
+    for (double v : warm) sum += v;
+    const double per = std::max(sum / 20.0 / 1e6, 1e-7);
+    const uint64_t count =
+        std::clamp<uint64_t>(static_cast<uint64_t>(cal.min_seconds / per), cal.min_iters,
+                             std::max<uint64_t>(200000, cal.min_iters));
+    TCPX_ASSIGN_OR_RETURN(auto samples, run(count));
+    return summarize(std::move(samples));
+}
+
+// --- reporting ---------------------------------------------------------------------------------
+
+Progress::Progress(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}
+
+void Progress::show(size_t step, size_t steps, const std::string& what) {
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", step, steps, what.c_str());
+    std::fflush(stderr);
+}
+
+void Progress::clear() {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+}
+
+std::string ratio(double a, double b) {
+    if (b <= 0 || a <= 0) return "-";
+    return strformat("%.2fx", a / b);
+}
+
+}  // namespace tcpx::bench

@@ -1,0 +1,43 @@
+// The loopback benchmark of the transfer engine (tcpx::Endpoint): one-sided WRITE and READ from an
+// initiator endpoint to one or more target endpoints, in one process or two, against raw TCP
+// measured in the same run (the same stream count for throughput, a ping-pong for latency).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tcpx::bench {
+
+struct EngineBenchOptions {
+    std::vector<uint64_t> sizes;  // bytes per piece; a transfer moves batch pieces
+    bool write = true;            // measure WRITE
+    bool read = true;             // measure READ
+    int batch = 1;                // pieces per transfer (writev/readv when > 1)
+    int concurrency = 8;          // transfers in flight per peer (at most 512 MiB of them)
+    int peers = 1;                // target endpoints the initiator connects to
+    int processes = 2;            // 1: targets in this process; 2: all targets in a child
+    std::string interface = "=lo";
+    // Engine settings from the command line; empty: from TCPX_P2P_* or the default.
+    std::string channels;      // CHANNELS
+    std::string nsocks;        // NSOCKS
+    std::string chunk;         // XFER_CHUNK_SIZE
+    std::string window;        // WINDOW
+    double min_seconds = 0.5;  // per measurement
+    int min_iters = 5;         // per measurement
+    bool baseline = true;      // also measure raw TCP
+    bool latency = true;       // also measure single transfers (concurrency 1)
+    bool single_peer = true;   // with peers > 1: also measure one peer with the same settings
+    bool verify = false;       // check the bytes of every measurement's last transfer
+    bool json = false;
+    bool progress = true;  // on stderr, when it is a terminal
+};
+
+// Runs the sweep and prints the table (or JSON) on stdout. Returns the process exit code.
+int run_engine_bench(const EngineBenchOptions& options);
+
+// The target side in a child process (`tcpx-p2p bench engine --serve`): commands on stdin,
+// replies on stdout.
+int serve_engine_bench(const EngineBenchOptions& options);
+
+}  // namespace tcpx::bench
