@@ -17,7 +17,7 @@
 //
 // Every operation is asynchronous and returns a transfer id; poll() reports its state and
 // wait() blocks for it. A finished transfer (done or failed) is reported once, by the poll() or
-// wait() that sees it finish, and its id is then forgotten.
+// wait() that sees it finish, and its id is then forgotten (INVALID_ARGUMENT after).
 //
 // All methods are thread-safe. Errors are Status values; no exception leaves this API.
 #pragma once
@@ -84,7 +84,7 @@ enum class XferState { kInProgress, kDone, kFailed };
 
 struct TCPX_API XferStatus {
     XferState state = XferState::kInProgress;
-    Status error;  // why it failed, when state is kFailed (or NOT_FOUND for an unknown id)
+    Status error;  // why it failed, when state is kFailed (INVALID_ARGUMENT for an unknown id)
 };
 
 class TcpxSession;
@@ -137,7 +137,7 @@ class TCPX_API Endpoint {
     StatusOr<XferId> read(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
                           uint64_t remote_offset, uint64_t len);
     // Many pieces as one transfer: done when all are, failed if any fails. A notification comes
-    // after all of them.
+    // after all of them. No pieces is a transfer that completes at once (still notifying).
     StatusOr<XferId> writev(PeerId peer, std::span<const IoVec> iov,
                             std::optional<std::string_view> notification = std::nullopt);
     StatusOr<XferId> readv(PeerId peer, std::span<const IoVec> iov);
@@ -160,7 +160,7 @@ class TCPX_API Endpoint {
     // --- completion ---
     XferStatus poll(XferId xfer);
     // OK when done; the failure when it failed; kTimeout (transfer still in flight) when
-    // `timeout` passed first.
+    // `timeout` passed first. milliseconds::max() waits for ever.
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
 
     class Impl;

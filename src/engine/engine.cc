@@ -292,7 +292,8 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
         }
     }
     wake();
-    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+    const auto deadline =
+        engine::deadline_after(std::chrono::milliseconds(config_.connect_timeout_ms));
     drive(
         [&] {
             auto it = peers_.find(id);
@@ -315,7 +316,7 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
 }
 
 StatusOr<PeerId> Endpoint::Impl::accept(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = engine::deadline_after(timeout);
     PeerId found = 0;
     auto take = [&] {
         while (!accept_queue_.empty()) {

@@ -50,6 +50,15 @@ namespace tcpx::engine {
 
 using Clock = std::chrono::steady_clock;
 
+// now + timeout, saturating: a caller's "forever" (milliseconds::max()) must not overflow.
+inline Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+    const auto now = Clock::now();
+    const auto room =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+    if (timeout.count() < 0) return now;
+    return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
 struct Peer;
 
 // A transfer in progress: one the application posted (user_id != 0), or a peer's request being

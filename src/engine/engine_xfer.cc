@@ -34,7 +34,8 @@ Status Endpoint::Impl::dereg(MemId mem) {
     }
     // Transfers still use the region: they finish first. The registry frees it with its last
     // reference; until then `dying` stays valid.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.peer_timeout_ms);
+    const auto deadline =
+        engine::deadline_after(std::chrono::milliseconds(config_.peer_timeout_ms));
     if (drive([&] { return !registry_.exists(mem); }, deadline)) return Status();
     std::lock_guard<std::mutex> lock(mu_);
     if (!registry_.exists(mem)) return Status();
@@ -364,7 +365,7 @@ XferStatus Endpoint::Impl::poll(XferId xfer) {
 }
 
 Status Endpoint::Impl::wait(XferId xfer, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = engine::deadline_after(timeout);
     bool known = true;
     drive(
         [&] {

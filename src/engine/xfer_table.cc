@@ -66,9 +66,10 @@ XferStatus XferTable::take(XferId id) {
     XferStatus out;
     Slot* s = (id & 0xffffffffu) == 0 ? nullptr : slot(index_of(id));
     if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) {
+        // Not NOT_FOUND: that is what a refused transfer (an unknown remote key) reports.
         out.state = XferState::kFailed;
-        out.error = not_found(strformat("no transfer %016llx (unknown, or already reported)",
-                                        static_cast<unsigned long long>(id)));
+        out.error = invalid_argument(strformat("no transfer %016llx (unknown, or already reported)",
+                                               static_cast<unsigned long long>(id)));
         return out;
     }
     out.state = static_cast<XferState>(s->state.load());

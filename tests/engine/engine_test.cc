@@ -361,13 +361,17 @@ TEST_F(EnginePair, LocalErrorsAreReportedAtOnce) {
     EXPECT_EQ(a_->reg(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(a_->reg(abuf_->data(), 0).status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(a_->dereg(4242).code(), StatusCode::kNotFound);
-    EXPECT_EQ(a_->poll(0xdeadbeef).error.code(), StatusCode::kNotFound);
+    EXPECT_EQ(a_->poll(0xdeadbeef).error.code(), StatusCode::kInvalidArgument);
     // A finished transfer is reported once.
     auto x = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, 10);
     ASSERT_TRUE(x.ok());
     ASSERT_TRUE(a_->wait(*x, 5s).ok());
-    EXPECT_EQ(a_->poll(*x).error.code(), StatusCode::kNotFound);
-    EXPECT_EQ(a_->wait(*x, 5s).code(), StatusCode::kNotFound);
+    EXPECT_EQ(a_->poll(*x).error.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a_->wait(*x, 5s).code(), StatusCode::kInvalidArgument);
+    // "For ever" does not overflow.
+    auto y = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, 10);
+    ASSERT_TRUE(y.ok());
+    EXPECT_TRUE(a_->wait(*y, std::chrono::milliseconds::max()).ok());
 }
 
 TEST_F(EnginePair, DeregisteredRegionsRefuseNewRequestsAndWaitForOldOnes) {
