@@ -88,7 +88,7 @@ Endpoint::Impl::~Impl() {
     stop_.store(true);
     wake();
     if (progress_thread_.joinable()) progress_thread_.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) continue;
         if (p->ctrl.valid()) {
@@ -199,6 +199,9 @@ void Endpoint::Impl::run_progress_thread() {
             heartbeat_ms =
                 static_cast<int>(std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, 1000));
         }
+        // Let API calls waiting for the lock in (posting threads would otherwise lose the race
+        // for it again and again).
+        for (int i = 0; i < 1000 && api_waiting_.load() > 0; ++i) std::this_thread::yield();
         if (did) {
             idle = 0;
             continue;
@@ -264,7 +267,7 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
     TCPX_ASSIGN_OR_RETURN(engine::EndpointAddress addr, engine::decode_metadata(metadata));
     PeerId id;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        auto lock = api_lock();
         TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
         auto p = std::make_unique<Peer>();
         p->id = id = next_peer_++;
@@ -301,7 +304,7 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
                    it->second->state == Peer::State::kFailed;
         },
         deadline);
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     auto it = peers_.find(id);
     if (it == peers_.end()) return unavailable("connect: the connection went away");
     Peer& p = *it->second;
@@ -333,13 +336,13 @@ StatusOr<PeerId> Endpoint::Impl::accept(std::chrono::milliseconds timeout) {
     };
     drive(take, deadline);
     if (found != 0) return found;
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     if (take()) return found;
     return timeout_error("accept: no new peer connected in time");
 }
 
 Status Endpoint::Impl::disconnect(PeerId peer) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     auto it = peers_.find(peer);
     if (it == peers_.end())
         return not_found(
@@ -355,7 +358,7 @@ Status Endpoint::Impl::disconnect(PeerId peer) {
 }
 
 StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     auto it = peers_.find(peer);
     if (it == peers_.end())
         return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));

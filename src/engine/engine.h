@@ -181,6 +181,15 @@ class Endpoint::Impl {
     Impl() = default;
     Status init(const Config& config, std::string name);
 
+    // The engine lock for an API call. The progress thread, which takes the lock over and over,
+    // yields it to callers that announce themselves here (std::mutex is not fair).
+    std::unique_lock<std::mutex> api_lock() {
+        api_waiting_.fetch_add(1);
+        std::unique_lock<std::mutex> lock(mu_);
+        api_waiting_.fetch_sub(1);
+        return lock;
+    }
+
     // --- progress (all under mu_) ---
     bool progress_once();
     bool progress_peer(Peer& p, bool readable);
@@ -247,7 +256,9 @@ class Endpoint::Impl {
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
-    std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
+    std::atomic<uint64_t> posted_{0};
+    std::atomic<int> api_waiting_{
+        0};  // API calls waiting for mu_  // bumped by wake(): work the progress thread must see
     bool own_progress_thread_ = false;
 };
 

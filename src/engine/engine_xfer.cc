@@ -20,7 +20,7 @@ namespace wire = engine::wire;
 // ----------------------------------------------------------------------------------------
 
 StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, MemKind::kHost, -1));
     return r->id;
 }
@@ -28,7 +28,7 @@ StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
 Status Endpoint::Impl::dereg(MemId mem) {
     Region* dying = nullptr;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        auto lock = api_lock();
         TCPX_ASSIGN_OR_RETURN(dying, registry_.kill(mem));
         if (dying == nullptr) return Status();
     }
@@ -37,7 +37,7 @@ Status Endpoint::Impl::dereg(MemId mem) {
     const auto deadline =
         engine::deadline_after(std::chrono::milliseconds(config_.peer_timeout_ms));
     if (drive([&] { return !registry_.exists(mem); }, deadline)) return Status();
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     if (!registry_.exists(mem)) return Status();
     // The peers holding it up have not completed within the peer timeout: disconnect them, so
     // nothing touches the region once we return.
@@ -59,7 +59,7 @@ Status Endpoint::Impl::dereg(MemId mem) {
 }
 
 StatusOr<RemoteMem> Endpoint::Impl::describe(MemId mem) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     Region* r = registry_.find(mem);
     if (r == nullptr) {
         return not_found(
@@ -155,7 +155,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     if (notification && notification->size() > wire::kMaxBody / 2) {
         return invalid_argument("write: notification too large");
     }
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     // Everything is checked before anything is sent.
     std::vector<Region*> regions;
@@ -225,7 +225,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
         return invalid_argument(
             strformat("read: %zu pieces exceed the limit of %zu", iov.size(), wire::kMaxSegments));
     }
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     std::vector<Region*> regions;
     for (const IoVec& v : iov) {
@@ -261,7 +261,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
 
 Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
     if (payload.size() > wire::kMaxBody / 2) return invalid_argument("notify: payload too large");
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     send_ctrl(*p, wire::encode_notif(payload));
     progress_peer(*p, false);
@@ -281,7 +281,7 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
 
 StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
                                       uint64_t tag) {
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("send");
@@ -302,7 +302,7 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
 
 StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
                                       uint64_t tag) {
-    std::unique_lock<std::mutex> lock(mu_);
+    auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("recv");
@@ -356,11 +356,11 @@ XferStatus Endpoint::Impl::poll(XferId xfer) {
         if (lock.owns_lock()) progress_once();
     }
     if (!xfers_->state(xfer, &state)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        auto lock = api_lock();
         return xfers_->take(xfer);  // reports NOT_FOUND
     }
     if (state == XferState::kInProgress) return XferStatus{};
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     return xfers_->take(xfer);
 }
 
@@ -374,7 +374,7 @@ Status Endpoint::Impl::wait(XferId xfer, std::chrono::milliseconds timeout) {
             return !known || state != XferState::kInProgress;
         },
         deadline);
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = api_lock();
     XferStatus st = xfers_->take(xfer);
     if (st.state == XferState::kInProgress) {
         return timeout_error(strformat("transfer %016llx still in flight after %lld ms",

@@ -219,9 +219,11 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
             msg.total = sizeof(wire::MsgHeader) + size;
             msg.req = req;
             out_.push_back(msg);
-            // Fast path: write the message from this thread when the control socket's writer is
-            // free, sparing a thread handoff on the latency-critical path.
-            if (control_->io_mu_.try_lock()) {
+            // Fast path: a lone message (nothing else of this comm outstanding) is written by
+            // this thread when the control socket's writer is free, sparing a thread handoff on
+            // the latency-critical path. Under load the I/O thread writes: a posting thread that
+            // wrote every small message would serialize the comm on itself.
+            if (reqs_.in_use() == 1 && out_.size() == 1 && control_->io_mu_.try_lock()) {
                 fast = true;
             } else {
                 kick_locked(control_);
@@ -472,6 +474,7 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
     if (closing_) return error_locked("irecv");
     RecvReq* req = reqs_.take();
     if (req == nullptr) return Status();  // no room: the caller posts again later
+    outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
     req->n = n;
     req->first_seq = next_post_seq_;
     next_post_seq_ += static_cast<uint64_t>(n);
@@ -491,11 +494,14 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
 Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
     *done = false;
     ReqState state = req->state.load(std::memory_order_acquire);
-    if (state == ReqState::kPending && control_->io_mu_.try_lock()) {
-        // Progress in test(), as NCCL's own socket transport does: a caller polling for a small
-        // message reads it on its own core the moment it arrives, instead of waiting for an I/O
-        // thread to wake up and hand it over. Only the control socket (whole small messages);
-        // when its I/O thread holds it, that thread is already at work.
+    if (state == ReqState::kPending && outstanding_.load(std::memory_order_relaxed) == 1 &&
+        control_->io_mu_.try_lock()) {
+        // Progress in test(), as NCCL's own socket transport does: a caller polling for a lone
+        // small message reads it on its own core the moment it arrives, instead of waiting for
+        // an I/O thread to wake up and hand it over. Only the control socket (whole small
+        // messages), only while this is the one receive outstanding (under load the I/O thread
+        // reads: a polling thread reading everything would serialize the comm on itself), and
+        // not while its I/O thread holds it (that thread is already at work).
         control_->service_locked();
         control_->io_mu_.unlock();
         state = req->state.load(std::memory_order_acquire);
@@ -514,6 +520,7 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
         result = req->error.ok() ? error_locked("irecv") : Status(req->error).with_context("irecv");
     }
     reqs_.give(req);
+    outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
     return result;
 }
 

@@ -367,10 +367,11 @@ class RecvComm final : public Comm {
 
     RecvControlConn* control_ = nullptr;
     std::vector<RecvDataConn*> data_;
-    RequestPool<RecvReq> reqs_;    // under mu_
-    std::deque<RecvReq*> posted_;  // under mu_: receives with messages still to bind
-    uint64_t next_post_seq_ = 0;   // under mu_: first seq of the next receive
-    uint64_t bound_upto_ = 0;      // under mu_: every seq below is bound
+    RequestPool<RecvReq> reqs_;        // under mu_
+    std::atomic<int> outstanding_{0};  // reqs_.in_use(), readable without mu_ (test() fast path)
+    std::deque<RecvReq*> posted_;      // under mu_: receives with messages still to bind
+    uint64_t next_post_seq_ = 0;       // under mu_: first seq of the next receive
+    uint64_t bound_upto_ = 0;          // under mu_: every seq below is bound
     std::unordered_map<uint64_t, RecvMsg> chunked_;  // under mu_: bound, chunks still arriving
     std::vector<Conn*> parked_;                      // under mu_
     int eofs_ = 0;                                   // under mu_
