@@ -215,6 +215,8 @@ class Endpoint::Impl {
     Status handle_hello(Peer& p, std::string_view body);
 
     // --- transfers ---
+    StatusOr<std::vector<engine::Region*>> resolve_pieces(const char* op,
+                                                          std::span<const IoVec> iov);
     StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
     void queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint64_t len);

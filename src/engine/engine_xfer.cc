@@ -146,34 +146,42 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
 // --- posting
 // ---------------------------------------------------------------------------------------
 
+// Checks every piece of a one-sided transfer before anything is sent: the local range against
+// our registrations, the remote range against the descriptor (the target checks again).
+StatusOr<std::vector<Region*>> Endpoint::Impl::resolve_pieces(const char* op,
+                                                              std::span<const IoVec> iov) {
+    if (iov.size() > wire::kMaxSegments) {
+        return invalid_argument(strformat("%s: %zu pieces exceed the limit of %zu", op, iov.size(),
+                                          wire::kMaxSegments));
+    }
+    std::vector<Region*> regions;
+    regions.reserve(iov.size());
+    for (const IoVec& v : iov) {
+        auto r = registry_.resolve(v.mem, v.offset, v.len);
+        if (!r.ok()) return Status(r.status()).with_context(op);
+        if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
+            return out_of_range(
+                strformat("%s: [%llu, +%llu) is outside the remote region of %llu "
+                          "bytes",
+                          op, static_cast<unsigned long long>(v.remote_offset),
+                          static_cast<unsigned long long>(v.len),
+                          static_cast<unsigned long long>(v.remote.len)));
+        }
+        regions.push_back(*r);
+    }
+    return regions;
+}
+
 StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
                                        std::optional<std::string_view> notification) {
-    if (iov.size() > wire::kMaxSegments) {
-        return invalid_argument(
-            strformat("write: %zu pieces exceed the limit of %zu", iov.size(), wire::kMaxSegments));
-    }
     if (notification && notification->size() > wire::kMaxBody / 2) {
         return invalid_argument("write: notification too large");
     }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
-    // Everything is checked before anything is sent.
-    std::vector<Region*> regions;
+    TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("write", iov));
     uint64_t total = 0;
-    for (const IoVec& v : iov) {
-        auto r = registry_.resolve(v.mem, v.offset, v.len);
-        if (!r.ok()) return Status(r.status()).with_context("write");
-        if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
-            return out_of_range(
-                strformat("write: [%llu, +%llu) is outside the remote region of "
-                          "%llu bytes",
-                          static_cast<unsigned long long>(v.remote_offset),
-                          static_cast<unsigned long long>(v.len),
-                          static_cast<unsigned long long>(v.remote.len)));
-        }
-        regions.push_back(*r);
-        total += v.len;
-    }
+    for (const IoVec& v : iov) total += v.len;
     // The request must fit one control message (the peer refuses larger ones).
     const uint64_t request_bytes = 64 + 24 * iov.size() +
                                    (notification ? notification->size() : 0) +
@@ -221,26 +229,9 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
 }
 
 StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
-    if (iov.size() > wire::kMaxSegments) {
-        return invalid_argument(
-            strformat("read: %zu pieces exceed the limit of %zu", iov.size(), wire::kMaxSegments));
-    }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
-    std::vector<Region*> regions;
-    for (const IoVec& v : iov) {
-        auto r = registry_.resolve(v.mem, v.offset, v.len);
-        if (!r.ok()) return Status(r.status()).with_context("read");
-        if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
-            return out_of_range(
-                strformat("read: [%llu, +%llu) is outside the remote region of "
-                          "%llu bytes",
-                          static_cast<unsigned long long>(v.remote_offset),
-                          static_cast<unsigned long long>(v.len),
-                          static_cast<unsigned long long>(v.remote.len)));
-        }
-        regions.push_back(*r);
-    }
+    TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
     x->wire_id = next_wire_id_++;
     wire::ReadReq req;
