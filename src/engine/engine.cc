@@ -105,7 +105,7 @@ std::string Endpoint::Impl::metadata() const {
     engine::EndpointAddress a;
     a.name = name_;
     a.address = listen_addr_;
-    a.gpu = -1;
+    a.gpu = static_cast<int32_t>(config_.gpu_index);
     a.nonce = nonce_;
     return engine::encode_metadata(a);
 }

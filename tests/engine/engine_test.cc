@@ -70,6 +70,12 @@ TEST_F(EnginePair, MetadataAndNames) {
     EXPECT_EQ(info->name, "beta");
     EXPECT_EQ(info->host, "127.0.0.1");
     EXPECT_NE(info->port, 0);
+    EXPECT_EQ(info->gpu, -1);
+    Config with_gpu = engine_test_config();
+    with_gpu.gpu_index = 3;
+    auto g = make_endpoint("gpu3", with_gpu);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(Endpoint::parse_metadata(g->metadata())->gpu, 3);
     EXPECT_EQ(*a_->peer_name(link_.a_to_b), "beta");
     EXPECT_EQ(*b_->peer_name(link_.b_to_a), "alpha");
     EXPECT_EQ(b_->accept(20ms).status().code(), StatusCode::kTimeout);
