@@ -226,6 +226,7 @@ class Endpoint::Impl {
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
 
     Status check_serving_limit(const Peer& p) const;
+    StatusOr<Xfer*> take_awaiting(Peer& p, uint64_t wire_id, Xfer::Kind kind, const char* what);
     Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_write_ack(Peer& p, std::string_view body);
     Status on_read_req(Peer& p, std::string_view body);

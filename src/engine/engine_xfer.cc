@@ -550,17 +550,24 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     return Status();
 }
 
-Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
-    wire::WriteAck ack;
-    TCPX_RETURN_IF_ERROR(wire::decode_write_ack(body, &ack));
-    auto it = p.awaiting.find(ack.xfer);
-    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kWrite) {
-        return protocol_error(strformat("WRITE_ACK for unknown transfer %llu",
-                                        static_cast<unsigned long long>(ack.xfer)));
+// The transfer of ours that a reply names: it must be waiting for exactly that kind of reply.
+StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::take_awaiting(Peer& p, uint64_t wire_id,
+                                                              Xfer::Kind kind, const char* what) {
+    auto it = p.awaiting.find(wire_id);
+    if (it == p.awaiting.end() || it->second->kind != kind) {
+        return protocol_error(strformat("%s for unknown transfer %llu", what,
+                                        static_cast<unsigned long long>(wire_id)));
     }
     Xfer* x = it->second;
     p.awaiting.erase(it);
     x->waiting = false;
+    return x;
+}
+
+Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
+    wire::WriteAck ack;
+    TCPX_RETURN_IF_ERROR(wire::decode_write_ack(body, &ack));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, ack.xfer, Xfer::Kind::kWrite, "WRITE_ACK"));
     if (x->result.ok()) x->result = wire::to_status(ack.result, "peer '" + p.name + "'");
     maybe_finish(x);
     return Status();
@@ -618,14 +625,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
 Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view body) {
     wire::ReadResp resp;
     TCPX_RETURN_IF_ERROR(wire::decode_read_resp(body, flags, &resp));
-    auto it = p.awaiting.find(resp.xfer);
-    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kRead) {
-        return protocol_error(strformat("READ_RESP for unknown transfer %llu",
-                                        static_cast<unsigned long long>(resp.xfer)));
-    }
-    Xfer* x = it->second;
-    p.awaiting.erase(it);
-    x->waiting = false;
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, resp.xfer, Xfer::Kind::kRead, "READ_RESP"));
     Status st = wire::to_status(resp.result, "peer '" + p.name + "'");
     if (!st.ok()) {
         x->result = st;
@@ -673,14 +673,7 @@ Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
 Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
     wire::RecvCts cts;
     TCPX_RETURN_IF_ERROR(wire::decode_recv_cts(body, &cts));
-    auto it = p.awaiting.find(cts.send_xfer);
-    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kSend) {
-        return protocol_error(strformat("RECV_CTS for unknown send %llu",
-                                        static_cast<unsigned long long>(cts.send_xfer)));
-    }
-    Xfer* x = it->second;
-    p.awaiting.erase(it);
-    x->waiting = false;
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, cts.send_xfer, Xfer::Kind::kSend, "RECV_CTS"));
     Status st = wire::to_status(cts.result, "peer '" + p.name + "'");
     if (!st.ok()) {
         x->result = st;
@@ -705,18 +698,14 @@ Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view bo
     wire::SendData data;
     TCPX_RETURN_IF_ERROR(wire::decode_send_data(body, flags, &data));
     auto it = p.awaiting.find(data.recv_xfer);
-    if (it == p.awaiting.end() || it->second->kind != Xfer::Kind::kRecv) {
-        return protocol_error(strformat("SEND_DATA for unknown receive %llu",
-                                        static_cast<unsigned long long>(data.recv_xfer)));
-    }
-    Xfer* x = it->second;
-    if (data.len != x->len) {
+    if (it != p.awaiting.end() && it->second->kind == Xfer::Kind::kRecv &&
+        data.len != it->second->len) {
         return protocol_error(strformat("SEND_DATA of %llu bytes for a send of %llu",
                                         static_cast<unsigned long long>(data.len),
-                                        static_cast<unsigned long long>(x->len)));
+                                        static_cast<unsigned long long>(it->second->len)));
     }
-    p.awaiting.erase(it);
-    x->waiting = false;
+    TCPX_ASSIGN_OR_RETURN(Xfer * x,
+                          take_awaiting(p, data.recv_xfer, Xfer::Kind::kRecv, "SEND_DATA"));
     const Xfer::Piece& piece = x->pieces.front();
     if (flags & wire::kFlagInline) {
         std::memcpy(piece.region->base + piece.offset, data.data.data(), data.len);
