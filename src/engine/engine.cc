@@ -16,6 +16,7 @@
 #include "common/strings.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
+#include "net/plugin/plugin_loader.h"
 #include "net/socket/socket_net.h"
 
 namespace tcpx {
@@ -49,14 +50,22 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
         return invalid_argument(
             strformat("endpoint name of %zu bytes exceeds %zu", name.size(), wire::kMaxName));
     }
-    TCPX_ASSIGN_OR_RETURN(auto net, net::SocketNet::create(config));
+    if (config.net_plugin.empty()) {
+        TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
+    } else {
+        TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin));
+    }
     net::Properties props;
-    TCPX_RETURN_IF_ERROR(net->get_properties(dev_, &props));
+    TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props));
     window_ = static_cast<int>(std::min<int64_t>(config.window, props.max_requests));
-    // The control listener sits on the transport's interface, so peers reach both the same way.
-    listen_addr_ = net->interfaces()[static_cast<size_t>(dev_)].address;
+    // The control listener sits on the interface SOCKET_IFNAME selects (the socket transport's
+    // too), so peers reach both the same way.
+    AddressFamily family = AddressFamily::kAny;
+    parse_address_family(config.socket_family, &family);
+    TCPX_ASSIGN_OR_RETURN(auto interfaces, find_interfaces(config.socket_ifname, family));
+    listen_addr_ = interfaces.front().address;
     listen_addr_.set_port(static_cast<uint16_t>(config.port));
-    net_ = std::move(net);
+    registry_.set_on_free([this](engine::Region* r) { forget_region(r); });
     TCPX_ASSIGN_OR_RETURN(listen_fd_, listen_tcp(listen_addr_, 1024));
     TCPX_ASSIGN_OR_RETURN(listen_addr_, local_address(listen_fd_.get()));
     nonce_ = random_u64();
@@ -599,6 +608,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // buffers of the requests it abandons, so the transfers can be failed and their regions
     // released.
     for (Channel& ch : p.tx) {
+        drop_mrs(ch, true);
         if (ch.send != nullptr) (void)net_->close_send(ch.send);
         ch.send = nullptr;
         active_ops_ -= ch.queued.size() + ch.inflight.size();
@@ -606,6 +616,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         ch.inflight.clear();
     }
     for (Channel& ch : p.rx) {
+        drop_mrs(ch, false);
         if (ch.recv != nullptr) (void)net_->close_recv(ch.recv);
         ch.recv = nullptr;
         active_ops_ -= ch.queued.size() + ch.inflight.size();

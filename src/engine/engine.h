@@ -91,7 +91,8 @@ struct Xfer {
 // One chunk request, queued on a channel or in flight there.
 struct Op {
     Xfer* xfer;
-    uint8_t* ptr;  // null for a scratch receive (a refused write being drained)
+    Region* region;  // the registration it reads or writes; null for a scratch receive
+    uint8_t* ptr;    // null for a scratch receive (a refused write being drained)
     uint64_t len;
 };
 
@@ -106,6 +107,10 @@ struct Channel {
     std::deque<InFlight> inflight;
     bool scratch_busy = false;           // one scratch receive at a time per channel
     std::unique_ptr<uint8_t[]> scratch;  // xfer_chunk_size bytes, made on first need
+    // The transport's registrations of our regions with this channel's comm (ncclNet registers
+    // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use.
+    std::unordered_map<Region*, net::MemHandle*> mrs;
+    net::MemHandle* scratch_mr = nullptr;
 };
 
 struct Peer {
@@ -219,7 +224,13 @@ class Endpoint::Impl {
                                                           std::span<const IoVec> iov);
     StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
-    void queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint64_t len);
+    // Cuts [ptr, ptr + len) of `region` into chunk requests on p's channels; a null region (and
+    // ptr) drains into scratch.
+    void queue_chunks(Peer& p, bool tx, Xfer* x, engine::Region* region, uint8_t* ptr,
+                      uint64_t len);
+    StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op);
+    void drop_mrs(Channel& ch, bool tx);
+    void forget_region(engine::Region* r);
     void op_done(const engine::Op& op);
     void maybe_finish(Xfer* x);
     void destroy(Xfer* x);

@@ -102,7 +102,8 @@ void Endpoint::Impl::destroy(Xfer* x) {
     delete x;
 }
 
-void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint64_t len) {
+void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, Region* region, uint8_t* ptr,
+                                  uint64_t len) {
     // Round-robin over the channels with the direction's counter: the peer assigns the matching
     // requests with its own copy of the counter, in the same order (see engine.h).
     const uint64_t chunk = config_.xfer_chunk_size;
@@ -111,7 +112,7 @@ void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, uint8_t* ptr, uint6
     for (uint64_t off = 0; off < len; off += chunk) {
         const uint64_t n = std::min(chunk, len - off);
         Channel& ch = channels[seq++ % channels.size()];
-        ch.queued.push_back(Op{x, ptr == nullptr ? nullptr : ptr + off, n});
+        ch.queued.push_back(Op{x, region, ptr == nullptr ? nullptr : ptr + off, n});
         ++x->ops_left;
         ++active_ops_;
     }
@@ -216,7 +217,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     send_ctrl(*p, std::move(msg));
     if (!is_inline) {
         for (const Xfer::Piece& piece : x->pieces) {
-            queue_chunks(*p, true, x, piece.region->base + piece.offset, piece.len);
+            queue_chunks(*p, true, x, piece.region, piece.region->base + piece.offset, piece.len);
         }
     }
     x->waiting = true;
@@ -412,15 +413,21 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             if (!ch.scratch) ch.scratch.reset(new uint8_t[config_.xfer_chunk_size]);
             ptr = ch.scratch.get();
         }
+        auto mr = mr_for(ch, tx, op);
+        if (!mr.ok()) {
+            fail_peer(p, Status(mr.status()).with_context("registering memory with the transport"));
+            return true;
+        }
+        net::MemHandle* mh = *mr;
         net::Request* req = nullptr;
         Status st;
         if (tx) {
-            st = net_->isend(ch.send, ptr, op.len, 0, nullptr, &req);
+            st = net_->isend(ch.send, ptr, op.len, 0, mh, &req);
         } else {
             void* data = ptr;
             size_t size = op.len;
             int tag = 0;
-            st = net_->irecv(ch.recv, 1, &data, &size, &tag, nullptr, &req);
+            st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
         }
         if (!st.ok()) {
             fail_peer(p, st.with_context(tx ? "data channel send" : "data channel receive"));
@@ -433,6 +440,49 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         did = true;
     }
     return did;
+}
+
+StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op) {
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (op.region == nullptr) {
+        if (ch.scratch_mr == nullptr) {
+            TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), config_.xfer_chunk_size,
+                                              net::MemType::kHost, &ch.scratch_mr));
+        }
+        return ch.scratch_mr;
+    }
+    auto it = ch.mrs.find(op.region);
+    if (it != ch.mrs.end()) return it->second;
+    net::MemHandle* mh = nullptr;
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, op.region->base, op.region->len, net::MemType::kHost, &mh));
+    ch.mrs.emplace(op.region, mh);
+    return mh;
+}
+
+void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (comm == nullptr) return;
+    for (auto& [region, mh] : ch.mrs) (void)net_->dereg_mr(comm, mh);
+    ch.mrs.clear();
+    if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
+    ch.scratch_mr = nullptr;
+}
+
+// A region is being freed: no request uses it any more (its transfers held references), so its
+// registrations with every comm can go.
+void Endpoint::Impl::forget_region(Region* r) {
+    for (auto& [id, p] : peers_) {
+        for (bool tx : {true, false}) {
+            for (Channel& ch : tx ? p->tx : p->rx) {
+                auto it = ch.mrs.find(r);
+                if (it == ch.mrs.end()) continue;
+                void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+                if (comm != nullptr) (void)net_->dereg_mr(comm, it->second);
+                ch.mrs.erase(it);
+            }
+        }
+    }
 }
 
 // --- control messages
@@ -542,8 +592,9 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         // The data is on its way whatever we think of the request: receive it where it belongs,
         // or into scratch if refused, so the channels stay in step.
         for (size_t i = 0; i < req.segs.size(); ++i) {
+            Region* r = ok ? regions[i] : nullptr;
             uint8_t* dst = ok ? regions[i]->base + req.segs[i].offset : nullptr;
-            queue_chunks(p, false, x, dst, req.segs[i].len);
+            queue_chunks(p, false, x, r, dst, req.segs[i].len);
         }
     }
     maybe_finish(x);
@@ -616,7 +667,8 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     x->wire_id = req.xfer;
     for (size_t i = 0; i < req.segs.size(); ++i) {
         hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
-        queue_chunks(p, true, x, regions[i]->base + req.segs[i].offset, req.segs[i].len);
+        queue_chunks(p, true, x, regions[i], regions[i]->base + req.segs[i].offset,
+                     req.segs[i].len);
     }
     maybe_finish(x);
     return Status();
@@ -644,7 +696,7 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
         }
     } else {
         for (const Xfer::Piece& piece : x->pieces) {
-            queue_chunks(p, false, x, piece.region->base + piece.offset, piece.len);
+            queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, piece.len);
         }
     }
     maybe_finish(x);
@@ -689,7 +741,9 @@ Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
     }
     wire::end_message(&msg);
     send_ctrl(p, std::move(msg));
-    if (!is_inline) queue_chunks(p, true, x, piece.region->base + piece.offset, x->len);
+    if (!is_inline) {
+        queue_chunks(p, true, x, piece.region, piece.region->base + piece.offset, x->len);
+    }
     maybe_finish(x);
     return Status();
 }
@@ -710,7 +764,7 @@ Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view bo
     if (flags & wire::kFlagInline) {
         std::memcpy(piece.region->base + piece.offset, data.data.data(), data.len);
     } else {
-        queue_chunks(p, false, x, piece.region->base + piece.offset, data.len);
+        queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, data.len);
     }
     maybe_finish(x);
     return Status();

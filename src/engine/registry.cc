@@ -87,14 +87,19 @@ StatusOr<Region*> Registry::kill(MemId id) {
     r->dead = true;
     by_key_.erase(r->key);
     if (r->refs == 0) {
-        by_id_.erase(it);
+        free_region(it);
         return static_cast<Region*>(nullptr);
     }
     return r;
 }
 
 void Registry::unref(Region* r) {
-    if (--r->refs == 0 && r->dead) by_id_.erase(r->id);
+    if (--r->refs == 0 && r->dead) free_region(by_id_.find(r->id));
+}
+
+void Registry::free_region(std::unordered_map<MemId, std::unique_ptr<Region>>::iterator it) {
+    if (on_free_) on_free_(it->second.get());
+    by_id_.erase(it);
 }
 
 }  // namespace tcpx::engine

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 
@@ -25,6 +26,10 @@ struct Region {
 
 class Registry {
  public:
+    // Called with each region just before it is freed (the engine drops the transports'
+    // registrations of it).
+    void set_on_free(std::function<void(Region*)> fn) { on_free_ = std::move(fn); }
+
     StatusOr<Region*> add(void* ptr, uint64_t len, MemKind kind, int32_t device);
     // A live region by id / by key; null if there is none.
     Region* find(MemId id) const;
@@ -47,6 +52,9 @@ class Registry {
     size_t size() const { return by_id_.size(); }
 
  private:
+    void free_region(std::unordered_map<MemId, std::unique_ptr<Region>>::iterator it);
+
+    std::function<void(Region*)> on_free_;
     std::unordered_map<MemId, std::unique_ptr<Region>> by_id_;  // live and dying regions
     std::unordered_map<uint64_t, Region*> by_key_;              // live regions
     MemId next_id_ = 1;

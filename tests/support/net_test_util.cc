@@ -39,6 +39,7 @@ std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings) 
     setenv("TCPX_P2P_IO_THREADS", std::to_string(settings.io_threads).c_str(), 1);
     net::V7Options options;
     options.max_requests = static_cast<int>(settings.max_requests);
+    options.reports_sizes = true;
     auto net = net::V7Net::create(net::socket_net_v7(), options);
     if (!net.ok()) return nullptr;
     return std::move(net).value();

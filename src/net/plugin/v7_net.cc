@@ -115,8 +115,18 @@ StatusOr<std::unique_ptr<V7Net>> V7Net::create(const tcpx_ncclNet_v7_t* table, V
             return invalid_argument("ncclNet table '" + name + "' lacks a required function");
         }
     }
-    TCPX_RETURN_IF_ERROR(
-        from_nccl_result(table->init(nccl_logger_into_tcpx_log()), name + ": init"));
+    {
+        // One init per table and process: plugins set up global state there (Google's starts
+        // threads and reads its environment once).
+        static std::mutex mu;
+        static std::unordered_set<const void*> initialized;
+        std::lock_guard<std::mutex> lock(mu);
+        if (initialized.count(table) == 0) {
+            TCPX_RETURN_IF_ERROR(
+                from_nccl_result(table->init(nccl_logger_into_tcpx_log()), name + ": init"));
+            initialized.insert(table);
+        }
+    }
     int ndev = 0;
     TCPX_RETURN_IF_ERROR(from_nccl_result(table->devices(&ndev), name + ": devices"));
     if (ndev < 1) return not_found(name + ": no network devices");
@@ -127,7 +137,10 @@ V7Net::V7Net(const tcpx_ncclNet_v7_t* table, V7Options options, int ndev)
     : table_(table),
       options_(options),
       name_(table->name != nullptr ? table->name : "(unnamed)"),
-      ndev_(ndev) {}
+      ndev_(ndev) {
+    Properties props;
+    reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
+}
 
 V7Net::~V7Net() = default;
 
@@ -142,8 +155,9 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->getProperties(dev, &p), name_ + ": getProperties"));
     *props = from_v7(p);
-    props->max_requests = options_.max_requests;
-    props->reports_sizes = options_.reports_sizes;
+    const bool unpack = props->device_type == DeviceType::kUnpack;
+    props->max_requests = options_.max_requests > 0 ? options_.max_requests : (unpack ? 16 : 8);
+    props->reports_sizes = options_.reports_sizes.value_or(!unpack);
     return Status();
 }
 
@@ -297,7 +311,7 @@ Status V7Net::test(Request* request, bool* done, size_t* sizes) {
     }
     if (!finished) return Status();
     *done = true;
-    if (sizes != nullptr && options_.reports_sizes) {
+    if (sizes != nullptr && reports_sizes_) {
         for (int i = 0; i < r->n; ++i) {
             sizes[i] = int_sizes[i] < 0 ? 0 : static_cast<size_t>(int_sizes[i]);
         }

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -13,11 +14,13 @@
 namespace tcpx::net {
 
 struct V7Options {
-    // Requests in flight per comm the table is known to accept (v7 does not say). NCCL itself
-    // keeps at most 8; Google's TCPX allows 16.
-    int max_requests = 8;
-    // Whether test() fills in received sizes (Google's TCPX plugin does not).
-    bool reports_sizes = true;
+    // Requests in flight per comm the table is known to accept (v7 does not say). 0: derived from
+    // the device type — 16 for UNPACK devices (Google's TCPX allows 16), else 8 (what NCCL itself
+    // keeps in flight).
+    int max_requests = 0;
+    // Whether test() fills in received sizes. Unset: not for UNPACK devices (Google's TCPX plugin
+    // never does), yes otherwise.
+    std::optional<bool> reports_sizes;
 };
 
 class V7Net final : public Net {
@@ -67,6 +70,7 @@ class V7Net final : public Net {
     const V7Options options_;
     const std::string name_;
     const int ndev_;
+    bool reports_sizes_ = false;  // of device 0
 
     std::mutex mu_;
     // connect() in progress, by the caller's handle: its device-handle storage must stay put

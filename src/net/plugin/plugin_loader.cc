@@ -1,0 +1,99 @@
+#include "net/plugin/plugin_loader.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "net/ncclnet_v7.h"
+#include "net/plugin/v7_net.h"
+
+namespace tcpx::net {
+namespace {
+
+// Google's plugin reads these; left unset, threads x sockets fall back to 1 x 1 and the dynamic
+// chunk size to 0, with which receives never finish (shared/reference/tcpx-plugin.md). The values
+// are those of Google's published A3-high configurations.
+constexpr struct {
+    const char* name;
+    const char* value;
+} kTcpxDefaults[] = {
+    {"NCCL_NSOCKS_PERTHREAD", "4"},
+    {"NCCL_SOCKET_NTHREADS", "1"},
+    {"NCCL_DYNAMIC_CHUNK_SIZE", "524288"},
+    {"NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "500000"},
+};
+
+bool is_google_tcpx(const tcpx_ncclNet_v7_t* table) {
+    return table->name != nullptr && std::string_view(table->name).rfind("GPUDirectTCPX", 0) == 0;
+}
+
+// Plugins loaded so far, by path: a second endpoint reuses the handle (and the plugin's one-time
+// init), and nothing is ever dlclose()d.
+std::mutex g_mu;
+std::unordered_map<std::string, void*>& loaded() {
+    static auto* m = new std::unordered_map<std::string, void*>;
+    return *m;
+}
+
+}  // namespace
+
+std::string tcpx_env_defaults() {
+    std::string out;
+    for (const auto& d : kTcpxDefaults) out += std::string(d.name) + "=" + d.value + "\n";
+    return out;
+}
+
+StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
+    if (path.empty()) return invalid_argument("net plugin: empty path");
+    void* lib = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto it = loaded().find(path);
+        if (it != loaded().end()) {
+            lib = it->second;
+        } else {
+            dlerror();
+            lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+            if (lib == nullptr) {
+                const char* err = dlerror();
+                return not_found(strformat("net plugin: cannot load %s: %s", path.c_str(),
+                                           err != nullptr ? err : "unknown error"));
+            }
+            loaded().emplace(path, lib);
+        }
+    }
+    auto* table = static_cast<const tcpx_ncclNet_v7_t*>(::dlsym(lib, "ncclNetPlugin_v7"));
+    if (table == nullptr) {
+        std::string newer;
+        for (int v = 8; v <= 12; ++v) {
+            if (::dlsym(lib, strformat("ncclNetPlugin_v%d", v).c_str()) != nullptr) {
+                newer += strformat(" v%d", v);
+            }
+        }
+        return unimplemented(strformat(
+            "net plugin %s exports no ncclNetPlugin_v7 table%s%s; tcpx-p2p loads v7 plugins",
+            path.c_str(), newer.empty() ? "" : ", only", newer.c_str()));
+    }
+    if (is_google_tcpx(table)) {
+        for (const auto& d : kTcpxDefaults) {
+            if (::getenv(d.name) == nullptr) {
+                ::setenv(d.name, d.value, 0);
+                TCPX_INFO("net plugin %s: %s unset, using %s", table->name, d.name, d.value);
+            }
+        }
+    }
+    auto net = V7Net::create(table, V7Options{});
+    if (!net.ok()) return Status(net.status()).with_context("net plugin " + path);
+    TCPX_INFO("net plugin %s loaded from %s (%d devices)", (*net)->name().data(), path.c_str(),
+              (*net)->device_count());
+    return std::unique_ptr<Net>(std::move(net).value());
+}
+
+}  // namespace tcpx::net
