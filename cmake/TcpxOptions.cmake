@@ -8,8 +8,9 @@ if(TCPX_P2P_SANITIZE)
             message(FATAL_ERROR "TCPX_P2P_SANITIZE: unknown sanitizer '${_s}'")
         endif()
     endforeach()
-    add_compile_options(-fsanitize=${TCPX_P2P_SANITIZE} -fno-omit-frame-pointer
-                        -fno-sanitize-recover=all)
+    # C and C++ only: nvcc does not take these (device code is not instrumented anyway).
+    add_compile_options(
+        "$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${TCPX_P2P_SANITIZE};-fno-omit-frame-pointer;-fno-sanitize-recover=all>")
     add_link_options(-fsanitize=${TCPX_P2P_SANITIZE})
 endif()
 

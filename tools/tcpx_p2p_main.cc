@@ -7,6 +7,9 @@
 
 #include "bench/engine_bench.h"
 #include "bench/net_bench.h"
+#ifdef TCPX_P2P_HAVE_CUDA
+#include "bench/unpack_bench.h"
+#endif
 #include "common/params.h"
 #include "common/strings.h"
 #include "tcpx/version.h"
@@ -164,7 +167,22 @@ int main(int argc, char** argv) {
     bench_engine->add_flag("--no-progress", eng_no_progress, "No progress display on stderr");
     bench_engine->add_flag("--serve", eng_serve, "(internal) the targets of --procs 2")->group("");
 
+#ifdef TCPX_P2P_HAVE_CUDA
+    // bench unpack (built with the CUDA parts)
+    auto* bench_unpack = bench->add_subcommand(
+        "unpack", "The devmem-TCP unpack kernel vs cudaMemcpy device-to-device, on this GPU");
+    tcpx::bench::UnpackBenchOptions unpack_opts;
+    bench_unpack->add_option("--iters", unpack_opts.iters, "Launches per figure")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100000));
+    bench_unpack->add_flag("--json", unpack_opts.json, "Print JSON instead of a table");
+#endif
+
     CLI11_PARSE(app, argc, argv);
+
+#ifdef TCPX_P2P_HAVE_CUDA
+    if (bench_unpack->parsed()) return tcpx::bench::run_unpack_bench(unpack_opts);
+#endif
 
     if (params->parsed()) {
         if (!show_values) {

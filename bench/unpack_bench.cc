@@ -1,0 +1,134 @@
+#include "bench/unpack_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/memory.h"
+#include "cuda/unpack.h"
+
+namespace tcpx::bench {
+namespace {
+
+struct Result {
+    int entries;
+    uint32_t len;
+    double unpack_gbps;
+    double memcpy_gbps;
+};
+
+#define CHECK_CUDA(expr)                                                                           \
+    do {                                                                                           \
+        const cudaError_t e = (expr);                                                              \
+        if (e != cudaSuccess) {                                                                    \
+            std::fprintf(stderr, "tcpx-p2p bench unpack: %s: %s\n", #expr, cudaGetErrorString(e)); \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+}  // namespace
+
+// Each case is one receive's worth of entries: `entries` pieces of `len` bytes, scattered over a
+// 64 MiB page pool in random order, gathered into a contiguous destination — timed with CUDA
+// events over `iters` launches, against cudaMemcpyAsync of the same total bytes between the same
+// buffers.
+int run_unpack_bench(const UnpackBenchOptions& o) {
+    if (cuda::device_count() == 0) {
+        std::fprintf(stderr, "tcpx-p2p bench unpack: no GPU\n");
+        return 1;
+    }
+    constexpr size_t kPool = 64u << 20;
+    uint8_t* pool = nullptr;
+    uint8_t* dst = nullptr;
+    cuda::LoadMeta* entries = nullptr;
+    uint64_t* count = nullptr;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaMalloc(&pool, kPool));
+    CHECK_CUDA(cudaMalloc(&dst, kPool));
+    CHECK_CUDA(cudaMalloc(&entries, sizeof(cuda::LoadMeta) * cuda::kUnpackMaxEntries));
+    CHECK_CUDA(cudaMalloc(&count, sizeof(uint64_t)));
+    CHECK_CUDA(cudaStreamCreate(&stream));
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    CHECK_CUDA(cudaMemset(pool, 1, kPool));
+    std::mt19937_64 rng(3);
+    std::vector<Result> results;
+    const std::pair<int, uint32_t> cases[] = {
+        {256, 4096}, {1024, 4096}, {2048, 4096}, {2048, 4000}, {2048, 1500}};
+    for (auto [n, len] : cases) {
+        std::vector<uint32_t> pages(kPool / cuda::kUnpackPageSize);
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), rng);
+        std::vector<cuda::LoadMeta> list;
+        for (int i = 0; i < n; ++i) {
+            list.push_back(cuda::LoadMeta{pages[i] * cuda::kUnpackPageSize, len,
+                                          static_cast<uint64_t>(i) * len});
+        }
+        const uint64_t cnt = list.size();
+        const size_t bytes = static_cast<size_t>(n) * len;
+        CHECK_CUDA(
+            cudaMemcpy(entries, list.data(), sizeof(cuda::LoadMeta) * cnt, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(count, &cnt, sizeof(cnt), cudaMemcpyHostToDevice));
+        auto time = [&](auto launch) -> double {
+            for (int i = 0; i < 10; ++i) launch();
+            cudaEventRecord(start, stream);
+            for (int i = 0; i < o.iters; ++i) launch();
+            cudaEventRecord(stop, stream);
+            cudaEventSynchronize(stop);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, start, stop);
+            return static_cast<double>(bytes) * o.iters / (ms / 1e3) / 1e9;
+        };
+        Result r{n, len, 0, 0};
+        r.unpack_gbps = time([&] { (void)cuda::launch_unpack(entries, count, pool, dst, stream); });
+        r.memcpy_gbps =
+            time([&] { cudaMemcpyAsync(dst, pool, bytes, cudaMemcpyDeviceToDevice, stream); });
+        CHECK_CUDA(cudaGetLastError());
+        results.push_back(r);
+    }
+    cudaDeviceProp prop{};
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
+    if (o.json) {
+        nlohmann::json out;
+        out["benchmark"] = "unpack";
+        out["device"] = prop.name;
+        out["iters"] = o.iters;
+        for (const Result& r : results) {
+            out["results"].push_back({{"entries", r.entries},
+                                      {"entry_bytes", r.len},
+                                      {"unpack_gbps", r.unpack_gbps},
+                                      {"memcpy_gbps", r.memcpy_gbps},
+                                      {"ratio", r.unpack_gbps / r.memcpy_gbps}});
+        }
+        std::printf("%s\n", out.dump(2).c_str());
+    } else {
+        std::printf("tcpx-p2p bench unpack: %s, one launch per receive, %d launches per figure\n",
+                    prop.name, o.iters);
+        std::printf(
+            "GB/s counts the bytes copied once; memcpy: cudaMemcpyAsync D2D of the same "
+            "bytes (contiguous)\n\n");
+        std::printf("%8s %8s %10s %12s %12s %8s\n", "entries", "bytes", "total", "unpack GB/s",
+                    "memcpy GB/s", "ratio");
+        for (const Result& r : results) {
+            std::printf("%8d %8u %9.2fM %12.1f %12.1f %7.2fx\n", r.entries, r.len,
+                        r.entries * static_cast<double>(r.len) / (1 << 20), r.unpack_gbps,
+                        r.memcpy_gbps, r.unpack_gbps / r.memcpy_gbps);
+        }
+    }
+    cudaFree(pool);
+    cudaFree(dst);
+    cudaFree(entries);
+    cudaFree(count);
+    cudaStreamDestroy(stream);
+    return 0;
+}
+
+}  // namespace tcpx::bench

@@ -1,0 +1,71 @@
+// The unpack kernel. One warp copies one entry (at most a 4 KiB page): 32 lanes move the widest
+// words that both ends' alignment allows (16, 8, 4, 2 or 1 bytes), 16-byte words four at a time
+// per lane so several loads are in flight, then the tail byte by byte.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/unpack_kernel.h"
+
+namespace tcpx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+template <typename Word>
+__device__ __forceinline__ void copy_words(const uint8_t* __restrict__ src,
+                                           uint8_t* __restrict__ dst, uint32_t len, int lane) {
+    const uint32_t words = len / sizeof(Word);
+    const Word* s = reinterpret_cast<const Word*>(src);
+    Word* d = reinterpret_cast<Word*>(dst);
+    uint32_t i = lane;
+    if constexpr (sizeof(Word) == 16) {
+        for (; i + 96 < words; i += 128) {
+            const Word a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+            d[i] = a;
+            d[i + 32] = b;
+            d[i + 64] = c;
+            d[i + 96] = e;
+        }
+    }
+    for (; i < words; i += 32) d[i] = s[i];
+    for (uint32_t t = words * sizeof(Word) + lane; t < len; t += 32) dst[t] = src[t];
+}
+
+__global__ void __launch_bounds__(kThreads)
+    unpack_kernel(const LoadMeta* __restrict__ entries, const uint64_t* __restrict__ count_ptr,
+                  const uint8_t* __restrict__ bounce, uint8_t* __restrict__ dst) {
+    const uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
+    const int lane = threadIdx.x & 31;
+    const uint64_t nwarps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
+    for (uint64_t e = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; e < count; e += nwarps) {
+        const LoadMeta m = entries[e];
+        const uint8_t* s = bounce + m.src_off;
+        uint8_t* d = dst + m.dst_off;
+        const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d);
+        if ((align & 15) == 0) {
+            copy_words<uint4>(s, d, m.len, lane);
+        } else if ((align & 7) == 0) {
+            copy_words<uint2>(s, d, m.len, lane);
+        } else if ((align & 3) == 0) {
+            copy_words<uint32_t>(s, d, m.len, lane);
+        } else if ((align & 1) == 0) {
+            copy_words<uint16_t>(s, d, m.len, lane);
+        } else {
+            copy_words<uint8_t>(s, d, m.len, lane);
+        }
+    }
+}
+
+}  // namespace
+
+cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
+                                 const uint8_t* bounce, uint8_t* dst, cudaStream_t stream) {
+    // The count is read on the GPU, so the grid covers a full slot; warps past the count exit.
+    constexpr int kBlocks = (kUnpackMaxEntries + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    unpack_kernel<<<kBlocks, kThreads, 0, stream>>>(entries, count, bounce, dst);
+    return cudaGetLastError();
+}
+
+}  // namespace tcpx::cuda

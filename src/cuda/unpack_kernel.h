@@ -1,0 +1,16 @@
+// The unpack kernel's launcher, free of library types so that the .cu file compiles with nvcc's
+// front end alone. Use launch_unpack() (unpack.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/unpack_defs.h"
+
+namespace tcpx::cuda {
+
+cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
+                                 const uint8_t* bounce, uint8_t* dst, cudaStream_t stream);
+
+}  // namespace tcpx::cuda

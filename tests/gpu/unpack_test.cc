@@ -1,0 +1,155 @@
+// The unpack kernel against its CPU reference, on a real GPU (skipped without one): random
+// entry lists over every alignment and length, empty lists, full slots; canaries around the
+// destination. Also what pointer classification says of host and device memory.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/memory.h"
+#include "cuda/unpack.h"
+
+namespace tcpx::cuda {
+namespace {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
+
+class UnpackTest : public ::testing::Test {
+ protected:
+    static constexpr size_t kBounce = 8u << 20;
+    static constexpr size_t kDst = 8u << 20;
+    static constexpr size_t kGuard = 4096;
+
+    void SetUp() override {
+        if (device_count() == 0) GTEST_SKIP() << "no GPU";
+        CUDA_OK(cudaMalloc(&bounce_, kBounce));
+        CUDA_OK(cudaMalloc(&dst_, kDst + 2 * kGuard));
+        CUDA_OK(cudaMalloc(&entries_, sizeof(LoadMeta) * kUnpackMaxEntries));
+        CUDA_OK(cudaMallocHost(&count_, sizeof(uint64_t)));
+        CUDA_OK(cudaStreamCreate(&stream_));
+        host_bounce_.resize(kBounce);
+        std::mt19937_64 rng(1);
+        for (auto& b : host_bounce_) b = static_cast<uint8_t>(rng());
+        CUDA_OK(cudaMemcpy(bounce_, host_bounce_.data(), kBounce, cudaMemcpyHostToDevice));
+    }
+    void TearDown() override {
+        if (bounce_ == nullptr) return;
+        cudaFree(bounce_);
+        cudaFree(dst_);
+        cudaFree(entries_);
+        cudaFreeHost(count_);
+        cudaStreamDestroy(stream_);
+    }
+
+    // Runs the kernel and the reference on `list`; every destination byte (and the guards) must
+    // agree.
+    void check(const std::vector<LoadMeta>& list) {
+        std::vector<uint8_t> expect(kDst + 2 * kGuard, 0xa5);
+        unpack_reference(list.data(), list.size(), host_bounce_.data(), expect.data() + kGuard);
+        CUDA_OK(cudaMemset(dst_, 0xa5, kDst + 2 * kGuard));
+        CUDA_OK(cudaMemcpy(entries_, list.data(), list.size() * sizeof(LoadMeta),
+                           cudaMemcpyHostToDevice));
+        *count_ = list.size();
+        ASSERT_TRUE(launch_unpack(entries_, count_, bounce_, dst_ + kGuard, stream_).ok());
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        std::vector<uint8_t> got(kDst + 2 * kGuard);
+        CUDA_OK(cudaMemcpy(got.data(), dst_, got.size(), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(got[i], expect[i])
+                << "byte " << static_cast<long>(i) - static_cast<long>(kGuard)
+                << " of the destination";
+        }
+    }
+
+    // `n` entries with random lengths in [1, max_len] and offsets of random alignment, disjoint
+    // in the destination, in random order.
+    std::vector<LoadMeta> random_list(std::mt19937_64& rng, int n, uint32_t max_len) {
+        std::vector<LoadMeta> list;
+        uint64_t at = rng() % 64;
+        for (int i = 0; i < n; ++i) {
+            const uint32_t len = 1 + static_cast<uint32_t>(rng() % max_len);
+            if (at + len > kDst) break;
+            const uint32_t src = static_cast<uint32_t>(rng() % (kBounce - len));
+            list.push_back(LoadMeta{src, len, at});
+            at += len + rng() % 3 * (rng() % 17);
+        }
+        std::shuffle(list.begin(), list.end(), rng);
+        return list;
+    }
+
+    uint8_t* bounce_ = nullptr;
+    uint8_t* dst_ = nullptr;
+    LoadMeta* entries_ = nullptr;
+    uint64_t* count_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+    std::vector<uint8_t> host_bounce_;
+};
+
+TEST_F(UnpackTest, EmptyListTouchesNothing) { check({}); }
+
+TEST_F(UnpackTest, EveryAlignmentAndLength) {
+    std::vector<LoadMeta> list;
+    uint64_t at = 0;
+    // Source and destination offsets of every residue mod 16, lengths across word boundaries.
+    for (uint32_t s = 0; s < 16; ++s) {
+        for (uint32_t d = 0; d < 16; ++d) {
+            for (uint32_t len : {1u, 2u, 3u, 15u, 16u, 17u, 511u, 512u, 513u, 4095u, 4096u}) {
+                if (list.size() == kUnpackMaxEntries) {
+                    check(list);
+                    list.clear();
+                    at = 0;
+                }
+                list.push_back(LoadMeta{4096 * (s * 16 + d) + s, len, at + d});
+                at += len + 64;
+            }
+        }
+    }
+    check(list);
+}
+
+TEST_F(UnpackTest, RandomListsMatchTheReference) {
+    std::mt19937_64 rng(42);
+    for (int round = 0; round < 30; ++round) {
+        SCOPED_TRACE(round);
+        check(random_list(rng, 1 + static_cast<int>(rng() % kUnpackMaxEntries), 4096));
+    }
+}
+
+TEST_F(UnpackTest, FullSlotOfPages) {
+    // What a 4 MiB+ receive looks like: 2048 whole pages, scattered over the pool.
+    std::mt19937_64 rng(7);
+    std::vector<uint32_t> pages(kBounce / kUnpackPageSize);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<LoadMeta> list;
+    for (int i = 0; i < kUnpackMaxEntries; ++i) {
+        list.push_back(LoadMeta{pages[i] * kUnpackPageSize, kUnpackPageSize,
+                                static_cast<uint64_t>(i) * kUnpackPageSize});
+    }
+    check(list);
+}
+
+TEST(CudaMemory, PointersAreClassified) {
+    if (device_count() == 0) GTEST_SKIP() << "no GPU";
+    std::vector<uint8_t> host(100);
+    EXPECT_EQ(classify(host.data()).kind, MemKind::kHost);
+    void* dev = nullptr;
+    CUDA_OK(cudaMalloc(&dev, 1 << 20));
+    const PointerInfo info = classify(static_cast<uint8_t*>(dev) + 12345);
+    EXPECT_EQ(info.kind, MemKind::kCuda);
+    int current = -1;
+    cudaGetDevice(&current);
+    EXPECT_EQ(info.device, current);
+    cudaFree(dev);
+    void* pinned = nullptr;
+    CUDA_OK(cudaMallocHost(&pinned, 4096));
+    EXPECT_EQ(classify(pinned).kind, MemKind::kHost);
+    cudaFreeHost(pinned);
+    EXPECT_EQ(classify(nullptr).kind, MemKind::kHost);
+}
+
+}  // namespace
+}  // namespace tcpx::cuda

@@ -1,0 +1,248 @@
+// External ncclNet plugins through the loader, as a user would point the engine at Google's
+// libnccl-net-tcpx.so: the emulated TCPX plugin (host memory), its rules enforced, and the engine
+// running over it.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <thread>
+
+#include "net/plugin/plugin_loader.h"
+#include "tests/support/engine_test_util.h"
+#include "tests/support/net_test_util.h"
+
+#ifndef TCPX_FAKE_TCPX_PATH
+#error "TCPX_FAKE_TCPX_PATH must point at libnccl-net-faketcpx.so"
+#endif
+
+namespace tcpx::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using net::Request;
+
+std::unique_ptr<net::Net> load_fake() {
+    // The plugin builds its transport from the environment, like the real one from NCCL_*.
+    setenv("TCPX_P2P_SOCKET_IFNAME", "=lo", 1);
+    setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
+    setenv("TCPX_P2P_NSOCKS", "2", 1);
+    setenv("TCPX_P2P_IO_THREADS", "2", 1);
+    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH);
+    EXPECT_TRUE(net.ok()) << net.status().to_string();
+    return net.ok() ? std::move(net).value() : nullptr;
+}
+
+struct Pair {
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+};
+
+Pair connect_fake(net::Net* net) {
+    Pair p;
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    EXPECT_TRUE(net->listen(0, &handle, &listen).ok());
+    for (int i = 0; i < 1000000 && (p.send == nullptr || p.recv == nullptr); ++i) {
+        if (p.send == nullptr) {
+            EXPECT_TRUE(net->connect(0, &handle, &p.send, nullptr).ok());
+        }
+        if (p.recv == nullptr) {
+            EXPECT_TRUE(net->accept(listen, &p.recv, &p.dev).ok());
+        }
+    }
+    EXPECT_TRUE(net->close_listen(listen).ok());
+    return p;
+}
+
+TEST(PluginLoader, RefusesWhatIsNoPlugin) {
+    auto missing = net::load_net_plugin("/nonexistent/libnccl-net-nothing.so");
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find("cannot load"), std::string::npos);
+    auto libc = net::load_net_plugin("libc.so.6");  // loads, but has no table
+    ASSERT_FALSE(libc.ok());
+    EXPECT_NE(libc.status().message().find("ncclNetPlugin_v7"), std::string::npos)
+        << libc.status().to_string();
+    EXPECT_FALSE(net::load_net_plugin("").ok());
+}
+
+TEST(PluginLoader, EmulatedTcpxLooksLikeTcpx) {
+    unsetenv("NCCL_DYNAMIC_CHUNK_SIZE");  // the loader must supply it (the plugin insists)
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    EXPECT_EQ(net->name(), "GPUDirectTCPX_v7_emulated");
+    ASSERT_NE(getenv("NCCL_DYNAMIC_CHUNK_SIZE"), nullptr);
+    EXPECT_STREQ(getenv("NCCL_DYNAMIC_CHUNK_SIZE"), "524288");
+    net::Properties props;
+    ASSERT_TRUE(net->get_properties(0, &props).ok());
+    EXPECT_EQ(props.device_type, net::DeviceType::kUnpack);
+    EXPECT_EQ(props.device_version, 7);
+    EXPECT_EQ(props.max_recvs, 1);
+    EXPECT_EQ(props.max_requests, 16);
+    EXPECT_FALSE(props.reports_sizes);
+    EXPECT_NE(net::tcpx_env_defaults().find("NCCL_DYNAMIC_CHUNK_SIZE=524288"), std::string::npos);
+}
+
+TEST(PluginLoader, TheEmulationEnforcesTcpxRules) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Pair p = connect_fake(net.get());
+    ASSERT_NE(p.send, nullptr);
+    ASSERT_NE(p.recv, nullptr);
+    EXPECT_EQ(p.dev.type, net::DeviceType::kUnpack);
+    std::vector<uint8_t> src(64 * 1024), dst(64 * 1024);
+    fill_pattern(src.data(), src.size(), 5);
+    net::MemHandle* smr = nullptr;
+    net::MemHandle* rmr = nullptr;
+    ASSERT_TRUE(net->reg_mr(p.send, src.data(), src.size(), net::MemType::kHost, &smr).ok());
+    ASSERT_TRUE(net->reg_mr(p.recv, dst.data(), dst.size(), net::MemType::kHost, &rmr).ok());
+    // CUDA registrations must be 4 KiB-aligned (checked before any CUDA call).
+    net::MemHandle* bad = nullptr;
+    EXPECT_FALSE(net->reg_mr(p.recv, dst.data() + 1, 100, net::MemType::kCuda, &bad).ok());
+
+    // n != 1 receives are refused.
+    void* bufs[2] = {dst.data(), dst.data() + 100};
+    size_t sizes[2] = {100, 100};
+    int tags[2] = {0, 0};
+    net::MemHandle* mhs[2] = {rmr, rmr};
+    Request* r2 = nullptr;
+    EXPECT_FALSE(net->irecv(p.recv, 2, bufs, sizes, tags, mhs, &r2).ok());
+
+    // 16 requests per comm; test() in order only; sizes never reported.
+    std::vector<Request*> sends;
+    for (int i = 0; i < 17; ++i) {
+        Request* r = nullptr;
+        ASSERT_TRUE(net->isend(p.send, src.data() + i * 1024, 1024, 0, smr, &r).ok());
+        if (i < 16) {
+            ASSERT_NE(r, nullptr) << i;
+            sends.push_back(r);
+        } else {
+            EXPECT_EQ(r, nullptr) << "a 17th request in flight";
+        }
+    }
+    bool done = false;
+    EXPECT_FALSE(net->test(sends[1], &done, nullptr).ok()) << "test out of order was accepted";
+    // (That failed test released its wrapper; the request itself is still the plugin's.)
+    std::vector<Request*> recvs;
+    for (int i = 0; i < 16; ++i) {
+        Request* r = nullptr;
+        void* d = dst.data() + i * 1024;
+        size_t n = 1024;
+        int tag = 0;
+        ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &r).ok());
+        ASSERT_NE(r, nullptr);
+        recvs.push_back(r);
+    }
+    size_t got = 12345;
+    ASSERT_TRUE(wait_request(net.get(), recvs[0], &got).ok());
+    EXPECT_EQ(got, 12345u) << "sizes must not be reported";
+    // All 16 unpack slots are held until consumed: no 17th receive.
+    Request* extra = nullptr;
+    void* d = dst.data();
+    size_t n = 1;
+    int tag = 0;
+    ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &extra).ok());
+    EXPECT_EQ(extra, nullptr);
+    // Consuming out of order is refused; in order frees the slot.
+    ASSERT_TRUE(wait_request(net.get(), recvs[1]).ok());
+    EXPECT_FALSE(net->irecv_consumed(p.recv, 1, recvs[1]).ok());
+    ASSERT_TRUE(net->irecv_consumed(p.recv, 1, recvs[0]).ok());
+    ASSERT_TRUE(net->irecv_consumed(p.recv, 1, recvs[1]).ok());
+    ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &extra).ok());
+    EXPECT_NE(extra, nullptr);
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), 2048, 5), -1);
+    // Teardown with requests pending is allowed.
+    (void)net->dereg_mr(p.send, smr);
+    (void)net->dereg_mr(p.recv, rmr);
+    EXPECT_TRUE(net->close_send(p.send).ok());
+    EXPECT_TRUE(net->close_recv(p.recv).ok());
+}
+
+// The engine over the emulated plugin: everything it must get right with Google's (16 requests,
+// FIFO tests, a registration for every buffer, irecvConsumed after every receive, the device
+// handle on accept, the handle kept across connect retries).
+class EngineOverPlugin : public ::testing::Test {
+ protected:
+    void SetUp() override {
+        load_fake();  // sets the environment the plugin reads
+        Config c = engine_test_config();
+        c.net_plugin = TCPX_FAKE_TCPX_PATH;
+        c.window = 64;  // more than the plugin allows: the engine must cap it
+        a_ = make_endpoint("a", c);
+        b_ = make_endpoint("b", c);
+        ASSERT_TRUE(a_ && b_);
+        l_ = link(a_.get(), b_.get());
+        ASSERT_NE(l_.a_to_b, 0u);
+    }
+    std::unique_ptr<Endpoint> a_, b_;
+    Link l_;
+};
+
+TEST_F(EngineOverPlugin, WritesReadsAndSendsArrive) {
+    constexpr size_t kSize = 12 << 20;
+    GuardedBuffer abuf(kSize), bbuf(kSize);
+    MemId am = *a_->reg(abuf.data(), kSize);
+    MemId bm = *b_->reg(bbuf.data(), kSize);
+    RemoteMem bd = *b_->describe(bm);
+    // Many chunks in flight at once (more than 16 per channel).
+    std::vector<XferId> ids;
+    for (int i = 0; i < 6; ++i) {
+        const uint64_t off = static_cast<uint64_t>(i) * (2 << 20);
+        fill_pattern(abuf.data() + off, 2 << 20, 40 + i);
+        auto w = a_->write(l_.a_to_b, am, off, bd, off, 2 << 20,
+                           i == 5 ? std::optional<std::string_view>("last") : std::nullopt);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ids.push_back(*w);
+    }
+    for (XferId id : ids) {
+        Status st = a_->wait(id, 30s);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+    for (int i = 0; i < 6; ++i) {
+        EXPECT_EQ(find_pattern_mismatch(bbuf.data() + i * (2 << 20), 2 << 20, 40 + i), -1) << i;
+    }
+    ASSERT_TRUE(eventually([&] {
+        auto n = b_->get_notifications();
+        return !n.empty() && n[0].payload == "last";
+    }));
+    std::memset(abuf.data(), 0, kSize);
+    auto r = a_->read(l_.a_to_b, am, 0, bd, 0, kSize);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(a_->wait(*r, 30s).ok());
+    for (int i = 0; i < 6; ++i) {
+        EXPECT_EQ(find_pattern_mismatch(abuf.data() + i * (2 << 20), 2 << 20, 40 + i), -1) << i;
+    }
+    // Small ones travel inline, larger ones on the plugin's comms; send/recv too.
+    fill_pattern(abuf.data(), 3 << 20, 9);
+    auto rv = b_->recv(l_.b_to_a, bm, 0, 3 << 20, 7);
+    auto sd = a_->send(l_.a_to_b, am, 0, 3 << 20, 7);
+    ASSERT_TRUE(rv.ok() && sd.ok());
+    EXPECT_TRUE(a_->wait(*sd, 30s).ok());
+    EXPECT_TRUE(b_->wait(*rv, 30s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 3 << 20, 9), -1);
+    EXPECT_TRUE(abuf.canaries_intact() && bbuf.canaries_intact());
+    ASSERT_TRUE(a_->dereg(am).ok());
+    ASSERT_TRUE(b_->dereg(bm).ok());
+}
+
+TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
+    GuardedBuffer abuf(4 << 20), bbuf(4 << 20, 0x33);
+    MemId am = *a_->reg(abuf.data(), abuf.size());
+    MemId bm = *b_->reg(bbuf.data(), bbuf.size());
+    RemoteMem forged = *b_->describe(bm);
+    forged.key ^= 1;
+    auto w = a_->write(l_.a_to_b, am, 0, forged, 0, 4 << 20);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(a_->wait(*w, 30s).code(), StatusCode::kNotFound);
+    EXPECT_EQ(std::count(bbuf.data(), bbuf.data() + bbuf.size(), 0x33),
+              static_cast<long>(bbuf.size()));
+    // In step afterwards.
+    fill_pattern(abuf.data(), 4 << 20, 2);
+    auto ok = a_->write(l_.a_to_b, am, 0, *b_->describe(bm), 0, 4 << 20);
+    ASSERT_TRUE(ok.ok());
+    EXPECT_TRUE(a_->wait(*ok, 30s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4 << 20, 2), -1);
+}
+
+}  // namespace
+}  // namespace tcpx::testing
