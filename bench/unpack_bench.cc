@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/memory.h"
+#include "cuda/device.h"
 #include "cuda/unpack.h"
 
 namespace tcpx::bench {
@@ -86,7 +86,8 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
             return static_cast<double>(bytes) * o.iters / (ms / 1e3) / 1e9;
         };
         Result r{n, len, 0, 0};
-        r.unpack_gbps = time([&] { (void)cuda::launch_unpack(entries, count, pool, dst, stream); });
+        r.unpack_gbps = time(
+            [&] { (void)cuda::launch_unpack(entries, count, pool, dst, kPool, nullptr, stream); });
         r.memcpy_gbps =
             time([&] { cudaMemcpyAsync(dst, pool, bytes, cudaMemcpyDeviceToDevice, stream); });
         CHECK_CUDA(cudaGetLastError());

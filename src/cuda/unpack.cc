@@ -1,29 +1,23 @@
 #include "cuda/unpack.h"
 
+#include <algorithm>
 #include <cstring>
-
-#include "common/status_util.h"
-#include "common/strings.h"
-#include "cuda/unpack_kernel.h"
 
 namespace tcpx::cuda {
 
-void unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
-                      uint8_t* dst) {
+bool unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bounce, uint8_t* dst,
+                      uint64_t dst_len) {
+    bool good = count <= static_cast<uint64_t>(kUnpackMaxEntries);
+    count = std::min<uint64_t>(count, kUnpackMaxEntries);
     for (uint64_t i = 0; i < count; ++i) {
-        std::memcpy(dst + entries[i].dst_off, bounce + entries[i].src_off, entries[i].len);
+        const LoadMeta& m = entries[i];
+        if (m.dst_off > dst_len || m.len > dst_len - m.dst_off) {
+            good = false;
+            continue;
+        }
+        std::memcpy(dst + m.dst_off, bounce + m.src_off, m.len);
     }
-}
-
-Status launch_unpack(const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
-                     uint8_t* dst, void* stream) {
-    const cudaError_t err =
-        launch_unpack_kernel(entries, count, bounce, dst, static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) {
-        return Status(StatusCode::kCuda,
-                      strformat("launching the unpack kernel: %s", cudaGetErrorString(err)));
-    }
-    return Status();
+    return good;
 }
 
 }  // namespace tcpx::cuda

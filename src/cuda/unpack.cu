@@ -35,12 +35,22 @@ __device__ __forceinline__ void copy_words(const uint8_t* __restrict__ src,
 
 __global__ void __launch_bounds__(kThreads)
     unpack_kernel(const LoadMeta* __restrict__ entries, const uint64_t* __restrict__ count_ptr,
-                  const uint8_t* __restrict__ bounce, uint8_t* __restrict__ dst) {
-    const uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
+                  const uint8_t* __restrict__ bounce, uint8_t* __restrict__ dst, uint64_t dst_len,
+                  uint32_t* bad) {
+    uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
+    if (count > kUnpackMaxEntries) {
+        if (bad != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *bad = 1;
+        count = kUnpackMaxEntries;
+    }
     const int lane = threadIdx.x & 31;
     const uint64_t nwarps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
     for (uint64_t e = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; e < count; e += nwarps) {
         const LoadMeta m = entries[e];
+        // Never follow an entry outside the destination (the transport's word is not trusted).
+        if (m.dst_off > dst_len || m.len > dst_len - m.dst_off) {
+            if (bad != nullptr && lane == 0) *bad = 1;
+            continue;
+        }
         const uint8_t* s = bounce + m.src_off;
         uint8_t* d = dst + m.dst_off;
         const uintptr_t align = reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d);
@@ -61,10 +71,11 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
-                                 const uint8_t* bounce, uint8_t* dst, cudaStream_t stream) {
+                                 const uint8_t* bounce, uint8_t* dst, uint64_t dst_len,
+                                 uint32_t* bad, cudaStream_t stream) {
     // The count is read on the GPU, so the grid covers a full slot; warps past the count exit.
     constexpr int kBlocks = (kUnpackMaxEntries + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    unpack_kernel<<<kBlocks, kThreads, 0, stream>>>(entries, count, bounce, dst);
+    unpack_kernel<<<kBlocks, kThreads, 0, stream>>>(entries, count, bounce, dst, dst_len, bad);
     return cudaGetLastError();
 }
 

@@ -1,7 +1,13 @@
 // Gathering devmem-TCP receives: Google's TCPX plugin lands a CUDA receive as scattered 4 KiB
 // pages of a GPU bounce buffer and describes them with loadMeta entries (NCCL's 16-byte layout,
 // netDeviceType UNPACK version 7). The unpack kernel copies each entry's bytes from the bounce
-// buffer to its place in the destination; unpack_reference() does the same on the CPU for tests.
+// buffer to its place in the destination; unpack_reference() does the same on the CPU, for tests
+// and for the emulated device layer.
+//
+// Both check what the transport wrote: an entry that reaches past the destination, or a count
+// above kUnpackMaxEntries, is not followed (only the first kUnpackMaxEntries entries are read) and
+// the receive is reported bad, so a faulty transport cannot make us write outside the buffer we
+// were given.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +18,15 @@
 
 namespace tcpx::cuda {
 
-// The CPU reference: copies every entry of `entries[0, count)`.
-void unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bounce, uint8_t* dst);
+// The CPU reference: copies every valid entry of `entries[0, count)`; false if any was not.
+bool unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bounce, uint8_t* dst,
+                      uint64_t dst_len);
 
-// Enqueues the unpack of `*count` entries (read on the GPU when the kernel runs, so the plugin
-// may write it up to the launch) from device-visible `entries`, on `stream` (a cudaStream_t).
-// At most kUnpackMaxEntries entries. Entries must not overlap in the destination.
+// Enqueues the unpack on `stream` (a cudaStream_t). `entries` and `count` must be device-visible;
+// the count is read when the kernel runs, so the transport may write it up to then. Entries must
+// not overlap in the destination. `*bad` (device-visible, may be null) is set to a non-zero value
+// when the receive is bad; the kernel never clears it.
 Status launch_unpack(const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
-                     uint8_t* dst, void* stream);
+                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream);
 
 }  // namespace tcpx::cuda

@@ -11,6 +11,7 @@
 namespace tcpx::cuda {
 
 cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
-                                 const uint8_t* bounce, uint8_t* dst, cudaStream_t stream);
+                                 const uint8_t* bounce, uint8_t* dst, uint64_t dst_len,
+                                 uint32_t* bad, cudaStream_t stream);
 
 }  // namespace tcpx::cuda

@@ -124,6 +124,7 @@ std::string encode_hello(const Hello& m) {
     w.u16(m.version);
     w.u16(m.channels);
     w.u64(m.nonce);
+    w.u64(m.chunk);
     w.str(m.name);
     w.u32(static_cast<uint32_t>(m.handles.size()));
     for (const net::Handle& h : m.handles) w.raw(h.bytes.data(), h.bytes.size());
@@ -207,6 +208,7 @@ Status decode_hello(std::string_view body, Hello* m) {
     }
     m->channels = r.u16();
     m->nonce = r.u64();
+    m->chunk = r.u64();
     m->name = std::string(r.str(kMaxName));
     const uint32_t n = r.u32();
     if (r.failed() || n != m->channels || n == 0 ||

@@ -4,7 +4,8 @@
 // fields. Decoding checks every length against what arrived, so a malformed message is a
 // protocol error, never an out-of-bounds read.
 //
-//   HELLO      both ways, first: version, name, channel count, the sender's listen handles
+//   HELLO      both ways, first: version, name, channel count, chunk size, the sender's listen
+//              handles
 //   READY      both ways: the sender's data channels are all up
 //   PING       heartbeat; BYE: the sender is disconnecting
 //   WRITE_REQ  initiator -> target: segments (key, offset, len), optional notification, and
@@ -115,6 +116,9 @@ struct Hello {
     uint16_t version = kVersion;
     uint16_t channels = 0;
     uint64_t nonce = 0;  // the sending endpoint's, for logs
+    // Bytes per data-channel chunk: the connecting side offers its own, the answer is the one both
+    // sides cut transfers by (they must agree, or chunks would not match receives).
+    uint64_t chunk = 0;
     std::string name;
     std::vector<net::Handle> handles;  // one per channel: where to connect to reach its receiver
 };

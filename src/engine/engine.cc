@@ -29,6 +29,7 @@ namespace {
 
 // epoll tags: peer ids start at 1.
 constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kMaxUnpackChunk = 4u << 20;
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 
 }  // namespace
@@ -55,9 +56,17 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
     } else {
         TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin));
     }
-    net::Properties props;
-    TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props));
-    window_ = static_cast<int>(std::min<int64_t>(config.window, props.max_requests));
+    TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props_));
+    window_ = static_cast<int>(std::min<int64_t>(config.window, props_.max_requests));
+    chunk_ = config.xfer_chunk_size;
+    staging_slots_ = static_cast<int>(config.staging_slots);
+    if (props_.device_type == net::DeviceType::kUnpack && chunk_ > kMaxUnpackChunk) {
+        // One devmem-TCP receive holds at most a 4 MiB slice (2048 loadMeta entries).
+        TCPX_INFO("XFER_CHUNK_SIZE %llu exceeds what one %s receive holds: using %llu",
+                  static_cast<unsigned long long>(chunk_), std::string(net_->name()).c_str(),
+                  static_cast<unsigned long long>(kMaxUnpackChunk));
+        chunk_ = kMaxUnpackChunk;
+    }
     // The control listener sits on the interface SOCKET_IFNAME selects (the socket transport's
     // too), so peers reach both the same way.
     AddressFamily family = AddressFamily::kAny;
@@ -412,15 +421,21 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
     if (hello.channels < 1 || hello.channels > 16) {
         return protocol_error(strformat("peer asks for %u channels", hello.channels));
     }
+    if (hello.chunk < 4096) {
+        return protocol_error(strformat("peer offers chunks of %llu bytes",
+                                        static_cast<unsigned long long>(hello.chunk)));
+    }
     if (!p.outbound) {
         // We answer with as many channels as both sides want, and listeners for ours.
         p.name = hello.name;
         p.channels = std::min<int>(hello.channels, static_cast<int>(config_.channels));
         p.remote_handles.assign(hello.handles.begin(), hello.handles.begin() + p.channels);
+        p.chunk = std::min(hello.chunk, chunk_);
         TCPX_RETURN_IF_ERROR(start_channels(p, p.channels));
         wire::Hello reply;
         reply.channels = static_cast<uint16_t>(p.channels);
         reply.nonce = nonce_;
+        reply.chunk = p.chunk;
         reply.name = name_;
         reply.handles = p.listen_handles;
         send_ctrl(p, wire::encode_hello(reply));
@@ -429,8 +444,15 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
             return protocol_error(strformat("peer answered with %u channels, we offered %zu",
                                             hello.channels, p.listens.size()));
         }
+        if (hello.chunk > chunk_) {
+            return protocol_error(
+                strformat("peer answered with chunks of %llu bytes, we offered %llu",
+                          static_cast<unsigned long long>(hello.chunk),
+                          static_cast<unsigned long long>(chunk_)));
+        }
         p.name = hello.name;
         p.channels = hello.channels;
+        p.chunk = hello.chunk;
         p.remote_handles = hello.handles;
         while (p.listens.size() > static_cast<size_t>(p.channels)) {
             (void)net_->close_listen(p.listens.back());
@@ -464,6 +486,7 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
         wire::Hello hello;
         hello.channels = static_cast<uint16_t>(p.listens.size());
         hello.nonce = nonce_;
+        hello.chunk = chunk_;
         hello.name = name_;
         hello.handles = p.listen_handles;
         send_ctrl(p, wire::encode_hello(hello));
@@ -486,7 +509,7 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
             did |= tx.send != nullptr;
         }
         if (rx.recv == nullptr) {
-            Status st = net_->accept(p.listens[static_cast<size_t>(i)], &rx.recv, nullptr);
+            Status st = net_->accept(p.listens[static_cast<size_t>(i)], &rx.recv, &rx.dev_handle);
             if (!st.ok()) {
                 fail_peer(p, st.with_context("accepting a data channel"));
                 return true;
@@ -607,21 +630,23 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // Close the data channels first: once close returns, the transport touches none of the
     // buffers of the requests it abandons, so the transfers can be failed and their regions
     // released.
-    for (Channel& ch : p.tx) {
-        drop_mrs(ch, true);
-        if (ch.send != nullptr) (void)net_->close_send(ch.send);
-        ch.send = nullptr;
-        active_ops_ -= ch.queued.size() + ch.inflight.size();
-        ch.queued.clear();
-        ch.inflight.clear();
-    }
-    for (Channel& ch : p.rx) {
-        drop_mrs(ch, false);
-        if (ch.recv != nullptr) (void)net_->close_recv(ch.recv);
-        ch.recv = nullptr;
-        active_ops_ -= ch.queued.size() + ch.inflight.size();
-        ch.queued.clear();
-        ch.inflight.clear();
+    // GPU work of the channels goes first (it may be writing into the transfers' regions), then
+    // the staging slots' registrations, and the slots themselves once the comm is closed.
+    for (bool tx : {true, false}) {
+        for (Channel& ch : tx ? p.tx : p.rx) {
+            if (ch.ring) ch.ring->synchronize();
+            drop_mrs(ch, tx);
+            if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
+            if (!tx && ch.recv != nullptr) (void)net_->close_recv(ch.recv);
+            ch.send = nullptr;
+            ch.recv = nullptr;
+            active_ops_ -= ch.queued.size() + ch.inflight.size() + ch.finishing.size();
+            ch.queued.clear();
+            ch.inflight.clear();
+            ch.finishing.clear();
+            ch.staged_ahead = 0;
+            ch.ring.reset();
+        }
     }
     for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
     p.listens.clear();

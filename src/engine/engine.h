@@ -40,6 +40,7 @@
 
 #include "common/params.h"
 #include "common/socket.h"
+#include "cuda/device.h"
 #include "engine/ctrl_conn.h"
 #include "engine/registry.h"
 #include "engine/xfer_table.h"
@@ -88,29 +89,56 @@ struct Xfer {
     uint64_t len = 0;
 };
 
-// One chunk request, queued on a channel or in flight there.
+// How a chunk's bytes move, decided when it is queued from its memory and the channel.
+enum class OpPath : uint8_t {
+    kHost,    // host memory (or scratch), straight through the transport
+    kDevice,  // GPU memory the transport takes itself (a send, or a receive without UNPACK)
+    kStaged,  // GPU memory through the channel's pinned staging slots (host-only transports)
+    kUnpack,  // a receive into GPU memory on an UNPACK comm: gathered by the unpack kernel
+};
+
+// One chunk request: queued on a channel, in flight there, or (receives) finishing.
 struct Op {
     Xfer* xfer;
     Region* region;  // the registration it reads or writes; null for a scratch receive
     uint8_t* ptr;    // null for a scratch receive (a refused write being drained)
     uint64_t len;
+    OpPath path = OpPath::kHost;
+    int slot = -1;  // the channel ring's slot it holds (staging buffer, or unpack completion)
 };
 
+// A data channel: one transport comm and the requests on it. Sends and receives move through the
+// same stages in order (FIFO, which the transports require):
+//   queued --(tx staged: D2H copy into a slot, ahead)--> in flight (posted to the transport)
+//   --(rx: H2D copy out of the slot / unpack kernel)--> finishing --> done (irecv_consumed)
+// GPU work is tracked by the slot's event in the channel's copy ring, polled, never waited for.
 struct Channel {
     net::SendComm* send = nullptr;  // tx channels
     net::RecvComm* recv = nullptr;  // rx channels
     std::deque<Op> queued;
+    // tx: how many queued ops, from the front, have their staging copy enqueued (or need none).
+    size_t staged_ahead = 0;
     struct InFlight {
         Op op;
         net::Request* req;
     };
     std::deque<InFlight> inflight;
+    // rx: received, waiting for their GPU work, then for irecv_consumed(); oldest first. Counts
+    // against the window: the transport holds a request until it is consumed.
+    std::deque<InFlight> finishing;
     bool scratch_busy = false;           // one scratch receive at a time per channel
-    std::unique_ptr<uint8_t[]> scratch;  // xfer_chunk_size bytes, made on first need
+    std::unique_ptr<uint8_t[]> scratch;  // chunk bytes, made on first need
     // The transport's registrations of our regions with this channel's comm (ncclNet registers
     // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use.
     std::unordered_map<Region*, net::MemHandle*> mrs;
     net::MemHandle* scratch_mr = nullptr;
+    // Made on the first GPU op: staging slots (kStaged) or unpack completions (kUnpack).
+    std::unique_ptr<cuda::CopyRing> ring;
+    net::MemHandle* ring_mr = nullptr;  // the staging slots' registration with the comm
+    // rx: the device handle accept() gave, and for UNPACK comms the plugin's unpack queue (device
+    // addresses), read on first use.
+    net::DeviceHandle dev_handle;
+    cuda::UnpackHandle unpack{};
 };
 
 struct Peer {
@@ -129,6 +157,7 @@ struct Peer {
     std::vector<Channel> tx, rx;
     bool ready_sent = false;
     bool ready_received = false;
+    uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
     uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
     uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
     std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
@@ -228,7 +257,18 @@ class Endpoint::Impl {
     // ptr) drains into scratch.
     void queue_chunks(Peer& p, bool tx, Xfer* x, engine::Region* region, uint8_t* ptr,
                       uint64_t len);
-    StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op);
+    engine::OpPath path_for(const Channel& ch, bool tx, const engine::Region* region) const;
+    StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
+                                     uint64_t scratch_len);
+    // The channel's copy ring for `op` (a GPU op), made on first need.
+    Status ensure_ring(Channel& ch, bool tx, const engine::Op& op);
+    // A receive came in: enqueue its GPU work (copy out of staging, unpack), if any.
+    Status start_finishing(Channel& ch, Channel::InFlight& f);
+    // Copies between a region and host memory, whatever memory the region is.
+    Status read_region(const engine::Region* r, uint64_t offset, uint64_t len, void* out);
+    Status write_region(engine::Region* r, uint64_t offset, const void* src, uint64_t len);
+    // Appends [offset, +len) of `r` to a control message.
+    Status append_region(std::string* msg, const engine::Region* r, uint64_t offset, uint64_t len);
     void drop_mrs(Channel& ch, bool tx);
     void forget_region(engine::Region* r);
     void op_done(const engine::Op& op);
@@ -251,6 +291,9 @@ class Endpoint::Impl {
     Config config_;
     std::string name_;
     std::unique_ptr<net::Net> net_;
+    net::Properties props_;
+    uint64_t chunk_ = 0;  // the chunk size we offer (XFER_CHUNK_SIZE, within the transport's limit)
+    int staging_slots_ = 8;
     int dev_ = 0;
     int window_ = 1;
     SocketAddress listen_addr_;
@@ -270,9 +313,8 @@ class Endpoint::Impl {
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
-    std::atomic<uint64_t> posted_{0};
-    std::atomic<int> api_waiting_{
-        0};  // API calls waiting for mu_  // bumped by wake(): work the progress thread must see
+    std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
+    std::atomic<int> api_waiting_{0};  // API calls waiting for mu_
     bool own_progress_thread_ = false;
 };
 

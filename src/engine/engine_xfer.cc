@@ -20,8 +20,10 @@ namespace wire = engine::wire;
 // ----------------------------------------------------------------------------------------
 
 StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
+    // GPU memory is recognised by its address; a registration must lie within one allocation.
+    const cuda::PointerInfo info = cuda::classify(ptr);
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, MemKind::kHost, -1));
+    TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, info.kind, info.device));
     return r->id;
 }
 
@@ -106,16 +108,46 @@ void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, Region* region, uin
                                   uint64_t len) {
     // Round-robin over the channels with the direction's counter: the peer assigns the matching
     // requests with its own copy of the counter, in the same order (see engine.h).
-    const uint64_t chunk = config_.xfer_chunk_size;
+    const uint64_t chunk = p.chunk;
     auto& channels = tx ? p.tx : p.rx;
     uint64_t& seq = tx ? p.tx_seq : p.rx_seq;
     for (uint64_t off = 0; off < len; off += chunk) {
         const uint64_t n = std::min(chunk, len - off);
         Channel& ch = channels[seq++ % channels.size()];
-        ch.queued.push_back(Op{x, region, ptr == nullptr ? nullptr : ptr + off, n});
+        ch.queued.push_back(
+            Op{x, region, ptr == nullptr ? nullptr : ptr + off, n, path_for(ch, tx, region), -1});
         ++x->ops_left;
         ++active_ops_;
     }
+}
+
+engine::OpPath Endpoint::Impl::path_for(const Channel& ch, bool tx, const Region* region) const {
+    using engine::OpPath;
+    if (region == nullptr || region->kind != MemKind::kCuda) return OpPath::kHost;
+    if ((props_.ptr_support & static_cast<int>(net::MemType::kCuda)) == 0) return OpPath::kStaged;
+    if (!tx && ch.dev_handle.type == net::DeviceType::kUnpack) return OpPath::kUnpack;
+    return OpPath::kDevice;
+}
+
+Status Endpoint::Impl::read_region(const Region* r, uint64_t offset, uint64_t len, void* out) {
+    if (len == 0) return Status();
+    if (r->kind == MemKind::kCuda) return cuda::device().copy(out, r->base + offset, len);
+    std::memcpy(out, r->base + offset, len);
+    return Status();
+}
+
+Status Endpoint::Impl::write_region(Region* r, uint64_t offset, const void* src, uint64_t len) {
+    if (len == 0) return Status();
+    if (r->kind == MemKind::kCuda) return cuda::device().copy(r->base + offset, src, len);
+    std::memcpy(r->base + offset, src, len);
+    return Status();
+}
+
+Status Endpoint::Impl::append_region(std::string* msg, const Region* r, uint64_t offset,
+                                     uint64_t len) {
+    const size_t at = msg->size();
+    msg->resize(at + len);
+    return read_region(r, offset, len, msg->data() + at);
 }
 
 void Endpoint::Impl::op_done(const Op& op) {
@@ -193,6 +225,14 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
             "request; split it",
             iov.size(), notification ? notification->size() : size_t{0}, wire::kMaxBody));
     }
+    const bool is_inline = total <= inline_limit();
+    std::string payload;  // an inline write's bytes, read before anything is sent
+    if (is_inline) {
+        for (size_t i = 0; i < iov.size(); ++i) {
+            Status st = append_region(&payload, regions[i], iov[i].offset, iov[i].len);
+            if (!st.ok()) return st.with_context("write");
+        }
+    }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kWrite, *p, true));
     x->wire_id = next_wire_id_++;
     wire::WriteReq req;
@@ -205,14 +245,9 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         req.flags |= wire::kFlagNotif;
         req.notification = *notification;
     }
-    const bool is_inline = total <= inline_limit();
     if (is_inline) req.flags |= wire::kFlagInline;
     std::string msg = wire::encode_write_req(req);
-    if (is_inline) {
-        for (const Xfer::Piece& piece : x->pieces) {
-            msg.append(reinterpret_cast<const char*>(piece.region->base + piece.offset), piece.len);
-        }
-    }
+    msg.append(payload);
     wire::end_message(&msg);
     send_ctrl(*p, std::move(msg));
     if (!is_inline) {
@@ -380,45 +415,104 @@ Status Endpoint::Impl::wait(XferId xfer, std::chrono::milliseconds timeout) {
 // -----------------------------------------------------------------------------
 
 bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
+    using engine::OpPath;
+    const char* what = tx ? "data channel send" : "data channel receive";
+    auto failed = [&](Status st) {
+        fail_peer(p, st.with_context(what));
+        return true;
+    };
     bool did = false;
     // Completions, oldest first (some transports require that order).
     while (!ch.inflight.empty()) {
         bool done = false;
         Status st = net_->test(ch.inflight.front().req, &done, nullptr);
-        if (!st.ok()) {
-            fail_peer(p, st.with_context(tx ? "data channel send" : "data channel receive"));
-            return true;
-        }
+        if (!st.ok()) return failed(st);
         if (!done) break;
-        const Channel::InFlight f = ch.inflight.front();
+        Channel::InFlight f = ch.inflight.front();
         ch.inflight.pop_front();
-        if (!tx) {
-            st = net_->irecv_consumed(ch.recv, 1, f.req);
-            if (!st.ok()) {
-                fail_peer(p, st);
-                return true;
-            }
+        did = true;
+        if (tx) {
+            // The transport is done with the bytes: a staging slot can take the next chunk.
+            if (f.op.slot >= 0) ch.ring->release(f.op.slot);
+            op_done(f.op);
+            continue;
         }
+        st = start_finishing(ch, f);
+        if (!st.ok()) return failed(st);
+        ch.finishing.push_back(f);
+    }
+    // Receives are handed back to the transport oldest first, once their bytes are where they
+    // belong (Google's TCPX recycles the pages an unpack reads at irecv_consumed()).
+    while (!ch.finishing.empty()) {
+        const Channel::InFlight f = ch.finishing.front();
+        if (f.op.slot >= 0) {
+            auto ready = ch.ring->ready(f.op.slot);
+            if (!ready.ok()) return failed(ready.status());
+            if (!*ready) break;
+            ch.ring->release(f.op.slot);
+        }
+        ch.finishing.pop_front();
+        Status st = net_->irecv_consumed(ch.recv, 1, f.req);
+        if (!st.ok()) return failed(st);
         if (f.op.ptr == nullptr) ch.scratch_busy = false;
         did = true;
         op_done(f.op);
     }
-    while (!ch.queued.empty() && ch.inflight.size() < static_cast<size_t>(window_)) {
-        Op op = ch.queued.front();
+    // Sends from GPU memory through staging: copy chunks into free slots ahead of the wire, so
+    // the copy of one chunk overlaps the sending of the previous ones.
+    while (tx && ch.staged_ahead < ch.queued.size()) {
+        Op& op = ch.queued[ch.staged_ahead];
+        if (op.path == OpPath::kStaged) {
+            Status st = ensure_ring(ch, tx, op);
+            if (!st.ok()) return failed(st);
+            if (!ch.ring->has_free()) break;
+            op.slot = ch.ring->acquire();
+            st = ch.ring->copy_in(op.slot, op.ptr, op.len);
+            if (!st.ok()) return failed(st);
+            did = true;
+        }
+        ++ch.staged_ahead;
+    }
+    while (!ch.queued.empty() &&
+           ch.inflight.size() + ch.finishing.size() < static_cast<size_t>(window_)) {
+        Op& op = ch.queued.front();
         uint8_t* ptr = op.ptr;
-        if (ptr == nullptr) {
-            // Draining a refused write: one scratch receive at a time per channel, so no two
-            // transport requests ever write the scratch buffer at once.
-            if (ch.scratch_busy) break;
-            if (!ch.scratch) ch.scratch.reset(new uint8_t[config_.xfer_chunk_size]);
-            ptr = ch.scratch.get();
+        net::MemHandle* mh = nullptr;
+        int rx_slot = -1;
+        if (tx && ch.staged_ahead == 0) break;  // its staging slot is not free yet
+        if (op.path == OpPath::kStaged) {
+            if (tx) {
+                auto ready = ch.ring->ready(op.slot);
+                if (!ready.ok()) return failed(ready.status());
+                if (!*ready) break;  // the copy into the slot is still running
+                ptr = ch.ring->slot(op.slot);
+            } else {
+                Status st = ensure_ring(ch, tx, op);
+                if (!st.ok()) return failed(st);
+                if (!ch.ring->has_free()) break;
+                rx_slot = ch.ring->next();
+                ptr = ch.ring->slot(rx_slot);
+            }
+            mh = ch.ring_mr;
+        } else {
+            if (ptr == nullptr) {
+                // Draining a refused write: one scratch receive at a time per channel, so no two
+                // transport requests ever write the scratch buffer at once.
+                if (ch.scratch_busy) break;
+                if (!ch.scratch) ch.scratch.reset(new uint8_t[p.chunk]);
+                ptr = ch.scratch.get();
+            }
+            if (op.path == OpPath::kUnpack) {
+                // Read the plugin's unpack queue before the first receive needs it.
+                Status st = ensure_ring(ch, tx, op);
+                if (!st.ok()) return failed(st);
+            }
+            auto mr = mr_for(ch, tx, op, p.chunk);
+            if (!mr.ok()) {
+                return failed(Status(mr.status()).with_context("registering memory"));
+            }
+            mh = *mr;
         }
-        auto mr = mr_for(ch, tx, op);
-        if (!mr.ok()) {
-            fail_peer(p, Status(mr.status()).with_context("registering memory with the transport"));
-            return true;
-        }
-        net::MemHandle* mh = *mr;
         net::Request* req = nullptr;
         Status st;
         if (tx) {
@@ -429,33 +523,105 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             int tag = 0;
             st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
         }
-        if (!st.ok()) {
-            fail_peer(p, st.with_context(tx ? "data channel send" : "data channel receive"));
-            return true;
-        }
+        if (!st.ok()) return failed(st);
         if (req == nullptr) break;  // the transport is full: later
+        if (rx_slot >= 0) op.slot = ch.ring->acquire();
         if (op.ptr == nullptr) ch.scratch_busy = true;
-        ch.queued.pop_front();
         ch.inflight.push_back(Channel::InFlight{op, req});
+        ch.queued.pop_front();
+        if (tx) --ch.staged_ahead;
         did = true;
     }
     return did;
 }
 
-StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op) {
+Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
+    using engine::OpPath;
+    switch (f.op.path) {
+        case OpPath::kStaged:
+            return ch.ring->copy_out(f.op.slot, f.op.ptr, f.op.len);
+        case OpPath::kUnpack: {
+            TCPX_ASSIGN_OR_RETURN(int q, net_->unpack_slot(ch.recv, f.req));
+            if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
+            f.op.slot = ch.ring->acquire();
+            // Device addresses of the plugin's metadata for queue slot q (not dereferenced here).
+            const cuda::UnpackMeta* meta = ch.unpack.meta;
+            return ch.ring->unpack(f.op.slot, &meta->mem[q][0], &meta->cnt[q], ch.unpack.bounce_buf,
+                                   f.op.ptr, f.op.len);
+        }
+        default:
+            return Status();
+    }
+}
+
+Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
+    using engine::OpPath;
+    const int device = op.region->device;
+    if (ch.ring) {
+        if (op.path == OpPath::kUnpack && ch.ring->device() != device) {
+            return failed_precondition(strformat(
+                "a receive into GPU %d on a channel whose receives land on GPU %d: register "
+                "memory of the GPU the endpoint serves",
+                device, ch.ring->device()));
+        }
+        return Status();
+    }
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (op.path == OpPath::kStaged) {
+        TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_));
+        Status st =
+            net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr);
+        if (!st.ok()) {
+            ch.ring.reset();
+            return st.with_context("registering the staging slots");
+        }
+        return Status();
+    }
+    // UNPACK: the device handle points to the plugin's unpack queue descriptor, in GPU memory.
+    const net::DeviceHandle& h = ch.dev_handle;
+    if (h.version != cuda::kUnpackVersion || h.handle == nullptr ||
+        h.size < sizeof(cuda::UnpackHandle)) {
+        return unimplemented(strformat(
+            "the transport hands CUDA receives over as UNPACK version %d (handle %p, %zu bytes); "
+            "tcpx-p2p reads version %d",
+            h.version, h.handle, h.size, cuda::kUnpackVersion));
+    }
+    TCPX_RETURN_IF_ERROR(cuda::device().copy(&ch.unpack, h.handle, sizeof(cuda::UnpackHandle)));
+    if (ch.unpack.meta == nullptr || ch.unpack.bounce_buf == nullptr) {
+        return protocol_error("the transport's unpack queue has no metadata or bounce buffer");
+    }
+    TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, 0, window_));
+    return Status();
+}
+
+StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op,
+                                                 uint64_t scratch_len) {
+    using engine::OpPath;
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.region == nullptr) {
         if (ch.scratch_mr == nullptr) {
-            TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), config_.xfer_chunk_size,
+            TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), scratch_len,
                                               net::MemType::kHost, &ch.scratch_mr));
         }
         return ch.scratch_mr;
     }
     auto it = ch.mrs.find(op.region);
     if (it != ch.mrs.end()) return it->second;
+    uint8_t* base = op.region->base;
+    uint64_t len = op.region->len;
+    net::MemType type = net::MemType::kHost;
+    if (op.path == OpPath::kDevice || op.path == OpPath::kUnpack) {
+        // Google's TCPX registers GPU memory by whole 4 KiB pages from an aligned pointer: give it
+        // the page-aligned cover of the region (inside the same allocation, whose granularity is
+        // coarser). Only the region's own bytes are ever sent or received.
+        type = net::MemType::kCuda;
+        const uintptr_t start = reinterpret_cast<uintptr_t>(base) & ~uintptr_t{4095};
+        const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + len + 4095) & ~uintptr_t{4095};
+        base = reinterpret_cast<uint8_t*>(start);
+        len = end - start;
+    }
     net::MemHandle* mh = nullptr;
-    TCPX_RETURN_IF_ERROR(
-        net_->reg_mr(comm, op.region->base, op.region->len, net::MemType::kHost, &mh));
+    TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, base, len, type, &mh));
     ch.mrs.emplace(op.region, mh);
     return mh;
 }
@@ -467,6 +633,8 @@ void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
     ch.mrs.clear();
     if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
     ch.scratch_mr = nullptr;
+    if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
+    ch.ring_mr = nullptr;
 }
 
 // A region is being freed: no request uses it any more (its transfers held references), so its
@@ -568,10 +736,6 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
             x->result = Status(r.status()).with_context("write refused");
             break;
         }
-        if ((*r)->kind != MemKind::kHost) {
-            x->result = unimplemented("write refused: device memory is not supported yet");
-            break;
-        }
         regions.push_back(*r);
     }
     const bool ok = x->result.ok();
@@ -584,7 +748,12 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         if (ok) {
             uint64_t at = 0;
             for (const Xfer::Piece& piece : x->pieces) {
-                std::memcpy(piece.region->base + piece.offset, req.data.data() + at, piece.len);
+                Status st =
+                    write_region(piece.region, piece.offset, req.data.data() + at, piece.len);
+                if (!st.ok()) {
+                    x->result = st.with_context("write failed");
+                    break;
+                }
                 at += piece.len;
             }
         }
@@ -637,10 +806,6 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
             refused = Status(r.status()).with_context("read refused");
             break;
         }
-        if ((*r)->kind != MemKind::kHost) {
-            refused = unimplemented("read refused: device memory is not supported yet");
-            break;
-        }
         regions.push_back(*r);
         total += s.len;
     }
@@ -651,11 +816,15 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
         return Status();
     }
     if (total <= inline_limit()) {
-        std::string msg = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
-        for (size_t i = 0; i < req.segs.size(); ++i) {
-            msg.append(reinterpret_cast<const char*>(regions[i]->base + req.segs[i].offset),
-                       req.segs[i].len);
+        std::string payload;
+        Status st;
+        for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {
+            st = append_region(&payload, regions[i], req.segs[i].offset, req.segs[i].len);
         }
+        std::string msg = st.ok()
+                              ? wire::encode_read_resp(req.xfer, wire::kFlagInline, Status())
+                              : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
+        if (st.ok()) msg.append(payload);
         wire::end_message(&msg);
         send_ctrl(p, std::move(msg));
         return Status();
@@ -691,7 +860,12 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
         }
         uint64_t at = 0;
         for (const Xfer::Piece& piece : x->pieces) {
-            std::memcpy(piece.region->base + piece.offset, resp.data.data() + at, piece.len);
+            Status copied =
+                write_region(piece.region, piece.offset, resp.data.data() + at, piece.len);
+            if (!copied.ok()) {
+                x->result = copied.with_context("read");
+                break;
+            }
             at += piece.len;
         }
     } else {
@@ -734,11 +908,18 @@ Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
     }
     const Xfer::Piece& piece = x->pieces.front();
     const bool is_inline = x->len <= inline_limit();
+    std::string payload;
+    if (is_inline) {
+        Status copied = append_region(&payload, piece.region, piece.offset, x->len);
+        if (!copied.ok()) {
+            // The receiver expects SEND_DATA for this send: without its bytes the pair cannot
+            // complete, so the connection goes.
+            return copied.with_context("send");
+        }
+    }
     std::string msg =
         wire::encode_send_data(cts.recv_xfer, is_inline ? wire::kFlagInline : 0, x->len);
-    if (is_inline) {
-        msg.append(reinterpret_cast<const char*>(piece.region->base + piece.offset), x->len);
-    }
+    msg.append(payload);
     wire::end_message(&msg);
     send_ctrl(p, std::move(msg));
     if (!is_inline) {
@@ -762,7 +943,8 @@ Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view bo
                           take_awaiting(p, data.recv_xfer, Xfer::Kind::kRecv, "SEND_DATA"));
     const Xfer::Piece& piece = x->pieces.front();
     if (flags & wire::kFlagInline) {
-        std::memcpy(piece.region->base + piece.offset, data.data.data(), data.len);
+        Status st = write_region(piece.region, piece.offset, data.data.data(), data.len);
+        if (!st.ok()) x->result = st.with_context("recv");
     } else {
         queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, data.len);
     }

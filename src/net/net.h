@@ -123,6 +123,14 @@ class Net {
     // The caller is done with the data of completed receive `request` (of `n` buffers); must be
     // called for every completed receive, oldest first.
     virtual Status irecv_consumed(RecvComm* comm, int n, Request* request) = 0;
+    // For a receive comm whose device handle is UNPACK, a completed receive into CUDA memory:
+    // the slot of the comm's unpack queue (UnpackMeta::mem[slot] and cnt[slot], cuda/unpack_defs.h)
+    // that describes where its bytes are, valid from test() reporting it done until
+    // irecv_consumed().
+    virtual StatusOr<int> unpack_slot(RecvComm* comm, Request* request) {
+        return Status(StatusCode::kUnimplemented,
+                      "this transport does not hand receives over through unpack queues");
+    }
 
     virtual Status close_send(SendComm* comm) = 0;
     virtual Status close_recv(RecvComm* comm) = 0;

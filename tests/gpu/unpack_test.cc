@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/memory.h"
+#include "cuda/device.h"
 #include "cuda/unpack.h"
 
 namespace tcpx::cuda {
@@ -29,6 +29,7 @@ class UnpackTest : public ::testing::Test {
         CUDA_OK(cudaMalloc(&dst_, kDst + 2 * kGuard));
         CUDA_OK(cudaMalloc(&entries_, sizeof(LoadMeta) * kUnpackMaxEntries));
         CUDA_OK(cudaMallocHost(&count_, sizeof(uint64_t)));
+        CUDA_OK(cudaMallocHost(&bad_, sizeof(uint32_t)));
         CUDA_OK(cudaStreamCreate(&stream_));
         host_bounce_.resize(kBounce);
         std::mt19937_64 rng(1);
@@ -41,20 +42,25 @@ class UnpackTest : public ::testing::Test {
         cudaFree(dst_);
         cudaFree(entries_);
         cudaFreeHost(count_);
+        cudaFreeHost(bad_);
         cudaStreamDestroy(stream_);
     }
 
     // Runs the kernel and the reference on `list`; every destination byte (and the guards) must
     // agree.
-    void check(const std::vector<LoadMeta>& list) {
+    void check(const std::vector<LoadMeta>& list, uint64_t dst_len = kDst) {
         std::vector<uint8_t> expect(kDst + 2 * kGuard, 0xa5);
-        unpack_reference(list.data(), list.size(), host_bounce_.data(), expect.data() + kGuard);
+        const bool good = unpack_reference(list.data(), list.size(), host_bounce_.data(),
+                                           expect.data() + kGuard, dst_len);
         CUDA_OK(cudaMemset(dst_, 0xa5, kDst + 2 * kGuard));
         CUDA_OK(cudaMemcpy(entries_, list.data(), list.size() * sizeof(LoadMeta),
                            cudaMemcpyHostToDevice));
         *count_ = list.size();
-        ASSERT_TRUE(launch_unpack(entries_, count_, bounce_, dst_ + kGuard, stream_).ok());
+        *bad_ = 0;
+        ASSERT_TRUE(
+            launch_unpack(entries_, count_, bounce_, dst_ + kGuard, dst_len, bad_, stream_).ok());
         CUDA_OK(cudaStreamSynchronize(stream_));
+        EXPECT_EQ(*bad_ != 0, !good) << "the kernel and the reference disagree on the list";
         std::vector<uint8_t> got(kDst + 2 * kGuard);
         CUDA_OK(cudaMemcpy(got.data(), dst_, got.size(), cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < got.size(); ++i) {
@@ -84,6 +90,7 @@ class UnpackTest : public ::testing::Test {
     uint8_t* dst_ = nullptr;
     LoadMeta* entries_ = nullptr;
     uint64_t* count_ = nullptr;
+    uint32_t* bad_ = nullptr;  // pinned: the kernel's verdict
     cudaStream_t stream_ = nullptr;
     std::vector<uint8_t> host_bounce_;
 };
@@ -130,6 +137,36 @@ TEST_F(UnpackTest, FullSlotOfPages) {
                                 static_cast<uint64_t>(i) * kUnpackPageSize});
     }
     check(list);
+}
+
+TEST_F(UnpackTest, EntriesOutsideTheDestinationAreRefused) {
+    // A faulty transport: an entry past the end (and one straddling it) must not be followed,
+    // the rest is copied, and the receive is reported bad. The guards check nothing leaked.
+    std::vector<LoadMeta> list = {
+        {0, 4096, 0}, {4096, 100, 8192 - 50}, {8192, 16, uint64_t{1} << 40}, {12288, 512, 4096}};
+    check(list, 8192);
+}
+
+TEST_F(UnpackTest, CountAboveAFullSlotIsRefused) {
+    // More entries than a slot holds: only the first 2048 are read, and the receive is bad.
+    std::vector<LoadMeta> list;
+    for (int i = 0; i < kUnpackMaxEntries + 1; ++i) {
+        list.push_back(LoadMeta{static_cast<uint32_t>(i) * 16, 16, static_cast<uint64_t>(i) * 16});
+    }
+    std::vector<uint8_t> expect(kDst, 0xa5);
+    EXPECT_FALSE(
+        unpack_reference(list.data(), list.size(), host_bounce_.data(), expect.data(), kDst));
+    CUDA_OK(cudaMemset(dst_, 0xa5, kDst + 2 * kGuard));
+    CUDA_OK(cudaMemcpy(entries_, list.data(), kUnpackMaxEntries * sizeof(LoadMeta),
+                       cudaMemcpyHostToDevice));
+    *count_ = list.size();
+    *bad_ = 0;
+    ASSERT_TRUE(launch_unpack(entries_, count_, bounce_, dst_ + kGuard, kDst, bad_, stream_).ok());
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_NE(*bad_, 0u);
+    std::vector<uint8_t> got(kDst);
+    CUDA_OK(cudaMemcpy(got.data(), dst_ + kGuard, kDst, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, expect);
 }
 
 TEST(CudaMemory, PointersAreClassified) {

@@ -1,5 +1,6 @@
 #include "net/plugin/v7_net.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -7,6 +8,7 @@
 
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "net/plugin/tcpx_layout.h"
 #include "net/v7_common.h"
 
 namespace tcpx::net {
@@ -346,6 +348,30 @@ Status V7Net::irecv_consumed(RecvComm* comm, int n, Request* request) {
         from_nccl_result(table_->irecvConsumed(w->comm, n, r->request), name_ + ": irecvConsumed");
     release_request(r);
     return st;
+}
+
+StatusOr<int> V7Net::unpack_slot(RecvComm* comm, Request* request) {
+    auto* w = reinterpret_cast<CommWrap*>(comm);
+    auto* r = reinterpret_cast<RequestWrap*>(request);
+    if (w == nullptr || w->magic != kRecvWrap) return invalid_argument("unpack_slot: not a comm");
+    if (w->dev_ptr == nullptr || w->dev_ptr->netDeviceType != TCPX_NCCL_NET_DEVICE_UNPACK) {
+        return failed_precondition("unpack_slot: the comm has no UNPACK device handle");
+    }
+    {
+        std::lock_guard<std::mutex> lock(w->mu);
+        if (std::find(w->completed.begin(), w->completed.end(), r) == w->completed.end()) {
+            return invalid_argument("unpack_slot: not a completed, unconsumed receive of the comm");
+        }
+    }
+    // Only Google's layout is known (tcpx_layout.h); the version check at accept guarantees it.
+    const auto* req = static_cast<const google_tcpx::Request*>(r->request);
+    const google_tcpx::UnpackSlot& slot = req->unpack_slot;
+    if (!slot.active || slot.idx >= static_cast<uint64_t>(google_tcpx::kQueueDepth)) {
+        return protocol_error(strformat(
+            "%s: a completed CUDA receive holds no valid unpack slot (active %d, index %llu)",
+            name_.c_str(), slot.active ? 1 : 0, static_cast<unsigned long long>(slot.idx)));
+    }
+    return static_cast<int>(slot.idx);
 }
 
 Status V7Net::close_send(SendComm* comm) {

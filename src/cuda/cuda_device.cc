@@ -1,0 +1,203 @@
+// The device layer over the CUDA runtime.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <vector>
+
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "cuda/device.h"
+#include "cuda/unpack.h"
+#include "cuda/unpack_kernel.h"
+
+namespace tcpx::cuda {
+namespace {
+
+Status cuda_status(cudaError_t err, const char* what) {
+    if (err == cudaSuccess) return Status();
+    cudaGetLastError();  // keep a non-sticky error from surfacing in a later call
+    return Status(StatusCode::kCuda, strformat("%s: %s", what, cudaGetErrorString(err)));
+}
+
+// Slots of one stream: each slot's completion is an event recorded after its last work; pinned
+// staging buffers when slot_bytes > 0; a mapped flag per slot for unpacks the kernel found bad.
+class CudaCopyRing final : public CopyRing {
+ public:
+    static StatusOr<std::unique_ptr<CopyRing>> create(int device, size_t slot_bytes, int slots) {
+        if (slots < 1) return invalid_argument("copy ring: no slots");
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+        void* base = nullptr;
+        if (slot_bytes > 0) {
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaHostAlloc(&base, slot_bytes * static_cast<size_t>(slots),
+                                          cudaHostAllocPortable),
+                            strformat("allocating %zu bytes of pinned staging memory",
+                                      slot_bytes * static_cast<size_t>(slots))
+                                .c_str()));
+        }
+        std::unique_ptr<CudaCopyRing> r(
+            new CudaCopyRing(device, slot_bytes, slots, static_cast<uint8_t*>(base)));
+        TCPX_RETURN_IF_ERROR(r->init());
+        return std::unique_ptr<CopyRing>(std::move(r));
+    }
+
+    ~CudaCopyRing() override {
+        cudaSetDevice(device());
+        if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+        for (cudaEvent_t ev : events_) {
+            if (ev != nullptr) cudaEventDestroy(ev);
+        }
+        if (stream_ != nullptr) cudaStreamDestroy(stream_);
+        if (flags_ != nullptr) cudaFreeHost(flags_);
+        if (base() != nullptr) cudaFreeHost(base());
+    }
+
+    Status copy_in(int i, const void* src, size_t len) override {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaMemcpyAsync(slot(i), src, len, cudaMemcpyDefault, stream_),
+                        "staging a chunk out of GPU memory"));
+        return record(i);
+    }
+
+    Status copy_out(int i, void* dst, size_t len) override {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaMemcpyAsync(dst, slot(i), len, cudaMemcpyDefault, stream_),
+                        "staging a chunk into GPU memory"));
+        return record(i);
+    }
+
+    Status unpack(int i, const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
+                  uint8_t* dst, uint64_t dst_len) override {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        // The slot's previous work finished before it was given back: nothing reads the flag.
+        flags_[i] = 0;
+        const cudaError_t err =
+            launch_unpack_kernel(entries, count, bounce, dst, dst_len, device_flags_ + i, stream_);
+        TCPX_RETURN_IF_ERROR(cuda_status(err, "launching the unpack kernel"));
+        unpacked_[static_cast<size_t>(i)] = true;
+        return record(i);
+    }
+
+    StatusOr<bool> ready(int i) override {
+        const cudaError_t err = cudaEventQuery(events_[static_cast<size_t>(i)]);
+        if (err == cudaErrorNotReady) {
+            cudaGetLastError();  // not an error; keep it from sticking
+            return false;
+        }
+        TCPX_RETURN_IF_ERROR(cuda_status(err, "an asynchronous copy"));
+        if (unpacked_[static_cast<size_t>(i)]) {
+            unpacked_[static_cast<size_t>(i)] = false;
+            if (flags_[i] != 0) {
+                return protocol_error(
+                    "the transport described a receive reaching outside its buffer (or with "
+                    "more than 2048 pieces); those bytes were not copied");
+            }
+        }
+        return true;
+    }
+
+    void synchronize() override {
+        cudaSetDevice(device());
+        cudaStreamSynchronize(stream_);
+    }
+
+ private:
+    CudaCopyRing(int device, size_t slot_bytes, int slots, uint8_t* base)
+        : CopyRing(device, slot_bytes, slots, base),
+          events_(static_cast<size_t>(slots), nullptr),
+          unpacked_(static_cast<size_t>(slots), false) {}
+
+    Status init() {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                         "cudaStreamCreate"));
+        for (cudaEvent_t& ev : events_) {
+            TCPX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+                                             "cudaEventCreate"));
+        }
+        void* flags = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaHostAlloc(&flags, sizeof(uint32_t) * static_cast<size_t>(slots()),
+                                      cudaHostAllocMapped | cudaHostAllocPortable),
+                        "allocating unpack flags"));
+        flags_ = static_cast<uint32_t*>(flags);
+        void* dev = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"));
+        device_flags_ = static_cast<uint32_t*>(dev);
+        return Status();
+    }
+
+    Status record(int i) {
+        return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream_),
+                           "cudaEventRecord");
+    }
+
+    cudaStream_t stream_ = nullptr;
+    std::vector<cudaEvent_t> events_;
+    std::vector<bool> unpacked_;  // slot i's last work was an unpack (check its flag)
+    uint32_t* flags_ = nullptr;   // host view
+    uint32_t* device_flags_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+    int count() override {
+        std::call_once(once_, [this] {
+            int n = 0;
+            if (cudaGetDeviceCount(&n) != cudaSuccess) {
+                cudaGetLastError();  // no driver or no device: not an error for host memory
+                n = 0;
+            }
+            count_ = n;
+        });
+        return count_;
+    }
+
+    PointerInfo classify(const void* ptr) override {
+        PointerInfo info;
+        if (ptr == nullptr || count() == 0) return info;
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+            cudaGetLastError();
+            return info;
+        }
+        if (attr.type == cudaMemoryTypeDevice) {
+            info.kind = MemKind::kCuda;
+            info.device = attr.device;
+        }
+        return info;
+    }
+
+    Status copy(void* dst, const void* src, size_t len) override {
+        if (count() == 0) return unavailable("GPU memory: no usable GPU");
+        return cuda_status(cudaMemcpy(dst, src, len, cudaMemcpyDefault), "copying GPU memory");
+    }
+
+    StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,
+                                                  int slots) override {
+        if (count() == 0) return unavailable("GPU memory: no usable GPU");
+        return CudaCopyRing::create(device, slot_bytes, slots);
+    }
+
+ private:
+    std::once_flag once_;
+    int count_ = 0;
+};
+
+}  // namespace
+
+Device& runtime_device() {
+    static CudaDevice d;
+    return d;
+}
+
+Status launch_unpack(const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
+                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream) {
+    return cuda_status(launch_unpack_kernel(entries, count, bounce, dst, dst_len, bad,
+                                            static_cast<cudaStream_t>(stream)),
+                       "launching the unpack kernel");
+}
+
+}  // namespace tcpx::cuda

@@ -1,0 +1,34 @@
+#include "cuda/device.h"
+
+#include <atomic>
+
+namespace tcpx::cuda {
+
+// Defined by cuda_device.cc (CUDA builds) or no_cuda_device.cc.
+Device& runtime_device();
+
+namespace {
+std::atomic<Device*> g_override{nullptr};
+}  // namespace
+
+int CopyRing::acquire() {
+    const int i = next();
+    ++used_;
+    return i;
+}
+
+bool CopyRing::release(int i) {
+    if (used_ == 0 || i != head_) return false;
+    head_ = (head_ + 1) % slots_;
+    --used_;
+    return true;
+}
+
+Device& device() {
+    Device* d = g_override.load(std::memory_order_acquire);
+    return d != nullptr ? *d : runtime_device();
+}
+
+void set_device_for_testing(Device* d) { g_override.store(d, std::memory_order_release); }
+
+}  // namespace tcpx::cuda

@@ -1,0 +1,108 @@
+// The engine's view of GPU memory: what a pointer points to, synchronous copies, and copy rings
+// (asynchronous copies and unpack kernels on one stream, their completion tracked per slot by an
+// event, never by device-wide synchronization).
+//
+// device() is the CUDA runtime when the CUDA parts are built and a GPU is usable; otherwise every
+// pointer is host memory and rings cannot be made. Tests substitute an emulation that keeps
+// "device" memory in host memory (set_device_for_testing) so that the engine's device paths run
+// in CI without a GPU, the same code that runs over CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "cuda/unpack_defs.h"
+#include "tcpx/endpoint.h"
+#include "tcpx/status.h"
+
+namespace tcpx::cuda {
+
+struct PointerInfo {
+    MemKind kind = MemKind::kHost;
+    int32_t device = -1;  // for kCuda
+};
+
+// A ring of `slots` slots on one GPU stream. Each slot tracks the completion of the last work
+// enqueued for it and may own a pinned host buffer of slot_bytes() (a staging slot). Slots are
+// taken and given back in FIFO order, which is the order in which the engine's channels complete
+// their requests.
+class CopyRing {
+ public:
+    virtual ~CopyRing() = default;
+    CopyRing(const CopyRing&) = delete;
+    CopyRing& operator=(const CopyRing&) = delete;
+
+    int device() const { return device_; }
+    int slots() const { return slots_; }
+    size_t slot_bytes() const { return slot_bytes_; }
+    // Slot i's pinned buffer (null when the ring has none), and the whole area (to register it
+    // with a transport once).
+    uint8_t* slot(int i) const {
+        return base_ == nullptr ? nullptr : base_ + static_cast<size_t>(i) * slot_bytes_;
+    }
+    uint8_t* base() const { return base_; }
+    size_t bytes() const { return slot_bytes_ * static_cast<size_t>(slots_); }
+
+    bool has_free() const { return used_ < slots_; }
+    int in_use() const { return used_; }
+    // The slot acquire() will return.
+    int next() const { return (head_ + used_) % slots_; }
+    int acquire();
+    // Gives back slot i, which must be the oldest taken. False (and nothing changes) otherwise.
+    bool release(int i);
+
+    // Enqueues `len` bytes of device memory at `src` -> slot i's buffer (len <= slot_bytes()).
+    virtual Status copy_in(int i, const void* src, size_t len) = 0;
+    // Enqueues slot i's buffer -> `len` bytes of device memory at `dst`.
+    virtual Status copy_out(int i, void* dst, size_t len) = 0;
+    // Enqueues the unpack of one devmem-TCP receive (unpack.h) into `dst`, a buffer of `dst_len`
+    // bytes. `entries` and `count` are device-visible and read when the kernel runs. Entries
+    // reaching outside the destination (or more than kUnpackMaxEntries) are not copied, and
+    // ready(i) then reports the receive as failed.
+    virtual Status unpack(int i, const LoadMeta* entries, const uint64_t* count,
+                          const uint8_t* bounce, uint8_t* dst, uint64_t dst_len) = 0;
+    // Whether the work last enqueued for slot i has finished; an error if it failed.
+    virtual StatusOr<bool> ready(int i) = 0;
+    // Waits for all enqueued work (before buffers it touches may be released).
+    virtual void synchronize() = 0;
+
+ protected:
+    CopyRing(int device, size_t slot_bytes, int slots, uint8_t* base)
+        : device_(device), slots_(slots), slot_bytes_(slot_bytes), base_(base) {}
+
+ private:
+    const int device_;
+    const int slots_;
+    const size_t slot_bytes_;
+    uint8_t* const base_;
+    int head_ = 0;  // oldest slot taken
+    int used_ = 0;
+};
+
+class Device {
+ public:
+    virtual ~Device() = default;
+    // Usable GPUs; 0 when there is no driver or device, or the CUDA parts were not built.
+    virtual int count() = 0;
+    // kCuda for device memory (and the device it lives on), kHost for anything else: pageable or
+    // pinned host memory, or when there is no GPU.
+    virtual PointerInfo classify(const void* ptr) = 0;
+    // A synchronous copy of `len` bytes between any two of host and device memory.
+    virtual Status copy(void* dst, const void* src, size_t len) = 0;
+    // A ring on GPU `device`; slot_bytes 0 makes one without pinned buffers (completion tracking
+    // only, for unpacks).
+    virtual StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,
+                                                          int slots) = 0;
+};
+
+// The device layer in use.
+Device& device();
+// Substitutes `d` (not owned) for the CUDA runtime; null restores it. Only while no endpoint
+// exists.
+void set_device_for_testing(Device* d);
+
+inline int device_count() { return device().count(); }
+inline PointerInfo classify(const void* ptr) { return device().classify(ptr); }
+
+}  // namespace tcpx::cuda

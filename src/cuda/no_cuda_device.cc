@@ -1,0 +1,27 @@
+// The device layer of a build without the CUDA parts: no GPU, every pointer is host memory.
+#include "common/status_util.h"
+#include "cuda/device.h"
+
+namespace tcpx::cuda {
+namespace {
+
+class NoDevice final : public Device {
+ public:
+    int count() override { return 0; }
+    PointerInfo classify(const void*) override { return PointerInfo{}; }
+    Status copy(void*, const void*, size_t) override {
+        return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
+    }
+    StatusOr<std::unique_ptr<CopyRing>> make_ring(int, size_t, int) override {
+        return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
+    }
+};
+
+}  // namespace
+
+Device& runtime_device() {
+    static NoDevice d;
+    return d;
+}
+
+}  // namespace tcpx::cuda
