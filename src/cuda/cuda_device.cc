@@ -181,6 +181,13 @@ class CudaDevice final : public Device {
         return CudaCopyRing::create(device, slot_bytes, slots);
     }
 
+    Status select(int device) override {
+        if (device < 0 || device >= count()) {
+            return invalid_argument(strformat("GPU %d: %d usable", device, count()));
+        }
+        return cuda_status(cudaSetDevice(device), "cudaSetDevice");
+    }
+
  private:
     std::once_flag once_;
     int count_ = 0;

@@ -94,6 +94,9 @@ class Device {
     // only, for unpacks).
     virtual StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,
                                                           int slots) = 0;
+    // Makes GPU `device` the calling thread's current one: what a transport allocates for the
+    // caller then lands there (Google's TCPX plugin puts a receive comm's bounce buffer on it).
+    virtual Status select(int device) = 0;
 };
 
 // The device layer in use.

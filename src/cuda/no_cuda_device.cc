@@ -15,6 +15,9 @@ class NoDevice final : public Device {
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int, size_t, int) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
+    Status select(int) override {
+        return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
+    }
 };
 
 }  // namespace

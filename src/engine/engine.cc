@@ -496,6 +496,12 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
     if (p.state != Peer::State::kChannels) return false;
     bool did = false;
     bool all = true;
+    // Transports allocate per-comm GPU memory (Google's TCPX: the receive bounce buffer) on the
+    // calling thread's current GPU: make it the one this endpoint serves.
+    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
+        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
+        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
+    }
     for (int i = 0; i < p.channels; ++i) {
         Channel& tx = p.tx[static_cast<size_t>(i)];
         Channel& rx = p.rx[static_cast<size_t>(i)];
@@ -584,11 +590,11 @@ bool Endpoint::Impl::progress_peer(Peer& p, bool readable) {
     if (p.state == Peer::State::kReady) {
         for (Channel& ch : p.rx) {
             if (p.state != Peer::State::kReady) break;
-            if (!ch.queued.empty() || !ch.inflight.empty()) did |= progress_channel(p, ch, false);
+            if (ch.busy()) did |= progress_channel(p, ch, false);
         }
         for (Channel& ch : p.tx) {
             if (p.state != Peer::State::kReady) break;
-            if (!ch.queued.empty() || !ch.inflight.empty()) did |= progress_channel(p, ch, true);
+            if (ch.busy()) did |= progress_channel(p, ch, true);
         }
     }
     if (p.state == Peer::State::kFailed) return true;

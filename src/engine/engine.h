@@ -139,6 +139,9 @@ struct Channel {
     // addresses), read on first use.
     net::DeviceHandle dev_handle;
     cuda::UnpackHandle unpack{};
+
+    // Whether anything waits for this channel's progress.
+    bool busy() const { return !queued.empty() || !inflight.empty() || !finishing.empty(); }
 };
 
 struct Peer {

@@ -590,6 +590,13 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
     if (ch.unpack.meta == nullptr || ch.unpack.bounce_buf == nullptr) {
         return protocol_error("the transport's unpack queue has no metadata or bounce buffer");
     }
+    const cuda::PointerInfo bounce = cuda::classify(ch.unpack.bounce_buf);
+    if (bounce.kind == MemKind::kCuda && bounce.device != device) {
+        return failed_precondition(strformat(
+            "receives land on GPU %d but the registration is on GPU %d: set GPU_INDEX to the "
+            "GPU whose memory the endpoint moves",
+            bounce.device, device));
+    }
     TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, 0, window_));
     return Status();
 }

@@ -1,14 +1,14 @@
 // An emulation of Google's GPUDirect-TCPX ncclNet plugin (libnccl-net-tcpx.so), built as
 // libnccl-net-faketcpx.so and loaded exactly as a user would load the real one
-// (TCPX_P2P_NET_PLUGIN). It moves data with tcpx-p2p's own socket transport and reproduces what a
-// caller outside NCCL must get right with the real plugin (shared/reference/tcpx-plugin.md),
-// refusing — with an error, where the real plugin would crash or hang — what it does not allow:
+// (TCPX_P2P_NET_PLUGIN). It reproduces what a caller outside NCCL must get right with the real
+// plugin (shared/reference/tcpx-plugin.md), refusing — with an error, where the real plugin would
+// crash or hang — what it does not allow:
 //
 //   - a v7 table named GPUDirectTCPX*, device type UNPACK version 7, maxRecvs 1;
 //   - init fails unless NCCL_DYNAMIC_CHUNK_SIZE is set (the real plugin then never completes a
 //     receive);
-//   - at most 16 requests per comm; a receive holds its unpack slot until irecvConsumed(), which
-//     must come for every completed receive, oldest first (16 slots per comm);
+//   - at most 16 requests per comm; receives must be given back with irecvConsumed(), every one,
+//     oldest first, after test() reported them;
 //   - test() only on the comm's oldest request, and it never writes sizes;
 //   - irecv with n != 1 is an error; isend/irecv need a memory handle from regMr;
 //   - regMr of CUDA memory needs a 4 KiB-aligned pointer;
@@ -16,9 +16,27 @@
 //   - accept() needs a device-handle pointer to fill in;
 //   - iflush() must not be called.
 //
-// Host memory only so far; CUDA receives into scattered bounce-buffer pages come with the CUDA
-// layer.
+// Receives into CUDA memory are delivered as devmem-TCP delivers them: the bytes land in randomly
+// chosen 4 KiB pages of the receive comm's bounce buffer, as whole pages or random pieces at random
+// offsets within a page, described by loadMeta entries in the comm's unpack queue (device handle
+// UNPACK v7 -> {meta, bounce_buf, head}); the request starts with Google's request layout, whose
+// unpack slot says which queue entry describes it; the entry count is written by test() when it
+// reports the receive done (garbage before); at most 4 MiB and 2048 entries per receive. The pages
+// stay taken until irecvConsumed(), then are poisoned, so a caller that gives a receive back
+// before it has gathered it reads garbage.
+//
+// Modes (environment, read by init and by listen):
+//   FAKETCPX_MEMORY=host|cuda (default: cuda when a GPU is usable). In host mode "CUDA" memory is
+//     addressable from the CPU (the tests' device emulation) and bounce buffer and queue live in
+//     host memory; in cuda mode they are GPU memory and mapped pinned memory, as in the real
+//     plugin.
+//   FAKETCPX_NO_WIRE=1 (read by listen): the comms of that listener move data inside the process
+//     with no socket at all, the bounce pages written by a scatter kernel, so that a caller's own
+//     ceiling can be measured. Both ends must be in one process.
+//   FAKETCPX_POOL_MB: bounce buffer per receive comm (default 64 in cuda mode, 16 in host mode);
+//     a receive waits while no pages are free.
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -26,28 +44,46 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/params.h"
+#include "cuda/unpack.h"
+#include "cuda/unpack_defs.h"
 #include "net/ncclnet_v7.h"
+#include "net/plugin/tcpx_layout.h"
 #include "net/socket/socket_net.h"
+
+#if TCPX_P2P_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
 using tcpx::Status;
 namespace net = tcpx::net;
+namespace cu = tcpx::cuda;
 
 constexpr int kMaxRequests = 16;
+constexpr size_t kMaxCudaRecv = 4 << 20;
+constexpr uint32_t kPage = cu::kUnpackPageSize;
 constexpr uint32_t kCommMagic = 0x46545843;  // "FTXC"
 constexpr uint32_t kReqMagic = 0x46545852;   // "FTXR"
 constexpr uint32_t kMrMagic = 0x4654584d;    // "FTXM"
+constexpr uint8_t kPoison = 0xdb;
+constexpr uint64_t kGarbageCount = 0xdeadbeefdeadbeefULL;
 // connect()'s progress lives in the caller's handle, after the socket transport's 48 bytes.
 constexpr size_t kConnectMarkOffset = 120;
 constexpr uint64_t kConnectMark = 0x464158434f4e4e31ULL;  // "FAXCONN1"
+// A no-wire listener's handle: this mark, then its id.
+constexpr uint64_t kNoWireMark = 0x464158574952454eULL;  // "FAXWIREN"
 
 tcpx_ncclDebugLogger_t g_log = nullptr;
 std::mutex g_mu;
 std::unique_ptr<net::SocketNet> g_net;
+bool g_cuda = false;  // cuda mode
 
 #define FAKE_WARN(...) log_line(TCPX_NCCL_LOG_WARN, __VA_ARGS__)
 void log_line(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -64,38 +100,353 @@ tcpx_ncclResult_t fail(const Status& st, const char* what) {
     FAKE_WARN("%s: %s", what, st.to_string().c_str());
     return tcpx_ncclInternalError;  // the real plugin reports nearly everything this way
 }
+tcpx_ncclResult_t fail(const char* what) {
+    FAKE_WARN("%s", what);
+    return tcpx_ncclInternalError;
+}
+
+// --- memory: GPU (cuda mode) or host (host mode) ---------------------------------------------
+
+#if TCPX_P2P_HAVE_CUDA
+bool cuda_ok(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    FAKE_WARN("%s: %s", what, cudaGetErrorString(e));
+    return false;
+}
+#endif
+
+bool gpu_usable() {
+#if TCPX_P2P_HAVE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+#else
+    return false;
+#endif
+}
+
+// Device memory (cuda mode) or host memory.
+void* mem_alloc(size_t len) {
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda) {
+        void* p = nullptr;
+        return cuda_ok(cudaMalloc(&p, len), "cudaMalloc") ? p : nullptr;
+    }
+#endif
+    return std::malloc(len);
+}
+// A synchronous copy between any two of host and (in cuda mode) device memory.
+bool mem_copy(void* dst, const void* src, size_t len) {
+    if (len == 0) return true;
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda) return cuda_ok(cudaMemcpy(dst, src, len, cudaMemcpyDefault), "cudaMemcpy");
+#endif
+    std::memcpy(dst, src, len);
+    return true;
+}
+bool mem_set(void* dst, uint8_t v, size_t len) {
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda) return cuda_ok(cudaMemset(dst, v, len), "cudaMemset");
+#endif
+    std::memset(dst, v, len);
+    return true;
+}
+
+// --- comms and requests ------------------------------------------------------------------------
 
 struct FakeMr {
     uint32_t magic = kMrMagic;
     int type = 0;
 };
 
+bool valid_mr(void* mh) { return mh != nullptr && static_cast<FakeMr*>(mh)->magic == kMrMagic; }
+bool is_cuda_mr(void* mh) { return static_cast<FakeMr*>(mh)->type == TCPX_NCCL_PTR_CUDA; }
+
 struct FakeComm;
+struct Link;
 
 struct FakeReq {
+    // First, as in Google's plugin: a caller reads the unpack slot from it.
+    net::google_tcpx::Request g{};
     uint32_t magic = kReqMagic;
     FakeComm* comm = nullptr;
-    net::Request* inner = nullptr;
     bool recv = false;
-    bool done = false;  // test() reported it
+    bool cuda = false;                // the caller's buffer is CUDA memory
+    void* data = nullptr;             // the caller's buffer
+    size_t size = 0;                  // posted size (receives) or size sent
+    std::atomic<bool> landed{false};  // the bytes are where the caller will find them
+    size_t received = 0;              // receives: bytes that came
+    bool done = false;                // test() reported it
+    uint64_t entries = 0;             // CUDA receives: loadMeta entries written to the queue slot
+    std::vector<uint32_t> pages;      // bounce pages it holds
+    std::vector<uint8_t> staging;     // host copy of the bytes (wire mode, CUDA memory)
+    net::Request* inner = nullptr;    // the socket transport's request (wire mode)
+};
+
+// The in-process pipe between a no-wire send comm and its receive comm.
+struct Link {
+    std::mutex mu;
+    std::deque<FakeReq*> sends;  // posted, not yet matched
+    std::deque<FakeReq*> recvs;
+    bool send_closed = false;
+    bool recv_closed = false;
+};
+
+// A receive comm's devmem-TCP state: the bounce buffer and the unpack queue.
+struct UnpackState {
+    uint8_t* bounce = nullptr;
+    size_t pages = 0;
+    std::vector<uint32_t> free_pages;
+    cu::UnpackMeta* meta = nullptr;      // host view
+    cu::UnpackMeta* meta_dev = nullptr;  // what the device handle says
+    cu::UnpackHandle* handle = nullptr;  // device memory in cuda mode
+    int next_slot = 0;                   // slots go round, as receives are consumed in order
+    std::mt19937_64 rng{0x7c9a11};
+    // Cuda mode: the scatter kernel's list, count and bad flag (device memory), a device copy
+    // of host-memory sources, and the stream it all runs on.
+    cu::LoadMeta* scatter = nullptr;
+    uint8_t* bounce_src = nullptr;
+    void* stream = nullptr;
 };
 
 struct FakeComm {
     uint32_t magic = kCommMagic;
     bool recv = false;
-    net::SendComm* send_comm = nullptr;
+    net::SendComm* send_comm = nullptr;  // wire mode
     net::RecvComm* recv_comm = nullptr;
+    std::shared_ptr<Link> link;  // no-wire mode
     // Requests in posting order: not yet reported by test(), then (receives) reported but not
     // yet consumed. At most kMaxRequests.
     std::deque<FakeReq*> queue;
+    std::unique_ptr<UnpackState> unpack;  // receive comms
     std::mutex mu;
 };
-
-bool valid_mr(void* mh) { return mh != nullptr && static_cast<FakeMr*>(mh)->magic == kMrMagic; }
 
 FakeComm* as_comm(void* c) {
     auto* comm = static_cast<FakeComm*>(c);
     return comm != nullptr && comm->magic == kCommMagic ? comm : nullptr;
+}
+
+// No-wire listeners by id, with the links connected to each and not yet accepted.
+struct NoWireListen {
+    uint64_t mark = kNoWireMark;  // also tells a listen comm of this kind from the transport's
+    uint64_t id = 0;
+    std::deque<std::shared_ptr<Link>> pending;
+};
+std::unordered_map<uint64_t, NoWireListen*> g_listens;
+uint64_t g_next_listen = 1;
+
+size_t pool_bytes() {
+    const char* mb = std::getenv("FAKETCPX_POOL_MB");
+    long v = mb != nullptr ? std::atol(mb) : 0;
+    if (v <= 0) v = g_cuda ? 64 : 16;
+    return static_cast<size_t>(v) << 20;
+}
+
+void free_unpack(UnpackState* u) {
+    if (u == nullptr) return;
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda) {
+        if (u->stream != nullptr) {
+            cudaStreamSynchronize(static_cast<cudaStream_t>(u->stream));
+            cudaStreamDestroy(static_cast<cudaStream_t>(u->stream));
+        }
+        cudaFreeHost(u->meta);
+        cudaFree(u->scatter);
+        cudaFree(u->bounce_src);
+        cudaFree(u->handle);
+        cudaFree(u->bounce);
+        return;
+    }
+#endif
+    std::free(u->meta);
+    std::free(u->handle);
+    std::free(u->bounce);
+}
+
+// Accept's allocation of the bounce buffer and the unpack queue (the real plugin does this in
+// accept too), on the caller's current GPU.
+std::unique_ptr<UnpackState> make_unpack() {
+    auto u = std::make_unique<UnpackState>();
+    const size_t bytes = pool_bytes();
+    u->pages = bytes / kPage;
+    u->bounce = static_cast<uint8_t*>(mem_alloc(bytes));
+    bool ok = u->bounce != nullptr;
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda && ok) {
+        void* meta = nullptr;
+        void* dev = nullptr;
+        cudaStream_t s = nullptr;
+        ok = cuda_ok(cudaHostAlloc(&meta, sizeof(cu::UnpackMeta), cudaHostAllocMapped),
+                     "cudaHostAlloc") &&
+             cuda_ok(cudaHostGetDevicePointer(&dev, meta, 0), "cudaHostGetDevicePointer") &&
+             cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->handle), sizeof(cu::UnpackHandle)),
+                     "cudaMalloc") &&
+             cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->scatter),
+                                sizeof(cu::LoadMeta) * cu::kUnpackMaxEntries + 16),
+                     "cudaMalloc") &&
+             cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->bounce_src), kMaxCudaRecv),
+                     "cudaMalloc") &&
+             cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+        u->meta = static_cast<cu::UnpackMeta*>(meta);
+        u->meta_dev = static_cast<cu::UnpackMeta*>(dev);
+        u->stream = s;
+    }
+#endif
+    if (!g_cuda && ok) {
+        u->meta = static_cast<cu::UnpackMeta*>(std::malloc(sizeof(cu::UnpackMeta)));
+        u->meta_dev = u->meta;
+        u->handle = static_cast<cu::UnpackHandle*>(std::malloc(sizeof(cu::UnpackHandle)));
+        ok = u->meta != nullptr && u->handle != nullptr;
+    }
+    if (ok) {
+        std::memset(u->meta, kPoison, sizeof(cu::UnpackMeta));
+        const cu::UnpackHandle h{u->meta_dev, u->bounce, ~uint64_t{0}};
+        ok = mem_copy(u->handle, &h, sizeof(h));
+    }
+    if (!ok) {
+        free_unpack(u.get());
+        return nullptr;
+    }
+    u->free_pages.resize(u->pages);
+    for (size_t i = 0; i < u->pages; ++i) u->free_pages[i] = static_cast<uint32_t>(i);
+    return u;
+}
+
+// The scatter a NIC does: src[0, n) -> `entries` (dst_off = offset in src) in the bounce buffer.
+// `src_on_device` says where src is (cuda mode).
+bool scatter(UnpackState* u, const cu::LoadMeta* entries, uint64_t count, const uint8_t* src,
+             bool src_on_device, size_t n) {
+    if (count == 0) return true;
+    if (!g_cuda) {
+        for (uint64_t k = 0; k < count; ++k) {
+            std::memcpy(u->bounce + entries[k].src_off, src + entries[k].dst_off, entries[k].len);
+        }
+        return true;
+    }
+#if TCPX_P2P_HAVE_CUDA
+    auto stream = static_cast<cudaStream_t>(u->stream);
+    if (!src_on_device) {
+        if (!cuda_ok(cudaMemcpyAsync(u->bounce_src, src, n, cudaMemcpyHostToDevice, stream),
+                     "cudaMemcpyAsync")) {
+            return false;
+        }
+        src = u->bounce_src;
+    }
+    // The unpack kernel run backwards: the source is the "bounce" side, the pages the
+    // destination.
+    std::vector<cu::LoadMeta> swapped(count);
+    for (uint64_t k = 0; k < count; ++k) {
+        swapped[k] = cu::LoadMeta{static_cast<uint32_t>(entries[k].dst_off), entries[k].len,
+                                  entries[k].src_off};
+    }
+    auto* cnt = reinterpret_cast<uint64_t*>(u->scatter + cu::kUnpackMaxEntries);
+    auto* bad = reinterpret_cast<uint32_t*>(cnt + 1);
+    struct {
+        uint64_t count;
+        uint32_t bad;
+    } tail{count, 0};
+    uint32_t bad_host = 0;
+    bool ok =
+        cuda_ok(cudaMemcpyAsync(u->scatter, swapped.data(), count * sizeof(cu::LoadMeta),
+                                cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync") &&
+        cuda_ok(cudaMemcpyAsync(cnt, &tail, 12, cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync") &&
+        cu::launch_unpack(u->scatter, cnt, src, u->bounce, u->pages * kPage, bad, stream).ok() &&
+        cuda_ok(cudaMemcpyAsync(&bad_host, bad, 4, cudaMemcpyDeviceToHost, stream),
+                "cudaMemcpyAsync") &&
+        cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (ok && bad_host != 0) FAKE_WARN("scatter kernel refused its list");
+    return ok && bad_host == 0;
+#else
+    (void)src_on_device;
+    (void)n;
+    return false;
+#endif
+}
+
+// Lands `n` bytes at `src` for a receive into CUDA memory: random free pages of the bounce
+// buffer, whole or in pieces, and the entries saying where each piece belongs. False (nothing
+// taken) while too few pages are free; sets *error on failure.
+bool land_cuda(FakeComm* rc, FakeReq* r, const uint8_t* src, bool src_on_device, size_t n,
+               bool* error) {
+    UnpackState* u = rc->unpack.get();
+    if (u->free_pages.size() < (n + kPage - 1) / kPage) return false;
+    const size_t slot = r->g.unpack_slot.idx;
+    cu::LoadMeta* entries = u->meta->mem[slot];
+    uint64_t count = 0;
+    size_t off = 0;
+    while (off < n) {
+        const size_t left = n - off;
+        const size_t left_pages = (left + kPage - 1) / kPage;
+        const uint64_t budget = cu::kUnpackMaxEntries - count;
+        // A piece of a page now and then, while the entries and pages left can still carry
+        // the rest.
+        const bool piece =
+            u->rng() % 4 == 0 && left_pages < budget && u->free_pages.size() > left_pages;
+        const size_t pick = u->rng() % u->free_pages.size();
+        const uint32_t page = u->free_pages[pick];
+        u->free_pages[pick] = u->free_pages.back();
+        u->free_pages.pop_back();
+        r->pages.push_back(page);
+        uint32_t len = kPage;
+        uint32_t in_page = 0;
+        if (piece) {
+            len = 1 + static_cast<uint32_t>(u->rng() % kPage);
+            in_page = static_cast<uint32_t>(u->rng() % (kPage - len + 1));
+        }
+        len = static_cast<uint32_t>(std::min<size_t>(len, left));
+        if (in_page + len > kPage) in_page = kPage - len;
+        entries[count++] = cu::LoadMeta{page * kPage + in_page, len, off};
+        off += len;
+    }
+    if (!scatter(u, entries, count, src, src_on_device, n)) {
+        *error = true;
+        return false;
+    }
+    r->entries = count;
+    r->received = n;
+    r->landed = true;
+    return true;
+}
+
+// Lands a receive's bytes, from memory of the given kind; see land_cuda().
+bool land(FakeReq* r, const uint8_t* src, bool src_on_device, size_t n, bool* error) {
+    if (n > r->size) {
+        FAKE_WARN("a message of %zu bytes for a receive of %zu", n, r->size);
+        *error = true;
+        return false;
+    }
+    if (r->cuda) return land_cuda(r->comm, r, src, src_on_device, n, error);
+    if (!mem_copy(r->data, src, n)) {
+        *error = true;
+        return false;
+    }
+    r->received = n;
+    r->landed = true;
+    return true;
+}
+
+// No-wire: pairs posted sends with posted receives, in order. Called with link->mu held.
+bool match(Link* link) {
+    while (!link->sends.empty() && !link->recvs.empty()) {
+        FakeReq* s = link->sends.front();
+        FakeReq* r = link->recvs.front();
+        bool error = false;
+        std::lock_guard<std::mutex> lock(r->comm->mu);
+        if (!land(r, static_cast<const uint8_t*>(s->data), s->cuda && g_cuda, s->size, &error)) {
+            if (error) return false;
+            break;  // no bounce pages free until the caller consumes some
+        }
+        s->landed = true;
+        link->sends.pop_front();
+        link->recvs.pop_front();
+    }
+    return true;
 }
 
 // --- the table ---------------------------------------------------------------------------------
@@ -109,6 +460,22 @@ tcpx_ncclResult_t fake_init(tcpx_ncclDebugLogger_t logger) {
         return tcpx_ncclInvalidUsage;
     }
     if (g_net) return tcpx_ncclSuccess;
+    const char* mode = std::getenv("FAKETCPX_MEMORY");
+    const std::string m = mode != nullptr ? mode : "";
+    if (m == "cuda") {
+        if (!gpu_usable()) {
+            FAKE_WARN("FAKETCPX_MEMORY=cuda but no GPU is usable");
+            return tcpx_ncclSystemError;
+        }
+        g_cuda = true;
+    } else if (m == "host") {
+        g_cuda = false;
+    } else if (m.empty() || m == "auto") {
+        g_cuda = gpu_usable();
+    } else {
+        FAKE_WARN("FAKETCPX_MEMORY=%s: expected host, cuda or auto", m.c_str());
+        return tcpx_ncclInvalidUsage;
+    }
     auto settings = tcpx::Settings::from_env();
     if (!settings.ok()) return fail(settings.status(), "init");
     auto created = net::SocketNet::create(*settings);
@@ -143,12 +510,36 @@ tcpx_ncclResult_t fake_get_properties(int dev, tcpx_ncclNetProperties_v7_t* prop
     return tcpx_ncclSuccess;
 }
 
+bool no_wire_requested() {
+    const char* v = std::getenv("FAKETCPX_NO_WIRE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 tcpx_ncclResult_t fake_listen(int dev, void* handle, void** listen_comm) {
-    return g_net->listen(dev, static_cast<net::Handle*>(handle),
-                         reinterpret_cast<net::ListenComm**>(listen_comm))
-                   .ok()
-               ? tcpx_ncclSuccess
-               : tcpx_ncclInternalError;
+    if (no_wire_requested()) {
+        auto* l = new NoWireListen;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            l->id = g_next_listen++;
+            g_listens[l->id] = l;
+        }
+        std::memset(handle, 0, TCPX_NCCL_NET_HANDLE_MAXSIZE);
+        std::memcpy(handle, &kNoWireMark, 8);
+        std::memcpy(static_cast<uint8_t*>(handle) + 8, &l->id, 8);
+        *listen_comm = l;
+        return tcpx_ncclSuccess;
+    }
+    Status st = g_net->listen(dev, static_cast<net::Handle*>(handle),
+                              reinterpret_cast<net::ListenComm**>(listen_comm));
+    return st.ok() ? tcpx_ncclSuccess : fail(st, "listen");
+}
+
+NoWireListen* as_no_wire_listen(void* listen_comm) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (auto& [id, l] : g_listens) {
+        if (l == listen_comm) return l;
+    }
+    return nullptr;
 }
 
 tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
@@ -161,6 +552,20 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
     std::memcpy(&mark, bytes + kConnectMarkOffset, sizeof(mark));
     if (mark != kConnectMark) {
         std::memcpy(bytes + kConnectMarkOffset, &kConnectMark, sizeof(kConnectMark));
+        return tcpx_ncclSuccess;
+    }
+    uint64_t head = 0;
+    std::memcpy(&head, bytes, 8);
+    if (head == kNoWireMark) {
+        uint64_t id = 0;
+        std::memcpy(&id, bytes + 8, 8);
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto it = g_listens.find(id);
+        if (it == g_listens.end()) return fail("connect: no such no-wire listener in this process");
+        auto* comm = new FakeComm;
+        comm->link = std::make_shared<Link>();
+        it->second->pending.push_back(comm->link);
+        *send_comm = comm;
         return tcpx_ncclSuccess;
     }
     net::SendComm* inner = nullptr;
@@ -177,25 +582,40 @@ tcpx_ncclResult_t fake_accept(void* listen_comm, void** recv_comm,
                               tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm) {
     *recv_comm = nullptr;
     if (recv_dev_comm == nullptr || *recv_dev_comm == nullptr) {
-        FAKE_WARN(
+        return fail(
             "accept without a device-handle pointer (the real plugin crashes on the first "
             "receive)");
-        return tcpx_ncclInternalError;
     }
+    std::shared_ptr<Link> link;
     net::RecvComm* inner = nullptr;
-    Status st = g_net->accept(static_cast<net::ListenComm*>(listen_comm), &inner, nullptr);
-    if (!st.ok()) return fail(st, "accept");
-    if (inner == nullptr) return tcpx_ncclSuccess;
-    auto* comm = new FakeComm;
+    if (NoWireListen* l = as_no_wire_listen(listen_comm)) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (l->pending.empty()) return tcpx_ncclSuccess;
+        link = l->pending.front();
+        l->pending.pop_front();
+    } else {
+        Status st = g_net->accept(static_cast<net::ListenComm*>(listen_comm), &inner, nullptr);
+        if (!st.ok()) return fail(st, "accept");
+        if (inner == nullptr) return tcpx_ncclSuccess;
+    }
+    auto comm = std::make_unique<FakeComm>();
     comm->recv = true;
     comm->recv_comm = inner;
-    **recv_dev_comm = tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, 7, nullptr, 24, 0};
-    *recv_comm = comm;
+    comm->link = std::move(link);
+    comm->unpack = make_unpack();
+    if (!comm->unpack) {
+        if (inner != nullptr) (void)g_net->close_recv(inner);
+        return fail("accept: allocating the bounce buffer and unpack queue");
+    }
+    **recv_dev_comm =
+        tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
+                                      comm->unpack->handle, sizeof(cu::UnpackHandle), 0};
+    *recv_comm = comm.release();
     return tcpx_ncclSuccess;
 }
 
 tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void** mhandle) {
-    if (as_comm(comm) == nullptr) return tcpx_ncclInternalError;
+    if (as_comm(comm) == nullptr || size < 0) return tcpx_ncclInternalError;
     if (type == TCPX_NCCL_PTR_CUDA && reinterpret_cast<uintptr_t>(data) % 4096 != 0) {
         FAKE_WARN("regMr: CUDA pointer %p is not 4 KiB-aligned", data);
         return tcpx_ncclInternalError;
@@ -207,7 +627,7 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
     return tcpx_ncclSuccess;
 }
 
-tcpx_ncclResult_t fake_dereg_mr(void* comm, void* mhandle) {
+tcpx_ncclResult_t fake_dereg_mr(void* /*comm*/, void* mhandle) {
     if (!valid_mr(mhandle)) return tcpx_ncclInternalError;
     static_cast<FakeMr*>(mhandle)->magic = 0;
     delete static_cast<FakeMr*>(mhandle);
@@ -218,27 +638,42 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
                              void** request) {
     *request = nullptr;
     FakeComm* comm = as_comm(send_comm);
-    if (comm == nullptr || comm->recv) return tcpx_ncclInternalError;
-    if (!valid_mr(mhandle)) {
-        FAKE_WARN("isend without a memory handle (the real plugin dereferences it)");
-        return tcpx_ncclInternalError;
-    }
-    if (static_cast<FakeMr*>(mhandle)->type != TCPX_NCCL_PTR_HOST) {
-        FAKE_WARN("isend: CUDA memory is not emulated yet");
-        return tcpx_ncclInternalError;
-    }
-    std::lock_guard<std::mutex> lock(comm->mu);
+    if (comm == nullptr || comm->recv || size < 0) return tcpx_ncclInternalError;
+    if (!valid_mr(mhandle)) return fail("isend without a memory handle (the real plugin crashes)");
+    std::unique_lock<std::mutex> lock(comm->mu);
     if (comm->queue.size() >= kMaxRequests) return tcpx_ncclSuccess;  // full: try later
-    net::Request* inner = nullptr;
-    Status st =
-        g_net->isend(comm->send_comm, data, static_cast<size_t>(size), tag, nullptr, &inner);
-    if (!st.ok()) return fail(st, "isend");
-    if (inner == nullptr) return tcpx_ncclSuccess;
-    auto* r = new FakeReq;
+    auto r = std::make_unique<FakeReq>();
     r->comm = comm;
-    r->inner = inner;
-    comm->queue.push_back(r);
-    *request = r;
+    r->cuda = is_cuda_mr(mhandle);
+    r->data = data;
+    r->size = static_cast<size_t>(size);
+    r->g.comm = comm;
+    r->g.data = data;
+    r->g.size = size;
+    if (comm->link) {
+        FakeReq* raw = r.release();
+        comm->queue.push_back(raw);
+        lock.unlock();
+        std::lock_guard<std::mutex> link_lock(comm->link->mu);
+        comm->link->sends.push_back(raw);
+        if (!match(comm->link.get())) return fail("isend: delivering in-process");
+        *request = raw;
+        return tcpx_ncclSuccess;
+    }
+    const void* from = data;
+    if (r->cuda && g_cuda) {
+        // The real plugin sends from GPU memory (MSG_ZEROCOPY over dma-buf); through the
+        // socket transport that means a host copy.
+        r->staging.resize(r->size);
+        if (!mem_copy(r->staging.data(), data, r->size)) return fail("isend: copying GPU memory");
+        from = r->staging.data();
+    }
+    Status st =
+        g_net->isend(comm->send_comm, const_cast<void*>(from), r->size, tag, nullptr, &r->inner);
+    if (!st.ok()) return fail(st, "isend");
+    if (r->inner == nullptr) return tcpx_ncclSuccess;
+    *request = r.get();
+    comm->queue.push_back(r.release());
     return tcpx_ncclSuccess;
 }
 
@@ -252,34 +687,92 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
         return tcpx_ncclInternalError;
     }
     if (mhandles == nullptr || !valid_mr(mhandles[0])) {
-        FAKE_WARN("irecv without a memory handle (the real plugin dereferences it)");
-        return tcpx_ncclInternalError;
+        return fail("irecv without a memory handle (the real plugin crashes)");
     }
-    if (static_cast<FakeMr*>(mhandles[0])->type != TCPX_NCCL_PTR_HOST) {
-        FAKE_WARN("irecv: CUDA memory is not emulated yet");
-        return tcpx_ncclInternalError;
-    }
-    std::lock_guard<std::mutex> lock(comm->mu);
-    // Every receive holds an unpack slot until irecvConsumed(): 16 per comm.
-    if (comm->queue.size() >= kMaxRequests) return tcpx_ncclSuccess;
-    net::Request* inner = nullptr;
-    size_t size = static_cast<size_t>(sizes[0]);
-    Status st = g_net->irecv(comm->recv_comm, 1, data, &size, tags, nullptr, &inner);
-    if (!st.ok()) return fail(st, "irecv");
-    if (inner == nullptr) return tcpx_ncclSuccess;
-    auto* r = new FakeReq;
+    if (sizes[0] < 0) return tcpx_ncclInternalError;
+    auto r = std::make_unique<FakeReq>();
     r->comm = comm;
-    r->inner = inner;
     r->recv = true;
-    comm->queue.push_back(r);
-    *request = r;
+    r->cuda = is_cuda_mr(mhandles[0]);
+    r->data = data[0];
+    r->size = static_cast<size_t>(sizes[0]);
+    r->g.comm = comm;
+    r->g.data = data[0];
+    r->g.size = sizes[0];
+    if (r->cuda && r->size > kMaxCudaRecv) {
+        FAKE_WARN("irecv of %zu bytes into CUDA memory: at most 4 MiB per receive", r->size);
+        return tcpx_ncclInternalError;
+    }
+    std::unique_lock<std::mutex> lock(comm->mu);
+    // Every receive holds a place in the comm's queue until irecvConsumed(): 16 per comm.
+    if (comm->queue.size() >= kMaxRequests) return tcpx_ncclSuccess;
+    if (r->cuda) {
+        UnpackState* u = comm->unpack.get();
+        auto& slot = r->g.unpack_slot;
+        slot.active = true;
+        slot.idx = static_cast<uint64_t>(u->next_slot);
+        slot.mem = u->meta->mem[u->next_slot];
+        slot.cnt = &u->meta->cnt[u->next_slot];
+        *slot.cnt = kGarbageCount;  // written by test() when the receive is done
+        u->next_slot = (u->next_slot + 1) % cu::kUnpackQueueDepth;
+    }
+    if (comm->link) {
+        FakeReq* raw = r.release();
+        comm->queue.push_back(raw);
+        lock.unlock();
+        std::lock_guard<std::mutex> link_lock(comm->link->mu);
+        comm->link->recvs.push_back(raw);
+        if (!match(comm->link.get())) return fail("irecv: delivering in-process");
+        *request = raw;
+        return tcpx_ncclSuccess;
+    }
+    void* into = r->data;
+    if (r->cuda) {  // into host memory first, then scattered over bounce pages
+        r->staging.resize(r->size);
+        into = r->staging.data();
+    }
+    size_t size = r->size;
+    Status st = g_net->irecv(comm->recv_comm, 1, &into, &size, tags, nullptr, &r->inner);
+    if (!st.ok()) return fail(st, "irecv");
+    if (r->inner == nullptr) {
+        if (r->cuda) {  // not taken after all
+            auto* u = comm->unpack.get();
+            u->next_slot = (u->next_slot + cu::kUnpackQueueDepth - 1) % cu::kUnpackQueueDepth;
+        }
+        return tcpx_ncclSuccess;
+    }
+    *request = r.get();
+    comm->queue.push_back(r.release());
     return tcpx_ncclSuccess;
 }
 
 tcpx_ncclResult_t fake_iflush(void*, int, void**, int*, void**, void** request) {
-    FAKE_WARN("iflush called: the real plugin's iflush reads its request argument as input");
     if (request != nullptr) *request = nullptr;
-    return tcpx_ncclInternalError;
+    return fail("iflush called: the real plugin's iflush reads its request argument as input");
+}
+
+// Wire mode: whether the socket transport finished the request; lands a CUDA receive's bytes.
+tcpx_ncclResult_t progress_wire(FakeReq* r) {
+    if (r->inner != nullptr) {
+        bool finished = false;
+        size_t got = 0;
+        Status st = g_net->test(r->inner, &finished, &got);
+        if (!st.ok()) return fail(st, "test");
+        if (!finished) return tcpx_ncclSuccess;
+        r->inner = nullptr;
+        r->received = got;
+        if (!r->recv || !r->cuda) {
+            r->landed = true;
+            return tcpx_ncclSuccess;
+        }
+    }
+    if (r->recv && r->cuda && !r->landed) {
+        bool error = false;
+        if (!land(r, r->staging.data(), false, r->received, &error) && error) {
+            return fail("test: landing a receive in the bounce buffer");
+        }
+    }
+    return tcpx_ncclSuccess;
 }
 
 tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never written*/) {
@@ -287,6 +780,13 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
     auto* r = static_cast<FakeReq*>(request);
     if (r == nullptr || r->magic != kReqMagic) return tcpx_ncclInternalError;
     FakeComm* comm = r->comm;
+    if (comm->link) {
+        std::lock_guard<std::mutex> link_lock(comm->link->mu);
+        if (!match(comm->link.get())) return fail("test: delivering in-process");
+        if (!r->landed && (comm->link->send_closed || comm->link->recv_closed)) {
+            return fail("test: the other end of the in-process connection was closed");
+        }
+    }
     std::lock_guard<std::mutex> lock(comm->mu);
     // Only the oldest request not yet reported may be tested.
     FakeReq* oldest = nullptr;
@@ -301,12 +801,14 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
                   oldest);
         return tcpx_ncclInternalError;
     }
-    bool finished = false;
-    Status st = g_net->test(r->inner, &finished, nullptr);
-    if (!st.ok()) return fail(st, "test");
-    if (!finished) return tcpx_ncclSuccess;
+    if (!comm->link) {
+        tcpx_ncclResult_t res = progress_wire(r);
+        if (res != tcpx_ncclSuccess) return res;
+    }
+    if (!r->landed) return tcpx_ncclSuccess;
     *done = 1;
     r->done = true;
+    if (r->recv && r->cuda) *r->g.unpack_slot.cnt = r->entries;
     if (!r->recv) {  // a send is gone once reported; a receive waits for irecvConsumed()
         comm->queue.erase(std::find(comm->queue.begin(), comm->queue.end(), r));
         r->magic = 0;
@@ -323,10 +825,18 @@ tcpx_ncclResult_t fake_irecv_consumed(void* recv_comm, int n, void* request) {
     }
     std::lock_guard<std::mutex> lock(comm->mu);
     if (comm->queue.empty() || comm->queue.front() != r || !r->done) {
-        FAKE_WARN("irecvConsumed out of order or before test reported the receive");
-        return tcpx_ncclInternalError;
+        return fail("irecvConsumed out of order or before test reported the receive");
     }
     comm->queue.pop_front();
+    if (!r->pages.empty()) {
+        // The pages go back to the pool, and whatever still reads them gets garbage.
+        UnpackState* u = comm->unpack.get();
+        for (uint32_t page : r->pages) {
+            mem_set(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage);
+            u->free_pages.push_back(page);
+        }
+        *r->g.unpack_slot.cnt = kGarbageCount;
+    }
     r->magic = 0;
     delete r;
     return tcpx_ncclSuccess;
@@ -335,15 +845,29 @@ tcpx_ncclResult_t fake_irecv_consumed(void* recv_comm, int n, void* request) {
 tcpx_ncclResult_t close_comm(void* c) {
     FakeComm* comm = as_comm(c);
     if (comm == nullptr) return tcpx_ncclInternalError;
-    Status st =
-        comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
+    Status st;
+    if (comm->link) {
+        std::lock_guard<std::mutex> link_lock(comm->link->mu);
+        auto& mine = comm->recv ? comm->link->recvs : comm->link->sends;
+        mine.clear();
+        (comm->recv ? comm->link->recv_closed : comm->link->send_closed) = true;
+    } else {
+        st = comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
+    }
     for (FakeReq* r : comm->queue) delete r;
+    free_unpack(comm->unpack.get());
     comm->magic = 0;
     delete comm;
     return st.ok() ? tcpx_ncclSuccess : tcpx_ncclInternalError;
 }
 
 tcpx_ncclResult_t fake_close_listen(void* listen_comm) {
+    if (NoWireListen* l = as_no_wire_listen(listen_comm)) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        g_listens.erase(l->id);
+        delete l;
+        return tcpx_ncclSuccess;
+    }
     return g_net->close_listen(static_cast<net::ListenComm*>(listen_comm)).ok()
                ? tcpx_ncclSuccess
                : tcpx_ncclInternalError;

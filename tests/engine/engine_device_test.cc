@@ -1,0 +1,322 @@
+// The engine with GPU memory: every mix of host and device memory on both sides, READ and WRITE,
+// send/recv and vectors, every byte verified and the canaries around each region checked.
+//
+// One source, two builds: tcpx_engine_device_tests runs it on the device emulation
+// (tests/support/host_device.h) in CI; tcpx_gpu_tests (TCPX_TEST_REAL_GPU) on real GPUs, skipping
+// where there is none. Each runs over the socket net (the staging path) and over the emulated TCPX
+// plugin (the unpack path).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "tests/support/engine_test_util.h"
+#include "tests/support/host_device.h"
+#include "tests/support/net_test_util.h"
+#include "tests/support/test_buffer.h"
+
+namespace tcpx::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+enum class Transport { kSocket, kFakeTcpx, kFakeTcpxNoWire };
+
+std::string transport_name(const ::testing::TestParamInfo<Transport>& info) {
+    switch (info.param) {
+        case Transport::kSocket:
+            return "SocketNet";
+        case Transport::kFakeTcpx:
+            return "FakeTcpx";
+        default:
+            return "FakeTcpxNoWire";
+    }
+}
+
+class EngineDevice : public ::testing::TestWithParam<Transport> {
+ protected:
+    static constexpr size_t kSize = 6 << 20;
+
+    void SetUp() override {
+#if TCPX_TEST_REAL_GPU
+        if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+        gpus_ = cuda::device_count();
+#else
+        emu_.emplace(2);
+        gpus_ = 2;
+#endif
+        Config config = engine_test_config();
+        // Small chunks and the fewest staging slots: many chunks per transfer, the ring wraps.
+        config.xfer_chunk_size = 64 * 1024;
+        config.staging_slots = 2;
+        if (GetParam() != Transport::kSocket) config.net_plugin = TCPX_FAKE_TCPX_PATH;
+        if (GetParam() == Transport::kFakeTcpxNoWire) {
+            ::setenv("FAKETCPX_NO_WIRE", "1", 1);
+            no_wire_set_ = true;
+        }
+        // Each endpoint serves the GPU of its device buffer (the plugin's bounce buffers land
+        // there).
+        config.gpu_index = 0;
+        a_ = make_endpoint("alpha", config);
+        config.gpu_index = gpus_ - 1;
+        b_ = make_endpoint("beta", config);
+        ASSERT_TRUE(a_ && b_);
+        link_ = link(a_.get(), b_.get());
+        ASSERT_NE(link_.a_to_b, 0u);
+        // a: host and GPU 0; b: host and the last GPU.
+        add(a_.get(), host_buffer(kSize), &a_bufs_);
+        add(a_.get(), device_buffer(kSize, 0, emulation()), &a_bufs_);
+        add(b_.get(), host_buffer(kSize), &b_bufs_);
+        add(b_.get(), device_buffer(kSize, gpus_ - 1, emulation()), &b_bufs_);
+    }
+
+    void TearDown() override {
+        for (auto* bufs : {&a_bufs_, &b_bufs_}) {
+            for (auto& r : *bufs) EXPECT_TRUE(r.buf->canaries_intact());
+        }
+        a_.reset();
+        b_.reset();
+        a_bufs_.clear();
+        b_bufs_.clear();
+        if (no_wire_set_) ::unsetenv("FAKETCPX_NO_WIRE");
+    }
+
+    HostDevice* emulation() { return emu_ ? &emu_->get() : nullptr; }
+
+    struct Reg {
+        std::unique_ptr<TestBuffer> buf;
+        MemId mem = 0;
+        RemoteMem desc;
+    };
+    void add(Endpoint* ep, std::unique_ptr<TestBuffer> buf, std::vector<Reg>* out) {
+        ASSERT_NE(buf, nullptr) << "allocation failed";
+        Reg r;
+        auto mem = ep->reg(buf->data(), buf->size());
+        ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+        r.mem = *mem;
+        r.desc = *ep->describe(r.mem);
+        r.buf = std::move(buf);
+        out->push_back(std::move(r));
+    }
+
+    void fill(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
+        std::vector<uint8_t> v(len);
+        fill_pattern(v.data(), len, seed);
+        b->upload(off, v.data(), len);
+    }
+    int64_t mismatch(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
+        return find_pattern_mismatch(b->download(off, len).data(), len, seed);
+    }
+
+    Status write(const Reg& from, uint64_t off, const Reg& to, uint64_t roff, uint64_t len) {
+        auto x = a_->write(link_.a_to_b, from.mem, off, to.desc, roff, len);
+        if (!x.ok()) return x.status();
+        return a_->wait(*x, 30s);
+    }
+    Status read(const Reg& into, uint64_t off, const Reg& from, uint64_t roff, uint64_t len) {
+        auto x = a_->read(link_.a_to_b, into.mem, off, from.desc, roff, len);
+        if (!x.ok()) return x.status();
+        return a_->wait(*x, 30s);
+    }
+
+    std::optional<ScopedHostDevice> emu_;
+    bool no_wire_set_ = false;
+    int gpus_ = 0;
+    std::unique_ptr<Endpoint> a_, b_;
+    Link link_;
+    std::vector<Reg> a_bufs_, b_bufs_;  // [0] host, [1] device
+};
+
+TEST_P(EngineDevice, DescriptorsSayKindAndGpu) {
+    EXPECT_EQ(a_bufs_[0].desc.kind, MemKind::kHost);
+    EXPECT_EQ(a_bufs_[1].desc.kind, MemKind::kCuda);
+    EXPECT_EQ(a_bufs_[1].desc.device, 0);
+    EXPECT_EQ(b_bufs_[1].desc.kind, MemKind::kCuda);
+    EXPECT_EQ(b_bufs_[1].desc.device, gpus_ - 1);
+    // A registration of part of a device buffer is device memory too.
+    auto part = a_->reg(a_bufs_[1].buf->data() + 4097, 10000);
+    ASSERT_TRUE(part.ok());
+    EXPECT_EQ(a_->describe(*part)->kind, MemKind::kCuda);
+    EXPECT_TRUE(a_->dereg(*part).ok());
+}
+
+TEST_P(EngineDevice, EveryMixOfHostAndDeviceMemoryWriteAndRead) {
+    // Inline-sized, chunk-sized and many-chunk lengths at odd offsets.
+    const uint64_t lens[] = {
+        1, 100, 8192, 8193, 64 * 1024, 64 * 1024 + 1, 3 * 64 * 1024 + 123, (1 << 20) + 7, 5 << 20};
+    std::mt19937_64 rng(99);
+    uint64_t seed = 1;
+    for (int src = 0; src < 2; ++src) {
+        for (int dst = 0; dst < 2; ++dst) {
+            for (uint64_t len : lens) {
+                SCOPED_TRACE("src " + std::string(src ? "device" : "host") + " dst " +
+                             (dst ? "device" : "host") + " len " + std::to_string(len));
+                const Reg& from = a_bufs_[static_cast<size_t>(src)];
+                const Reg& to = b_bufs_[static_cast<size_t>(dst)];
+                const uint64_t off = rng() % (kSize - len + 1);
+                const uint64_t roff = rng() % (kSize - len + 1);
+                ++seed;
+                fill(from.buf.get(), off, len, seed);
+                std::vector<uint8_t> before = to.buf->download(0, kSize);
+                ASSERT_TRUE(write(from, off, to, roff, len).ok());
+                std::vector<uint8_t> after = to.buf->download(0, kSize);
+                ASSERT_EQ(find_pattern_mismatch(after.data() + roff, len, seed), -1);
+                ASSERT_EQ(std::memcmp(after.data(), before.data(), roff), 0);
+                ASSERT_EQ(std::memcmp(after.data() + roff + len, before.data() + roff + len,
+                                      kSize - roff - len),
+                          0);
+                // Read it back into the other kind of memory on a.
+                const Reg& back = a_bufs_[static_cast<size_t>(1 - src)];
+                const uint64_t boff = rng() % (kSize - len + 1);
+                std::vector<uint8_t> zeros(len, 0);
+                back.buf->upload(boff, zeros.data(), len);
+                ASSERT_TRUE(read(back, boff, to, roff, len).ok());
+                ASSERT_EQ(mismatch(back.buf.get(), boff, len, seed), -1);
+            }
+        }
+    }
+#if !TCPX_TEST_REAL_GPU
+    // The device paths ran, not some host shortcut.
+    if (GetParam() == Transport::kSocket) {
+        EXPECT_GT(emulation()->ring_copies(), 0u);
+    } else {
+        EXPECT_GT(emulation()->unpacks(), 0u);
+    }
+    EXPECT_GT(emulation()->rings_made(), 0);
+#endif
+}
+
+TEST_P(EngineDevice, ManyTransfersInFlightAtOnce) {
+    constexpr int kN = 24;
+    constexpr uint64_t kLen = 200 * 1024 + 5;  // several chunks each
+    const Reg& from = a_bufs_[1];
+    const Reg& to = b_bufs_[1];
+    std::vector<XferId> ids;
+    for (int i = 0; i < kN; ++i) fill(from.buf.get(), i * kLen, kLen, 500 + i);
+    for (int i = 0; i < kN; ++i) {
+        auto x = a_->write(link_.a_to_b, from.mem, i * kLen, to.desc, i * kLen, kLen);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ids.push_back(*x);
+    }
+    for (XferId id : ids) ASSERT_TRUE(a_->wait(id, 30s).ok());
+    for (int i = 0; i < kN; ++i) ASSERT_EQ(mismatch(to.buf.get(), i * kLen, kLen, 500 + i), -1);
+    // Reads into host memory, all in flight together, from device memory.
+    const Reg& into = a_bufs_[0];
+    ids.clear();
+    for (int i = 0; i < kN; ++i) {
+        auto x = a_->read(link_.a_to_b, into.mem, i * kLen, to.desc, i * kLen, kLen);
+        ASSERT_TRUE(x.ok());
+        ids.push_back(*x);
+    }
+    for (XferId id : ids) ASSERT_TRUE(a_->wait(id, 30s).ok());
+    for (int i = 0; i < kN; ++i) ASSERT_EQ(mismatch(into.buf.get(), i * kLen, kLen, 500 + i), -1);
+}
+
+TEST_P(EngineDevice, SendRecvBetweenKinds) {
+    struct Case {
+        int src;
+        int dst;
+        uint64_t len;
+    };
+    const Case cases[] = {{1, 1, 100},     {1, 1, 3 << 20}, {0, 1, 70000},
+                          {1, 0, 1 << 20}, {1, 1, 0},       {1, 0, 9000}};
+    uint64_t tag = 10;
+    for (const Case& c : cases) {
+        SCOPED_TRACE("len " + std::to_string(c.len));
+        const Reg& from = a_bufs_[static_cast<size_t>(c.src)];
+        const Reg& to = b_bufs_[static_cast<size_t>(c.dst)];
+        fill(from.buf.get(), 11, c.len, tag);
+        auto r = b_->recv(link_.b_to_a, to.mem, 4099, c.len + 10, tag);
+        auto s = a_->send(link_.a_to_b, from.mem, 11, c.len, tag);
+        ASSERT_TRUE(r.ok() && s.ok());
+        ASSERT_TRUE(a_->wait(*s, 30s).ok());
+        ASSERT_TRUE(b_->wait(*r, 30s).ok());
+        ASSERT_EQ(mismatch(to.buf.get(), 4099, c.len, tag), -1);
+        ++tag;
+    }
+}
+
+TEST_P(EngineDevice, VectorTransfersAcrossKinds) {
+    std::mt19937_64 rng(7);
+    for (int round = 0; round < 6; ++round) {
+        std::vector<IoVec> iov;
+        std::vector<uint64_t> seeds;
+        uint64_t local = 0, remote = 0;
+        for (int k = 0; k < 8; ++k) {
+            const uint64_t len = rng() % (300 * 1024);
+            const Reg& from = a_bufs_[rng() % 2];
+            const Reg& to = b_bufs_[rng() % 2];
+            // Pieces never overlap: each gets its own slice of both sides.
+            IoVec v;
+            v.mem = from.mem;
+            v.offset = local;
+            v.remote = to.desc;
+            v.remote_offset = remote;
+            v.len = len;
+            local += len + rng() % 5000;
+            remote += len + rng() % 5000;
+            seeds.push_back(rng());
+            fill(from.buf.get(), v.offset, len, seeds.back());
+            iov.push_back(v);
+        }
+        auto w = a_->writev(link_.a_to_b, iov);
+        ASSERT_TRUE(w.ok());
+        ASSERT_TRUE(a_->wait(*w, 30s).ok());
+        for (size_t k = 0; k < iov.size(); ++k) {
+            TestBuffer* to =
+                iov[k].remote.kind == MemKind::kCuda ? b_bufs_[1].buf.get() : b_bufs_[0].buf.get();
+            ASSERT_EQ(mismatch(to, iov[k].remote_offset, iov[k].len, seeds[k]), -1) << k;
+        }
+        // And back into the other kind: readv with local and remote swapped roles.
+        for (IoVec& v : iov) {
+            const bool was_device = v.mem == a_bufs_[1].mem;
+            v.mem = a_bufs_[was_device ? 0 : 1].mem;
+        }
+        auto r = a_->readv(link_.a_to_b, iov);
+        ASSERT_TRUE(r.ok());
+        ASSERT_TRUE(a_->wait(*r, 30s).ok());
+        for (size_t k = 0; k < iov.size(); ++k) {
+            TestBuffer* into =
+                iov[k].mem == a_bufs_[1].mem ? a_bufs_[1].buf.get() : a_bufs_[0].buf.get();
+            ASSERT_EQ(mismatch(into, iov[k].offset, iov[k].len, seeds[k]), -1) << k;
+        }
+    }
+}
+
+TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
+    const Reg& from = a_bufs_[1];
+    const Reg& to = b_bufs_[1];
+    std::vector<XferId> ids;
+    for (int i = 0; i < 8; ++i) {
+        auto x = a_->write(link_.a_to_b, from.mem, 0, to.desc, 0, kSize);
+        ASSERT_TRUE(x.ok());
+        ids.push_back(*x);
+    }
+    ASSERT_TRUE(a_->disconnect(link_.a_to_b).ok());
+    for (XferId id : ids) {
+        Status st = a_->wait(id, 10s);
+        EXPECT_TRUE(st.ok() || st.code() == StatusCode::kCancelled) << st.to_string();
+    }
+    // The endpoints go on: connect again and move device memory.
+    Link again = link(a_.get(), b_.get());
+    ASSERT_NE(again.a_to_b, 0u);
+    fill(from.buf.get(), 0, 1 << 20, 31);
+    auto x = a_->write(again.a_to_b, from.mem, 0, to.desc, 0, 1 << 20);
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(a_->wait(*x, 30s).ok());
+    EXPECT_EQ(mismatch(to.buf.get(), 0, 1 << 20, 31), -1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, EngineDevice,
+                         ::testing::Values(Transport::kSocket, Transport::kFakeTcpx,
+                                           Transport::kFakeTcpxNoWire),
+                         transport_name);
+
+}  // namespace
+}  // namespace tcpx::testing

@@ -1,0 +1,205 @@
+#include "tests/support/host_device.h"
+
+#include <cstring>
+#include <deque>
+#include <functional>
+
+#include "common/status_util.h"
+#include "cuda/unpack.h"
+
+namespace tcpx::testing {
+namespace {
+
+// Ring work waits in one queue, in stream order, until the engine has asked about it twice.
+class HostCopyRing final : public cuda::CopyRing {
+ public:
+    HostCopyRing(HostDevice* dev, int device, size_t slot_bytes, int slots)
+        : CopyRing(device, slot_bytes, slots, alloc(slot_bytes, slots)),
+          dev_(dev),
+          failed_(static_cast<size_t>(slots)) {}
+    ~HostCopyRing() override { delete[] base(); }
+
+    Status copy_in(int i, const void* src, size_t len) override {
+        TCPX_RETURN_IF_ERROR(check_slot(i, len));
+        if (!dev_->is_device_range(src, len))
+            return internal_error("copy_in from outside device memory");
+        uint8_t* to = slot(i);
+        enqueue(i, [to, src, len]() {
+            std::memcpy(to, src, len);
+            return true;
+        });
+        dev_->count_ring_work(false);
+        return Status();
+    }
+
+    Status copy_out(int i, void* dst, size_t len) override {
+        TCPX_RETURN_IF_ERROR(check_slot(i, len));
+        if (!dev_->is_device_range(dst, len))
+            return internal_error("copy_out to outside device memory");
+        const uint8_t* from = slot(i);
+        enqueue(i, [dst, from, len]() {
+            std::memcpy(dst, from, len);
+            return true;
+        });
+        dev_->count_ring_work(false);
+        return Status();
+    }
+
+    Status unpack(int i, const cuda::LoadMeta* entries, const uint64_t* count,
+                  const uint8_t* bounce, uint8_t* dst, uint64_t dst_len) override {
+        if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
+        if (dst_len > 0 && !dev_->is_device_range(dst, dst_len)) {
+            return internal_error("unpack into memory outside device memory");
+        }
+        // Like the kernel, entries and count are read when the work runs.
+        enqueue(i, [entries, count, bounce, dst, dst_len]() {
+            return cuda::unpack_reference(entries, *count, bounce, dst, dst_len);
+        });
+        dev_->count_ring_work(true);
+        return Status();
+    }
+
+    StatusOr<bool> ready(int i) override {
+        if (i < 0 || i >= slots()) return internal_error("ready: bad slot");
+        // The newest work for slot i.
+        auto last = queue_.end();
+        for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+            if (it->slot == i) last = it;
+        }
+        if (last != queue_.end()) {
+            if (!last->asked) {
+                last->asked = true;
+                return false;
+            }
+            run_through(last);
+        }
+        if (failed_[static_cast<size_t>(i)]) {
+            failed_[static_cast<size_t>(i)] = false;
+            return protocol_error("emulated unpack: the receive reached outside its buffer");
+        }
+        return true;
+    }
+
+    void synchronize() override { run_through(queue_.end()); }
+
+ private:
+    struct Work {
+        int slot;
+        std::function<bool()> fn;
+        bool asked = false;
+    };
+
+    static uint8_t* alloc(size_t slot_bytes, int slots) {
+        if (slot_bytes == 0) return nullptr;
+        // Stale bytes from earlier chunks must never pass for data: fill with a poison.
+        const size_t n = slot_bytes * static_cast<size_t>(slots);
+        auto* p = new uint8_t[n];
+        std::memset(p, 0xdb, n);
+        return p;
+    }
+
+    Status check_slot(int i, size_t len) const {
+        if (i < 0 || i >= slots()) return internal_error("copy: bad slot");
+        if (slot(i) == nullptr || len > slot_bytes())
+            return internal_error("copy: larger than a slot");
+        return Status();
+    }
+
+    void enqueue(int i, std::function<bool()> fn) { queue_.push_back(Work{i, std::move(fn)}); }
+
+    // Runs queued work up to and including `last` (everything for end()).
+    void run_through(std::deque<Work>::iterator last) {
+        const size_t n =
+            last == queue_.end() ? queue_.size() : static_cast<size_t>(last - queue_.begin()) + 1;
+        for (size_t k = 0; k < n; ++k) {
+            Work w = std::move(queue_.front());
+            queue_.pop_front();
+            if (!w.fn()) failed_[static_cast<size_t>(w.slot)] = true;
+        }
+    }
+
+    HostDevice* const dev_;
+    std::deque<Work> queue_;
+    std::vector<bool> failed_;
+};
+
+}  // namespace
+
+void HostDevice::declare(const void* ptr, size_t len, int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[reinterpret_cast<uintptr_t>(ptr)] = Region{len, device};
+}
+
+void HostDevice::forget(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_.erase(reinterpret_cast<uintptr_t>(ptr));
+}
+
+cuda::PointerInfo HostDevice::classify(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cuda::PointerInfo info;
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = regions_.upper_bound(p);
+    if (it == regions_.begin()) return info;
+    --it;
+    if (p < it->first + it->second.len) {
+        info.kind = MemKind::kCuda;
+        info.device = it->second.device;
+    }
+    return info;
+}
+
+bool HostDevice::is_device_range(const void* ptr, size_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = regions_.upper_bound(p);
+    if (it == regions_.begin()) return false;
+    --it;
+    return p >= it->first && p + len <= it->first + it->second.len;
+}
+
+Status HostDevice::copy(void* dst, const void* src, size_t len) {
+    // Like cudaMemcpyDefault, any two of host and device memory.
+    if (len == 0) return Status();
+    std::memcpy(dst, src, len);
+    return Status();
+}
+
+StatusOr<std::unique_ptr<cuda::CopyRing>> HostDevice::make_ring(int device, size_t slot_bytes,
+                                                                int slots) {
+    if (device < 0 || device >= gpus_ || slots < 1) return invalid_argument("make_ring: bad args");
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++rings_made_;
+    }
+    return std::unique_ptr<cuda::CopyRing>(new HostCopyRing(this, device, slot_bytes, slots));
+}
+
+Status HostDevice::select(int device) {
+    if (device < 0 || device >= gpus_) return invalid_argument("select: no such GPU");
+    return Status();
+}
+
+int HostDevice::rings_made() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rings_made_;
+}
+uint64_t HostDevice::ring_copies() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ring_copies_;
+}
+uint64_t HostDevice::unpacks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return unpacks_;
+}
+void HostDevice::count_ring_work(bool unpack) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++(unpack ? unpacks_ : ring_copies_);
+}
+
+ScopedHostDevice::ScopedHostDevice(int gpus) : device_(gpus) {
+    cuda::set_device_for_testing(&device_);
+}
+ScopedHostDevice::~ScopedHostDevice() { cuda::set_device_for_testing(nullptr); }
+
+}  // namespace tcpx::testing

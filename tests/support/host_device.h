@@ -1,0 +1,72 @@
+// An emulation of the GPU layer (cuda::Device) that keeps "device" memory in host memory, so the
+// engine's device paths (staging ring, unpack) run in CI without a GPU: the same engine code, with
+// copies and unpacks carried out on the CPU.
+//
+// It is stricter than CUDA where that finds bugs: ring work runs only when the engine polls
+// ready() a second time (or synchronizes), in stream order, so a buffer used before its copy
+// finished shows up as wrong bytes; every copy must stay inside memory the test declared as device
+// memory (or the ring's own slots), or it is refused with an error that fails the transfer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda/device.h"
+
+namespace tcpx::testing {
+
+class HostDevice final : public cuda::Device {
+ public:
+    explicit HostDevice(int gpus = 2) : gpus_(gpus) {}
+
+    // Declares [ptr, ptr + len) as memory of GPU `device`, until forget(ptr).
+    void declare(const void* ptr, size_t len, int device);
+    void forget(const void* ptr);
+
+    int count() override { return gpus_; }
+    cuda::PointerInfo classify(const void* ptr) override;
+    Status copy(void* dst, const void* src, size_t len) override;
+    StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes,
+                                                        int slots) override;
+    Status select(int device) override;
+
+    // Whether [ptr, ptr + len) lies inside one declared region.
+    bool is_device_range(const void* ptr, size_t len);
+    // Counters, for tests to prove which path ran.
+    int rings_made() const;
+    uint64_t ring_copies() const;
+    uint64_t unpacks() const;
+    void count_ring_work(bool unpack);
+
+ private:
+    struct Region {
+        size_t len;
+        int device;
+    };
+    const int gpus_;
+    mutable std::mutex mu_;
+    std::map<uintptr_t, Region> regions_;  // by start address
+    int rings_made_ = 0;
+    uint64_t ring_copies_ = 0;
+    uint64_t unpacks_ = 0;
+};
+
+// Installs a HostDevice for its lifetime (create it before any endpoint, destroy it after).
+class ScopedHostDevice {
+ public:
+    explicit ScopedHostDevice(int gpus = 2);
+    ~ScopedHostDevice();
+    ScopedHostDevice(const ScopedHostDevice&) = delete;
+    ScopedHostDevice& operator=(const ScopedHostDevice&) = delete;
+    HostDevice* operator->() { return &device_; }
+    HostDevice& get() { return device_; }
+
+ private:
+    HostDevice device_;
+};
+
+}  // namespace tcpx::testing
