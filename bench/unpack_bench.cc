@@ -18,9 +18,18 @@ namespace {
 struct Result {
     int entries;
     uint32_t len;
-    double unpack_gbps;
+    double unpack_gbps;  // medians over the rounds
     double memcpy_gbps;
+    double ratio_lo;  // the lowest and highest per-round ratio
+    double ratio_hi;
 };
+
+constexpr int kRounds = 9;
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
 
 #define CHECK_CUDA(expr)                                                                           \
     do {                                                                                           \
@@ -36,7 +45,8 @@ struct Result {
 // Each case is one receive's worth of entries: `entries` pieces of `len` bytes, scattered over a
 // 64 MiB page pool in random order, gathered into a contiguous destination — timed with CUDA
 // events over `iters` launches, against cudaMemcpyAsync of the same total bytes between the same
-// buffers.
+// buffers. The two alternate over kRounds rounds (the GPU's clocks and neighbours drift); the
+// figures are the medians, the ratio that of the medians, with the per-round range beside it.
 int run_unpack_bench(const UnpackBenchOptions& o) {
     if (cuda::device_count() == 0) {
         std::fprintf(stderr, "tcpx-p2p bench unpack: no GPU\n");
@@ -85,12 +95,22 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
             cudaEventElapsedTime(&ms, start, stop);
             return static_cast<double>(bytes) * o.iters / (ms / 1e3) / 1e9;
         };
-        Result r{n, len, 0, 0};
-        r.unpack_gbps = time(
-            [&] { (void)cuda::launch_unpack(entries, count, pool, dst, kPool, nullptr, stream); });
-        r.memcpy_gbps =
-            time([&] { cudaMemcpyAsync(dst, pool, bytes, cudaMemcpyDeviceToDevice, stream); });
+        std::vector<double> un, mc, ratios;
+        for (int round = 0; round < kRounds; ++round) {
+            un.push_back(time([&] {
+                (void)cuda::launch_unpack(entries, count, pool, dst, kPool, nullptr, stream);
+            }));
+            mc.push_back(
+                time([&] { cudaMemcpyAsync(dst, pool, bytes, cudaMemcpyDeviceToDevice, stream); }));
+            ratios.push_back(un.back() / mc.back());
+        }
         CHECK_CUDA(cudaGetLastError());
+        Result r{n,
+                 len,
+                 median(un),
+                 median(mc),
+                 *std::min_element(ratios.begin(), ratios.end()),
+                 *std::max_element(ratios.begin(), ratios.end())};
         results.push_back(r);
     }
     cudaDeviceProp prop{};
@@ -107,21 +127,25 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
                                       {"entry_bytes", r.len},
                                       {"unpack_gbps", r.unpack_gbps},
                                       {"memcpy_gbps", r.memcpy_gbps},
-                                      {"ratio", r.unpack_gbps / r.memcpy_gbps}});
+                                      {"ratio", r.unpack_gbps / r.memcpy_gbps},
+                                      {"ratio_min", r.ratio_lo},
+                                      {"ratio_max", r.ratio_hi}});
         }
         std::printf("%s\n", out.dump(2).c_str());
     } else {
-        std::printf("tcpx-p2p bench unpack: %s, one launch per receive, %d launches per figure\n",
-                    prop.name, o.iters);
+        std::printf(
+            "tcpx-p2p bench unpack: %s, one launch per receive, %d launches per figure, median "
+            "of %d alternating rounds\n",
+            prop.name, o.iters, kRounds);
         std::printf(
             "GB/s counts the bytes copied once; memcpy: cudaMemcpyAsync D2D of the same "
             "bytes (contiguous)\n\n");
-        std::printf("%8s %8s %10s %12s %12s %8s\n", "entries", "bytes", "total", "unpack GB/s",
-                    "memcpy GB/s", "ratio");
+        std::printf("%8s %8s %10s %12s %12s %8s %14s\n", "entries", "bytes", "total", "unpack GB/s",
+                    "memcpy GB/s", "ratio", "rounds");
         for (const Result& r : results) {
-            std::printf("%8d %8u %9.2fM %12.1f %12.1f %7.2fx\n", r.entries, r.len,
+            std::printf("%8d %8u %9.2fM %12.1f %12.1f %7.2fx %6.2f-%.2fx\n", r.entries, r.len,
                         r.entries * static_cast<double>(r.len) / (1 << 20), r.unpack_gbps,
-                        r.memcpy_gbps, r.unpack_gbps / r.memcpy_gbps);
+                        r.memcpy_gbps, r.unpack_gbps / r.memcpy_gbps, r.ratio_lo, r.ratio_hi);
         }
     }
     cudaFree(pool);

@@ -172,7 +172,12 @@ class CudaDevice final : public Device {
 
     Status copy(void* dst, const void* src, size_t len) override {
         if (count() == 0) return unavailable("GPU memory: no usable GPU");
-        return cuda_status(cudaMemcpy(dst, src, len, cudaMemcpyDefault), "copying GPU memory");
+        // cudaMemcpy may return before a copy from pageable memory to the device has landed:
+        // wait for it, so that the bytes are in place for any stream once this returns.
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, cudaStreamPerThread),
+                        "copying GPU memory"));
+        return cuda_status(cudaStreamSynchronize(cudaStreamPerThread), "copying GPU memory");
     }
 
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,

@@ -1,6 +1,7 @@
 // The unpack kernel. One warp copies one entry (at most a 4 KiB page): 32 lanes move the widest
-// words that both ends' alignment allows (16, 8, 4, 2 or 1 bytes), 16-byte words four at a time
-// per lane so several loads are in flight, then the tail byte by byte.
+// words that both ends' alignment allows (16, 8, 4, 2 or 1 bytes), eight words per lane loaded
+// before any is stored, so that a whole page of 16-byte words is one round trip to memory; then
+// the rest word by word and the tail byte by byte.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,15 +20,14 @@ __device__ __forceinline__ void copy_words(const uint8_t* __restrict__ src,
     const uint32_t words = len / sizeof(Word);
     const Word* s = reinterpret_cast<const Word*>(src);
     Word* d = reinterpret_cast<Word*>(dst);
+    constexpr uint32_t kUnroll = 8;
     uint32_t i = lane;
-    if constexpr (sizeof(Word) == 16) {
-        for (; i + 96 < words; i += 128) {
-            const Word a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
-            d[i] = a;
-            d[i + 32] = b;
-            d[i + 64] = c;
-            d[i + 96] = e;
-        }
+    for (; i + (kUnroll - 1) * 32 < words; i += kUnroll * 32) {
+        Word r[kUnroll];
+#pragma unroll
+        for (uint32_t k = 0; k < kUnroll; ++k) r[k] = s[i + k * 32];
+#pragma unroll
+        for (uint32_t k = 0; k < kUnroll; ++k) d[i + k * 32] = r[k];
     }
     for (; i < words; i += 32) d[i] = s[i];
     for (uint32_t t = words * sizeof(Word) + lane; t < len; t += 32) dst[t] = src[t];

@@ -50,6 +50,8 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
 #else
         emu_.emplace(2);
         gpus_ = 2;
+        // The emulated TCPX plugin's "GPU" memory is then host memory too, GPU or not.
+        ::setenv("FAKETCPX_MEMORY", "host", 1);
 #endif
         Config config = engine_test_config();
         // Small chunks and the fewest staging slots: many chunks per transfer, the ring wraps.
@@ -313,7 +315,13 @@ TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
     EXPECT_EQ(mismatch(to.buf.get(), 0, 1 << 20, 31), -1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, EngineDevice,
+#if TCPX_TEST_REAL_GPU
+#define TCPX_ENGINE_DEVICE_SUITE Gpu
+#else
+#define TCPX_ENGINE_DEVICE_SUITE Emulated
+#endif
+// Distinct names in the two binaries, so that CTest keeps them (and their labels) apart.
+INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice,
                          ::testing::Values(Transport::kSocket, Transport::kFakeTcpx,
                                            Transport::kFakeTcpxNoWire),
                          transport_name);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/strings.h"
+#include "tests/support/engine_child.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/subprocess.h"
@@ -18,56 +19,6 @@ namespace tcpx::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::map<std::string, std::string> peer_env(bool slow) {
-    Config c = engine_test_config();
-    std::map<std::string, std::string> env = {
-        {"TCPX_P2P_SOCKET_IFNAME", c.socket_ifname},
-        {"TCPX_P2P_SOCKET_FAMILY", c.socket_family},
-        {"TCPX_P2P_NSOCKS", std::to_string(c.nsocks)},
-        {"TCPX_P2P_IO_THREADS", "2"},
-        {"TCPX_P2P_CHANNELS", std::to_string(c.channels)},
-        {"TCPX_P2P_XFER_CHUNK_SIZE", std::to_string(c.xfer_chunk_size)},
-        {"TCPX_P2P_PEER_TIMEOUT_MS", "5000"},
-        {"TCPX_P2P_LOG_LEVEL", "error"}};
-    if (slow) {
-        // Small socket buffers: the transfer surely is in flight when the process is killed.
-        env["TCPX_P2P_SOCKET_SNDBUF"] = "16K";
-        env["TCPX_P2P_SOCKET_RCVBUF"] = "16K";
-    }
-    return env;
-}
-
-std::string unhex(const std::string& hex) {
-    std::vector<uint8_t> raw;
-    EXPECT_TRUE(from_hex(hex, &raw)) << hex;
-    return std::string(raw.begin(), raw.end());
-}
-
-// Reads "<word> <hex>" from the child.
-std::string expect_line(Subprocess* p, const std::string& word) {
-    std::string line;
-    EXPECT_TRUE(p->read_line(&line, 20s)) << "waiting for '" << word << "'";
-    EXPECT_EQ(line.rfind(word, 0), 0u) << line;
-    return line.size() > word.size() + 1 ? line.substr(word.size() + 1) : "";
-}
-
-// A target in a child process.
-struct ChildTarget {
-    Subprocess proc;
-    std::string metadata;
-    RemoteMem mem;
-    bool start(size_t bytes, bool slow) {
-        if (!proc.start({TCPX_ENGINE_PEER_PATH, "target", std::to_string(bytes)}, peer_env(slow))) {
-            return false;
-        }
-        metadata = unhex(expect_line(&proc, "metadata"));
-        auto m = RemoteMem::parse(unhex(expect_line(&proc, "mem")));
-        if (!m.ok()) return false;
-        mem = *m;
-        return true;
-    }
-};
 
 TEST(EngineProcesses, WriteReadAndNotifyAcrossProcesses) {
     constexpr size_t kBytes = 64 << 20;
@@ -94,15 +45,7 @@ TEST(EngineProcesses, WriteReadAndNotifyAcrossProcesses) {
     ASSERT_TRUE(target.proc.read_line(&line, 10s));
     EXPECT_EQ(line, "notif " + to_hex("done\0!", 6));
     // The target checks its own memory: the written range, and what surrounds it untouched.
-    auto check = [&](uint64_t o, uint64_t n, uint64_t seed) {
-        target.proc.write_line(strformat("check %llu %llu %llu", static_cast<unsigned long long>(o),
-                                         static_cast<unsigned long long>(n),
-                                         static_cast<unsigned long long>(seed)));
-        std::string reply;
-        EXPECT_TRUE(target.proc.read_line(&reply, 10s));
-        return reply;
-    };
-    EXPECT_EQ(check(off, len, 99), "ok");
+    EXPECT_EQ(target.check(off, len, 99), "ok");
     // Outside the range the original pattern (seed 7, position-dependent) is intact.
     std::vector<uint8_t> original(kBytes);
     fill_pattern(original.data(), kBytes, 7);
@@ -166,7 +109,7 @@ TEST(EngineProcesses, InitiatorKilledMidWriteReleasesTheTarget) {
     Subprocess init;
     ASSERT_TRUE(init.start({TCPX_ENGINE_PEER_PATH, "initiator", to_hex(md.data(), md.size()),
                             to_hex(desc.data(), desc.size()), std::to_string(kBytes)},
-                           peer_env(true)));
+                           engine_child_env(true)));
     expect_line(&init, "connected");
     auto peer = target->accept(10s);
     ASSERT_TRUE(peer.ok());

@@ -138,20 +138,18 @@ void* mem_alloc(size_t len) {
 #endif
     return std::malloc(len);
 }
-// A synchronous copy between any two of host and (in cuda mode) device memory.
+// A copy between any two of host and (in cuda mode) device memory, finished when it returns
+// (cudaMemcpy alone may return before a copy to the device has landed).
 bool mem_copy(void* dst, const void* src, size_t len) {
     if (len == 0) return true;
 #if TCPX_P2P_HAVE_CUDA
-    if (g_cuda) return cuda_ok(cudaMemcpy(dst, src, len, cudaMemcpyDefault), "cudaMemcpy");
+    if (g_cuda) {
+        return cuda_ok(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, cudaStreamPerThread),
+                       "cudaMemcpyAsync") &&
+               cuda_ok(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");
+    }
 #endif
     std::memcpy(dst, src, len);
-    return true;
-}
-bool mem_set(void* dst, uint8_t v, size_t len) {
-#if TCPX_P2P_HAVE_CUDA
-    if (g_cuda) return cuda_ok(cudaMemset(dst, v, len), "cudaMemset");
-#endif
-    std::memset(dst, v, len);
     return true;
 }
 
@@ -210,7 +208,46 @@ struct UnpackState {
     cu::LoadMeta* scatter = nullptr;
     uint8_t* bounce_src = nullptr;
     void* stream = nullptr;
+    int device = 0;
 };
+
+#if TCPX_P2P_HAVE_CUDA
+// Makes the comm's GPU current for the scope: its stream belongs to it, and the caller may be
+// the thread of an endpoint on another GPU (no-wire sends land in the receiver's pages).
+class OnDevice {
+ public:
+    explicit OnDevice(int device) {
+        cudaGetDevice(&previous_);
+        if (previous_ != device) cudaSetDevice(device);
+        device_ = device;
+    }
+    ~OnDevice() {
+        if (previous_ != device_) cudaSetDevice(previous_);
+    }
+    OnDevice(const OnDevice&) = delete;
+    OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+    int previous_ = 0;
+    int device_ = 0;
+};
+#endif
+
+// Poisons pages given back, on the comm's stream: ordered before the next scatter into them.
+void poison_pages(UnpackState* u, const std::vector<uint32_t>& pages) {
+#if TCPX_P2P_HAVE_CUDA
+    if (g_cuda) {
+        OnDevice on(u->device);
+        for (uint32_t page : pages) {
+            cudaMemsetAsync(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage,
+                            static_cast<cudaStream_t>(u->stream));
+        }
+        return;
+    }
+#endif
+    for (uint32_t page : pages)
+        std::memset(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage);
+}
 
 struct FakeComm {
     uint32_t magic = kCommMagic;
@@ -250,6 +287,7 @@ void free_unpack(UnpackState* u) {
     if (u == nullptr) return;
 #if TCPX_P2P_HAVE_CUDA
     if (g_cuda) {
+        OnDevice on(u->device);
         if (u->stream != nullptr) {
             cudaStreamSynchronize(static_cast<cudaStream_t>(u->stream));
             cudaStreamDestroy(static_cast<cudaStream_t>(u->stream));
@@ -277,6 +315,7 @@ std::unique_ptr<UnpackState> make_unpack() {
     bool ok = u->bounce != nullptr;
 #if TCPX_P2P_HAVE_CUDA
     if (g_cuda && ok) {
+        cudaGetDevice(&u->device);
         void* meta = nullptr;
         void* dev = nullptr;
         cudaStream_t s = nullptr;
@@ -328,6 +367,7 @@ bool scatter(UnpackState* u, const cu::LoadMeta* entries, uint64_t count, const 
         return true;
     }
 #if TCPX_P2P_HAVE_CUDA
+    OnDevice on(u->device);
     auto stream = static_cast<cudaStream_t>(u->stream);
     if (!src_on_device) {
         if (!cuda_ok(cudaMemcpyAsync(u->bounce_src, src, n, cudaMemcpyHostToDevice, stream),
@@ -831,10 +871,8 @@ tcpx_ncclResult_t fake_irecv_consumed(void* recv_comm, int n, void* request) {
     if (!r->pages.empty()) {
         // The pages go back to the pool, and whatever still reads them gets garbage.
         UnpackState* u = comm->unpack.get();
-        for (uint32_t page : r->pages) {
-            mem_set(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage);
-            u->free_pages.push_back(page);
-        }
+        poison_pages(u, r->pages);
+        u->free_pages.insert(u->free_pages.end(), r->pages.begin(), r->pages.end());
         *r->g.unpack_slot.cnt = kGarbageCount;
     }
     r->magic = 0;

@@ -1,10 +1,11 @@
 // tcpx_engine_peer: the other process of multi-process engine tests.
 //
-//   tcpx_engine_peer target <bytes>
+//   tcpx_engine_peer target <bytes> [<gpu>]
 //       An endpoint named "target" with one registered region of <bytes>, filled with pattern
-//       seed 7. Prints "metadata <hex>" and "mem <hex>", then serves until stdin closes, printing
-//       "notif <hex payload>" for each notification and answering stdin lines
-//       "check <offset> <len> <seed>" with "ok" or "bad <index>".
+//       seed 7; in GPU <gpu>'s memory when given (the endpoint then serves that GPU). Prints
+//       "metadata <hex>" and "mem <hex>", then serves until stdin closes, printing "notif <hex
+//       payload>" for each notification and answering stdin lines "check <offset> <len> <seed>"
+//       with "ok" or "bad <index>".
 //   tcpx_engine_peer initiator <metadata hex> <descriptor hex> <bytes>
 //       Connects to the endpoint, prints "connected", then writes <bytes> to offset 0 of the
 //       region again and again (printing "wrote" after each) until killed or failed.
@@ -20,9 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "common/status_util.h"
 #include "common/strings.h"
 #include "tcpx/endpoint.h"
 #include "tests/support/net_test_util.h"
+#include "tests/support/test_buffer.h"
 
 using namespace tcpx;
 
@@ -50,13 +53,21 @@ int main(int argc, char** argv) {
     auto config = Config::from_env();
     if (!config.ok()) return fail(config.status());
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "target" && argc == 3) {
+    if (mode == "target" && (argc == 3 || argc == 4)) {
         const size_t bytes = std::strtoull(argv[2], nullptr, 10);
+        const int gpu = argc == 4 ? std::atoi(argv[3]) : -1;
+        if (gpu >= 0) config->gpu_index = gpu;
+        auto buf =
+            gpu >= 0 ? testing::device_buffer(bytes, gpu, nullptr) : testing::host_buffer(bytes);
+        if (buf == nullptr) return fail(unavailable("no memory on that GPU"));
         auto ep = Endpoint::create(*config, "target");
         if (!ep.ok()) return fail(ep.status());
-        std::vector<uint8_t> buf(bytes);
-        testing::fill_pattern(buf.data(), bytes, 7);
-        auto mem = (*ep)->reg(buf.data(), bytes);
+        {
+            std::vector<uint8_t> pattern(bytes);
+            testing::fill_pattern(pattern.data(), bytes, 7);
+            buf->upload(0, pattern.data(), bytes);
+        }
+        auto mem = (*ep)->reg(buf->data(), bytes);
         if (!mem.ok()) return fail(mem.status());
         const std::string md = (*ep)->metadata();
         const std::string desc = (*ep)->describe(*mem)->serialize();
@@ -84,7 +95,8 @@ int main(int argc, char** argv) {
                     say("bad request");
                     continue;
                 }
-                const int64_t at = testing::find_pattern_mismatch(buf.data() + off, len, seed);
+                const int64_t at =
+                    testing::find_pattern_mismatch(buf->download(off, len).data(), len, seed);
                 say(at < 0 ? "ok" : "bad " + std::to_string(at));
             }
         }

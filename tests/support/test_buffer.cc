@@ -23,11 +23,11 @@ class HostBuffer : public TestBuffer {
     bool on_device() const override { return false; }
     void upload(uint64_t off, const void* src, size_t len) override {
         ASSERT_LE(off + len, size_);
-        std::memcpy(data() + off, src, len);
+        if (len > 0) std::memcpy(data() + off, src, len);
     }
     void download(uint64_t off, void* dst, size_t len) override {
         ASSERT_LE(off + len, size_);
-        std::memcpy(dst, data() + off, len);
+        if (len > 0) std::memcpy(dst, data() + off, len);
     }
     bool canaries_intact() override {
         for (size_t i = 0; i < kCanary; ++i) {
