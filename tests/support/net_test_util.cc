@@ -25,18 +25,22 @@ Settings loopback_settings() {
 
 std::string provider_name(Provider p) { return p == Provider::kSocket ? "Socket" : "SocketV7"; }
 
+void set_socket_env(const Settings& settings) {
+    setenv("TCPX_P2P_SOCKET_IFNAME", settings.socket_ifname.c_str(), 1);
+    setenv("TCPX_P2P_SOCKET_FAMILY", settings.socket_family.c_str(), 1);
+    setenv("TCPX_P2P_NSOCKS", std::to_string(settings.nsocks).c_str(), 1);
+    setenv("TCPX_P2P_IO_THREADS", std::to_string(settings.io_threads).c_str(), 1);
+}
+
 std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings) {
     if (provider == Provider::kSocket) {
         auto net = net::SocketNet::create(settings);
         if (!net.ok()) return nullptr;
         return std::move(net).value();
     }
-    // The v7 table builds its process-wide net from the environment: hand it the test's settings
-    // that way. (Only the first init creates it; every test uses the same loopback settings.)
-    setenv("TCPX_P2P_SOCKET_IFNAME", settings.socket_ifname.c_str(), 1);
-    setenv("TCPX_P2P_SOCKET_FAMILY", settings.socket_family.c_str(), 1);
-    setenv("TCPX_P2P_NSOCKS", std::to_string(settings.nsocks).c_str(), 1);
-    setenv("TCPX_P2P_IO_THREADS", std::to_string(settings.io_threads).c_str(), 1);
+    // The v7 table builds its process-wide net from the environment. (Only the first init
+    // creates it; every test uses the same loopback settings.)
+    set_socket_env(settings);
     net::V7Options options;
     options.max_requests = static_cast<int>(settings.max_requests);
     options.reports_sizes = true;

@@ -20,6 +20,9 @@ Settings loopback_settings();
 // The two ways a test reaches the socket transport: the C++ provider directly, or its exported
 // ncclNet v7 table wrapped back into a Net (so the C ABI path is tested by the same suite).
 enum class Provider { kSocket, kSocketV7 };
+// The socket transport behind an ncclNet table (ours, or a test plugin's) builds itself from the
+// environment at its first init(): this hands it `settings` that way.
+void set_socket_env(const Settings& settings);
 std::string provider_name(Provider p);
 std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings);
 

@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
-#include "net/ncclnet_v7.h"
+#include "net/plugin/nccl_net_table.h"
 #include "net/plugin/v7_net.h"
 
 namespace tcpx::net {
@@ -30,8 +30,35 @@ constexpr struct {
     {"NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "500000"},
 };
 
-bool is_google_tcpx(const tcpx_ncclNet_v7_t* table) {
-    return table->name != nullptr && std::string_view(table->name).rfind("GPUDirectTCPX", 0) == 0;
+bool is_google_tcpx(const NcclNetTable& table) {
+    return table.name() != nullptr && std::string_view(table.name()).rfind("GPUDirectTCPX", 0) == 0;
+}
+
+std::string table_symbol(int version) { return strformat("ncclNetPlugin_v%d", version); }
+
+// The table to use: v7 when the plugin exports it (Google's TCPX plugin exports only v7, and a v7
+// table goes through unadapted), else the newest version the adapters understand.
+StatusOr<NcclNetTable*> find_table(void* lib, const std::string& path) {
+    if (const void* v7 = ::dlsym(lib, table_symbol(7).c_str()); v7 != nullptr) {
+        return nccl_net_table(v7, 7);
+    }
+    for (int v = kNewestNcclNetVersion; v > kOldestNcclNetVersion; --v) {
+        if (const void* table = ::dlsym(lib, table_symbol(v).c_str()); table != nullptr) {
+            return nccl_net_table(table, v);
+        }
+    }
+    // Name what it has instead; versions well past the newest are looked for, for this message.
+    std::string found;
+    for (int v = 1; v <= kNewestNcclNetVersion + 8; ++v) {
+        if (::dlsym(lib, table_symbol(v).c_str()) != nullptr) {
+            found += (found.empty() ? " " : ", ") + table_symbol(v);
+        }
+    }
+    return unimplemented(strformat(
+        "net plugin %s exports no ncclNet table tcpx-p2p can use (it takes %s to %s); it "
+        "exports%s",
+        path.c_str(), table_symbol(kOldestNcclNetVersion).c_str(),
+        table_symbol(kNewestNcclNetVersion).c_str(), found.empty() ? " none" : found.c_str()));
 }
 
 // Plugins loaded so far, by path: a second endpoint reuses the handle (and the plugin's one-time
@@ -69,30 +96,19 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
             loaded().emplace(path, lib);
         }
     }
-    auto* table = static_cast<const tcpx_ncclNet_v7_t*>(::dlsym(lib, "ncclNetPlugin_v7"));
-    if (table == nullptr) {
-        std::string newer;
-        for (int v = 8; v <= 12; ++v) {
-            if (::dlsym(lib, strformat("ncclNetPlugin_v%d", v).c_str()) != nullptr) {
-                newer += strformat(" v%d", v);
-            }
-        }
-        return unimplemented(strformat(
-            "net plugin %s exports no ncclNetPlugin_v7 table%s%s; tcpx-p2p loads v7 plugins",
-            path.c_str(), newer.empty() ? "" : ", only", newer.c_str()));
-    }
-    if (is_google_tcpx(table)) {
+    TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_table(lib, path));
+    if (is_google_tcpx(*table)) {
         for (const auto& d : kTcpxDefaults) {
             if (::getenv(d.name) == nullptr) {
                 ::setenv(d.name, d.value, 0);
-                TCPX_INFO("net plugin %s: %s unset, using %s", table->name, d.name, d.value);
+                TCPX_INFO("net plugin %s: %s unset, using %s", table->name(), d.name, d.value);
             }
         }
     }
     auto net = V7Net::create(table, V7Options{});
     if (!net.ok()) return Status(net.status()).with_context("net plugin " + path);
-    TCPX_INFO("net plugin %s loaded from %s (%d devices)", (*net)->name().data(), path.c_str(),
-              (*net)->device_count());
+    TCPX_INFO("net plugin %s loaded from %s (ncclNet v%d, %d devices)", (*net)->name().data(),
+              path.c_str(), table->version(), (*net)->device_count());
     return std::unique_ptr<Net>(std::move(net).value());
 }
 

@@ -1,7 +1,6 @@
 #include "net/plugin/v7_net.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <deque>
 #include <unordered_set>
@@ -18,14 +17,14 @@ constexpr uint32_t kSendWrap = 0x56375343;     // "V7SC"
 constexpr uint32_t kRecvWrap = 0x56375243;     // "V7RC"
 constexpr uint32_t kListenWrap = 0x56374c43;   // "V7LC"
 constexpr uint32_t kRequestWrap = 0x56375251;  // "V7RQ"
-constexpr int kMaxRecvs = 8;
+constexpr int kMaxRecvs = kMaxRecvBuffers;
 
-Status check_int_size(size_t size, const char* what) {
-    if (size > static_cast<size_t>(INT_MAX)) {
+Status check_size(size_t size, size_t limit, const NcclNetTable& table, const char* what) {
+    if (size > limit) {
         return invalid_argument(
-            strformat("%s: %zu bytes exceed what an ncclNet v7 transport "
-                      "takes in one call (2 GiB - 1)",
-                      what, size));
+            strformat("%s: %zu bytes exceed what this ncclNet v%d transport takes in one call "
+                      "(%zu)",
+                      what, size, table.version(), limit));
     }
     return Status();
 }
@@ -100,28 +99,21 @@ void V7Net::release_all(CommWrap* comm) {
 
 StatusOr<std::unique_ptr<V7Net>> V7Net::create(const tcpx_ncclNet_v7_t* table, V7Options options) {
     if (table == nullptr) return invalid_argument("null ncclNet v7 table");
-    const std::string name = table->name != nullptr ? table->name : "(unnamed)";
-    for (const void* fn :
-         {reinterpret_cast<const void*>(table->init), reinterpret_cast<const void*>(table->devices),
-          reinterpret_cast<const void*>(table->getProperties),
-          reinterpret_cast<const void*>(table->listen),
-          reinterpret_cast<const void*>(table->connect),
-          reinterpret_cast<const void*>(table->accept), reinterpret_cast<const void*>(table->regMr),
-          reinterpret_cast<const void*>(table->deregMr),
-          reinterpret_cast<const void*>(table->isend), reinterpret_cast<const void*>(table->irecv),
-          reinterpret_cast<const void*>(table->test),
-          reinterpret_cast<const void*>(table->closeSend),
-          reinterpret_cast<const void*>(table->closeRecv),
-          reinterpret_cast<const void*>(table->closeListen)}) {
-        if (fn == nullptr) {
-            return invalid_argument("ncclNet table '" + name + "' lacks a required function");
-        }
+    return create(nccl_net_table(table, 7), options);
+}
+
+StatusOr<std::unique_ptr<V7Net>> V7Net::create(NcclNetTable* table, V7Options options) {
+    if (table == nullptr) return invalid_argument("null ncclNet table");
+    const std::string name = table->name() != nullptr ? table->name() : "(unnamed)";
+    if (const char* missing = table->missing_function(); missing != nullptr) {
+        return invalid_argument(
+            strformat("ncclNet table '%s' lacks a required function (%s)", name.c_str(), missing));
     }
     {
         // One init per table and process: plugins set up global state there (Google's starts
         // threads and reads its environment once).
         static std::mutex mu;
-        static std::unordered_set<const void*> initialized;
+        static std::unordered_set<const NcclNetTable*> initialized;
         std::lock_guard<std::mutex> lock(mu);
         if (initialized.count(table) == 0) {
             TCPX_RETURN_IF_ERROR(
@@ -135,11 +127,12 @@ StatusOr<std::unique_ptr<V7Net>> V7Net::create(const tcpx_ncclNet_v7_t* table, V
     return std::unique_ptr<V7Net>(new V7Net(table, options, ndev));
 }
 
-V7Net::V7Net(const tcpx_ncclNet_v7_t* table, V7Options options, int ndev)
+V7Net::V7Net(const NcclNetTable* table, V7Options options, int ndev)
     : table_(table),
       options_(options),
-      name_(table->name != nullptr ? table->name : "(unnamed)"),
-      ndev_(ndev) {
+      name_(table->name() != nullptr ? table->name() : "(unnamed)"),
+      ndev_(ndev),
+      max_transfer_(table->max_transfer_bytes(ndev)) {
     Properties props;
     reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
 }
@@ -155,7 +148,7 @@ void* V7Net::unwrap_comm(void* comm) {
 Status V7Net::get_properties(int dev, Properties* props) const {
     tcpx_ncclNetProperties_v7_t p{};
     TCPX_RETURN_IF_ERROR(
-        from_nccl_result(table_->getProperties(dev, &p), name_ + ": getProperties"));
+        from_nccl_result(table_->get_properties(dev, &p), name_ + ": getProperties"));
     *props = from_v7(p);
     const bool unpack = props->device_type == DeviceType::kUnpack;
     props->max_requests = options_.max_requests > 0 ? options_.max_requests : (unpack ? 16 : 8);
@@ -233,11 +226,10 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
 Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) {
     void* c = unwrap_comm(comm);
     if (c == nullptr || mhandle == nullptr) return invalid_argument("reg_mr: not a comm");
-    TCPX_RETURN_IF_ERROR(check_int_size(size, "reg_mr"));
+    TCPX_RETURN_IF_ERROR(check_size(size, table_->max_reg_bytes(), *table_, "reg_mr"));
     void* mh = nullptr;
     TCPX_RETURN_IF_ERROR(from_nccl_result(
-        table_->regMr(c, data, static_cast<int>(size), static_cast<int>(type), &mh),
-        name_ + ": regMr"));
+        table_->reg_mr(c, data, size, static_cast<int>(type), &mh), name_ + ": regMr"));
     *mhandle = static_cast<MemHandle*>(mh);
     return Status();
 }
@@ -245,7 +237,7 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
 Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
     void* c = unwrap_comm(comm);
     if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
-    return from_nccl_result(table_->deregMr(c, mhandle), name_ + ": deregMr");
+    return from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
 }
 
 Status V7Net::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
@@ -255,11 +247,11 @@ Status V7Net::isend(SendComm* comm, const void* data, size_t size, int tag, MemH
         return invalid_argument("isend: not a send comm");
     }
     *request = nullptr;
-    TCPX_RETURN_IF_ERROR(check_int_size(size, "isend"));
+    TCPX_RETURN_IF_ERROR(check_size(size, max_transfer_, *table_, "isend"));
     void* req = nullptr;
-    TCPX_RETURN_IF_ERROR(from_nccl_result(
-        table_->isend(w->comm, const_cast<void*>(data), static_cast<int>(size), tag, mhandle, &req),
-        name_ + ": isend"));
+    TCPX_RETURN_IF_ERROR(
+        from_nccl_result(table_->isend(w->comm, const_cast<void*>(data), size, tag, mhandle, &req),
+                         name_ + ": isend"));
     if (req == nullptr) return Status();
     *request = reinterpret_cast<Request*>(new_request(w, req, false, 1));
     return Status();
@@ -276,20 +268,18 @@ Status V7Net::irecv(RecvComm* comm, int n, void* const* data, const size_t* size
         return invalid_argument(
             strformat("irecv: n = %d outside [1, %d] or null arrays", n, kMaxRecvs));
     }
-    int int_sizes[kMaxRecvs];
     int int_tags[kMaxRecvs];
     void* bufs[kMaxRecvs];
     void* mhs[kMaxRecvs];
     for (int i = 0; i < n; ++i) {
-        TCPX_RETURN_IF_ERROR(check_int_size(sizes[i], "irecv"));
-        int_sizes[i] = static_cast<int>(sizes[i]);
+        TCPX_RETURN_IF_ERROR(check_size(sizes[i], max_transfer_, *table_, "irecv"));
         int_tags[i] = tags[i];
         bufs[i] = data[i];
         mhs[i] = mhandles != nullptr ? mhandles[i] : nullptr;
     }
     void* req = nullptr;
     TCPX_RETURN_IF_ERROR(from_nccl_result(
-        table_->irecv(w->comm, n, bufs, int_sizes, int_tags, mhs, &req), name_ + ": irecv"));
+        table_->irecv(w->comm, n, bufs, sizes, int_tags, mhs, &req), name_ + ": irecv"));
     if (req == nullptr) return Status();
     *request = reinterpret_cast<Request*>(new_request(w, req, true, n));
     return Status();
@@ -318,7 +308,7 @@ Status V7Net::test(Request* request, bool* done, size_t* sizes) {
             sizes[i] = int_sizes[i] < 0 ? 0 : static_cast<size_t>(int_sizes[i]);
         }
     }
-    if (r->is_recv && table_->irecvConsumed != nullptr) {
+    if (r->is_recv && table_->has_irecv_consumed()) {
         // The plugin's own request pointer is needed once more, by irecv_consumed().
         std::lock_guard<std::mutex> lock(r->comm->mu);
         r->comm->completed.push_back(r);
@@ -332,7 +322,7 @@ Status V7Net::irecv_consumed(RecvComm* comm, int n, Request* request) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     if (w == nullptr || w->magic != kRecvWrap)
         return invalid_argument("irecv_consumed: not a comm");
-    if (table_->irecvConsumed == nullptr) return Status();
+    if (!table_->has_irecv_consumed()) return Status();
     RequestWrap* r = nullptr;
     {
         std::lock_guard<std::mutex> lock(w->mu);
@@ -345,7 +335,7 @@ Status V7Net::irecv_consumed(RecvComm* comm, int n, Request* request) {
         w->completed.pop_front();
     }
     Status st =
-        from_nccl_result(table_->irecvConsumed(w->comm, n, r->request), name_ + ": irecvConsumed");
+        from_nccl_result(table_->irecv_consumed(w->comm, n, r->request), name_ + ": irecvConsumed");
     release_request(r);
     return st;
 }
@@ -378,7 +368,7 @@ Status V7Net::close_send(SendComm* comm) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     if (w == nullptr) return Status();
     if (w->magic != kSendWrap) return invalid_argument("close_send: not a send comm");
-    Status st = from_nccl_result(table_->closeSend(w->comm), name_ + ": closeSend");
+    Status st = from_nccl_result(table_->close_send(w->comm), name_ + ": closeSend");
     release_all(w);
     w->magic = 0;
     delete w;
@@ -389,7 +379,7 @@ Status V7Net::close_recv(RecvComm* comm) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     if (w == nullptr) return Status();
     if (w->magic != kRecvWrap) return invalid_argument("close_recv: not a receive comm");
-    Status st = from_nccl_result(table_->closeRecv(w->comm), name_ + ": closeRecv");
+    Status st = from_nccl_result(table_->close_recv(w->comm), name_ + ": closeRecv");
     release_all(w);
     w->magic = 0;
     delete w;
@@ -400,7 +390,7 @@ Status V7Net::close_listen(ListenComm* comm) {
     auto* l = reinterpret_cast<ListenWrap*>(comm);
     if (l == nullptr) return Status();
     if (l->magic != kListenWrap) return invalid_argument("close_listen: not a listen comm");
-    Status st = from_nccl_result(table_->closeListen(l->comm), name_ + ": closeListen");
+    Status st = from_nccl_result(table_->close_listen(l->comm), name_ + ": closeListen");
     l->magic = 0;
     delete l;
     return st;

@@ -1,5 +1,6 @@
-// A Net over any ncclNet v7 function table: an external plugin loaded by path (Google's
-// GPUDirect-TCPX, issue 4's loader), or our own socket transport's exported table.
+// A Net over an ncclNet function table of v7's shape: an external plugin loaded by path (Google's
+// GPUDirect-TCPX, through plugin_loader.h), or our own socket transport's exported table. Tables
+// of later versions (v8 to v12) come through the same code, adapted by NcclNetTable.
 #pragma once
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "net/ncclnet_v7.h"
 #include "net/net.h"
+#include "net/plugin/nccl_net_table.h"
 
 namespace tcpx::net {
 
@@ -25,10 +27,12 @@ struct V7Options {
 
 class V7Net final : public Net {
  public:
-    // Calls the table's init() with a logger that feeds this library's log. `table` must outlive
-    // the V7Net.
+    // Calls the table's init() (once per table and process) with a logger that feeds this
+    // library's log. `table` must outlive the V7Net.
     static StatusOr<std::unique_ptr<V7Net>> create(const tcpx_ncclNet_v7_t* table,
                                                    V7Options options);
+    // The same over any table version the adapters understand (nccl_net_table(), never freed).
+    static StatusOr<std::unique_ptr<V7Net>> create(NcclNetTable* table, V7Options options);
     ~V7Net() override;
 
     std::string_view name() const override { return name_; }
@@ -60,17 +64,18 @@ class V7Net final : public Net {
     struct ListenWrap;
     struct RequestWrap;
 
-    V7Net(const tcpx_ncclNet_v7_t* table, V7Options options, int ndev);
+    V7Net(const NcclNetTable* table, V7Options options, int ndev);
     static void* unwrap_comm(void* comm);
     static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
     static void release_request(RequestWrap* r);
     // Frees the wrappers of requests abandoned by closing `comm`.
     static void release_all(CommWrap* comm);
 
-    const tcpx_ncclNet_v7_t* const table_;
+    const NcclNetTable* const table_;
     const V7Options options_;
     const std::string name_;
     const int ndev_;
+    const size_t max_transfer_;   // one isend/irecv buffer, on any device
     bool reports_sizes_ = false;  // of device 0
 
     std::mutex mu_;
