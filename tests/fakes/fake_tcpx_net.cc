@@ -868,8 +868,8 @@ tcpx_ncclResult_t fake_irecv_consumed(void* recv_comm, int n, void* request) {
         return fail("irecvConsumed out of order or before test reported the receive");
     }
     comm->queue.pop_front();
-    if (!r->pages.empty()) {
-        // The pages go back to the pool, and whatever still reads them gets garbage.
+    if (r->g.unpack_slot.active) {
+        // The pages go back to the pool, and whatever still reads them or the slot gets garbage.
         UnpackState* u = comm->unpack.get();
         poison_pages(u, r->pages);
         u->free_pages.insert(u->free_pages.end(), r->pages.begin(), r->pages.end());

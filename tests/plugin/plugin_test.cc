@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <set>
 #include <thread>
 
+#include "cuda/unpack.h"
+#include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
@@ -27,6 +32,8 @@ std::unique_ptr<net::Net> load_fake() {
     setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
     setenv("TCPX_P2P_NSOCKS", "2", 1);
     setenv("TCPX_P2P_IO_THREADS", "2", 1);
+    // "CUDA" memory is host memory here, GPU or not (the GPU mode runs in tcpx_gpu_tests).
+    setenv("FAKETCPX_MEMORY", "host", 1);
     auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH);
     EXPECT_TRUE(net.ok()) << net.status().to_string();
     return net.ok() ? std::move(net).value() : nullptr;
@@ -156,6 +163,111 @@ TEST(PluginLoader, TheEmulationEnforcesTcpxRules) {
     (void)net->dereg_mr(p.recv, rmr);
     EXPECT_TRUE(net->close_send(p.send).ok());
     EXPECT_TRUE(net->close_recv(p.recv).ok());
+}
+
+// A receive into CUDA memory arrives as devmem TCP delivers it: scattered pages of the comm's
+// bounce buffer, described in the unpack queue slot the request names, counted at test(), the
+// pages recycled (and poisoned) at irecvConsumed.
+TEST(PluginLoader, TheEmulationDeliversCudaReceivesAsScatteredPages) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Pair p = connect_fake(net.get());
+    ASSERT_TRUE(p.send && p.recv);
+    ASSERT_EQ(p.dev.type, net::DeviceType::kUnpack);
+    ASSERT_EQ(p.dev.version, 7);
+    ASSERT_EQ(p.dev.size, sizeof(cuda::UnpackHandle));
+    cuda::UnpackHandle h;
+    std::memcpy(&h, p.dev.handle, sizeof(h));  // host mode: the handle is in host memory
+    ASSERT_NE(h.meta, nullptr);
+    ASSERT_NE(h.bounce_buf, nullptr);
+    EXPECT_EQ(h.head, ~uint64_t{0});
+
+    constexpr size_t kMax = 4 << 20;
+    std::vector<uint8_t> src(kMax);
+    auto* dst = static_cast<uint8_t*>(std::aligned_alloc(4096, kMax + 4096));
+    ASSERT_NE(dst, nullptr);
+    net::MemHandle* smr = nullptr;
+    net::MemHandle* rmr = nullptr;
+    ASSERT_TRUE(net->reg_mr(p.send, src.data(), kMax, net::MemType::kHost, &smr).ok());
+    ASSERT_TRUE(net->reg_mr(p.recv, dst, kMax + 4096, net::MemType::kCuda, &rmr).ok());
+
+    // More than 4 MiB per CUDA receive is refused (one slot holds 2048 pages).
+    {
+        Request* r = nullptr;
+        void* d = dst;
+        size_t n = kMax + 1;
+        int tag = 0;
+        EXPECT_FALSE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &r).ok());
+    }
+    int expected_slot = -1;
+    const size_t lens[] = {kMax, kMax - 3, 1, 0, 70001};
+    for (size_t len : lens) {
+        SCOPED_TRACE("len " + std::to_string(len));
+        fill_pattern(src.data(), len, len + 1);
+        std::memset(dst, 0, kMax);
+        Request* rr = nullptr;
+        void* d = dst;
+        size_t n = kMax;
+        int tag = 0;
+        ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &rr).ok());
+        ASSERT_NE(rr, nullptr);
+        // The slot is not readable before test() reports the receive.
+        EXPECT_FALSE(net->unpack_slot(p.recv, rr).ok());
+        Request* sr = nullptr;
+        ASSERT_TRUE(net->isend(p.send, src.data(), len, 0, smr, &sr).ok());
+        ASSERT_NE(sr, nullptr);
+        ASSERT_TRUE(wait_request(net.get(), sr).ok());
+        ASSERT_TRUE(wait_request(net.get(), rr).ok());
+        EXPECT_EQ(dst[0], 0) << "bytes landed in the destination, not the bounce buffer";
+        auto slot = net->unpack_slot(p.recv, rr);
+        ASSERT_TRUE(slot.ok()) << slot.status().to_string();
+        ASSERT_GE(*slot, 0);
+        ASSERT_LT(*slot, cuda::kUnpackQueueDepth);
+        if (expected_slot >= 0) {
+            EXPECT_EQ(*slot, expected_slot) << "slots go round in order";
+        }
+        expected_slot = (*slot + 1) % cuda::kUnpackQueueDepth;
+        const uint64_t count = h.meta->cnt[*slot];
+        ASSERT_LE(count, static_cast<uint64_t>(cuda::kUnpackMaxEntries));
+        // Pieces: within one page each, distinct pages, covering [0, len) exactly once.
+        const cuda::LoadMeta* e = h.meta->mem[*slot];
+        std::vector<std::pair<uint64_t, uint32_t>> cover;
+        std::set<uint32_t> pages;
+        int partial = 0;
+        for (uint64_t k = 0; k < count; ++k) {
+            ASSERT_GE(e[k].len, 1u);
+            ASSERT_LE(e[k].src_off % 4096 + e[k].len, 4096u) << "a piece crossing a page";
+            EXPECT_TRUE(pages.insert(e[k].src_off / 4096).second) << "a page used twice";
+            partial += e[k].len < 4096 ? 1 : 0;
+            cover.emplace_back(e[k].dst_off, e[k].len);
+        }
+        std::sort(cover.begin(), cover.end());
+        uint64_t at = 0;
+        for (auto [off, n2] : cover) {
+            ASSERT_EQ(off, at);
+            at += n2;
+        }
+        EXPECT_EQ(at, len);
+        if (len >= kMax - 3) {
+            EXPECT_GT(partial, 8) << "pieces of pages, not only whole ones";
+        }
+        // Gathered, the pages hold the message.
+        ASSERT_TRUE(cuda::unpack_reference(e, count, h.bounce_buf, dst, kMax));
+        EXPECT_EQ(find_pattern_mismatch(dst, len, len + 1), -1);
+        // Given back, the pages are poisoned and the count is garbage again.
+        const std::vector<std::pair<uint64_t, uint32_t>> first(
+            count > 0 ? 1 : 0, std::make_pair(uint64_t{e[0].src_off}, e[0].len));
+        ASSERT_TRUE(net->irecv_consumed(p.recv, 1, rr).ok());
+        for (auto [src_off, n2] : first) {
+            for (uint32_t i = 0; i < n2; ++i) ASSERT_EQ(h.bounce_buf[src_off + i], 0xdb);
+        }
+        EXPECT_GT(h.meta->cnt[*slot], static_cast<uint64_t>(cuda::kUnpackMaxEntries));
+    }
+    (void)net->dereg_mr(p.send, smr);
+    (void)net->dereg_mr(p.recv, rmr);
+    EXPECT_TRUE(net->close_send(p.send).ok());
+    EXPECT_TRUE(net->close_recv(p.recv).ok());
+    std::free(dst);
 }
 
 // The engine over the emulated plugin: everything it must get right with Google's (16 requests,
