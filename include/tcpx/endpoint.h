@@ -80,6 +80,16 @@ struct TCPX_API IoVec {
     uint64_t len = 0;
 };
 
+// One piece of a local copy: `len` bytes from our registration `src` at `src_offset` to our
+// registration `dst` at `dst_offset`.
+struct TCPX_API LocalCopy {
+    MemId dst = 0;
+    uint64_t dst_offset = 0;
+    MemId src = 0;
+    uint64_t src_offset = 0;
+    uint64_t len = 0;
+};
+
 enum class XferState { kInProgress, kDone, kFailed };
 
 struct TCPX_API XferStatus {
@@ -141,6 +151,11 @@ class TCPX_API Endpoint {
     StatusOr<XferId> writev(PeerId peer, std::span<const IoVec> iov,
                             std::optional<std::string_view> notification = std::nullopt);
     StatusOr<XferId> readv(PeerId peer, std::span<const IoVec> iov);
+
+    // Copies between this endpoint's own registrations — host or GPU memory, any mix — without
+    // the network (memcpy / cudaMemcpy), synchronously: the bytes are in place when it returns.
+    // Every piece is checked before any is copied; pieces must not overlap.
+    Status copy(std::span<const LocalCopy> pieces);
 
     // A notification on its own.
     Status notify(PeerId peer, std::string_view payload);

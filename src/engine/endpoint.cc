@@ -62,6 +62,8 @@ StatusOr<XferId> Endpoint::readv(PeerId peer, std::span<const IoVec> iov) {
     return impl_->read(peer, iov);
 }
 
+Status Endpoint::copy(std::span<const LocalCopy> pieces) { return impl_->copy(pieces); }
+
 Status Endpoint::notify(PeerId peer, std::string_view payload) {
     return impl_->notify(peer, payload);
 }

@@ -201,6 +201,7 @@ class Endpoint::Impl {
     StatusOr<XferId> write(PeerId peer, std::span<const IoVec> iov,
                            std::optional<std::string_view> notification);
     StatusOr<XferId> read(PeerId peer, std::span<const IoVec> iov);
+    Status copy(std::span<const LocalCopy> pieces);
     Status notify(PeerId peer, std::string_view payload);
     std::vector<Notification> get_notifications();
     StatusOr<XferId> send(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);

@@ -297,6 +297,58 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
     return Status();
 }
 
+Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
+    if (pieces.size() > wire::kMaxSegments) {
+        return invalid_argument(strformat("copy: %zu pieces exceed the limit of %zu", pieces.size(),
+                                          wire::kMaxSegments));
+    }
+    // Resolve and hold every region first (a concurrent dereg waits for us), copy without the
+    // lock (the progress thread goes on), then let go.
+    std::vector<std::pair<Region*, Region*>> held;
+    held.reserve(pieces.size());
+    auto release = [&] {
+        auto lock = api_lock();
+        for (auto [d, s] : held) {
+            registry_.unref(d);
+            registry_.unref(s);
+        }
+    };
+    {
+        auto lock = api_lock();
+        for (const LocalCopy& c : pieces) {
+            auto d = registry_.resolve(c.dst, c.dst_offset, c.len);
+            auto s = registry_.resolve(c.src, c.src_offset, c.len);
+            Status st = !d.ok() ? Status(d.status()) : !s.ok() ? Status(s.status()) : Status();
+            if (!st.ok()) {
+                for (auto [hd, hs] : held) {
+                    registry_.unref(hd);
+                    registry_.unref(hs);
+                }
+                return st.with_context("copy");
+            }
+            registry_.ref(*d);
+            registry_.ref(*s);
+            held.emplace_back(*d, *s);
+        }
+    }
+    Status st;
+    for (size_t i = 0; i < pieces.size() && st.ok(); ++i) {
+        const LocalCopy& c = pieces[i];
+        if (c.len == 0) continue;
+        Region* d = held[i].first;
+        Region* s = held[i].second;
+        uint8_t* to = d->base + c.dst_offset;
+        const uint8_t* from = s->base + c.src_offset;
+        if (d->kind == MemKind::kHost && s->kind == MemKind::kHost) {
+            std::memmove(to, from, c.len);
+        } else {
+            st = cuda::device().copy(to, from, c.len).with_context("copy");
+        }
+    }
+    release();
+    return st;
+}
+
 std::vector<Notification> Endpoint::Impl::get_notifications() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) lock.lock();

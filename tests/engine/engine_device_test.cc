@@ -291,6 +291,21 @@ TEST_P(EngineDevice, VectorTransfersAcrossKinds) {
     }
 }
 
+TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "no network involved";
+    const Reg& host = a_bufs_[0];
+    const Reg& dev = a_bufs_[1];
+    fill(host.buf.get(), 3, 1 << 20, 71);
+    const LocalCopy to_dev[] = {{dev.mem, 4096, host.mem, 3, 1 << 20}};
+    ASSERT_TRUE(a_->copy(to_dev).ok());
+    EXPECT_EQ(mismatch(dev.buf.get(), 4096, 1 << 20, 71), -1);
+    const LocalCopy within_dev[] = {{dev.mem, 2 << 20, dev.mem, 4096, 1 << 20}};
+    ASSERT_TRUE(a_->copy(within_dev).ok());
+    const LocalCopy to_host[] = {{host.mem, 5 << 20, dev.mem, 2 << 20, 1 << 20}};
+    ASSERT_TRUE(a_->copy(to_host).ok());
+    EXPECT_EQ(mismatch(host.buf.get(), 5 << 20, 1 << 20, 71), -1);
+}
+
 TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
     const Reg& from = a_bufs_[1];
     const Reg& to = b_bufs_[1];

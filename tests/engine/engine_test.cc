@@ -410,6 +410,29 @@ TEST_F(EnginePair, DeregisteredRegionsRefuseNewRequestsAndWaitForOldOnes) {
     expect_canaries();
 }
 
+TEST_F(EnginePair, LocalCopiesBetweenOwnRegistrations) {
+    GuardedBuffer other(1 << 20);
+    MemId omem = *a_->reg(other.data(), other.size());
+    fill_pattern(abuf_->data() + 100, 300000, 61);
+    fill_pattern(abuf_->data() + 400000, 5000, 62);
+    const LocalCopy pieces[] = {
+        {omem, 7, amem_, 100, 300000}, {omem, 400000, amem_, 400000, 5000}, {omem, 0, amem_, 0, 0}};
+    ASSERT_TRUE(a_->copy(pieces).ok());
+    EXPECT_EQ(find_pattern_mismatch(other.data() + 7, 300000, 61), -1);
+    EXPECT_EQ(find_pattern_mismatch(other.data() + 400000, 5000, 62), -1);
+    EXPECT_EQ(other.data()[6], 0);
+    // Any bad piece refuses the whole copy, before a byte moves.
+    std::memset(other.data(), 0, other.size());
+    const LocalCopy outside[] = {{omem, 0, amem_, 0, 10}, {omem, (1 << 20) - 5, amem_, 0, 10}};
+    EXPECT_EQ(a_->copy(outside).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(other.data()[0], 0);
+    const LocalCopy unknown[] = {{omem, 0, 999999, 0, 10}};
+    EXPECT_FALSE(a_->copy(unknown).ok());
+    EXPECT_TRUE(a_->copy({}).ok());
+    EXPECT_TRUE(a_->dereg(omem).ok());
+    EXPECT_TRUE(other.canaries_intact());
+}
+
 TEST_F(EnginePair, SendRecvByTag) {
     // Receives posted before and after their sends, tags out of order, sizes up to several
     // chunks.
