@@ -1,0 +1,474 @@
+#include "tcpx_backend.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <optional>
+#include <utility>
+
+#include "tcpx/config.h"
+
+namespace tcpx::nixl_backend {
+namespace {
+
+// Our registration, as NIXL holds it (also the "remote" side of a local transfer).
+struct LocalMD final : nixlBackendMD {
+    LocalMD() : nixlBackendMD(true) {}
+    MemId mem = 0;
+    RemoteMem desc;
+};
+
+// A peer's registration, from its public blob.
+struct RemoteMD final : nixlBackendMD {
+    RemoteMD() : nixlBackendMD(false) {}
+    RemoteMem desc;
+    std::string agent;
+};
+
+// Backend parameters that name an engine setting, and the setting. Any TCPX_P2P_* parameter is
+// accepted by its own name too (e.g. "WINDOW" or "window").
+constexpr std::pair<const char*, const char*> kAliases[] = {
+    {"channels", "CHANNELS"},          {"nsocks", "NSOCKS"},
+    {"chunk_size", "XFER_CHUNK_SIZE"}, {"interface", "SOCKET_IFNAME"},
+    {"net_plugin", "NET_PLUGIN"},      {"gpu_index", "GPU_INDEX"},
+    {"port", "PORT"},
+};
+
+std::string upper(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+    return s;
+}
+
+bool is_memory(nixl_mem_t m) { return m == DRAM_SEG || m == VRAM_SEG; }
+
+// Where [addr, addr + len) lies in a registration starting at `base` of `size` bytes.
+std::optional<uint64_t> offset_in(uintptr_t addr, size_t len, uint64_t base, uint64_t size) {
+    if (addr < base || addr - base > size || len > size - (addr - base)) return std::nullopt;
+    return addr - base;
+}
+
+}  // namespace
+
+struct TcpxBackend::Request final : nixlBackendReqH {
+    nixl_xfer_op_t op = NIXL_WRITE;
+    std::string agent;
+    bool local = false;
+    std::vector<IoVec> iov;         // remote transfers
+    std::vector<LocalCopy> copies;  // local ones
+    PeerId peer = 0;
+    XferId xfer = 0;
+    bool active = false;                     // posted, completion not yet reported
+    std::optional<std::string> read_notif;   // a READ's notification, sent once it is complete
+};
+
+nixl_status_t to_nixl(const Status& st) {
+    switch (st.code()) {
+        case StatusCode::kOk:
+            return NIXL_SUCCESS;
+        case StatusCode::kInvalidArgument:
+        case StatusCode::kOutOfRange:
+            return NIXL_ERR_INVALID_PARAM;
+        case StatusCode::kNotFound:
+            return NIXL_ERR_NOT_FOUND;
+        case StatusCode::kUnavailable:
+        case StatusCode::kTimeout:  // a peer that stopped answering is disconnected
+            return NIXL_ERR_REMOTE_DISCONNECT;
+        case StatusCode::kCancelled:
+            return NIXL_ERR_CANCELED;
+        case StatusCode::kUnimplemented:
+            return NIXL_ERR_NOT_SUPPORTED;
+        case StatusCode::kFailedPrecondition:
+            return NIXL_ERR_NOT_ALLOWED;
+        default:
+            return NIXL_ERR_BACKEND;
+    }
+}
+
+nixl_b_params_t TcpxBackend::default_params() {
+    return {
+        {"channels", "1"},
+        {"nsocks", "8"},
+        {"chunk_size", "1MiB"},
+        {"interface", ""},
+        {"net_plugin", ""},
+        {"gpu_index", "-1"},
+        {"port", "0"},
+    };
+}
+
+TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
+    : nixlBackendEngine(init_params) {
+    auto config = Config::from_env();
+    if (!config.ok()) {
+        NIXL_ERROR << "TCPX: " << config.status().to_string();
+        initErr = true;
+        return;
+    }
+    // NIXL's progress-thread option decides ours: without one, progress happens in checkXfer()
+    // and getNotifs() (the engine progresses inside poll() and get_notifications()).
+    (void)config->set("PROGRESS_THREAD", init_params->enableProgTh ? "on" : "off");
+    for (const auto& [key, value] : getCustomParams()) {
+        std::string name = upper(key);
+        for (const auto& [alias, setting] : kAliases) {
+            if (key == alias) name = setting;
+        }
+        if (value.empty()) continue;  // left at its default
+        Status st = config->set(name, value);
+        if (st.code() == StatusCode::kNotFound) {
+            NIXL_DEBUG << "TCPX: ignoring backend parameter '" << key << "'";
+            continue;
+        }
+        if (!st.ok()) {
+            NIXL_ERROR << "TCPX: backend parameter '" << key << "': " << st.to_string();
+            initErr = true;
+            return;
+        }
+    }
+    auto ep = Endpoint::create(*config, localAgent);
+    if (!ep.ok()) {
+        NIXL_ERROR << "TCPX: " << ep.status().to_string();
+        initErr = true;
+        return;
+    }
+    ep_ = std::move(ep).value();
+}
+
+TcpxBackend::~TcpxBackend() {
+    // Requests released in flight must be done before the memory they touch goes away: the
+    // endpoint's destruction fails whatever is left.
+    ep_.reset();
+}
+
+nixl_mem_list_t TcpxBackend::getSupportedMems() const { return {DRAM_SEG, VRAM_SEG}; }
+
+// --- memory -----------------------------------------------------------------------------------
+
+nixl_status_t TcpxBackend::registerMem(const nixlBlobDesc& mem, const nixl_mem_t& nixl_mem,
+                                       nixlBackendMD*& out) {
+    if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
+    auto id = ep_->reg(reinterpret_cast<void*>(mem.addr), mem.len);
+    if (!id.ok()) {
+        NIXL_ERROR << "TCPX: registerMem: " << id.status().to_string();
+        return to_nixl(id.status());
+    }
+    auto desc = ep_->describe(*id);
+    const MemKind want = nixl_mem == VRAM_SEG ? MemKind::kCuda : MemKind::kHost;
+    if (!desc.ok() || desc->kind != want) {
+        (void)ep_->dereg(*id);
+        NIXL_ERROR << "TCPX: registerMem: " << (nixl_mem == VRAM_SEG ? "VRAM" : "DRAM")
+                   << " segment at 0x" << std::hex << mem.addr << std::dec << " is "
+                   << (want == MemKind::kCuda ? "not GPU memory (or this build has no CUDA)"
+                                              : "GPU memory");
+        return NIXL_ERR_INVALID_PARAM;
+    }
+    auto* md = new LocalMD;
+    md->mem = *id;
+    md->desc = *desc;
+    out = md;
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::deregisterMem(nixlBackendMD* meta) {
+    auto* md = dynamic_cast<LocalMD*>(meta);
+    if (md == nullptr) return NIXL_ERR_INVALID_PARAM;
+    Status st = ep_->dereg(md->mem);
+    delete md;
+    return to_nixl(st);
+}
+
+nixl_status_t TcpxBackend::getPublicData(const nixlBackendMD* meta, std::string& str) const {
+    const auto* md = dynamic_cast<const LocalMD*>(meta);
+    if (md == nullptr) return NIXL_ERR_INVALID_PARAM;
+    str = md->desc.serialize();
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::loadRemoteMD(const nixlBlobDesc& input, const nixl_mem_t& nixl_mem,
+                                        const std::string& remote_agent, nixlBackendMD*& output) {
+    if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
+    auto desc = RemoteMem::parse(input.metaInfo);
+    if (!desc.ok()) {
+        NIXL_ERROR << "TCPX: loadRemoteMD from " << remote_agent << ": "
+                   << desc.status().to_string();
+        return NIXL_ERR_INVALID_PARAM;
+    }
+    auto* md = new RemoteMD;
+    md->desc = *desc;
+    md->agent = remote_agent;
+    output = md;
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::loadLocalMD(nixlBackendMD* input, nixlBackendMD*& output) {
+    if (dynamic_cast<LocalMD*>(input) == nullptr) return NIXL_ERR_INVALID_PARAM;
+    output = input;  // a local transfer's "remote" side is our own registration
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::unloadMD(nixlBackendMD* input) {
+    delete dynamic_cast<RemoteMD*>(input);  // a LocalMD from loadLocalMD is deregisterMem's
+    return NIXL_SUCCESS;
+}
+
+// --- connections ------------------------------------------------------------------------------
+
+nixl_status_t TcpxBackend::getConnInfo(std::string& str) const {
+    str = ep_->metadata();
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
+                                              const std::string& remote_conn_info) {
+    if (!Endpoint::parse_metadata(remote_conn_info).ok()) return NIXL_ERR_INVALID_PARAM;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conn_info_.find(remote_agent);
+    if (it != conn_info_.end() && it->second != remote_conn_info) {
+        // The agent came back as a new endpoint: the old connection is stale.
+        auto out = outbound_.find(remote_agent);
+        if (out != outbound_.end()) {
+            (void)ep_->disconnect(out->second);
+            outbound_.erase(out);
+        }
+    }
+    conn_info_[remote_agent] = remote_conn_info;
+    return NIXL_SUCCESS;
+}
+
+void TcpxBackend::harvest_inbound() const {
+    while (true) {
+        auto peer = ep_->accept(std::chrono::milliseconds(0));
+        if (!peer.ok()) return;
+        auto name = ep_->peer_name(*peer);
+        if (!name.ok()) continue;
+        std::lock_guard<std::mutex> lock(mu_);
+        inbound_[*name] = *peer;
+    }
+}
+
+StatusOr<PeerId> TcpxBackend::peer_for(const std::string& agent, bool may_connect) const {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto out = outbound_.find(agent);
+    if (out != outbound_.end()) return out->second;
+    auto info = conn_info_.find(agent);
+    if (info != conn_info_.end() && may_connect) {
+        const std::string md = info->second;
+        lock.unlock();
+        auto id = ep_->connect(md);
+        if (!id.ok()) return id.status();
+        lock.lock();
+        auto [it, added] = outbound_.emplace(agent, *id);
+        if (!added) {  // another thread connected meanwhile: keep one
+            lock.unlock();
+            (void)ep_->disconnect(*id);
+            lock.lock();
+        }
+        return it->second;
+    }
+    lock.unlock();
+    harvest_inbound();
+    lock.lock();
+    auto in = inbound_.find(agent);
+    if (in != inbound_.end()) return in->second;
+    return Status(StatusCode::kNotFound, "TCPX: no connection to agent '" + agent +
+                                             "' (its metadata was never loaded)");
+}
+
+nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
+    if (remote_agent == localAgent) return NIXL_SUCCESS;
+    auto peer = peer_for(remote_agent, true);
+    if (!peer.ok()) NIXL_ERROR << "TCPX: connect: " << peer.status().to_string();
+    return peer.ok() ? NIXL_SUCCESS : to_nixl(peer.status());
+}
+
+nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto out = outbound_.find(remote_agent);
+    if (out == outbound_.end()) return NIXL_SUCCESS;
+    Status st = ep_->disconnect(out->second);
+    outbound_.erase(out);
+    return st.ok() || st.code() == StatusCode::kNotFound ? NIXL_SUCCESS : to_nixl(st);
+}
+
+// --- transfers --------------------------------------------------------------------------------
+
+nixl_status_t TcpxBackend::prepXfer(const nixl_xfer_op_t& operation,
+                                    const nixl_meta_dlist_t& local,
+                                    const nixl_meta_dlist_t& remote,
+                                    const std::string& remote_agent, nixlBackendReqH*& handle,
+                                    const nixl_opt_b_args_t* /*opt_args*/) const {
+    if (operation != NIXL_WRITE && operation != NIXL_READ) return NIXL_ERR_INVALID_PARAM;
+    if (!is_memory(local.getType()) || !is_memory(remote.getType())) {
+        return NIXL_ERR_NOT_SUPPORTED;
+    }
+    if (local.descCount() != remote.descCount()) return NIXL_ERR_MISMATCH;
+    auto req = std::make_unique<Request>();
+    req->op = operation;
+    req->agent = remote_agent;
+    req->local = remote_agent == localAgent;
+    const int n = local.descCount();
+    for (int i = 0; i < n; ++i) {
+        const nixlMetaDesc& l = local[i];
+        const nixlMetaDesc& r = remote[i];
+        if (l.len != r.len) return NIXL_ERR_MISMATCH;
+        const auto* lmd = dynamic_cast<const LocalMD*>(l.metadataP);
+        if (lmd == nullptr) return NIXL_ERR_INVALID_PARAM;
+        auto loff = offset_in(l.addr, l.len, lmd->desc.addr, lmd->desc.len);
+        if (!loff) return NIXL_ERR_INVALID_PARAM;
+        if (req->local) {
+            const auto* rmd = dynamic_cast<const LocalMD*>(r.metadataP);
+            if (rmd == nullptr) return NIXL_ERR_INVALID_PARAM;
+            auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
+            if (!roff) return NIXL_ERR_INVALID_PARAM;
+            // WRITE copies local -> remote; READ remote -> local.
+            req->copies.push_back(operation == NIXL_WRITE
+                                      ? LocalCopy{rmd->mem, *roff, lmd->mem, *loff, l.len}
+                                      : LocalCopy{lmd->mem, *loff, rmd->mem, *roff, l.len});
+        } else {
+            const auto* rmd = dynamic_cast<const RemoteMD*>(r.metadataP);
+            if (rmd == nullptr || rmd->agent != remote_agent) return NIXL_ERR_INVALID_PARAM;
+            auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
+            if (!roff) return NIXL_ERR_INVALID_PARAM;
+            IoVec v;
+            v.mem = lmd->mem;
+            v.offset = *loff;
+            v.remote = rmd->desc;
+            v.remote_offset = *roff;
+            v.len = l.len;
+            req->iov.push_back(v);
+        }
+    }
+    handle = req.release();
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
+                                    const nixl_meta_dlist_t& /*local*/,
+                                    const nixl_meta_dlist_t& /*remote*/,
+                                    const std::string& remote_agent, nixlBackendReqH*& handle,
+                                    const nixl_opt_b_args_t* opt_args) const {
+    auto* req = dynamic_cast<Request*>(handle);
+    if (req == nullptr || req->op != operation || req->agent != remote_agent) {
+        return NIXL_ERR_INVALID_PARAM;
+    }
+    reap_abandoned();
+    if (req->active) {
+        // Reposted before its completion was reported: only if it has completed meanwhile.
+        XferStatus s = ep_->poll(req->xfer);
+        if (s.state == XferState::kInProgress) return NIXL_ERR_REPOST_ACTIVE;
+        req->active = false;
+        req->read_notif.reset();
+    }
+    return start(req, opt_args);
+}
+
+nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args) const {
+    const bool notify = opt_args != nullptr && opt_args->hasNotif;
+    if (req->local) {
+        Status st = ep_->copy(req->copies);
+        if (!st.ok()) {
+            NIXL_ERROR << "TCPX: local transfer: " << st.to_string();
+            return to_nixl(st);
+        }
+        if (notify) {
+            std::lock_guard<std::mutex> lock(mu_);
+            local_notifs_.emplace_back(localAgent, opt_args->notifMsg);
+        }
+        return NIXL_SUCCESS;
+    }
+    auto peer = peer_for(req->agent, true);
+    if (!peer.ok()) {
+        NIXL_ERROR << "TCPX: " << peer.status().to_string();
+        return to_nixl(peer.status());
+    }
+    req->peer = *peer;
+    StatusOr<XferId> x = req->op == NIXL_WRITE
+                             ? (notify ? ep_->writev(*peer, req->iov, opt_args->notifMsg)
+                                       : ep_->writev(*peer, req->iov))
+                             : ep_->readv(*peer, req->iov);
+    if (!x.ok()) {
+        if (x.status().code() == StatusCode::kNotFound) {
+            // The connection is gone: forget it, so the next post connects again.
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = outbound_.find(req->agent);
+            if (it != outbound_.end() && it->second == *peer) outbound_.erase(it);
+            return NIXL_ERR_REMOTE_DISCONNECT;
+        }
+        NIXL_ERROR << "TCPX: postXfer: " << x.status().to_string();
+        return to_nixl(x.status());
+    }
+    req->xfer = *x;
+    req->active = true;
+    if (req->op == NIXL_READ && notify) req->read_notif = opt_args->notifMsg;
+    return NIXL_IN_PROG;
+}
+
+nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
+    auto* req = dynamic_cast<Request*>(handle);
+    if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
+    reap_abandoned();
+    if (!req->active) return NIXL_SUCCESS;
+    XferStatus s = ep_->poll(req->xfer);
+    if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
+    req->active = false;
+    if (s.state == XferState::kFailed) {
+        req->read_notif.reset();
+        NIXL_ERROR << "TCPX: transfer to " << req->agent << " failed: " << s.error.to_string();
+        return to_nixl(s.error);
+    }
+    if (req->read_notif) {
+        // The read is complete: now the target may hear of it.
+        Status st = ep_->notify(req->peer, *req->read_notif);
+        req->read_notif.reset();
+        if (!st.ok()) return to_nixl(st);
+    }
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
+    auto* req = dynamic_cast<Request*>(handle);
+    if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
+    if (req->active && ep_->poll(req->xfer).state == XferState::kInProgress) {
+        // The engine cannot take back bytes already on the wire; it finishes (or fails) the
+        // transfer on its own and we forget it then. Its READ notification is not sent.
+        std::lock_guard<std::mutex> lock(mu_);
+        abandoned_.push_back(req->xfer);
+    }
+    delete req;
+    return NIXL_SUCCESS;
+}
+
+void TcpxBackend::reap_abandoned() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abandoned_.empty()) return;
+    std::erase_if(abandoned_,
+                  [&](XferId x) { return ep_->poll(x).state != XferState::kInProgress; });
+}
+
+// --- notifications ----------------------------------------------------------------------------
+
+nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
+    reap_abandoned();
+    harvest_inbound();
+    for (Notification& n : ep_->get_notifications()) {
+        notif_list.emplace_back(std::move(n.peer), std::move(n.payload));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& n : local_notifs_) notif_list.push_back(std::move(n));
+    local_notifs_.clear();
+    return NIXL_SUCCESS;
+}
+
+nixl_status_t TcpxBackend::genNotif(const std::string& remote_agent, const std::string& msg) const {
+    if (remote_agent == localAgent) {
+        std::lock_guard<std::mutex> lock(mu_);
+        local_notifs_.emplace_back(localAgent, msg);
+        return NIXL_SUCCESS;
+    }
+    auto peer = peer_for(remote_agent, true);
+    if (!peer.ok()) return to_nixl(peer.status());
+    Status st = ep_->notify(*peer, msg);
+    if (!st.ok()) NIXL_ERROR << "TCPX: genNotif: " << st.to_string();
+    return to_nixl(st);
+}
+
+}  // namespace tcpx::nixl_backend
