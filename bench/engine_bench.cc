@@ -10,16 +10,23 @@
 // flight use distinct slots; the last transfer of every measurement uses the extra slot, which is
 // prepared before it (source patterned with a per-measurement seed, destination poisoned) and
 // checked after it with --verify.
+//
+// With --mem vram every peer has that memory twice on each side: GPU memory (the initiator's on
+// one GPU, the targets' on another or the same) for the measured transfers, and host memory for
+// the raw TCP baseline and for the same transfers between host memory (the host figures). Both
+// are registered with the same endpoints, so the two figures differ only in the memory.
 #include "bench/engine_bench.h"
 
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -49,8 +56,14 @@ enum class Op { kWrite, kRead };
 
 const char* op_name(Op op) { return op == Op::kWrite ? "WRITE" : "READ"; }
 
-StatusOr<Config> bench_config(const EngineBenchOptions& o) {
+// Which side of the benchmark an endpoint is on: the index of its GPU in --gpus.
+enum Side { kInitiatorSide = 0, kTargetSide = 1 };
+
+// The settings of one side's endpoints. With --mem vram they serve that side's GPU: the engine
+// makes it current before transports allocate per-connection GPU memory.
+StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
     TCPX_ASSIGN_OR_RETURN(Config c, Config::from_env());
+    if (o.mem == MemType::kVram && o.gpus.size() == 2) c.gpu_index = o.gpus[side];
     TCPX_RETURN_IF_ERROR(c.set("SOCKET_IFNAME", o.interface).with_context("--interface"));
     if (!o.channels.empty()) TCPX_RETURN_IF_ERROR(c.set("CHANNELS", o.channels));
     if (!o.nsocks.empty()) TCPX_RETURN_IF_ERROR(c.set("NSOCKS", o.nsocks));
@@ -107,57 +120,68 @@ Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::s
     return Status();
 }
 
+// --verify before a transfer: its source gets the pattern `seed`, its destination is poisoned.
+Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed) {
+    return b.host_view(off, len, /*load=*/false, /*store=*/true, [&](uint8_t* p) {
+        if (source) {
+            fill_pattern(p, len, seed);
+        } else {
+            std::memset(p, kPoison, len);
+        }
+        return Status();
+    });
+}
+
+// --verify after it: the destination must hold the pattern.
+Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
+                   const std::string& what) {
+    return b.host_view(off, len, /*load=*/true, /*store=*/false,
+                       [&](uint8_t* p) { return check_pattern(p, len, seed, what); });
+}
+
 // --- memory ------------------------------------------------------------------------------------
 
-// Page-aligned host memory, touched.
-class HostBuffer {
+bool parse_mem(const std::string& word, MemType* type) {
+    if (word != "host" && word != "vram") return false;
+    *type = word == "vram" ? MemType::kVram : MemType::kHost;
+    return true;
+}
+
+// One T per memory type.
+template <typename T>
+class ByMem {
  public:
-    HostBuffer() = default;
-    HostBuffer(const HostBuffer&) = delete;
-    HostBuffer& operator=(const HostBuffer&) = delete;
-    HostBuffer(HostBuffer&& other) noexcept
-        : data_(std::exchange(other.data_, nullptr)), len_(std::exchange(other.len_, 0)) {}
-    HostBuffer& operator=(HostBuffer&& other) noexcept {
-        if (this != &other) {
-            std::free(data_);
-            data_ = std::exchange(other.data_, nullptr);
-            len_ = std::exchange(other.len_, 0);
-        }
-        return *this;
-    }
-    ~HostBuffer() { std::free(data_); }
-
-    static StatusOr<HostBuffer> allocate(uint64_t len, uint8_t fill) {
-        constexpr uint64_t kPage = 4096;
-        const uint64_t rounded = (std::max<uint64_t>(len, 1) + kPage - 1) / kPage * kPage;
-        HostBuffer b;
-        b.data_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded));
-        if (b.data_ == nullptr) {
-            return resource_exhausted(strformat("allocating %s", format_bytes(len).c_str()));
-        }
-        b.len_ = len;
-        std::memset(b.data_, fill, rounded);
-        return b;
-    }
-
-    uint8_t* data() const { return data_; }
-    uint64_t size() const { return len_; }
+    T& operator[](MemType t) { return v_[static_cast<size_t>(t)]; }
+    const T& operator[](MemType t) const { return v_[static_cast<size_t>(t)]; }
 
  private:
-    uint8_t* data_ = nullptr;
-    uint64_t len_ = 0;
+    std::array<T, 2> v_;
 };
 
-// A registered region of at least `len` bytes, kept when it is large enough already.
-Status ensure_region(Endpoint* ep, HostBuffer* buf, MemId* mem, uint64_t len) {
-    if (buf->size() >= len) return Status();
-    if (*mem != 0) {
-        TCPX_RETURN_IF_ERROR(ep->dereg(*mem).with_context("deregistering"));
-        *mem = 0;
+// The memory types a run registers: the measured one first; with --mem vram also host memory,
+// for the raw TCP baseline and the host figures.
+std::vector<MemType> mem_types(const EngineBenchOptions& o) {
+    std::vector<MemType> out = {o.mem};
+    if (o.mem != MemType::kHost && (o.baseline || o.host_baseline)) out.push_back(MemType::kHost);
+    return out;
+}
+
+struct Region {
+    Buffer buf;
+    MemId mem = 0;
+};
+
+// A registered region of at least `len` bytes of `type` (on GPU `gpu`), kept when it is large
+// enough already.
+Status ensure_region(Endpoint* ep, Region* r, MemType type, int gpu, uint64_t len) {
+    if (r->buf.size() >= len) return Status();
+    if (r->mem != 0) {
+        TCPX_RETURN_IF_ERROR(ep->dereg(r->mem).with_context("deregistering"));
+        r->mem = 0;
     }
-    *buf = HostBuffer();
-    TCPX_ASSIGN_OR_RETURN(*buf, HostBuffer::allocate(len, 0x5a));
-    TCPX_ASSIGN_OR_RETURN(*mem, ep->reg(buf->data(), len));
+    r->buf = Buffer();
+    TCPX_ASSIGN_OR_RETURN(r->buf, Buffer::allocate(type, gpu, len, 0x5a));
+    TCPX_ASSIGN_OR_RETURN(r->mem, ep->reg(r->buf.data(), len));
     return Status();
 }
 
@@ -166,13 +190,15 @@ Status ensure_region(Endpoint* ep, HostBuffer* buf, MemId* mem, uint64_t len) {
 // Commands (one line each, replies "ok" unless said otherwise):
 //   endpoints <n>                  creates n endpoints -> "md <hex metadata>..."
 //   accept <ms>                    waits until every endpoint has its peer (accept())
-//   mem <bytes>                    a registered region of at least `bytes` per endpoint
-//                                  -> "mem <hex descriptor>..."
-//   prep write|read <run> <off> <len> <n>   before a verified measurement: poisons (write) or
-//                                  patterns (read) [off, off + len) of the first n regions
-//   check <run> <off> <len> <n>    after one: checks the pattern there (the data of writes)
-//   raw-*                          the raw TCP baseline, in the first region's memory
+//   mem <type> <bytes>             a registered region of at least `bytes` of memory `type`
+//                                  (host|vram) per endpoint -> "mem <hex descriptor>..."
+//   prep write|read <type> <run> <off> <len> <n>   before a verified measurement: poisons
+//                                  (write) or patterns (read) [off, off + len) of the first n
+//                                  regions of that type
+//   check <type> <run> <off> <len> <n>   after one: checks the pattern there (the data of writes)
+//   raw-*                          the raw TCP baseline, in the first host region's memory
 //   quit                           -> "bye"
+// GPU memory is allocated on the GPU the endpoints serve (Config::gpu_index).
 class Target {
  public:
     Target(Config config, const std::string& interface)
@@ -181,10 +207,10 @@ class Target {
 
     Status serve(Channel* ch) {
         const RawTcpResponder::BufferFn raw_buffer = [this](uint64_t bytes) -> StatusOr<uint8_t*> {
-            if (regions_.empty() || regions_[0].buf.size() < bytes) {
-                return failed_precondition("raw TCP baseline: no region of that size");
+            if (regions_.empty() || regions_[0][MemType::kHost].buf.size() < bytes) {
+                return failed_precondition("raw TCP baseline: no host region of that size");
             }
-            return regions_[0].buf.data();
+            return regions_[0][MemType::kHost].buf.data();
         };
         std::string line;
         while (ch->read_line(&line)) {
@@ -192,6 +218,7 @@ class Target {
             if (w.empty()) continue;
             Status st;
             std::string reply = "ok";
+            MemType type = MemType::kHost;
             if (w[0] == "quit") {
                 close();
                 ch->write_line("bye");
@@ -200,14 +227,15 @@ class Target {
                 st = endpoints(std::stoi(w[1]), &reply);
             } else if (w[0] == "accept" && w.size() == 2) {
                 st = accept(std::stoll(w[1]));
-            } else if (w[0] == "mem" && w.size() == 2) {
-                st = mem(std::stoull(w[1]), &reply);
-            } else if (w[0] == "prep" && w.size() == 6 && (w[1] == "write" || w[1] == "read")) {
-                st = prep(w[1] == "write", std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
-                          std::stoi(w[5]));
-            } else if (w[0] == "check" && w.size() == 5) {
-                st =
-                    check(std::stoull(w[1]), std::stoull(w[2]), std::stoull(w[3]), std::stoi(w[4]));
+            } else if (w[0] == "mem" && w.size() == 3 && parse_mem(w[1], &type)) {
+                st = mem(type, std::stoull(w[2]), &reply);
+            } else if (w[0] == "prep" && w.size() == 7 && (w[1] == "write" || w[1] == "read") &&
+                       parse_mem(w[2], &type)) {
+                st = prep(w[1] == "write", type, std::stoull(w[3]), std::stoull(w[4]),
+                          std::stoull(w[5]), std::stoi(w[6]));
+            } else if (w[0] == "check" && w.size() == 6 && parse_mem(w[1], &type)) {
+                st = check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
+                           std::stoi(w[5]));
             } else if (!raw_.handle(w, raw_buffer, &st, &reply)) {
                 st = invalid_argument("unknown command: " + line);
             }
@@ -219,11 +247,6 @@ class Target {
     }
 
  private:
-    struct Region {
-        HostBuffer buf;
-        MemId mem = 0;
-    };
-
     Status endpoints(int n, std::string* reply) {
         if (!eps_.empty()) return failed_precondition("endpoints exist already");
         if (n < 1) return invalid_argument("endpoints: n < 1");
@@ -251,48 +274,41 @@ class Target {
         return Status();
     }
 
-    Status mem(uint64_t bytes, std::string* reply) {
+    Status mem(MemType type, uint64_t bytes, std::string* reply) {
         if (eps_.empty()) return failed_precondition("mem before endpoints");
         *reply = "mem";
         for (size_t i = 0; i < eps_.size(); ++i) {
-            Region& r = regions_[i];
-            TCPX_RETURN_IF_ERROR(ensure_region(eps_[i].get(), &r.buf, &r.mem, bytes));
+            Region& r = regions_[i][type];
+            TCPX_RETURN_IF_ERROR(
+                ensure_region(eps_[i].get(), &r, type, static_cast<int>(config_.gpu_index), bytes)
+                    .with_context("target " + std::to_string(i)));
             TCPX_ASSIGN_OR_RETURN(RemoteMem d, eps_[i]->describe(r.mem));
             *reply += " " + hex_blob(d.serialize());
         }
         return Status();
     }
 
-    Status in_range(uint64_t off, uint64_t len, int n) const {
+    Status in_range(int n) const {
         if (n < 1 || static_cast<size_t>(n) > regions_.size()) {
             return invalid_argument("no such region");
         }
+        return Status();
+    }
+
+    Status prep(bool write, MemType type, uint64_t run, uint64_t off, uint64_t len, int n) {
+        TCPX_RETURN_IF_ERROR(in_range(n));
         for (int i = 0; i < n; ++i) {
-            const uint64_t size = regions_[static_cast<size_t>(i)].buf.size();
-            if (off > size || len > size - off) return out_of_range("outside the region");
+            TCPX_RETURN_IF_ERROR(prepare_bytes(regions_[static_cast<size_t>(i)][type].buf, off, len,
+                                               !write, pattern_seed(run, i)));
         }
         return Status();
     }
 
-    Status prep(bool write, uint64_t run, uint64_t off, uint64_t len, int n) {
-        TCPX_RETURN_IF_ERROR(in_range(off, len, n));
+    Status check(MemType type, uint64_t run, uint64_t off, uint64_t len, int n) {
+        TCPX_RETURN_IF_ERROR(in_range(n));
         for (int i = 0; i < n; ++i) {
-            uint8_t* p = regions_[static_cast<size_t>(i)].buf.data() + off;
-            if (write) {
-                std::memset(p, kPoison, len);
-            } else {
-                fill_pattern(p, len, pattern_seed(run, i));
-            }
-        }
-        return Status();
-    }
-
-    Status check(uint64_t run, uint64_t off, uint64_t len, int n) {
-        TCPX_RETURN_IF_ERROR(in_range(off, len, n));
-        for (int i = 0; i < n; ++i) {
-            TCPX_RETURN_IF_ERROR(check_pattern(regions_[static_cast<size_t>(i)].buf.data() + off,
-                                               len, pattern_seed(run, i),
-                                               "target " + std::to_string(i)));
+            TCPX_RETURN_IF_ERROR(check_bytes(regions_[static_cast<size_t>(i)][type].buf, off, len,
+                                             pattern_seed(run, i), "target " + std::to_string(i)));
         }
         return Status();
     }
@@ -304,7 +320,7 @@ class Target {
     }
 
     Config config_;
-    std::vector<Region> regions_;  // declared before eps_: outlives them
+    std::vector<ByMem<Region>> regions_;  // declared before eps_: outlives them
     std::vector<std::unique_ptr<Endpoint>> eps_;
     RawTcpResponder raw_;
 };
@@ -354,8 +370,8 @@ class EngineInitiator {
         return raw_.connect(peer_, raw_streams()).with_context("raw TCP baseline");
     }
 
-    // Memory for transfers of batch pieces of `size`: the concurrency that fits, regions here
-    // and there, the peer's descriptors.
+    // Memory for transfers of batch pieces of `size`: the concurrency that fits, regions of every
+    // memory type in use here and there, the peer's descriptors.
     Status prepare(uint64_t size) {
         size_ = size;
         slot_bytes_ = size * static_cast<uint64_t>(o_.batch);
@@ -368,17 +384,23 @@ class EngineInitiator {
             return invalid_argument(strformat("%s per side is too much memory",
                                               format_bytes(region * o_.peers).c_str()));
         }
-        TCPX_ASSIGN_OR_RETURN(std::string reply, peer_->call("mem " + std::to_string(region)));
-        const auto w = words(reply);
-        if (w.size() != peers_.size() + 1 || w[0] != "mem") {
-            return protocol_error("peer: " + reply);
-        }
-        for (size_t i = 0; i < peers_.size(); ++i) {
-            PeerState& p = peers_[i];
-            std::string blob;
-            if (!unhex_blob(w[i + 1], &blob)) return protocol_error("bad descriptor from peer");
-            TCPX_ASSIGN_OR_RETURN(p.remote, RemoteMem::parse(blob));
-            TCPX_RETURN_IF_ERROR(ensure_region(ep_.get(), &p.local, &p.mem, region));
+        const int gpu = static_cast<int>(config_.gpu_index);
+        for (MemType type : mem_types(o_)) {
+            TCPX_ASSIGN_OR_RETURN(std::string reply,
+                                  peer_->call(strformat("mem %s %llu", mem_name(type),
+                                                        static_cast<unsigned long long>(region))));
+            const auto w = words(reply);
+            if (w.size() != peers_.size() + 1 || w[0] != "mem") {
+                return protocol_error("peer: " + reply);
+            }
+            for (size_t i = 0; i < peers_.size(); ++i) {
+                PeerState& p = peers_[i];
+                std::string blob;
+                if (!unhex_blob(w[i + 1], &blob)) return protocol_error("bad descriptor from peer");
+                TCPX_ASSIGN_OR_RETURN(p.remote[type], RemoteMem::parse(blob));
+                TCPX_RETURN_IF_ERROR(ensure_region(ep_.get(), &p.local[type], type, gpu, region)
+                                         .with_context("initiator"));
+            }
         }
         return Status();
     }
@@ -386,10 +408,10 @@ class EngineInitiator {
     int concurrency() const { return conc_; }
     uint64_t slot_bytes() const { return slot_bytes_; }
 
-    // `count` transfers to each of the first `npeers` peers, conc_ in flight per peer; the time
-    // until the last one completes.
-    StatusOr<double> transfers(Op op, int npeers, uint64_t count) {
-        TCPX_RETURN_IF_ERROR(verify_prep(op, npeers));
+    // `count` transfers between memory of `type` to each of the first `npeers` peers, conc_ in
+    // flight per peer; the time until the last one completes.
+    StatusOr<double> transfers(Op op, MemType type, int npeers, uint64_t count) {
+        TCPX_RETURN_IF_ERROR(verify_prep(op, type, npeers));
         struct Flight {
             XferId id;
             int slot;
@@ -431,7 +453,7 @@ class EngineInitiator {
                         slot = free_slots[p].back();
                         free_slots[p].pop_back();
                     }
-                    TCPX_ASSIGN_OR_RETURN(XferId id, post(op, p, slot));
+                    TCPX_ASSIGN_OR_RETURN(XferId id, post(op, type, p, slot));
                     f.push_back(Flight{id, slot});
                     ++posted[p];
                     progressed = true;
@@ -455,20 +477,20 @@ class EngineInitiator {
             }
         }
         const double seconds = seconds_since(start);
-        TCPX_RETURN_IF_ERROR(verify_check(op, npeers));
+        TCPX_RETURN_IF_ERROR(verify_check(op, type, npeers));
         return seconds;
     }
 
-    // `count` transfers to the first peer, one at a time: each one's time from post to
-    // completion (wait), in microseconds.
-    StatusOr<std::vector<double>> single_transfers(Op op, uint64_t count) {
-        TCPX_RETURN_IF_ERROR(verify_prep(op, 1));
+    // `count` transfers between memory of `type` to the first peer, one at a time: each one's
+    // time from post to completion (wait), in microseconds.
+    StatusOr<std::vector<double>> single_transfers(Op op, MemType type, uint64_t count) {
+        TCPX_RETURN_IF_ERROR(verify_prep(op, type, 1));
         std::vector<double> us;
         us.reserve(count);
         for (uint64_t k = 0; k < count; ++k) {
             const int slot = k + 1 < count ? 0 : conc_;
             const auto start = Clock::now();
-            TCPX_ASSIGN_OR_RETURN(XferId id, post(op, 0, slot));
+            TCPX_ASSIGN_OR_RETURN(XferId id, post(op, type, 0, slot));
             Status st = ep_->wait(id, kStallTimeout);
             if (!st.ok()) {
                 return st.with_context(strformat("%s of %s, one at a time", op_name(op),
@@ -476,16 +498,15 @@ class EngineInitiator {
             }
             us.push_back(seconds_since(start) * 1e6);
         }
-        TCPX_RETURN_IF_ERROR(verify_check(op, 1));
+        TCPX_RETURN_IF_ERROR(verify_check(op, type, 1));
         return us;
     }
 
-    // Raw TCP moving the same bytes in the same direction, from / into the same buffers as the
-    // first peer's transfers.
+    // Raw TCP moving the same bytes in the same direction, from / into the same host buffers as
+    // the first peer's transfers between host memory.
     StatusOr<double> raw_stream(Op op, uint64_t count) {
         const uint64_t slots = static_cast<uint64_t>(conc_);
-        return raw_.stream(peer_, op == Op::kWrite, slot_bytes_, count, peers_[0].local.data(),
-                           slots, slots);
+        return raw_.stream(peer_, op == Op::kWrite, slot_bytes_, count, raw_buffer(), slots, slots);
     }
 
     // The raw request/response closest to one transfer: WRITE = the data there and an
@@ -493,29 +514,32 @@ class EngineInitiator {
     StatusOr<std::vector<double>> raw_pingpong(Op op, uint64_t count) {
         const uint64_t out = op == Op::kWrite ? slot_bytes_ : kSmallMessage;
         const uint64_t back = op == Op::kWrite ? kSmallMessage : slot_bytes_;
-        return raw_.pingpong(peer_, out, back, count, peers_[0].local.data());
+        return raw_.pingpong(peer_, out, back, count, raw_buffer());
     }
 
  private:
     struct PeerState {
         PeerId id = 0;
-        RemoteMem remote;
-        HostBuffer local;
-        MemId mem = 0;
+        ByMem<RemoteMem> remote;
+        ByMem<Region> local;
     };
 
-    StatusOr<XferId> post(Op op, size_t p, int slot) {
+    uint8_t* raw_buffer() const { return peers_[0].local[MemType::kHost].buf.data(); }
+
+    StatusOr<XferId> post(Op op, MemType type, size_t p, int slot) {
         PeerState& ps = peers_[p];
+        const MemId mem = ps.local[type].mem;
+        const RemoteMem& remote = ps.remote[type];
         const uint64_t base = static_cast<uint64_t>(slot) * slot_bytes_;
         StatusOr<XferId> id = Status(StatusCode::kInternal, "not posted");
         if (o_.batch == 1) {
-            id = op == Op::kWrite ? ep_->write(ps.id, ps.mem, base, ps.remote, base, size_)
-                                  : ep_->read(ps.id, ps.mem, base, ps.remote, base, size_);
+            id = op == Op::kWrite ? ep_->write(ps.id, mem, base, remote, base, size_)
+                                  : ep_->read(ps.id, mem, base, remote, base, size_);
         } else {
             iov_.resize(static_cast<size_t>(o_.batch));
             for (size_t i = 0; i < iov_.size(); ++i) {
                 const uint64_t off = base + i * size_;
-                iov_[i] = IoVec{ps.mem, off, ps.remote, off, size_};
+                iov_[i] = IoVec{mem, off, remote, off, size_};
             }
             id = op == Op::kWrite ? ep_->writev(ps.id, iov_) : ep_->readv(ps.id, iov_);
         }
@@ -528,36 +552,34 @@ class EngineInitiator {
 
     // --verify: before a measurement, its last transfer's source gets this measurement's
     // pattern and its destination is poisoned; after it, the destination must hold the pattern.
-    Status verify_prep(Op op, int npeers) {
+    Status verify_prep(Op op, MemType type, int npeers) {
         if (!o_.verify) return Status();
         ++run_;
         const uint64_t off = static_cast<uint64_t>(conc_) * slot_bytes_;
         for (int i = 0; i < npeers; ++i) {
-            uint8_t* p = peers_[static_cast<size_t>(i)].local.data() + off;
-            if (op == Op::kWrite) {
-                fill_pattern(p, slot_bytes_, pattern_seed(run_, i));
-            } else {
-                std::memset(p, kPoison, slot_bytes_);
-            }
+            TCPX_RETURN_IF_ERROR(prepare_bytes(peers_[static_cast<size_t>(i)].local[type].buf, off,
+                                               slot_bytes_, op == Op::kWrite,
+                                               pattern_seed(run_, i)));
         }
         return peer_
-            ->call(strformat("prep %s %llu %llu %llu %d", op == Op::kWrite ? "write" : "read",
-                             static_cast<unsigned long long>(run_),
+            ->call(strformat("prep %s %s %llu %llu %llu %d", op == Op::kWrite ? "write" : "read",
+                             mem_name(type), static_cast<unsigned long long>(run_),
                              static_cast<unsigned long long>(off),
                              static_cast<unsigned long long>(slot_bytes_), npeers))
             .status();
     }
 
-    Status verify_check(Op op, int npeers) {
+    Status verify_check(Op op, MemType type, int npeers) {
         if (!o_.verify) return Status();
         const uint64_t off = static_cast<uint64_t>(conc_) * slot_bytes_;
-        const std::string what = strformat("%s of %s (batch %d), last transfer", op_name(op),
-                                           format_bytes(size_).c_str(), o_.batch);
+        const std::string what =
+            strformat("%s of %s (batch %d, %s memory), last transfer", op_name(op),
+                      format_bytes(size_).c_str(), o_.batch, mem_name(type));
         if (op == Op::kWrite) {
-            auto reply = peer_->call(
-                strformat("check %llu %llu %llu %d", static_cast<unsigned long long>(run_),
-                          static_cast<unsigned long long>(off),
-                          static_cast<unsigned long long>(slot_bytes_), npeers));
+            auto reply = peer_->call(strformat(
+                "check %s %llu %llu %llu %d", mem_name(type), static_cast<unsigned long long>(run_),
+                static_cast<unsigned long long>(off), static_cast<unsigned long long>(slot_bytes_),
+                npeers));
             if (reply.ok()) return Status();
             // The target's message (after "peer: INTERNAL: ") says where.
             std::string why(reply.status().message());
@@ -567,8 +589,9 @@ class EngineInitiator {
         }
         for (int i = 0; i < npeers; ++i) {
             Status st =
-                check_pattern(peers_[static_cast<size_t>(i)].local.data() + off, slot_bytes_,
-                              pattern_seed(run_, i), "from target " + std::to_string(i));
+                check_bytes(peers_[static_cast<size_t>(i)].local[type].buf, off, slot_bytes_,
+                            pattern_seed(run_, i), "from target " + std::to_string(i));
+            if (!st.ok() && st.code() != StatusCode::kInternal) return st;  // not the bytes
             if (!st.ok()) {
                 return internal_error("VERIFICATION FAILED: " + what + ", " +
                                       std::string(st.message()));
@@ -596,10 +619,12 @@ struct Row {
     Op op = Op::kWrite;
     uint64_t size = 0;
     int concurrency = 0;  // per peer, after the memory cap
-    Throughput ours;
-    Throughput single;  // one peer, when peers > 1
+    Throughput ours;      // between memory of --mem
+    Throughput host;      // --mem vram: the same between host memory
+    Throughput single;    // one peer, when peers > 1
     Throughput raw;
     Latency ours_lat;
+    Latency host_lat;
     Latency raw_lat;
 };
 
@@ -608,12 +633,58 @@ struct Setup {
     int io_threads = 0;  // per endpoint
 };
 
+// Whether the rows carry the host figures of --mem vram.
+bool host_figures(const EngineBenchOptions& o) {
+    return o.mem == MemType::kVram && o.host_baseline;
+}
+
 std::string gbps(const Throughput& t) {
     return t.iters ? strformat("%.2f", t.gbps) : std::string("-");
 }
 
 std::string usecs(double v, uint64_t iters) {
     return iters ? strformat("%.1f us", v) : std::string("-");
+}
+
+// A column of the table: `gap` spaces, then `width` characters right-aligned.
+struct Column {
+    int gap;
+    int width;
+    std::string head;
+    std::function<std::string(const Row&)> cell;
+};
+
+std::vector<Column> table_columns(const EngineBenchOptions& o) {
+    const bool multi = o.peers > 1 && o.single_peer;
+    const bool host = host_figures(o);
+    std::vector<Column> cols;
+    cols.push_back({1, 8, "GB/s", [](const Row& r) { return gbps(r.ours); }});
+    if (host) {
+        cols.push_back({1, 8, "host", [](const Row& r) { return gbps(r.host); }});
+        cols.push_back(
+            {1, 9, "vram/host", [](const Row& r) { return ratio(r.ours.gbps, r.host.gbps); }});
+    }
+    cols.push_back({1, 8, "raw", [](const Row& r) { return gbps(r.raw); }});
+    cols.push_back({1, 8, "ours/raw", [](const Row& r) { return ratio(r.ours.gbps, r.raw.gbps); }});
+    if (multi) {
+        cols.push_back({2, 8, "1 peer", [](const Row& r) { return gbps(r.single); }});
+        cols.push_back({1, 7, strformat("%d/1", o.peers),
+                        [](const Row& r) { return ratio(r.ours.gbps, r.single.gbps); }});
+    }
+    auto p50 = [](const Latency& l) { return usecs(l.p50_us, l.iters); };
+    auto p99 = [](const Latency& l) { return usecs(l.p99_us, l.iters); };
+    cols.push_back({2, 10, "lat p50", [=](const Row& r) { return p50(r.ours_lat); }});
+    if (host) {
+        cols.push_back({1, 10, "host p50", [=](const Row& r) { return p50(r.host_lat); }});
+        cols.push_back({1, 9, "vram/host",
+                        [](const Row& r) { return ratio(r.ours_lat.p50_us, r.host_lat.p50_us); }});
+    }
+    cols.push_back({1, 10, "raw p50", [=](const Row& r) { return p50(r.raw_lat); }});
+    cols.push_back({1, 8, "ours/raw",
+                    [](const Row& r) { return ratio(r.ours_lat.p50_us, r.raw_lat.p50_us); }});
+    cols.push_back({2, 10, "lat p99", [=](const Row& r) { return p99(r.ours_lat); }});
+    cols.push_back({1, 10, "raw p99", [=](const Row& r) { return p99(r.raw_lat); }});
+    return cols;
 }
 
 void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
@@ -624,6 +695,14 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
         "transfers in flight, batch %d\n",
         o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es", o.peers,
         o.peers == 1 ? "" : "s", o.concurrency, o.batch);
+    if (o.mem == MemType::kVram) {
+        std::printf(
+            "memory: GPU (cudaMalloc), the initiator's on GPU %d, the targets' on GPU %d%s\n",
+            o.gpus[0], o.gpus[1],
+            host_figures(o) ? "; host, vram/host: the same transfers between host memory" : "");
+    } else {
+        std::printf("memory: host (page-aligned, pageable)\n");
+    }
     std::printf(
         "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
         "inline up to %s, %d I/O threads per endpoint\n",
@@ -631,10 +710,11 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
         static_cast<long long>(c.nsocks), s.raw_streams, format_bytes(c.xfer_chunk_size).c_str(),
         static_cast<long long>(c.window), format_bytes(c.xfer_inline_threshold).c_str(),
         s.io_threads);
+    if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
     std::printf(
         "throughput: GB/s (10^9 B/s) of all peers together; raw: %d TCP streams, each "
-        "transfer's bytes split evenly, same buffers\n",
-        s.raw_streams);
+        "transfer's bytes split evenly, same %sbuffers\n",
+        s.raw_streams, o.mem == MemType::kVram ? "host " : "");
     if (multi) {
         std::printf("1 peer: the same with one peer; %d/1: all %d peers over one peer\n", o.peers,
                     o.peers);
@@ -646,30 +726,22 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
         "data back (request + data)\n\n",
         static_cast<unsigned long long>(kSmallMessage),
         static_cast<unsigned long long>(kSmallMessage));
-    const std::string npeer = strformat("%d/1", o.peers);
-    std::printf("%-5s %9s  %8s %8s %8s", "op", "size", "GB/s", "raw", "ours/raw");
-    if (multi) std::printf("  %8s %7s", "1 peer", npeer.c_str());
-    std::printf("  %10s %10s %8s  %10s %10s\n", "lat p50", "raw p50", "ours/raw", "lat p99",
-                "raw p99");
+    // The size column is followed by a mark: `*` where the concurrency was cut.
+    const std::vector<Column> cols = table_columns(o);
+    std::printf("%-5s %9s ", "op", "size");
+    for (const Column& col : cols) std::printf("%*s%*s", col.gap, "", col.width, col.head.c_str());
+    std::printf("\n");
     bool capped = false;
     for (const Row& r : rows) {
         const bool cap = r.concurrency < o.concurrency;
         capped = capped || cap;
         std::string size = format_bytes(r.size);
         if (o.batch > 1) size = strformat("%dx%s", o.batch, size.c_str());
-        std::printf("%-5s %9s%s %8s %8s %8s", op_name(r.op), size.c_str(), cap ? "*" : " ",
-                    gbps(r.ours).c_str(), gbps(r.raw).c_str(),
-                    ratio(r.ours.gbps, r.raw.gbps).c_str());
-        if (multi) {
-            std::printf("  %8s %7s", gbps(r.single).c_str(),
-                        ratio(r.ours.gbps, r.single.gbps).c_str());
+        std::printf("%-5s %9s%s", op_name(r.op), size.c_str(), cap ? "*" : " ");
+        for (const Column& col : cols) {
+            std::printf("%*s%*s", col.gap, "", col.width, col.cell(r).c_str());
         }
-        std::printf("  %10s %10s %8s  %10s %10s\n",
-                    usecs(r.ours_lat.p50_us, r.ours_lat.iters).c_str(),
-                    usecs(r.raw_lat.p50_us, r.raw_lat.iters).c_str(),
-                    ratio(r.ours_lat.p50_us, r.raw_lat.p50_us).c_str(),
-                    usecs(r.ours_lat.p99_us, r.ours_lat.iters).c_str(),
-                    usecs(r.raw_lat.p99_us, r.raw_lat.iters).c_str());
+        std::printf("\n");
     }
     if (capped) {
         std::printf("\n* fewer transfers in flight per peer (at most %s in flight in all):",
@@ -709,6 +781,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         {"peers", o.peers},
         {"concurrency", o.concurrency},
         {"batch", o.batch},
+        {"net_plugin", c.net_plugin},
         {"channels", c.channels},
         {"nsocks", c.nsocks},
         {"raw_streams", s.raw_streams},
@@ -719,11 +792,16 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         {"min_seconds", o.min_seconds},
         {"min_iters", o.min_iters},
         {"verify", o.verify},
+        {"mem", mem_name(o.mem)},
+        {"host_baseline", host_figures(o)},
         {"latency", "one transfer, post to completion, nothing else in flight, 1 peer"},
         {"raw_latency", strformat("ping-pong on 1 TCP stream: WRITE = data there, %llu B back; "
                                   "READ = %llu B there, data back",
                                   static_cast<unsigned long long>(kSmallMessage),
                                   static_cast<unsigned long long>(kSmallMessage))}};
+    if (o.mem == MemType::kVram) {
+        out["config"]["gpus"] = {{"initiator", o.gpus[0]}, {"targets", o.gpus[1]}};
+    }
     out["results"] = json::array();
     for (const Row& r : rows) {
         const uint64_t bytes = r.size * static_cast<uint64_t>(o.batch);
@@ -733,6 +811,10 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
                     {"bytes_per_transfer", bytes},
                     {"concurrency", r.concurrency}};
         if (r.ours.iters) row["ours"] = tp(r.ours, o.peers);
+        if (r.host.iters) {
+            row["host"] = tp(r.host, o.peers);
+            row["vram_host_ratio"] = r.ours.gbps / r.host.gbps;
+        }
         if (r.single.iters) {
             row["single_peer"] = tp(r.single, 1);
             row["peers_ratio"] = r.ours.gbps / r.single.gbps;
@@ -740,6 +822,11 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         if (r.raw.iters) row["raw"] = tp(r.raw, 1);
         if (r.ours.iters && r.raw.iters) row["throughput_ratio"] = r.ours.gbps / r.raw.gbps;
         if (r.ours_lat.iters) row["ours_latency"] = lat(r.ours_lat);
+        if (r.host_lat.iters) {
+            row["host_latency"] = lat(r.host_lat);
+            row["latency_p50_vram_host_ratio"] = r.ours_lat.p50_us / r.host_lat.p50_us;
+            row["latency_p99_vram_host_ratio"] = r.ours_lat.p99_us / r.host_lat.p99_us;
+        }
         if (r.raw_lat.iters) {
             json l = lat(r.raw_lat);
             l["request_bytes"] = r.op == Op::kWrite ? bytes : kSmallMessage;
@@ -767,6 +854,30 @@ Status check_options(const EngineBenchOptions& o) {
     if (o.batch < 1) return invalid_argument("--batch must be at least 1");
     if (o.concurrency < 1) return invalid_argument("--concurrency must be at least 1");
     if (o.peers < 1) return invalid_argument("--peers must be at least 1");
+    if (!o.gpus.empty()) {
+        if (o.mem != MemType::kVram) return invalid_argument("--gpus applies to --mem vram only");
+        if (o.gpus.size() != 2) return invalid_argument("--gpus takes two GPU indices: A,B");
+        for (int g : o.gpus) {
+            if (g < 0) return invalid_argument("--gpus: a GPU index below 0");
+        }
+    }
+    return Status();
+}
+
+// --mem vram: fails unless GPUs can be used, refuses GPUs that do not exist, and picks the
+// default pair when --gpus was not given (two GPUs when there are, so that the copies of both
+// sides do not share one).
+Status choose_gpus(EngineBenchOptions* o) {
+    if (o->mem != MemType::kVram) return Status();
+    StatusOr<int> n = usable_gpus();
+    if (!n.ok()) return Status(n.status()).with_context("--mem vram");
+    if (o->gpus.empty()) o->gpus = *n >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
+    for (int g : o->gpus) {
+        if (g >= *n) {
+            return invalid_argument(strformat("--gpus %d,%d: there is no GPU %d (%d usable)",
+                                              o->gpus[0], o->gpus[1], g, *n));
+        }
+    }
     return Status();
 }
 
@@ -781,18 +892,32 @@ std::vector<std::string> serve_args(const EngineBenchOptions& o) {
     add("--nsocks", o.nsocks);
     add("--chunk", o.chunk);
     add("--window", o.window);
+    add("--mem", mem_name(o.mem));
+    if (o.gpus.size() == 2) add("--gpus", strformat("%d,%d", o.gpus[0], o.gpus[1]));
     return args;
 }
 
-Status run(const EngineBenchOptions& o) {
+Status run(const EngineBenchOptions& options) {
+    EngineBenchOptions o = options;
     TCPX_RETURN_IF_ERROR(check_options(o));
-    TCPX_ASSIGN_OR_RETURN(Config config, bench_config(o));
+    TCPX_RETURN_IF_ERROR(choose_gpus(&o));
+    TCPX_ASSIGN_OR_RETURN(Config config, bench_config(o, kInitiatorSide));
+    // The emulated TCPX plugin without a wire (tests/fakes) connects comms inside one process
+    // only: with targets in a child every transfer would stall until the timeout.
+    const char* no_wire = std::getenv("FAKETCPX_NO_WIRE");
+    if (o.processes == 2 && !config.net_plugin.empty() && no_wire != nullptr &&
+        std::string(no_wire) == "1") {
+        return invalid_argument(
+            "FAKETCPX_NO_WIRE=1: the emulated plugin without a wire needs both ends in one "
+            "process; use --procs 1");
+    }
     std::unique_ptr<Peer> peer;
     if (o.processes == 2) {
         TCPX_ASSIGN_OR_RETURN(peer, ProcessPeer::spawn(serve_args(o)));
     } else {
-        peer = std::make_unique<ThreadPeer>([config, &o](Channel* ch) {
-            Target target(config, o.interface);
+        TCPX_ASSIGN_OR_RETURN(Config target_config, bench_config(o, kTargetSide));
+        peer = std::make_unique<ThreadPeer>([target_config, &o](Channel* ch) {
+            Target target(target_config, o.interface);
             (void)target.serve(ch);
         });
     }
@@ -811,59 +936,79 @@ Status run(const EngineBenchOptions& o) {
         if (o.write) ops.push_back(Op::kWrite);
         if (o.read) ops.push_back(Op::kRead);
         const bool single = o.peers > 1 && o.single_peer;
-        const size_t per_op = 1 + (single ? 1 : 0) + (o.baseline ? 1 : 0) +
-                              (o.latency ? 1 + (o.baseline ? 1 : 0) : 0);
+        const bool host = host_figures(o);
+        const size_t per_op = 1 + (host ? 1 : 0) + (single ? 1 : 0) + (o.baseline ? 1 : 0) +
+                              (o.latency ? 1 + (host ? 1 : 0) + (o.baseline ? 1 : 0) : 0);
         const size_t steps = o.sizes.size() * ops.size() * per_op;
         size_t step = 0;
         Progress progress(o.progress && !o.json);
         Calibration lat_cal;
         lat_cal.min_seconds = o.min_seconds;
         lat_cal.min_iters = static_cast<uint64_t>(o.min_iters);
+        Calibration cal = lat_cal;
+        // One measurement each, with the progress line.
+        auto throughput = [&](const std::string& what, uint64_t bytes_per_iter, Throughput* out,
+                              const std::function<StatusOr<double>(uint64_t)>& fn) -> Status {
+            progress.show(++step, steps, what);
+            TCPX_ASSIGN_OR_RETURN(*out, measure_throughput(cal, bytes_per_iter, fn));
+            return Status();
+        };
+        auto latency =
+            [&](const std::string& what, Latency* out,
+                const std::function<StatusOr<std::vector<double>>(uint64_t)>& fn) -> Status {
+            progress.show(++step, steps, what);
+            TCPX_ASSIGN_OR_RETURN(*out, measure_latency(lat_cal, fn));
+            return Status();
+        };
+        const std::string ours_what = strformat("engine (%s)", mem_name(o.mem));
         for (uint64_t size : o.sizes) {
             TCPX_RETURN_IF_ERROR(init.prepare(size).with_context(format_bytes(size)));
             // At least one transfer per slot in flight.
-            Calibration cal = lat_cal;
             cal.min_iters =
-                std::max<uint64_t>(cal.min_iters, static_cast<uint64_t>(init.concurrency()));
+                std::max<uint64_t>(lat_cal.min_iters, static_cast<uint64_t>(init.concurrency()));
             const uint64_t bytes = init.slot_bytes();
+            const uint64_t all_bytes = bytes * static_cast<uint64_t>(o.peers);
             for (Op op : ops) {
                 Row row;
                 row.op = op;
                 row.size = size;
                 row.concurrency = init.concurrency();
                 const std::string what = std::string(op_name(op)) + " " + format_bytes(size);
-                progress.show(++step, steps, what + ": engine, throughput");
-                TCPX_ASSIGN_OR_RETURN(
-                    row.ours, measure_throughput(cal, bytes * static_cast<uint64_t>(o.peers),
-                                                 [&](uint64_t count) {
-                                                     return init.transfers(op, o.peers, count);
-                                                 }));
+                TCPX_RETURN_IF_ERROR(
+                    throughput(what + ": " + ours_what + ", throughput", all_bytes, &row.ours,
+                               [&](uint64_t n) { return init.transfers(op, o.mem, o.peers, n); }));
+                if (host) {
+                    TCPX_RETURN_IF_ERROR(throughput(what + ": engine (host), throughput", all_bytes,
+                                                    &row.host, [&](uint64_t n) {
+                                                        return init.transfers(op, MemType::kHost,
+                                                                              o.peers, n);
+                                                    }));
+                }
                 if (single) {
-                    progress.show(++step, steps, what + ": engine, one peer, throughput");
-                    TCPX_ASSIGN_OR_RETURN(row.single,
-                                          measure_throughput(cal, bytes, [&](uint64_t count) {
-                                              return init.transfers(op, 1, count);
-                                          }));
+                    TCPX_RETURN_IF_ERROR(throughput(
+                        what + ": " + ours_what + ", one peer, throughput", bytes, &row.single,
+                        [&](uint64_t n) { return init.transfers(op, o.mem, 1, n); }));
                 }
                 if (o.baseline) {
-                    progress.show(++step, steps, what + ": raw TCP, throughput");
-                    TCPX_ASSIGN_OR_RETURN(row.raw,
-                                          measure_throughput(cal, bytes, [&](uint64_t count) {
-                                              return init.raw_stream(op, count);
-                                          }));
+                    TCPX_RETURN_IF_ERROR(
+                        throughput(what + ": raw TCP, throughput", bytes, &row.raw,
+                                   [&](uint64_t n) { return init.raw_stream(op, n); }));
                 }
                 if (o.latency) {
-                    progress.show(++step, steps, what + ": engine, one at a time");
-                    TCPX_ASSIGN_OR_RETURN(row.ours_lat,
-                                          measure_latency(lat_cal, [&](uint64_t count) {
-                                              return init.single_transfers(op, count);
-                                          }));
+                    TCPX_RETURN_IF_ERROR(
+                        latency(what + ": " + ours_what + ", one at a time", &row.ours_lat,
+                                [&](uint64_t n) { return init.single_transfers(op, o.mem, n); }));
+                    if (host) {
+                        TCPX_RETURN_IF_ERROR(latency(what + ": engine (host), one at a time",
+                                                     &row.host_lat, [&](uint64_t n) {
+                                                         return init.single_transfers(
+                                                             op, MemType::kHost, n);
+                                                     }));
+                    }
                     if (o.baseline) {
-                        progress.show(++step, steps, what + ": raw TCP, ping-pong");
-                        TCPX_ASSIGN_OR_RETURN(row.raw_lat,
-                                              measure_latency(lat_cal, [&](uint64_t count) {
-                                                  return init.raw_pingpong(op, count);
-                                              }));
+                        TCPX_RETURN_IF_ERROR(
+                            latency(what + ": raw TCP, ping-pong", &row.raw_lat,
+                                    [&](uint64_t n) { return init.raw_pingpong(op, n); }));
                     }
                 }
                 rows.push_back(row);
@@ -894,7 +1039,7 @@ int run_engine_bench(const EngineBenchOptions& options) {
 int serve_engine_bench(const EngineBenchOptions& options) {
     ::signal(SIGPIPE, SIG_IGN);
     FdChannel channel(STDIN_FILENO, STDOUT_FILENO);
-    auto config = bench_config(options);
+    auto config = bench_config(options, kTargetSide);
     if (!config.ok()) {
         // Every command fails with the reason; the initiator reports it.
         std::string line;

@@ -1,11 +1,14 @@
 // The loopback benchmark of the transfer engine (tcpx::Endpoint): one-sided WRITE and READ from an
-// initiator endpoint to one or more target endpoints, in one process or two, against raw TCP
-// measured in the same run (the same stream count for throughput, a ping-pong for latency).
+// initiator endpoint to one or more target endpoints, in one process or two, between host or GPU
+// memory, against raw TCP measured in the same run (the same stream count for throughput, a
+// ping-pong for latency) and, for GPU memory, against the same transfers between host memory.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "bench/bench_memory.h"
 
 namespace tcpx::bench {
 
@@ -18,6 +21,12 @@ struct EngineBenchOptions {
     int peers = 1;                // target endpoints the initiator connects to
     int processes = 2;            // 1: targets in this process; 2: all targets in a child
     std::string interface = "=lo";
+    // Memory of every registered region. With kVram, `gpus` holds the initiator's GPU and the
+    // targets' GPU (empty: 0,1 on a machine with two GPUs or more, else 0,0), and unless
+    // !host_baseline the same transfers are also measured between host memory.
+    MemType mem = MemType::kHost;
+    std::vector<int> gpus;
+    bool host_baseline = true;
     // Engine settings from the command line; empty: from TCPX_P2P_* or the default.
     std::string channels;      // CHANNELS
     std::string nsocks;        // NSOCKS

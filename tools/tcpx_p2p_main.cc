@@ -1,7 +1,9 @@
 // tcpx-p2p: the command-line tool (benchmarks, parameters).
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +38,25 @@ bool parse_sizes(const std::string& text, std::vector<uint64_t>* out) {
         out->push_back(v);
     }
     return !out->empty();
+}
+
+// "A,B": two GPU indices, each in Config::gpu_index's range (0..1023).
+bool parse_gpus(const std::string& text, std::vector<int>* out) {
+    out->clear();
+    const size_t comma = text.find(',');
+    if (comma == std::string::npos) return false;
+    const std::string_view all(text);
+    for (std::string_view item : {all.substr(0, comma), all.substr(comma + 1)}) {
+        item = tcpx::trim(item);
+        int v = -1;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0 ||
+            v > 1023) {
+            return false;
+        }
+        out->push_back(v);
+    }
+    return true;
 }
 
 }  // namespace
@@ -100,8 +121,11 @@ int main(int argc, char** argv) {
     tcpx::bench::EngineBenchOptions eng_opts;
     std::string eng_sizes = "4K..64M";
     std::string eng_op = "both";
+    std::string eng_mem = "host";
+    std::string eng_gpus;
     bool eng_serve = false;
     bool eng_no_baseline = false;
+    bool eng_no_host_baseline = false;
     bool eng_no_latency = false;
     bool eng_no_single_peer = false;
     bool eng_no_progress = false;
@@ -133,6 +157,16 @@ int main(int argc, char** argv) {
         ->add_option("--procs", eng_opts.processes, "1: one process; 2: the targets in a child")
         ->capture_default_str()
         ->check(CLI::IsMember({1, 2}));
+    bench_engine
+        ->add_option("--mem", eng_mem,
+                     "Memory of every registered region: host, or vram (GPU memory from "
+                     "cudaMalloc; needs a GPU and a build with the CUDA parts)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"host", "vram"}));
+    auto* eng_gpus_opt =
+        bench_engine->add_option("--gpus", eng_gpus,
+                                 "With --mem vram: the initiator's GPU and the targets' GPU, A,B "
+                                 "(default: 0,1 on a machine with two GPUs or more, else 0,0)");
     bench_engine->add_option(
         "--channels", eng_opts.channels,
         "Data channels per peer and direction (default: TCPX_P2P_CHANNELS or 1)");
@@ -159,6 +193,8 @@ int main(int argc, char** argv) {
     bench_engine->add_flag("--verify", eng_opts.verify,
                            "Check the bytes of every measurement's last transfer");
     bench_engine->add_flag("--no-baseline", eng_no_baseline, "Skip the raw TCP baseline");
+    bench_engine->add_flag("--no-host-baseline", eng_no_host_baseline,
+                           "With --mem vram: skip the same transfers between host memory");
     bench_engine->add_flag("--no-latency", eng_no_latency,
                            "Skip the one-at-a-time (latency) measurements");
     bench_engine->add_flag("--no-single-peer", eng_no_single_peer,
@@ -228,6 +264,15 @@ int main(int argc, char** argv) {
         return tcpx::bench::run_net_bench(net_opts);
     }
     if (bench_engine->parsed()) {
+        eng_opts.mem =
+            eng_mem == "vram" ? tcpx::bench::MemType::kVram : tcpx::bench::MemType::kHost;
+        if (eng_gpus_opt->count() > 0 && !parse_gpus(eng_gpus, &eng_opts.gpus)) {
+            std::fprintf(stderr,
+                         "tcpx-p2p bench engine: --gpus '%s' is not two GPU indices A,B (e.g. "
+                         "0,1)\n",
+                         eng_gpus.c_str());
+            return 2;
+        }
         if (eng_serve) return tcpx::bench::serve_engine_bench(eng_opts);
         if (!parse_sizes(eng_sizes, &eng_opts.sizes)) {
             std::fprintf(stderr,
@@ -238,6 +283,7 @@ int main(int argc, char** argv) {
         eng_opts.write = eng_op != "read";
         eng_opts.read = eng_op != "write";
         eng_opts.baseline = !eng_no_baseline;
+        eng_opts.host_baseline = !eng_no_host_baseline;
         eng_opts.latency = !eng_no_latency;
         eng_opts.single_peer = !eng_no_single_peer;
         eng_opts.progress = !eng_no_progress;

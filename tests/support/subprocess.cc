@@ -25,7 +25,7 @@ Subprocess::~Subprocess() {
 }
 
 bool Subprocess::start(const std::vector<std::string>& argv,
-                       const std::map<std::string, std::string>& env) {
+                       const std::map<std::string, std::string>& env, bool merge_stderr) {
     int fds[2];
     int in[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return false;
@@ -37,6 +37,7 @@ bool Subprocess::start(const std::vector<std::string>& argv,
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    if (merge_stderr) posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
     posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
 
     std::map<std::string, std::string> merged;

@@ -18,8 +18,10 @@ class Subprocess {
     Subprocess(const Subprocess&) = delete;
     Subprocess& operator=(const Subprocess&) = delete;
 
-    // Starts `argv[0]` with `argv`, the current environment plus `env`. False on failure.
-    bool start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+    // Starts `argv[0]` with `argv`, the current environment plus `env`; with `merge_stderr` its
+    // stderr goes where its stdout goes. False on failure.
+    bool start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+               bool merge_stderr = false);
     // The next line of the child's stdout (without the newline); false on EOF or timeout.
     bool read_line(std::string* line, std::chrono::milliseconds timeout);
     // Writes a line to the child's stdin (which stays open until this object goes away).

@@ -1,0 +1,152 @@
+// The tcpx-p2p command-line tool, run as a user runs it: `bench engine` options that must be
+// refused with a clear message and exit code (never a crash), and short runs that must still work.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "tests/support/subprocess.h"
+
+namespace tcpx {
+namespace {
+
+struct CliResult {
+    int status = -1;     // as from waitpid; -1: it did not exit in time
+    std::string output;  // stdout and stderr together
+};
+
+// Runs tcpx-p2p with `args` (and `env` added to the environment) to completion.
+CliResult run_cli(std::vector<std::string> args,
+                  const std::map<std::string, std::string>& env = {}) {
+    args.insert(args.begin(), TCPX_P2P_CLI_PATH);
+    testing::Subprocess p;
+    CliResult r;
+    if (!p.start(args, env, /*merge_stderr=*/true)) {
+        ADD_FAILURE() << "could not start " << TCPX_P2P_CLI_PATH;
+        return r;
+    }
+    for (std::string line; p.read_line(&line, std::chrono::seconds(120));) r.output += line + "\n";
+    r.status = p.wait(std::chrono::seconds(30));
+    return r;
+}
+
+// Exited by itself with `code` (not killed by a signal).
+::testing::AssertionResult exited_with(const CliResult& r, int code) {
+    if (r.status == -1) return ::testing::AssertionFailure() << "did not exit\n" << r.output;
+    if (!WIFEXITED(r.status)) {
+        return ::testing::AssertionFailure() << "killed by signal " << WTERMSIG(r.status) << "\n"
+                                             << r.output;
+    }
+    if (WEXITSTATUS(r.status) != code) {
+        return ::testing::AssertionFailure()
+               << "exit code " << WEXITSTATUS(r.status) << ", expected " << code << "\n"
+               << r.output;
+    }
+    return ::testing::AssertionSuccess();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+// Every one of `parts` is in `text`.
+::testing::AssertionResult has_all(const std::string& text,
+                                   std::initializer_list<const char*> parts) {
+    for (const char* part : parts) {
+        if (!contains(text, part)) {
+            return ::testing::AssertionFailure() << "no '" << part << "' in:\n" << text;
+        }
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// Short measurements: these tests check behaviour, not speed.
+std::vector<std::string> quick(std::vector<std::string> args) {
+    for (const char* a : {"--time", "0.02", "--iters", "2", "--no-progress"}) args.push_back(a);
+    return args;
+}
+
+TEST(BenchEngineCli, VramWithoutGpuIsAClearError) {
+    if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is usable here (VramRunsOnGpu covers it)";
+    for (const char* procs : {"1", "2"}) {
+        SCOPED_TRACE(std::string("--procs ") + procs);
+        const CliResult r =
+            run_cli(quick({"bench", "engine", "--mem", "vram", "--sizes", "4K", "--procs", procs}));
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(contains(r.output, "--mem vram: ")) << r.output;
+        EXPECT_TRUE(contains(r.output, "no usable GPU") || contains(r.output, "no CUDA support"))
+            << r.output;
+    }
+}
+
+TEST(BenchEngineCli, VramRunsOnGpu) {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no usable GPU";
+    const CliResult r = run_cli(quick(
+        {"bench", "engine", "--mem", "vram", "--sizes", "64K,2M", "--procs", "2", "--verify"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"memory: GPU", "vram/host", "verified"}));
+}
+
+TEST(BenchEngineCli, BadGpusAreRefused) {
+    for (const char* gpus : {"0", "a,b", "-1,0", "0,1,2", "0,", "1024,0", ""}) {
+        SCOPED_TRACE(std::string("--gpus '") + gpus + "'");
+        const CliResult r =
+            run_cli(quick({"bench", "engine", "--mem", "vram", "--gpus", gpus, "--sizes", "4K"}));
+        EXPECT_TRUE(exited_with(r, 2));
+        EXPECT_TRUE(contains(r.output, "is not two GPU indices")) << r.output;
+    }
+    // Well-formed, but for GPU memory only.
+    const CliResult r = run_cli(quick({"bench", "engine", "--gpus", "0,1", "--sizes", "4K"}));
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(contains(r.output, "--gpus applies to --mem vram only")) << r.output;
+}
+
+TEST(BenchEngineCli, BadMemIsRefused) {
+    const CliResult r = run_cli(quick({"bench", "engine", "--mem", "gpu", "--sizes", "4K"}));
+    ASSERT_NE(r.status, -1) << r.output;
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "--mem")) << r.output;
+}
+
+// Without the raw baseline: in two processes its buffers pass to the engine through the other
+// process, which ThreadSanitizer cannot see (its reports in the child then take minutes). The
+// one-process tests below measure the baseline.
+TEST(BenchEngineCli, HostMemoryInTwoProcesses) {
+    const CliResult r = run_cli(quick({"bench", "engine", "--mem", "host", "--sizes", "4K,256K",
+                                       "--procs", "2", "--verify", "--no-baseline"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"memory: host", "WRITE", "READ", "verified"}));
+    EXPECT_FALSE(contains(r.output, "vram/host")) << r.output;
+}
+
+TEST(BenchEngineCli, HostMemoryJson) {
+    const CliResult r = run_cli(quick({"bench", "engine", "--sizes", "4K", "--procs", "1", "--op",
+                                       "write", "--no-latency", "--json"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"\"mem\": \"host\"", "\"throughput_ratio\""}));
+    EXPECT_FALSE(contains(r.output, "\"vram_host_ratio\"")) << r.output;
+}
+
+// The emulated TCPX plugin without a wire: the engine's own ceiling, both ends in one process,
+// the raw TCP baseline still measured.
+TEST(BenchEngineCli, PluginWithoutWireInOneProcess) {
+    const std::map<std::string, std::string> env = {{"TCPX_P2P_NET_PLUGIN", TCPX_FAKE_TCPX_PATH},
+                                                    {"FAKETCPX_NO_WIRE", "1"}};
+    const CliResult r =
+        run_cli(quick({"bench", "engine", "--sizes", "64K,2M", "--procs", "1", "--verify"}), env);
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"net: ncclNet plugin", "ours/raw", "verified"}));
+
+    const CliResult two =
+        run_cli(quick({"bench", "engine", "--sizes", "64K", "--procs", "2"}), env);
+    EXPECT_TRUE(exited_with(two, 1));
+    EXPECT_TRUE(contains(two.output, "use --procs 1")) << two.output;
+}
+
+}  // namespace
+}  // namespace tcpx
