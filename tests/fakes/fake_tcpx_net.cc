@@ -33,6 +33,8 @@
 //   FAKETCPX_NO_WIRE=1 (read by listen): the comms of that listener move data inside the process
 //     with no socket at all, the bounce pages written by a scatter kernel, so that a caller's own
 //     ceiling can be measured. Both ends must be in one process.
+//   FAKETCPX_POISON=0: pages given back are not poisoned (for measuring a caller's ceiling,
+//     where the poisoning kernel would be counted against it).
 //   FAKETCPX_POOL_MB: bounce buffer per receive comm (default 64 in cuda mode, 16 in host mode);
 //     a receive waits while no pages are free.
 #include <algorithm>
@@ -207,6 +209,10 @@ struct UnpackState {
     // of host-memory sources, and the stream it all runs on.
     cu::LoadMeta* scatter = nullptr;
     uint8_t* bounce_src = nullptr;
+    // Cuda mode: a page of poison and the list that copies it over pages given back (one
+    // kernel per receive; a memset per page would cost more than everything else).
+    uint8_t* poison_page = nullptr;
+    cu::LoadMeta* poison_list = nullptr;
     void* stream = nullptr;
     int device = 0;
 };
@@ -233,14 +239,33 @@ class OnDevice {
 };
 #endif
 
-// Poisons pages given back, on the comm's stream: ordered before the next scatter into them.
+bool poison_enabled() {
+    const char* v = std::getenv("FAKETCPX_POISON");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Poisons pages given back (unless FAKETCPX_POISON=0), on the comm's stream: ordered before the
+// next scatter into them.
 void poison_pages(UnpackState* u, const std::vector<uint32_t>& pages) {
+    if (pages.empty() || !poison_enabled()) return;
 #if TCPX_P2P_HAVE_CUDA
     if (g_cuda) {
         OnDevice on(u->device);
-        for (uint32_t page : pages) {
-            cudaMemsetAsync(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage,
-                            static_cast<cudaStream_t>(u->stream));
+        auto stream = static_cast<cudaStream_t>(u->stream);
+        // The stream orders these uploads after the previous kernel that read the list.
+        std::vector<cu::LoadMeta> list(pages.size());
+        for (size_t k = 0; k < pages.size(); ++k)
+            list[k] = cu::LoadMeta{0, kPage, uint64_t{pages[k]} * kPage};
+        const uint64_t count = pages.size();
+        auto* cnt = reinterpret_cast<uint64_t*>(u->poison_list + cu::kUnpackMaxEntries);
+        if (cuda_ok(
+                cudaMemcpyAsync(u->poison_list, list.data(), pages.size() * sizeof(cu::LoadMeta),
+                                cudaMemcpyHostToDevice, stream),
+                "cudaMemcpyAsync") &&
+            cuda_ok(cudaMemcpyAsync(cnt, &count, sizeof(count), cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync")) {
+            (void)cu::launch_unpack(u->poison_list, cnt, u->poison_page, u->bounce,
+                                    u->pages * kPage, nullptr, stream);
         }
         return;
     }
@@ -294,6 +319,8 @@ void free_unpack(UnpackState* u) {
         }
         cudaFreeHost(u->meta);
         cudaFree(u->scatter);
+        cudaFree(u->poison_list);
+        cudaFree(u->poison_page);
         cudaFree(u->bounce_src);
         cudaFree(u->handle);
         cudaFree(u->bounce);
@@ -329,6 +356,11 @@ std::unique_ptr<UnpackState> make_unpack() {
                      "cudaMalloc") &&
              cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->bounce_src), kMaxCudaRecv),
                      "cudaMalloc") &&
+             cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->poison_list),
+                                sizeof(cu::LoadMeta) * (cu::kUnpackMaxEntries + 1)),
+                     "cudaMalloc") &&
+             cuda_ok(cudaMalloc(reinterpret_cast<void**>(&u->poison_page), kPage), "cudaMalloc") &&
+             cuda_ok(cudaMemset(u->poison_page, kPoison, kPage), "cudaMemset") &&
              cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
         u->meta = static_cast<cu::UnpackMeta*>(meta);
         u->meta_dev = static_cast<cu::UnpackMeta*>(dev);
@@ -369,8 +401,16 @@ bool scatter(UnpackState* u, const cu::LoadMeta* entries, uint64_t count, const 
 #if TCPX_P2P_HAVE_CUDA
     OnDevice on(u->device);
     auto stream = static_cast<cudaStream_t>(u->stream);
-    if (!src_on_device) {
-        if (!cuda_ok(cudaMemcpyAsync(u->bounce_src, src, n, cudaMemcpyHostToDevice, stream),
+    // The kernel runs on the bounce buffer's GPU: a source in host memory or on another GPU is
+    // brought there first (cudaMemcpyDefault goes peer-to-peer or through the host).
+    int src_device = u->device;
+    if (src_on_device) {
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, src) == cudaSuccess) src_device = attr.device;
+        cudaGetLastError();
+    }
+    if (!src_on_device || src_device != u->device) {
+        if (!cuda_ok(cudaMemcpyAsync(u->bounce_src, src, n, cudaMemcpyDefault, stream),
                      "cudaMemcpyAsync")) {
             return false;
         }
