@@ -1,6 +1,8 @@
 // The device layer over the CUDA runtime.
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -49,6 +51,8 @@ class CudaCopyRing final : public CopyRing {
         }
         if (stream_ != nullptr) cudaStreamDestroy(stream_);
         if (flags_ != nullptr) cudaFreeHost(flags_);
+        if (host_lists_ != nullptr) cudaFreeHost(host_lists_);
+        if (device_lists_ != nullptr) cudaFree(device_lists_);
         if (base() != nullptr) cudaFreeHost(base());
     }
 
@@ -68,13 +72,28 @@ class CudaCopyRing final : public CopyRing {
         return record(i);
     }
 
-    Status unpack(int i, const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
+    Status unpack(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                   uint8_t* dst, uint64_t dst_len) override {
+        if (count > static_cast<uint64_t>(kUnpackMaxEntries)) {
+            return protocol_error(strformat("a receive of %llu pieces (at most %d)",
+                                            static_cast<unsigned long long>(count),
+                                            kUnpackMaxEntries));
+        }
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
-        // The slot's previous work finished before it was given back: nothing reads the flag.
+        TCPX_RETURN_IF_ERROR(ensure_lists());
+        // The slot's previous work finished before it was given back: nothing reads its flag or
+        // its list any more.
         flags_[i] = 0;
-        const cudaError_t err =
-            launch_unpack_kernel(entries, count, bounce, dst, dst_len, device_flags_ + i, stream_);
+        SlotList* host = host_lists_ + i;
+        SlotList* dev = device_lists_ + i;
+        host->count = count;
+        std::memcpy(host->entries, entries, count * sizeof(LoadMeta));
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(dev, host, offsetof(SlotList, entries) + count * sizeof(LoadMeta),
+                            cudaMemcpyHostToDevice, stream_),
+            "copying an unpack list to the GPU"));
+        const cudaError_t err = launch_unpack_kernel(dev->entries, &dev->count, bounce, dst,
+                                                     dst_len, device_flags_ + i, stream_);
         TCPX_RETURN_IF_ERROR(cuda_status(err, "launching the unpack kernel"));
         unpacked_[static_cast<size_t>(i)] = true;
         return record(i);
@@ -129,6 +148,32 @@ class CudaCopyRing final : public CopyRing {
         return Status();
     }
 
+    // One receive's list: the count, then its entries (16-byte aligned).
+    struct SlotList {
+        uint64_t count;
+        uint64_t pad;
+        LoadMeta entries[kUnpackMaxEntries];
+    };
+
+    // Lists for unpacks, pinned on the host and on the GPU, made on first use (a staging ring
+    // never needs them).
+    Status ensure_lists() {
+        if (host_lists_ != nullptr) return Status();
+        const size_t bytes = sizeof(SlotList) * static_cast<size_t>(slots());
+        void* h = nullptr;
+        void* d = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaHostAlloc(&h, bytes, cudaHostAllocDefault), "allocating unpack lists"));
+        if (cudaMalloc(&d, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            cudaFreeHost(h);
+            return Status(StatusCode::kCuda, "allocating unpack lists on the GPU");
+        }
+        host_lists_ = static_cast<SlotList*>(h);
+        device_lists_ = static_cast<SlotList*>(d);
+        return Status();
+    }
+
     Status record(int i) {
         return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream_),
                            "cudaEventRecord");
@@ -139,6 +184,8 @@ class CudaCopyRing final : public CopyRing {
     std::vector<bool> unpacked_;  // slot i's last work was an unpack (check its flag)
     uint32_t* flags_ = nullptr;   // host view
     uint32_t* device_flags_ = nullptr;
+    SlotList* host_lists_ = nullptr;
+    SlotList* device_lists_ = nullptr;
 };
 
 class CudaDevice final : public Device {

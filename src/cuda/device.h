@@ -57,11 +57,11 @@ class CopyRing {
     // Enqueues slot i's buffer -> `len` bytes of device memory at `dst`.
     virtual Status copy_out(int i, void* dst, size_t len) = 0;
     // Enqueues the unpack of one devmem-TCP receive (unpack.h) into `dst`, a buffer of `dst_len`
-    // bytes. `entries` and `count` are device-visible and read when the kernel runs. Entries
-    // reaching outside the destination (or more than kUnpackMaxEntries) are not copied, and
-    // ready(i) then reports the receive as failed.
-    virtual Status unpack(int i, const LoadMeta* entries, const uint64_t* count,
-                          const uint8_t* bounce, uint8_t* dst, uint64_t dst_len) = 0;
+    // bytes: its `count` entries (host memory, at most kUnpackMaxEntries) are copied now, then
+    // taken to the GPU with one copy ahead of the kernel. Entries reaching outside the
+    // destination are not followed, and ready(i) then reports the receive as failed.
+    virtual Status unpack(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
+                          uint8_t* dst, uint64_t dst_len) = 0;
     // Whether the work last enqueued for slot i has finished; an error if it failed.
     virtual StatusOr<bool> ready(int i) = 0;
     // Waits for all enqueued work (before buffers it touches may be released).

@@ -593,13 +593,19 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         case OpPath::kStaged:
             return ch.ring->copy_out(f.op.slot, f.op.ptr, f.op.len);
         case OpPath::kUnpack: {
-            TCPX_ASSIGN_OR_RETURN(int q, net_->unpack_slot(ch.recv, f.req));
+            // The plugin wrote the count when test() reported the receive: read it and the list
+            // here, and hand them to the GPU in one copy.
+            TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+            const uint64_t count = *q.count;
+            if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
+                return protocol_error(
+                    strformat("the transport described a receive in %llu pieces (at most %d)",
+                              static_cast<unsigned long long>(count), cuda::kUnpackMaxEntries));
+            }
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
-            // Device addresses of the plugin's metadata for queue slot q (not dereferenced here).
-            const cuda::UnpackMeta* meta = ch.unpack.meta;
-            return ch.ring->unpack(f.op.slot, &meta->mem[q][0], &meta->cnt[q], ch.unpack.bounce_buf,
-                                   f.op.ptr, f.op.len);
+            return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries), count,
+                                   ch.unpack.bounce_buf, f.op.ptr, f.op.len);
         }
         default:
             return Status();

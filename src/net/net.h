@@ -80,6 +80,16 @@ struct DeviceHandle {
     bool needs_proxy_progress = false;
 };
 
+// Where a devmem-TCP receive's pieces are described (cuda/unpack_defs.h): the slot `index` of
+// the comm's unpack queue, and the host addresses of its `count` and its list of LoadMeta
+// entries. The host reads them once the receive completed: crossing PCIe from the GPU for each
+// entry would cost more than the copy itself.
+struct UnpackSlot {
+    int index = -1;
+    const void* entries = nullptr;  // cuda::LoadMeta[count]
+    const uint64_t* count = nullptr;
+};
+
 // Opaque handles. Each provider casts them to its own types; they are never defined.
 struct ListenComm;
 struct SendComm;
@@ -124,10 +134,9 @@ class Net {
     // called for every completed receive, oldest first.
     virtual Status irecv_consumed(RecvComm* comm, int n, Request* request) = 0;
     // For a receive comm whose device handle is UNPACK, a completed receive into CUDA memory:
-    // the slot of the comm's unpack queue (UnpackMeta::mem[slot] and cnt[slot], cuda/unpack_defs.h)
-    // that describes where its bytes are, valid from test() reporting it done until
-    // irecv_consumed().
-    virtual StatusOr<int> unpack_slot(RecvComm* comm, Request* request) {
+    // the slot of the comm's unpack queue that describes where its bytes are, valid from test()
+    // reporting it done until irecv_consumed().
+    virtual StatusOr<UnpackSlot> unpack_slot(RecvComm* comm, Request* request) {
         return Status(StatusCode::kUnimplemented,
                       "this transport does not hand receives over through unpack queues");
     }

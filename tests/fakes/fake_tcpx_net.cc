@@ -39,6 +39,7 @@
 //     a receive waits while no pages are free.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +98,28 @@ void log_line(int level, const char* fmt, ...) {
     va_end(args);
     if (g_log != nullptr) g_log(level, TCPX_NCCL_NET_FLAG, __FILE__, __LINE__, "FakeTCPX: %s", buf);
 }
+
+// FAKETCPX_TRACE=1: one line per receive event on stderr, with microseconds since start (to
+// see where a caller's time goes).
+double trace_us() {
+    static const auto t0 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+bool tracing() {
+    static const bool on = [] {
+        const char* v = std::getenv("FAKETCPX_TRACE");
+        return v != nullptr && std::strcmp(v, "1") == 0;
+    }();
+    return on;
+}
+#define FAKE_TRACE(...)                                           \
+    do {                                                          \
+        if (tracing()) {                                          \
+            std::fprintf(stderr, "faketcpx %12.1f ", trace_us()); \
+            std::fprintf(stderr, __VA_ARGS__);                    \
+            std::fputc('\n', stderr);                             \
+        }                                                         \
+    } while (0)
 
 tcpx_ncclResult_t fail(const Status& st, const char* what) {
     FAKE_WARN("%s: %s", what, st.to_string().c_str());
@@ -484,7 +507,11 @@ bool land_cuda(FakeComm* rc, FakeReq* r, const uint8_t* src, bool src_on_device,
         entries[count++] = cu::LoadMeta{page * kPage + in_page, len, off};
         off += len;
     }
-    if (!scatter(u, entries, count, src, src_on_device, n)) {
+    FAKE_TRACE("land %p slot %zu: %zu bytes, %llu entries", static_cast<void*>(r), slot, n,
+               static_cast<unsigned long long>(count));
+    const bool scattered = scatter(u, entries, count, src, src_on_device, n);
+    FAKE_TRACE("landed %p", static_cast<void*>(r));
+    if (!scattered) {
         *error = true;
         return false;
     }
@@ -786,6 +813,8 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
     std::unique_lock<std::mutex> lock(comm->mu);
     // Every receive holds a place in the comm's queue until irecvConsumed(): 16 per comm.
     if (comm->queue.size() >= kMaxRequests) return tcpx_ncclSuccess;
+    FAKE_TRACE("irecv %p: %zu bytes%s", static_cast<void*>(r.get()), r->size,
+               r->cuda ? ", cuda" : "");
     if (r->cuda) {
         UnpackState* u = comm->unpack.get();
         auto& slot = r->g.unpack_slot;
@@ -887,6 +916,7 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
     }
     if (!r->landed) return tcpx_ncclSuccess;
     *done = 1;
+    FAKE_TRACE("test done %p (%s)", static_cast<void*>(r), r->recv ? "recv" : "send");
     r->done = true;
     if (r->recv && r->cuda) *r->g.unpack_slot.cnt = r->entries;
     if (!r->recv) {  // a send is gone once reported; a receive waits for irecvConsumed()
@@ -908,6 +938,7 @@ tcpx_ncclResult_t fake_irecv_consumed(void* recv_comm, int n, void* request) {
         return fail("irecvConsumed out of order or before test reported the receive");
     }
     comm->queue.pop_front();
+    FAKE_TRACE("consumed %p", static_cast<void*>(r));
     if (r->g.unpack_slot.active) {
         // The pages go back to the pool, and whatever still reads them or the slot gets garbage.
         UnpackState* u = comm->unpack.get();

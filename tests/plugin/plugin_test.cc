@@ -221,16 +221,20 @@ TEST(PluginLoader, TheEmulationDeliversCudaReceivesAsScatteredPages) {
         EXPECT_EQ(dst[0], 0) << "bytes landed in the destination, not the bounce buffer";
         auto slot = net->unpack_slot(p.recv, rr);
         ASSERT_TRUE(slot.ok()) << slot.status().to_string();
-        ASSERT_GE(*slot, 0);
-        ASSERT_LT(*slot, cuda::kUnpackQueueDepth);
+        const int q = slot->index;
+        ASSERT_GE(q, 0);
+        ASSERT_LT(q, cuda::kUnpackQueueDepth);
         if (expected_slot >= 0) {
-            EXPECT_EQ(*slot, expected_slot) << "slots go round in order";
+            EXPECT_EQ(q, expected_slot) << "slots go round in order";
         }
-        expected_slot = (*slot + 1) % cuda::kUnpackQueueDepth;
-        const uint64_t count = h.meta->cnt[*slot];
+        expected_slot = (q + 1) % cuda::kUnpackQueueDepth;
+        // The request names the slot's host addresses (host mode: the queue is host memory).
+        EXPECT_EQ(slot->count, &h.meta->cnt[q]);
+        EXPECT_EQ(slot->entries, static_cast<const void*>(h.meta->mem[q]));
+        const uint64_t count = *slot->count;
         ASSERT_LE(count, static_cast<uint64_t>(cuda::kUnpackMaxEntries));
         // Pieces: within one page each, distinct pages, covering [0, len) exactly once.
-        const cuda::LoadMeta* e = h.meta->mem[*slot];
+        const cuda::LoadMeta* e = h.meta->mem[q];
         std::vector<std::pair<uint64_t, uint32_t>> cover;
         std::set<uint32_t> pages;
         int partial = 0;
@@ -261,7 +265,7 @@ TEST(PluginLoader, TheEmulationDeliversCudaReceivesAsScatteredPages) {
         for (auto [src_off, n2] : first) {
             for (uint32_t i = 0; i < n2; ++i) ASSERT_EQ(h.bounce_buf[src_off + i], 0xdb);
         }
-        EXPECT_GT(h.meta->cnt[*slot], static_cast<uint64_t>(cuda::kUnpackMaxEntries));
+        EXPECT_GT(h.meta->cnt[q], static_cast<uint64_t>(cuda::kUnpackMaxEntries));
     }
     (void)net->dereg_mr(p.send, smr);
     (void)net->dereg_mr(p.recv, rmr);

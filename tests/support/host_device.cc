@@ -45,15 +45,19 @@ class HostCopyRing final : public cuda::CopyRing {
         return Status();
     }
 
-    Status unpack(int i, const cuda::LoadMeta* entries, const uint64_t* count,
-                  const uint8_t* bounce, uint8_t* dst, uint64_t dst_len) override {
+    Status unpack(int i, const cuda::LoadMeta* entries, uint64_t count, const uint8_t* bounce,
+                  uint8_t* dst, uint64_t dst_len) override {
         if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
+        if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
+            return protocol_error("emulated unpack: more pieces than a slot holds");
+        }
         if (dst_len > 0 && !dev_->is_device_range(dst, dst_len)) {
             return internal_error("unpack into memory outside device memory");
         }
-        // Like the kernel, entries and count are read when the work runs.
-        enqueue(i, [entries, count, bounce, dst, dst_len]() {
-            return cuda::unpack_reference(entries, *count, bounce, dst, dst_len);
+        // Like the CUDA ring, the list is copied now; the pages are read when the work runs.
+        std::vector<cuda::LoadMeta> list(entries, entries + count);
+        enqueue(i, [list = std::move(list), bounce, dst, dst_len]() {
+            return cuda::unpack_reference(list.data(), list.size(), bounce, dst, dst_len);
         });
         dev_->count_ring_work(true);
         return Status();

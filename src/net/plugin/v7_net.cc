@@ -340,7 +340,7 @@ Status V7Net::irecv_consumed(RecvComm* comm, int n, Request* request) {
     return st;
 }
 
-StatusOr<int> V7Net::unpack_slot(RecvComm* comm, Request* request) {
+StatusOr<UnpackSlot> V7Net::unpack_slot(RecvComm* comm, Request* request) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     auto* r = reinterpret_cast<RequestWrap*>(request);
     if (w == nullptr || w->magic != kRecvWrap) return invalid_argument("unpack_slot: not a comm");
@@ -356,12 +356,13 @@ StatusOr<int> V7Net::unpack_slot(RecvComm* comm, Request* request) {
     // Only Google's layout is known (tcpx_layout.h); the version check at accept guarantees it.
     const auto* req = static_cast<const google_tcpx::Request*>(r->request);
     const google_tcpx::UnpackSlot& slot = req->unpack_slot;
-    if (!slot.active || slot.idx >= static_cast<uint64_t>(google_tcpx::kQueueDepth)) {
+    if (!slot.active || slot.idx >= static_cast<uint64_t>(google_tcpx::kQueueDepth) ||
+        slot.mem == nullptr || slot.cnt == nullptr) {
         return protocol_error(strformat(
             "%s: a completed CUDA receive holds no valid unpack slot (active %d, index %llu)",
             name_.c_str(), slot.active ? 1 : 0, static_cast<unsigned long long>(slot.idx)));
     }
-    return static_cast<int>(slot.idx);
+    return UnpackSlot{static_cast<int>(slot.idx), slot.mem, slot.cnt};
 }
 
 Status V7Net::close_send(SendComm* comm) {

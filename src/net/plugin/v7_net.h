@@ -53,7 +53,7 @@ class V7Net final : public Net {
                  MemHandle* const* mhandles, Request** request) override;
     Status test(Request* request, bool* done, size_t* sizes) override;
     Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
-    StatusOr<int> unpack_slot(RecvComm* comm, Request* request) override;
+    StatusOr<UnpackSlot> unpack_slot(RecvComm* comm, Request* request) override;
 
     Status close_send(SendComm* comm) override;
     Status close_recv(RecvComm* comm) override;
