@@ -33,39 +33,23 @@ __device__ __forceinline__ void copy_words(const uint8_t* __restrict__ src,
     for (uint32_t t = words * sizeof(Word) + lane; t < len; t += 32) dst[t] = src[t];
 }
 
-// The count and the entries live in host memory mapped into the GPU (the transport writes them):
-// every read of them crosses PCIe. So one thread per block reads the count, and the block's
-// entries come over in one coalesced read into shared memory, one per warp.
 __global__ void __launch_bounds__(kThreads)
     unpack_kernel(const LoadMeta* __restrict__ entries, const uint64_t* __restrict__ count_ptr,
                   const uint8_t* __restrict__ bounce, uint8_t* __restrict__ dst, uint64_t dst_len,
                   uint32_t* bad) {
-    __shared__ uint64_t count_s;
-    __shared__ LoadMeta metas[kWarpsPerBlock];
-    if (threadIdx.x == 0) {
-        uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
-        if (count > kUnpackMaxEntries) {
-            if (bad != nullptr && blockIdx.x == 0) *bad = 1;
-            count = kUnpackMaxEntries;
-        }
-        count_s = count;
+    uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
+    if (count > kUnpackMaxEntries) {
+        if (bad != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *bad = 1;
+        count = kUnpackMaxEntries;
     }
-    __syncthreads();
-    const uint64_t count = count_s;
-    const uint64_t first = static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock;
-    if (first >= count) return;  // the whole block: the grid covers a full slot
-    if (threadIdx.x < kWarpsPerBlock && first + threadIdx.x < count) {
-        metas[threadIdx.x] = entries[first + threadIdx.x];
-    }
-    __syncthreads();
     const int lane = threadIdx.x & 31;
-    const uint64_t e = first + threadIdx.x / 32;
-    if (e < count) {
-        const LoadMeta m = metas[threadIdx.x / 32];
+    const uint64_t nwarps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
+    for (uint64_t e = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; e < count; e += nwarps) {
+        const LoadMeta m = entries[e];
         // Never follow an entry outside the destination (the transport's word is not trusted).
         if (m.dst_off > dst_len || m.len > dst_len - m.dst_off) {
             if (bad != nullptr && lane == 0) *bad = 1;
-            return;
+            continue;
         }
         const uint8_t* s = bounce + m.src_off;
         uint8_t* d = dst + m.dst_off;
