@@ -4,6 +4,8 @@
 #include <cctype>
 #include <chrono>
 #include <optional>
+#include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "tcpx/config.h"
@@ -39,6 +41,26 @@ std::string upper(std::string s) {
     return s;
 }
 
+// Whether `name` (upper case, with or without the TCPX_P2P_ prefix) is an engine setting.
+// Config::set cannot tell an unknown name from a bad value (both INVALID_ARGUMENT), and unknown
+// keys are not errors here: NIXL hands every backend whatever the application passed.
+bool is_setting(std::string_view name) {
+    constexpr std::string_view kPrefix = "TCPX_P2P_";
+    if (name.substr(0, kPrefix.size()) == kPrefix) name.remove_prefix(kPrefix.size());
+    static constexpr std::string_view kSettings[] = {
+#define TCPX_PARAM_INT(field, NAME, ...) #NAME,
+#define TCPX_PARAM_SIZE(field, NAME, ...) #NAME,
+#define TCPX_PARAM_CHOICE(field, NAME, ...) #NAME,
+#define TCPX_PARAM_STRING(field, NAME, ...) #NAME,
+#include "tcpx/config_params.inc"
+#undef TCPX_PARAM_INT
+#undef TCPX_PARAM_SIZE
+#undef TCPX_PARAM_CHOICE
+#undef TCPX_PARAM_STRING
+    };
+    return std::find(std::begin(kSettings), std::end(kSettings), name) != std::end(kSettings);
+}
+
 bool is_memory(nixl_mem_t m) { return m == DRAM_SEG || m == VRAM_SEG; }
 
 // Where [addr, addr + len) lies in a registration starting at `base` of `size` bytes.
@@ -57,8 +79,12 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     std::vector<LocalCopy> copies;  // local ones
     PeerId peer = 0;
     XferId xfer = 0;
-    bool active = false;                     // posted, completion not yet reported
-    std::optional<std::string> read_notif;   // a READ's notification, sent once it is complete
+    bool active = false;  // posted, completion not yet reported
+    // The rest is guarded by mu_ while `link` is set (the connecting thread issues the request).
+    std::shared_ptr<Link> link;             // posted while its connection was being made
+    nixl_status_t failure = NIXL_SUCCESS;   // why issuing it then failed
+    std::optional<std::string> notif;       // the post's notification, until issued
+    std::optional<std::string> read_notif;  // a READ's notification, sent once it is complete
 };
 
 nixl_status_t to_nixl(const Status& st) {
@@ -112,12 +138,12 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
         for (const auto& [alias, setting] : kAliases) {
             if (key == alias) name = setting;
         }
-        if (value.empty()) continue;  // left at its default
-        Status st = config->set(name, value);
-        if (st.code() == StatusCode::kNotFound) {
+        if (!is_setting(name)) {
             NIXL_DEBUG << "TCPX: ignoring backend parameter '" << key << "'";
             continue;
         }
+        if (value.empty()) continue;  // left at its default
+        Status st = config->set(name, value);
         if (!st.ok()) {
             NIXL_ERROR << "TCPX: backend parameter '" << key << "': " << st.to_string();
             initErr = true;
@@ -134,6 +160,9 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
 }
 
 TcpxBackend::~TcpxBackend() {
+    // Connections still being made use the endpoint: they finish first (at worst when
+    // TCPX_P2P_CONNECT_TIMEOUT_MS passes).
+    for (auto& [link, thread] : connecting_) thread.join();
     // Requests released in flight must be done before the memory they touch goes away: the
     // endpoint's destruction fails whatever is left.
     ep_.reset();
@@ -224,11 +253,7 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
     auto it = conn_info_.find(remote_agent);
     if (it != conn_info_.end() && it->second != remote_conn_info) {
         // The agent came back as a new endpoint: the old connection is stale.
-        auto out = outbound_.find(remote_agent);
-        if (out != outbound_.end()) {
-            (void)ep_->disconnect(out->second);
-            outbound_.erase(out);
-        }
+        drop_outbound(remote_agent);
     }
     conn_info_[remote_agent] = remote_conn_info;
     return NIXL_SUCCESS;
@@ -245,48 +270,100 @@ void TcpxBackend::harvest_inbound() const {
     }
 }
 
-StatusOr<PeerId> TcpxBackend::peer_for(const std::string& agent, bool may_connect) const {
+StatusOr<std::shared_ptr<TcpxBackend::Link>> TcpxBackend::connection_to(
+    const std::string& agent) const {
     std::unique_lock<std::mutex> lock(mu_);
     auto out = outbound_.find(agent);
-    if (out != outbound_.end()) return out->second;
+    if (out != outbound_.end()) {
+        const Link& link = *out->second;
+        if (!link.peer || link.peer->ok()) return out->second;
+        outbound_.erase(out);  // the last attempt failed (and said so): try again
+    }
     auto info = conn_info_.find(agent);
-    if (info != conn_info_.end() && may_connect) {
-        const std::string md = info->second;
-        lock.unlock();
-        auto id = ep_->connect(md);
-        if (!id.ok()) return id.status();
-        lock.lock();
-        auto [it, added] = outbound_.emplace(agent, *id);
-        if (!added) {  // another thread connected meanwhile: keep one
-            lock.unlock();
-            (void)ep_->disconnect(*id);
-            lock.lock();
-        }
-        return it->second;
+    if (info != conn_info_.end()) {
+        auto link = connect_async(info->second);
+        outbound_.emplace(agent, link);
+        return link;
     }
     lock.unlock();
     harvest_inbound();
     lock.lock();
     auto in = inbound_.find(agent);
-    if (in != inbound_.end()) return in->second;
+    if (in != inbound_.end()) {
+        auto link = std::make_shared<Link>();
+        link->peer = in->second;
+        return link;
+    }
     return Status(StatusCode::kNotFound, "TCPX: no connection to agent '" + agent +
                                              "' (its metadata was never loaded)");
 }
 
+std::shared_ptr<TcpxBackend::Link> TcpxBackend::connect_async(const std::string& md) const {
+    reap_connections();
+    auto link = std::make_shared<Link>();
+    try {
+        std::thread t([this, link, md] {
+            StatusOr<PeerId> peer = ep_->connect(md);
+            std::lock_guard<std::mutex> lock(mu_);
+            settle(*link, std::move(peer));
+        });
+        connecting_.emplace_back(link, std::move(t));
+    } catch (const std::system_error& e) {
+        link->peer = Status(StatusCode::kSystem,
+                            std::string("TCPX: no thread to connect with: ") + e.what());
+    }
+    return link;
+}
+
+void TcpxBackend::settle(Link& link, StatusOr<PeerId> peer) const {
+    if (!peer.ok()) NIXL_ERROR << "TCPX: " << peer.status().to_string();
+    for (const std::string& msg : link.notifs) {
+        Status st = peer.ok() ? ep_->notify(*peer, msg) : peer.status();
+        if (!st.ok()) NIXL_ERROR << "TCPX: genNotif: " << st.to_string();
+    }
+    for (Request* req : link.requests) {
+        req->link.reset();
+        req->failure = peer.ok() ? issue(req, *peer) : to_nixl(peer.status());
+        if (req->failure == NIXL_IN_PROG) req->failure = NIXL_SUCCESS;
+    }
+    link.notifs.clear();
+    link.requests.clear();
+    link.peer = std::move(peer);
+}
+
+void TcpxBackend::drop_outbound(const std::string& agent) const {
+    auto it = outbound_.find(agent);
+    if (it == outbound_.end()) return;
+    stale_.push_back(it->second);
+    outbound_.erase(it);
+    reap_connections();
+}
+
+void TcpxBackend::reap_connections() const {
+    std::erase_if(connecting_, [](std::pair<std::shared_ptr<Link>, std::thread>& c) {
+        if (!c.first->peer) return false;
+        c.second.join();  // it has settled the link: it is returning
+        return true;
+    });
+    std::erase_if(stale_, [&](const std::shared_ptr<Link>& link) {
+        if (!link->peer) return false;
+        if (link->peer->ok()) (void)ep_->disconnect(**link->peer);
+        return true;
+    });
+}
+
 nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
     if (remote_agent == localAgent) return NIXL_SUCCESS;
-    auto peer = peer_for(remote_agent, true);
-    if (!peer.ok()) NIXL_ERROR << "TCPX: connect: " << peer.status().to_string();
-    return peer.ok() ? NIXL_SUCCESS : to_nixl(peer.status());
+    // Started, not awaited (see Link): a failure shows in the first transfer.
+    auto link = connection_to(remote_agent);
+    if (!link.ok()) NIXL_ERROR << "TCPX: connect: " << link.status().to_string();
+    return link.ok() ? NIXL_SUCCESS : to_nixl(link.status());
 }
 
 nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto out = outbound_.find(remote_agent);
-    if (out == outbound_.end()) return NIXL_SUCCESS;
-    Status st = ep_->disconnect(out->second);
-    outbound_.erase(out);
-    return st.ok() || st.code() == StatusCode::kNotFound ? NIXL_SUCCESS : to_nixl(st);
+    drop_outbound(remote_agent);
+    return NIXL_SUCCESS;
 }
 
 // --- transfers --------------------------------------------------------------------------------
@@ -351,13 +428,8 @@ nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
         return NIXL_ERR_INVALID_PARAM;
     }
     reap_abandoned();
-    if (req->active) {
-        // Reposted before its completion was reported: only if it has completed meanwhile.
-        XferStatus s = ep_->poll(req->xfer);
-        if (s.state == XferState::kInProgress) return NIXL_ERR_REPOST_ACTIVE;
-        req->active = false;
-        req->read_notif.reset();
-    }
+    // Reposted before its completion was reported: only if it has completed meanwhile.
+    if (req->active && checkXfer(req) == NIXL_IN_PROG) return NIXL_ERR_REPOST_ACTIVE;
     return start(req, opt_args);
 }
 
@@ -375,30 +447,48 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
         }
         return NIXL_SUCCESS;
     }
-    auto peer = peer_for(req->agent, true);
-    if (!peer.ok()) {
-        NIXL_ERROR << "TCPX: " << peer.status().to_string();
-        return to_nixl(peer.status());
+    auto link = connection_to(req->agent);
+    if (!link.ok()) {
+        NIXL_ERROR << "TCPX: " << link.status().to_string();
+        return to_nixl(link.status());
     }
-    req->peer = *peer;
-    StatusOr<XferId> x = req->op == NIXL_WRITE
-                             ? (notify ? ep_->writev(*peer, req->iov, opt_args->notifMsg)
-                                       : ep_->writev(*peer, req->iov))
-                             : ep_->readv(*peer, req->iov);
+    std::unique_lock<std::mutex> lock(mu_);
+    req->notif = notify ? std::optional<std::string>(opt_args->notifMsg) : std::nullopt;
+    req->read_notif.reset();
+    req->failure = NIXL_SUCCESS;
+    if (!(*link)->peer) {  // issued by the connecting thread
+        req->link = *link;
+        (*link)->requests.push_back(req);
+        req->active = true;
+        return NIXL_IN_PROG;
+    }
+    const StatusOr<PeerId> peer = *(*link)->peer;
+    lock.unlock();
+    const nixl_status_t st = peer.ok() ? issue(req, *peer) : to_nixl(peer.status());
+    if (st == NIXL_ERR_REMOTE_DISCONNECT) {
+        // The connection is gone: forget it, so the next post connects again.
+        lock.lock();
+        auto it = outbound_.find(req->agent);
+        if (it != outbound_.end() && it->second == *link) drop_outbound(req->agent);
+    }
+    req->active = st == NIXL_IN_PROG;
+    return st;
+}
+
+nixl_status_t TcpxBackend::issue(Request* req, PeerId peer) const {
+    req->peer = peer;
+    StatusOr<XferId> x =
+        req->op == NIXL_WRITE
+            ? (req->notif ? ep_->writev(peer, req->iov, *req->notif) : ep_->writev(peer, req->iov))
+            : ep_->readv(peer, req->iov);
     if (!x.ok()) {
-        if (x.status().code() == StatusCode::kNotFound) {
-            // The connection is gone: forget it, so the next post connects again.
-            std::lock_guard<std::mutex> lock(mu_);
-            auto it = outbound_.find(req->agent);
-            if (it != outbound_.end() && it->second == *peer) outbound_.erase(it);
-            return NIXL_ERR_REMOTE_DISCONNECT;
-        }
+        if (x.status().code() == StatusCode::kNotFound) return NIXL_ERR_REMOTE_DISCONNECT;
         NIXL_ERROR << "TCPX: postXfer: " << x.status().to_string();
         return to_nixl(x.status());
     }
     req->xfer = *x;
-    req->active = true;
-    if (req->op == NIXL_READ && notify) req->read_notif = opt_args->notifMsg;
+    if (req->op == NIXL_READ) req->read_notif = std::move(req->notif);
+    req->notif.reset();
     return NIXL_IN_PROG;
 }
 
@@ -407,6 +497,14 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
     if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
     reap_abandoned();
     if (!req->active) return NIXL_SUCCESS;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (req->link) return NIXL_IN_PROG;  // its connection is being made
+        if (req->failure != NIXL_SUCCESS) {  // the connecting thread could not issue it
+            req->active = false;
+            return std::exchange(req->failure, NIXL_SUCCESS);
+        }
+    }
     XferStatus s = ep_->poll(req->xfer);
     if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
     req->active = false;
@@ -427,6 +525,16 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
 nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     auto* req = dynamic_cast<Request*>(handle);
     if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
+    {
+        // A request still waiting for its connection was never issued: nothing to wait for.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (req->link) {
+            std::erase(req->link->requests, req);
+            req->link.reset();
+            req->active = false;
+        }
+        if (req->failure != NIXL_SUCCESS) req->active = false;
+    }
     if (req->active && ep_->poll(req->xfer).state == XferState::kInProgress) {
         // The engine cannot take back bytes already on the wire; it finishes (or fails) the
         // transfer on its own and we forget it then. Its READ notification is not sent.
@@ -464,9 +572,19 @@ nixl_status_t TcpxBackend::genNotif(const std::string& remote_agent, const std::
         local_notifs_.emplace_back(localAgent, msg);
         return NIXL_SUCCESS;
     }
-    auto peer = peer_for(remote_agent, true);
-    if (!peer.ok()) return to_nixl(peer.status());
-    Status st = ep_->notify(*peer, msg);
+    auto link = connection_to(remote_agent);
+    if (!link.ok()) {
+        NIXL_ERROR << "TCPX: genNotif: " << link.status().to_string();
+        return to_nixl(link.status());
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!(*link)->peer) {  // sent by the connecting thread
+        (*link)->notifs.push_back(msg);
+        return NIXL_SUCCESS;
+    }
+    const StatusOr<PeerId> peer = *(*link)->peer;
+    lock.unlock();
+    Status st = peer.ok() ? ep_->notify(*peer, msg) : peer.status();
     if (!st.ok()) NIXL_ERROR << "TCPX: genNotif: " << st.to_string();
     return to_nixl(st);
 }

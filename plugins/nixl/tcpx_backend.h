@@ -4,15 +4,19 @@
 // registrations (their RemoteMem descriptor is the public blob), a transfer request is one
 // writev/readv, notifications are the engine's. What the engine does not say in NIXL's terms is
 // translated here and nowhere else: status codes, the READ notification (sent once the read is
-// complete), local transfers (Endpoint::copy), releasing a request still in flight.
+// complete), local transfers (Endpoint::copy), releasing a request still in flight, and
+// connections made in the background (see Link below).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend_engine.h"
@@ -69,21 +73,45 @@ class TcpxBackend final : public nixlBackendEngine {
  private:
     struct Request;
 
-    // The peer for `agent`: our own connection when we have one (made now from its connection
-    // info if needed), else the connection it opened to us. Locks mu_.
-    StatusOr<PeerId> peer_for(const std::string& agent, bool may_connect) const;
+    // A connection to an agent: ours, or the one it opened to us. Endpoint::connect returns only
+    // once the peer has answered, and a peer whose agent has no progress thread answers only
+    // from inside that agent's calls, possibly made by the very thread that would wait (two
+    // agents polled by one thread). So our connections are made on threads of their own; what
+    // is posted or notified meanwhile waits in the Link and goes out, in order, from that thread
+    // the moment the connection is made. No call waits for a peer. Guarded by mu_.
+    struct Link {
+        std::optional<StatusOr<PeerId>> peer;  // once made (or failed)
+        std::vector<std::string> notifs;       // genNotif before then
+        std::vector<Request*> requests;        // posted before then
+    };
+
+    // The link to `agent`: ours (started now from its connection info if needed, or again if
+    // the last attempt failed), else the one it opened to us. Locks mu_.
+    StatusOr<std::shared_ptr<Link>> connection_to(const std::string& agent) const;
+    // Starts connecting to the endpoint `md` on a thread of its own. mu_ held.
+    std::shared_ptr<Link> connect_async(const std::string& md) const;
+    // The connection is made (or failed): sends and issues what waited for it. mu_ held.
+    void settle(Link& link, StatusOr<PeerId> peer) const;
+    // Forgets our link to `agent`, closing its connection (once made). mu_ held.
+    void drop_outbound(const std::string& agent) const;
+    // Joins connecting threads that are done; closes dropped connections that are made. mu_ held.
+    void reap_connections() const;
     // Learns the names of peers that connected to us.
     void harvest_inbound() const;
     // Polls requests released while in flight, forgetting the finished ones. Locks mu_.
     void reap_abandoned() const;
     nixl_status_t start(Request* req, const nixl_opt_b_args_t* opt_args) const;
+    // Hands a remote request to the endpoint: NIXL_IN_PROG, or why not.
+    nixl_status_t issue(Request* req, PeerId peer) const;
 
     std::unique_ptr<Endpoint> ep_;
     mutable std::mutex mu_;
-    mutable std::map<std::string, std::string> conn_info_;  // agent -> endpoint metadata
-    mutable std::map<std::string, PeerId> outbound_;        // our connections, by agent
-    mutable std::map<std::string, PeerId> inbound_;         // connections to us, by agent
-    mutable std::vector<XferId> abandoned_;                 // released while in flight
+    mutable std::map<std::string, std::string> conn_info_;           // agent -> endpoint metadata
+    mutable std::map<std::string, std::shared_ptr<Link>> outbound_;  // our links, by agent
+    mutable std::map<std::string, PeerId> inbound_;                  // connections to us, by agent
+    mutable std::vector<std::pair<std::shared_ptr<Link>, std::thread>> connecting_;
+    mutable std::vector<std::shared_ptr<Link>> stale_;  // dropped while being made
+    mutable std::vector<XferId> abandoned_;             // released while in flight
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
 };
 

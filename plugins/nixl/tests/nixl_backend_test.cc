@@ -1,0 +1,823 @@
+// The NIXL backend "TCPX" driven through NIXL's public agent API, with the agents in this
+// process: transfers of many descriptors, reposting, notifications, releasing requests in
+// flight, inbound peers, local transfers, the progress-thread option, backend parameters and
+// concurrent use. Every transferred byte is checked, and so is every byte that should not have
+// changed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nixl_test_util.h"
+
+namespace tcpx::nixl_test {
+namespace {
+
+using std::chrono::milliseconds;
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+const char* op_name(nixl_xfer_op_t op) { return op == NIXL_WRITE ? "Write" : "Read"; }
+const char* mem_name(nixl_mem_t mem) { return mem == VRAM_SEG ? "Vram" : "Dram"; }
+
+// Where `got` first differs from `want`, for a readable failure.
+::testing::AssertionResult same_bytes(const std::vector<uint8_t>& got,
+                                      const std::vector<uint8_t>& want) {
+    if (got.size() != want.size()) {
+        return ::testing::AssertionFailure()
+               << "sizes differ: " << got.size() << " vs " << want.size();
+    }
+    auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
+    if (g == got.end()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "first difference at byte " << (g - got.begin()) << " of " << got.size() << ": got "
+           << int(*g) << ", want " << int(*w);
+}
+
+// --- descriptor layouts -------------------------------------------------------------------------
+
+// One descriptor: `len` bytes at `local` in the initiator's buffer and `remote` in the target's.
+struct Piece {
+    uint64_t local = 0;
+    uint64_t remote = 0;
+    uint64_t len = 0;
+};
+
+// 64 pieces of varied sizes (1 byte to 3 MiB) at offsets inside the registrations, with gaps
+// between them, in a different order on each side. The target's buffer is registered as two
+// registrations, cut at `remote_cut` (in a gap).
+struct Layout {
+    std::vector<Piece> pieces;
+    size_t local_size = 0;
+    size_t remote_size = 0;
+    uint64_t remote_cut = 0;
+
+    Ranges local_ranges() const {
+        Ranges r;
+        for (const Piece& p : pieces) r.emplace_back(p.local, p.len);
+        return r;
+    }
+    Ranges remote_ranges() const {
+        Ranges r;
+        for (const Piece& p : pieces) r.emplace_back(p.remote, p.len);
+        return r;
+    }
+};
+
+Layout make_layout(uint64_t seed, size_t count = 64) {
+    std::mt19937_64 rng(seed);
+    std::vector<uint64_t> sizes = {1,
+                                   2,
+                                   3,
+                                   7,
+                                   8,
+                                   9,
+                                   63,
+                                   64,
+                                   65,
+                                   4095,
+                                   4096,
+                                   4097,
+                                   65535,
+                                   65536,
+                                   65537,
+                                   1 << 20,
+                                   (1 << 20) + 1,
+                                   (2 << 20) + 3,
+                                   3 << 20};
+    while (sizes.size() < count) sizes.push_back(1 + rng() % 100000);
+    sizes.resize(count);
+    std::shuffle(sizes.begin(), sizes.end(), rng);
+    Layout l;
+    l.pieces.resize(count);
+    uint64_t at = 13;  // nothing starts at a registration's first byte
+    for (size_t i = 0; i < count; ++i) {
+        l.pieces[i].len = sizes[i];
+        l.pieces[i].remote = at;
+        at += sizes[i];
+        if (i == count / 2 - 1) l.remote_cut = at + 1;
+        at += 1 + rng() % 97;
+    }
+    l.remote_size = at + 29;
+    std::vector<size_t> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    at = 5;
+    for (size_t i : order) {
+        l.pieces[i].local = at;
+        at += l.pieces[i].len + 1 + rng() % 61;
+    }
+    l.local_size = at + 31;
+    return l;
+}
+
+// `base` with the pieces copied in from `from` (`to_remote`: into the remote offsets).
+std::vector<uint8_t> apply(std::vector<uint8_t> base, const std::vector<uint8_t>& from,
+                           const Layout& l, bool to_remote) {
+    for (const Piece& p : l.pieces) {
+        const uint64_t src = to_remote ? p.local : p.remote;
+        const uint64_t dst = to_remote ? p.remote : p.local;
+        std::memcpy(base.data() + dst, from.data() + src, p.len);
+    }
+    return base;
+}
+
+// Posts `req` and waits for it, pumping `others`.
+nixl_status_t post_and_wait(TestAgent& initiator, nixlXferReqH* req, Agents others,
+                            const nixl_opt_args_t* args = nullptr) {
+    const nixl_status_t st = initiator->postXferReq(req, args);
+    if (st != NIXL_IN_PROG) return st;
+    return wait_xfer(initiator, req, others);
+}
+
+// --- 1 and 7: many descriptors, both memory kinds, with and without progress threads ----------
+
+struct XferParam {
+    nixl_mem_t local_mem;
+    nixl_mem_t remote_mem;
+    bool initiator_thread;  // the agents' useProgThread
+    bool target_thread;
+};
+
+std::string describe(const XferParam& p) {
+    return std::string(mem_name(p.local_mem)) + "To" + mem_name(p.remote_mem) +
+           (p.initiator_thread ? "_InitThread" : "_InitPolled") +
+           (p.target_thread ? "_TargetThread" : "_TargetPolled");
+}
+// For test names and gtest's listing (which CTest names the tests after): no raw bytes.
+void PrintTo(const XferParam& p, std::ostream* os) { *os << describe(p); }
+std::string xfer_param_name(const ::testing::TestParamInfo<XferParam>& info) {
+    return describe(info.param);
+}
+
+class ManyDescs : public ::testing::TestWithParam<XferParam> {
+ protected:
+    void SetUp() override {
+        const XferParam& p = GetParam();
+        if ((p.local_mem == VRAM_SEG || p.remote_mem == VRAM_SEG) && !have_gpu()) {
+            GTEST_SKIP() << "no GPU";
+        }
+    }
+
+    // A WRITE or READ of the 64 pieces with a notification; checks every byte of both buffers.
+    void run(nixl_xfer_op_t op) {
+        const XferParam& p = GetParam();
+        const Layout l = make_layout(op == NIXL_WRITE ? 1 : 2);
+        auto local = Buffer::create(p.local_mem, l.local_size);
+        auto remote = Buffer::create(p.remote_mem, l.remote_size);
+        ASSERT_TRUE(local && remote);
+        local->fill(11);
+        remote->fill(22);
+        const auto local_before = local->read_all();
+        const auto remote_before = remote->read_all();
+
+        TestAgent a("many-a", {.prog_thread = p.initiator_thread});
+        TestAgent b("many-b", {.prog_thread = p.target_thread});
+        ASSERT_TRUE(a.reg(*local));
+        ASSERT_TRUE(b.reg(*remote, 0, l.remote_cut));
+        ASSERT_TRUE(b.reg(*remote, l.remote_cut, l.remote_size - l.remote_cut));
+        ASSERT_EQ(a.load(b), "many-b");
+
+        const std::string msg = std::string("many-") + op_name(op);
+        const nixl_opt_args_t args = with_notif(msg);
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ(a->createXferReq(op, xfer_list(*local, l.local_ranges()),
+                                   xfer_list(*remote, l.remote_ranges()), "many-b", req, &args),
+                  NIXL_SUCCESS);
+        EXPECT_EQ(post_and_wait(a, req, {&b}), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(b, 1, {&a}));
+        pump_for(milliseconds(50), {&a, &b});
+        EXPECT_EQ(b.received(), (std::vector<Notif>{{"many-a", msg}}));
+        EXPECT_TRUE(a.received().empty());
+        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+
+        if (op == NIXL_WRITE) {
+            EXPECT_TRUE(
+                same_bytes(remote->read_all(), apply(remote_before, local_before, l, true)));
+            EXPECT_TRUE(same_bytes(local->read_all(), local_before));
+        } else {
+            EXPECT_TRUE(
+                same_bytes(local->read_all(), apply(local_before, remote_before, l, false)));
+            EXPECT_TRUE(same_bytes(remote->read_all(), remote_before));
+        }
+        EXPECT_TRUE(local->guards_intact());
+        EXPECT_TRUE(remote->guards_intact());
+    }
+};
+
+TEST_P(ManyDescs, Write) { run(NIXL_WRITE); }
+TEST_P(ManyDescs, Read) { run(NIXL_READ); }
+
+// Host memory, with every combination of progress threads: without one, an agent's backend
+// progresses only inside getXferStatus (initiator) and getNotifs (target).
+INSTANTIATE_TEST_SUITE_P(Dram, ManyDescs,
+                         ::testing::Values(XferParam{DRAM_SEG, DRAM_SEG, true, true},
+                                           XferParam{DRAM_SEG, DRAM_SEG, false, false},
+                                           XferParam{DRAM_SEG, DRAM_SEG, true, false},
+                                           XferParam{DRAM_SEG, DRAM_SEG, false, true}),
+                         xfer_param_name);
+// GPU memory on either side (skipped without a GPU).
+INSTANTIATE_TEST_SUITE_P(Vram, ManyDescs,
+                         ::testing::Values(XferParam{VRAM_SEG, VRAM_SEG, true, true},
+                                           XferParam{DRAM_SEG, VRAM_SEG, true, true},
+                                           XferParam{VRAM_SEG, DRAM_SEG, true, true},
+                                           XferParam{VRAM_SEG, VRAM_SEG, false, false}),
+                         xfer_param_name);
+
+// --- two agents, host memory: a fixture for the tests below ------------------------------------
+
+// Agents "a" (initiator) and "b" (target) with a buffer each, a having loaded b's metadata.
+class TwoAgents : public ::testing::Test {
+ protected:
+    void start(size_t size, AgentOptions a_options = {}, AgentOptions b_options = {},
+               const std::string& prefix = "two") {
+        a_name_ = prefix + "-a";
+        b_name_ = prefix + "-b";
+        src_ = Buffer::create(DRAM_SEG, size);
+        dst_ = Buffer::create(DRAM_SEG, size);
+        ASSERT_TRUE(src_ && dst_);
+        a_ = std::make_unique<TestAgent>(a_name_, a_options);
+        b_ = std::make_unique<TestAgent>(b_name_, b_options);
+        ASSERT_TRUE(a_->reg(*src_));
+        ASSERT_TRUE(b_->reg(*dst_));
+        ASSERT_EQ(a_->load(*b_), b_name_);
+    }
+    void TearDown() override {
+        a_.reset();  // the agents go before the memory they registered
+        b_.reset();
+    }
+
+    // A request for [offset, offset + len) of both buffers.
+    nixlXferReqH* request(nixl_xfer_op_t op, uint64_t offset, uint64_t len,
+                          const nixl_opt_args_t* args = nullptr) {
+        nixlXferReqH* req = nullptr;
+        EXPECT_EQ((*a_)->createXferReq(op, xfer_list(*src_, {{offset, len}}),
+                                       xfer_list(*dst_, {{offset, len}}), b_name_, req, args),
+                  NIXL_SUCCESS);
+        return req;
+    }
+
+    std::string a_name_, b_name_;
+    std::unique_ptr<Buffer> src_, dst_;
+    std::unique_ptr<TestAgent> a_, b_;
+};
+
+// --- 2: reposting -------------------------------------------------------------------------------
+
+// A handle reposted after completion moves the data as it is at that post, with the
+// notification given to that post; a post without one notifies nobody.
+TEST_F(TwoAgents, RepostAfterCompletion) {
+    constexpr size_t kSize = 3 << 20;
+    start(kSize, {}, {}, "repost");
+    const Ranges ranges = {{0, 1}, {4097, 65536}, {1 << 20, (1 << 20) + 5}};
+    for (nixl_xfer_op_t op : {NIXL_WRITE, NIXL_READ}) {
+        SCOPED_TRACE(op_name(op));
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ((*a_)->createXferReq(op, xfer_list(*src_, ranges), xfer_list(*dst_, ranges),
+                                       b_name_, req),
+                  NIXL_SUCCESS);
+        const size_t seen = b_->received().size();
+        for (int k = 0; k < 4; ++k) {
+            SCOPED_TRACE(k);
+            Buffer& from = op == NIXL_WRITE ? *src_ : *dst_;
+            Buffer& to = op == NIXL_WRITE ? *dst_ : *src_;
+            from.fill(100 + 10 * op + k);  // new data for every post
+            const auto to_before = to.read_all();
+            const std::string msg = std::string(op_name(op)) + "-post-" + std::to_string(k);
+            const nixl_opt_args_t args = with_notif(msg);
+            ASSERT_EQ(post_and_wait(*a_, req, {b_.get()}, &args), NIXL_SUCCESS);
+            ASSERT_TRUE(wait_notifs(*b_, seen + k + 1));
+            EXPECT_EQ(b_->received().back(), (Notif{a_name_, msg}));
+            auto want = to_before;
+            const auto from_bytes = from.read_all();
+            for (const auto& [off, len] : ranges) {
+                std::memcpy(want.data() + off, from_bytes.data() + off, len);
+            }
+            EXPECT_TRUE(same_bytes(to.read_all(), want));
+        }
+        // A repost whose arguments carry no notification sends none.
+        const nixl_opt_args_t no_notif;
+        ASSERT_EQ(post_and_wait(*a_, req, {b_.get()}, &no_notif), NIXL_SUCCESS);
+        pump_for(milliseconds(100), {b_.get()});
+        EXPECT_EQ(b_->received().size(), seen + 4);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    }
+}
+
+// Reposting a handle whose transfer is still in flight is NIXL_ERR_REPOST_ACTIVE, and changes
+// nothing: the transfer in flight completes with its own notification, exactly once. The target
+// has no progress thread and is not called between the post and the repost, so the transfer
+// cannot complete in between (rather than hoping a large one is slow enough): first while the
+// connection is being made, then with it made.
+TEST_F(TwoAgents, RepostWhileActiveIsRefused) {
+    constexpr size_t kSize = 8 << 20;
+    start(kSize, {}, {.prog_thread = false}, "active");
+    nixlXferReqH* req = request(NIXL_WRITE, 0, kSize);
+    ASSERT_NE(req, nullptr);
+    for (int k = 0; k < 2; ++k) {
+        SCOPED_TRACE(k == 0 ? "connecting" : "connected");
+        src_->fill(70 + k);
+        const nixl_opt_args_t args = with_notif("active-" + std::to_string(k));
+        ASSERT_EQ((*a_)->postXferReq(req, &args), NIXL_IN_PROG);
+        const nixl_opt_args_t refused = with_notif("refused");
+        EXPECT_EQ((*a_)->postXferReq(req, &refused), NIXL_ERR_REPOST_ACTIVE);
+        EXPECT_EQ(wait_xfer(*a_, req, {b_.get()}), NIXL_SUCCESS);
+        EXPECT_TRUE(same_bytes(dst_->read_all(), src_->read_all()));
+        ASSERT_TRUE(wait_notifs(*b_, k + 1));
+        EXPECT_EQ(b_->received().back(), (Notif{a_name_, "active-" + std::to_string(k)}));
+    }
+    pump_for(milliseconds(100), {b_.get()});
+    EXPECT_EQ(b_->received().size(), 2u);
+    EXPECT_EQ(b_->count({a_name_, "refused"}), 0u);
+    EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+}
+
+// --- 3: notifications ---------------------------------------------------------------------------
+
+class Notifications : public TwoAgents, public ::testing::WithParamInterface<bool> {
+ protected:
+    void SetUp() override {
+        start(16 << 20, {.prog_thread = GetParam()}, {.prog_thread = GetParam()}, "notif");
+    }
+
+    // A WRITE of [0, len) with notification `msg`; checks it arrives exactly once.
+    void write_with(const std::string& msg, size_t len) {
+        src_->fill(msg.size() + len);
+        const nixl_opt_args_t args = with_notif(msg);
+        nixlXferReqH* req = request(NIXL_WRITE, 0, len, &args);
+        ASSERT_NE(req, nullptr);
+        ASSERT_EQ(post_and_wait(*a_, req, {b_.get()}), NIXL_SUCCESS);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(*b_, 1, {a_.get()}));
+        pump_for(milliseconds(100), {a_.get(), b_.get()});  // nothing more may come
+        EXPECT_EQ(b_->received(), (std::vector<Notif>{{a_name_, msg}}));
+        std::vector<uint8_t> got(len), want(len);
+        dst_->read(0, got.data(), len);
+        src_->read(0, want.data(), len);
+        EXPECT_TRUE(same_bytes(got, want));
+        std::vector<uint8_t> after(4096);  // the target's bytes behind the range: still zero
+        dst_->read(len, after.data(), after.size());
+        EXPECT_TRUE(same_bytes(after, std::vector<uint8_t>(after.size())));
+    }
+};
+
+std::string binary_payload(size_t size) {
+    std::string s(size, '\0');
+    for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(pattern_byte(5, i));
+    s[0] = '\0';  // NUL bytes anywhere, including first and last
+    s[size - 1] = '\0';
+    s[size / 2] = '\xff';
+    return s;
+}
+
+TEST_P(Notifications, WithPayload) { write_with("the payload", 4096); }
+TEST_P(Notifications, EmptyPayload) { write_with("", 4096); }
+TEST_P(Notifications, BinaryPayload) { write_with(binary_payload(1000), 3 << 20); }
+TEST_P(Notifications, LargeBinaryPayload) { write_with(binary_payload(256 << 10), 100); }
+TEST_P(Notifications, InlineSizedWrite) { write_with("tiny", 1); }
+
+// genNotif on its own: every kind of payload, each exactly once and in order.
+TEST_P(Notifications, Standalone) {
+    const std::vector<std::string> msgs = {"hello", "", binary_payload(333), "x"};
+    for (const std::string& m : msgs) EXPECT_EQ((*a_)->genNotif(b_name_, m), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(*b_, msgs.size(), {a_.get()}));
+    pump_for(milliseconds(100), {a_.get(), b_.get()});
+    std::vector<Notif> want;
+    for (const std::string& m : msgs) want.push_back({a_name_, m});
+    EXPECT_EQ(b_->received(), want);
+    EXPECT_TRUE(a_->received().empty());
+}
+
+// A WRITE's notification is seen only once all of its data is visible in the target's memory:
+// checked at the moment the notification is seen, before the initiator is asked about it.
+TEST_P(Notifications, WriteNotificationFollowsData) {
+    constexpr size_t kSize = 16 << 20;
+    for (int round = 0; round < 3; ++round) {
+        SCOPED_TRACE(round);
+        src_->fill(40 + round);
+        const auto want = src_->read_all();
+        const std::string msg = "written-" + std::to_string(round);
+        bool checked = false;
+        b_->on_notif = [&](const Notif& n) {
+            if (n.msg != msg) return;
+            checked = true;
+            EXPECT_TRUE(same_bytes(dst_->read_all(), want)) << "at notification time";
+        };
+        // 16 descriptors, so that a partial completion would show.
+        Ranges ranges;
+        for (uint64_t off = 0; off < kSize; off += kSize / 16) ranges.emplace_back(off, kSize / 16);
+        const nixl_opt_args_t args = with_notif(msg);
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ((*a_)->createXferReq(NIXL_WRITE, xfer_list(*src_, ranges),
+                                       xfer_list(*dst_, ranges), b_name_, req, &args),
+                  NIXL_SUCCESS);
+        nixl_status_t st = (*a_)->postXferReq(req);
+        ASSERT_GE(st, 0);
+        // The target looks first, then the initiator, so the target may see the notification
+        // while the transfer is still in progress for the initiator.
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (!checked && std::chrono::steady_clock::now() < deadline) {
+            ASSERT_EQ(b_->pump(), NIXL_SUCCESS);
+            if (st == NIXL_IN_PROG) st = (*a_)->getXferStatus(req);
+            ASSERT_GE(st, 0);
+        }
+        EXPECT_TRUE(checked);
+        if (st == NIXL_IN_PROG) st = wait_xfer(*a_, req, {b_.get()});
+        EXPECT_EQ(st, NIXL_SUCCESS);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+        b_->on_notif = nullptr;
+    }
+    pump_for(milliseconds(50), {b_.get()});
+    EXPECT_EQ(b_->received().size(), 3u);
+}
+
+// A READ's notification reaches the target once the read is complete for the initiator.
+TEST_P(Notifications, ReadNotificationFollowsCompletion) {
+    constexpr size_t kSize = 16 << 20;
+    dst_->fill(77);
+    src_->fill(78);
+    bool completed = false;
+    bool seen = false;
+    b_->on_notif = [&](const Notif& n) {
+        seen = true;
+        EXPECT_EQ(n, (Notif{a_name_, "read-done"}));
+        EXPECT_TRUE(completed) << "the target heard of the read before it completed";
+        std::vector<uint8_t> got(kSize), want(kSize);
+        src_->read(0, got.data(), kSize);
+        dst_->read(0, want.data(), kSize);
+        EXPECT_TRUE(same_bytes(got, want));
+    };
+    const nixl_opt_args_t args = with_notif("read-done");
+    nixlXferReqH* req = request(NIXL_READ, 0, kSize, &args);
+    ASSERT_NE(req, nullptr);
+    nixl_status_t st = (*a_)->postXferReq(req);
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (st == NIXL_IN_PROG && std::chrono::steady_clock::now() < deadline) {
+        ASSERT_EQ(b_->pump(), NIXL_SUCCESS);  // the target looks before each check
+        st = (*a_)->getXferStatus(req);
+    }
+    ASSERT_EQ(st, NIXL_SUCCESS);
+    completed = true;
+    ASSERT_TRUE(wait_notifs(*b_, 1));
+    pump_for(milliseconds(100), {a_.get(), b_.get()});
+    EXPECT_TRUE(seen);
+    EXPECT_EQ(b_->received().size(), 1u);
+    EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    b_->on_notif = nullptr;
+}
+
+INSTANTIATE_TEST_SUITE_P(ProgressThread, Notifications, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                             return info.param ? "On" : "Off";
+                         });
+
+// --- 4: releasing a request in flight -----------------------------------------------------------
+
+class ReleaseInFlight : public TwoAgents, public ::testing::WithParamInterface<nixl_xfer_op_t> {};
+
+// The target has no progress thread and nobody calls into it, so a large transfer cannot
+// complete: releasing it must return at once, and everything works afterwards.
+TEST_P(ReleaseInFlight, ReturnsPromptlyAndNothingBreaks) {
+    const nixl_xfer_op_t op = GetParam();
+    constexpr size_t kSize = 64 << 20;
+    start(kSize, {}, {.prog_thread = false}, std::string("release-") + op_name(op));
+    src_->fill(1);
+    dst_->fill(2);
+    // Connect (and check the path) with a small transfer while the target is served.
+    nixlXferReqH* warm = request(op, 0, 4096);
+    ASSERT_NE(warm, nullptr);
+    ASSERT_EQ(post_and_wait(*a_, warm, {b_.get()}), NIXL_SUCCESS);
+    EXPECT_EQ((*a_)->releaseXferReq(warm), NIXL_SUCCESS);
+
+    const nixl_opt_args_t args = with_notif("released");
+    nixlXferReqH* req = request(op, 0, kSize, &args);
+    ASSERT_NE(req, nullptr);
+    ASSERT_EQ((*a_)->postXferReq(req), NIXL_IN_PROG);
+    std::this_thread::sleep_for(milliseconds(50));
+    ASSERT_EQ((*a_)->getXferStatus(req), NIXL_IN_PROG) << "the target was expected to stall it";
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, milliseconds(500)) << "releaseXferReq waited for the transfer";
+
+    // The target is served again: the released transfer drains (its notification, if any, is
+    // not checked), and new transfers, in both directions, on fresh buffers, work.
+    pump_for(milliseconds(200), {a_.get(), b_.get()});
+    constexpr size_t kMore = 5 << 20;
+    auto src2 = Buffer::create(DRAM_SEG, kMore);
+    auto dst2 = Buffer::create(DRAM_SEG, kMore);
+    ASSERT_TRUE(src2 && dst2);
+    src2->fill(3);
+    dst2->fill(4);
+    ASSERT_TRUE(a_->reg(*src2));
+    ASSERT_TRUE(b_->reg(*dst2));
+    ASSERT_EQ(a_->load(*b_), b_name_);  // b's new registration
+    for (nixl_xfer_op_t op2 : {NIXL_WRITE, NIXL_READ}) {
+        SCOPED_TRACE(op_name(op2));
+        if (op2 == NIXL_READ) dst2->fill(5);
+        nixlXferReqH* next = nullptr;
+        const nixl_opt_args_t next_args = with_notif(std::string("after-") + op_name(op2));
+        ASSERT_EQ((*a_)->createXferReq(op2, xfer_list(*src2, {{0, kMore}}),
+                                       xfer_list(*dst2, {{0, kMore}}), b_name_, next, &next_args),
+                  NIXL_SUCCESS);
+        ASSERT_EQ(post_and_wait(*a_, next, {b_.get()}), NIXL_SUCCESS);
+        EXPECT_TRUE(same_bytes(src2->read_all(), dst2->read_all()));
+        EXPECT_EQ((*a_)->releaseXferReq(next), NIXL_SUCCESS);
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (b_->count({a_name_, next_args.notif.value()}) == 0 &&
+               std::chrono::steady_clock::now() < deadline) {
+            ASSERT_EQ(b_->pump(), NIXL_SUCCESS);
+        }
+        EXPECT_EQ(b_->count({a_name_, next_args.notif.value()}), 1u);
+    }
+    // Deregistration and destruction (TearDown) with the released transfer's history behind.
+    a_->dereg_all();
+    b_->dereg_all();
+    EXPECT_TRUE(src_->guards_intact() && dst_->guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(Op, ReleaseInFlight, ::testing::Values(NIXL_WRITE, NIXL_READ),
+                         [](const ::testing::TestParamInfo<nixl_xfer_op_t>& info) {
+                             return op_name(info.param);
+                         });
+
+// --- 5: an initiator the target knows nothing of ------------------------------------------------
+
+// a loaded b's metadata; b never loaded a's. a's WRITE with a notification still reaches b,
+// named after a. NIXL's agent lets b answer only once it knows a (genNotif requires the remote
+// agent's metadata): with a's connection info alone (partial metadata, no registrations), b's
+// reply reaches a.
+TEST_F(TwoAgents, InboundFromUnknownAgent) {
+    start(1 << 20, {}, {}, "inbound");
+    src_->fill(9);
+    const nixl_opt_args_t args = with_notif("from a stranger");
+    nixlXferReqH* req = request(NIXL_WRITE, 0, 1 << 20, &args);
+    ASSERT_NE(req, nullptr);
+    ASSERT_EQ(post_and_wait(*a_, req, {b_.get()}), NIXL_SUCCESS);
+    EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(*b_, 1));
+    EXPECT_EQ(b_->received()[0], (Notif{a_name_, "from a stranger"}));
+    EXPECT_TRUE(same_bytes(dst_->read_all(), src_->read_all()));
+
+    // The agent refuses before the backend is asked.
+    EXPECT_EQ((*b_)->genNotif(a_name_, "reply"), NIXL_ERR_NOT_FOUND);
+
+    std::string conn_only;
+    ASSERT_EQ((*a_)->getLocalPartialMD(nixl_reg_dlist_t(DRAM_SEG), conn_only), NIXL_SUCCESS);
+    ASSERT_EQ(b_->load(conn_only), a_name_);
+    EXPECT_EQ((*b_)->genNotif(a_name_, "reply"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(*a_, 1, {b_.get()}));
+    pump_for(milliseconds(100), {a_.get(), b_.get()});
+    EXPECT_EQ(a_->received(), (std::vector<Notif>{{b_name_, "reply"}}));
+    EXPECT_EQ(b_->received().size(), 1u);
+}
+
+// --- 6: local transfers -------------------------------------------------------------------------
+
+struct LocalParam {
+    nixl_mem_t x_mem;
+    nixl_mem_t y_mem;
+    bool prog_thread;
+};
+
+std::string describe(const LocalParam& p) {
+    return std::string(mem_name(p.x_mem)) + "And" + mem_name(p.y_mem) +
+           (p.prog_thread ? "_Thread" : "_Polled");
+}
+void PrintTo(const LocalParam& p, std::ostream* os) { *os << describe(p); }
+
+class LocalXfer : public ::testing::TestWithParam<LocalParam> {};
+
+// An agent moving data between its own registrations: remote_agent is its own name (NIXL keeps
+// its own registrations as a loopback "remote" section; no metadata is loaded).
+TEST_P(LocalXfer, WriteAndReadWithNotification) {
+    const LocalParam& p = GetParam();
+    if ((p.x_mem == VRAM_SEG || p.y_mem == VRAM_SEG) && !have_gpu()) GTEST_SKIP() << "no GPU";
+    const Layout l = make_layout(3, 16);
+    auto x = Buffer::create(p.x_mem, l.local_size);
+    auto y = Buffer::create(p.y_mem, l.remote_size);
+    ASSERT_TRUE(x && y);
+    TestAgent a("local-a", {.prog_thread = p.prog_thread});
+    ASSERT_TRUE(a.reg(*x));
+    ASSERT_TRUE(a.reg(*y, 0, l.remote_cut));
+    ASSERT_TRUE(a.reg(*y, l.remote_cut, l.remote_size - l.remote_cut));
+    for (nixl_xfer_op_t op : {NIXL_WRITE, NIXL_READ}) {
+        SCOPED_TRACE(op_name(op));
+        x->fill(op == NIXL_WRITE ? 31 : 33);
+        y->fill(op == NIXL_WRITE ? 32 : 34);
+        const auto x_before = x->read_all();
+        const auto y_before = y->read_all();
+        const std::string msg = std::string("local-") + op_name(op);
+        const nixl_opt_args_t args = with_notif(msg);
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ(a->createXferReq(op, xfer_list(*x, l.local_ranges()),
+                                   xfer_list(*y, l.remote_ranges()), "local-a", req, &args),
+                  NIXL_SUCCESS);
+        nixl_status_t st = a->postXferReq(req);
+        if (st == NIXL_IN_PROG) st = wait_xfer(a, req);
+        EXPECT_EQ(st, NIXL_SUCCESS);
+        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+        if (op == NIXL_WRITE) {
+            EXPECT_TRUE(same_bytes(y->read_all(), apply(y_before, x_before, l, true)));
+            EXPECT_TRUE(same_bytes(x->read_all(), x_before));
+        } else {
+            EXPECT_TRUE(same_bytes(x->read_all(), apply(x_before, y_before, l, false)));
+            EXPECT_TRUE(same_bytes(y->read_all(), y_before));
+        }
+        const size_t before = a.received().size();
+        ASSERT_TRUE(wait_notifs(a, before + 1));
+        EXPECT_EQ(a.received().back(), (Notif{"local-a", msg}));
+    }
+    EXPECT_EQ(a->genNotif("local-a", "to myself"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(a, 3));
+    pump_for(milliseconds(50), {&a});
+    EXPECT_EQ(a.received(), (std::vector<Notif>{{"local-a", "local-Write"},
+                                                {"local-a", "local-Read"},
+                                                {"local-a", "to myself"}}));
+    EXPECT_TRUE(x->guards_intact() && y->guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mem, LocalXfer,
+    ::testing::Values(LocalParam{DRAM_SEG, DRAM_SEG, true}, LocalParam{DRAM_SEG, DRAM_SEG, false},
+                      LocalParam{VRAM_SEG, VRAM_SEG, true}, LocalParam{DRAM_SEG, VRAM_SEG, true},
+                      LocalParam{VRAM_SEG, DRAM_SEG, false}),
+    [](const ::testing::TestParamInfo<LocalParam>& info) { return describe(info.param); });
+
+// --- 10: backend parameters ---------------------------------------------------------------------
+
+TEST(NixlParams, PluginAdvertisesItsParametersAndMemory) {
+    nixlAgent agent("params-list", nixlAgentConfig(false));
+    std::vector<nixl_backend_t> plugins;
+    ASSERT_EQ(agent.getAvailPlugins(plugins), NIXL_SUCCESS);
+    EXPECT_NE(std::find(plugins.begin(), plugins.end(), kBackend), plugins.end());
+    nixl_mem_list_t mems;
+    nixl_b_params_t params;
+    ASSERT_EQ(agent.getPluginParams(kBackend, mems, params), NIXL_SUCCESS);
+    EXPECT_NE(std::find(mems.begin(), mems.end(), DRAM_SEG), mems.end());
+    EXPECT_NE(std::find(mems.begin(), mems.end(), VRAM_SEG), mems.end());
+    for (const char* key : {"channels", "nsocks", "chunk_size", "interface"}) {
+        EXPECT_EQ(params.count(key), 1u) << key;
+    }
+}
+
+// Valid parameters, by their backend names and by engine setting names, plus keys nobody knows:
+// the backend is created and moves data.
+TEST(NixlParams, ValidParametersWork) {
+    const nixl_b_params_t params = {{"channels", "2"},      {"nsocks", "2"},
+                                    {"chunk_size", "256K"}, {"interface", "=lo"},
+                                    {"window", "8"},        {"no_such_parameter", "whatever"},
+                                    {"net_plugin", ""}};
+    constexpr size_t kSize = (3 << 20) + 17;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    src->fill(61);
+    TestAgent a("params-a", {.params = params});
+    TestAgent b("params-b", {.params = params});
+    ASSERT_NE(a.backend(), nullptr);
+    nixl_mem_list_t mems;
+    nixl_b_params_t got;
+    ASSERT_EQ(a->getBackendParams(a.backend(), mems, got), NIXL_SUCCESS);
+    EXPECT_EQ(got.at("chunk_size"), "256K");
+    ASSERT_TRUE(a.reg(*src));
+    ASSERT_TRUE(b.reg(*dst));
+    ASSERT_EQ(a.load(b), "params-b");
+    for (nixl_xfer_op_t op : {NIXL_WRITE, NIXL_READ}) {
+        SCOPED_TRACE(op_name(op));
+        if (op == NIXL_READ) dst->fill(62);
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ(a->createXferReq(op, xfer_list(*src, {{0, kSize}}), xfer_list(*dst, {{0, kSize}}),
+                                   "params-b", req),
+                  NIXL_SUCCESS);
+        ASSERT_EQ(post_and_wait(a, req, {&b}), NIXL_SUCCESS);
+        EXPECT_TRUE(same_bytes(src->read_all(), dst->read_all()));
+        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+    }
+}
+
+// An invalid value fails createBackend (no crash), and the agent can still create the backend
+// with valid parameters afterwards.
+TEST(NixlParams, InvalidValueFailsCreateBackend) {
+    const std::vector<nixl_b_params_t> invalid = {
+        {{"nsocks", "0"}},
+        {{"nsocks", "abc"}},
+        {{"nsocks", "-3"}},
+        {{"channels", "999"}},
+        {{"chunk_size", "1K"}},
+        {{"chunk_size", "lots"}},
+        {{"interface", "=no-such-interface0"}},
+        {{"port", "70000"}},
+        {{"log_level", "chatty"}},
+    };
+    nixlAgent agent("params-bad", nixlAgentConfig(true));
+    for (const nixl_b_params_t& params : invalid) {
+        SCOPED_TRACE(params.begin()->first + "=" + params.begin()->second);
+        nixlBackendH* backend = nullptr;
+        EXPECT_NE(agent.createBackend(kBackend, params, backend), NIXL_SUCCESS);
+    }
+    nixlBackendH* backend = nullptr;
+    EXPECT_EQ(agent.createBackend(kBackend, loopback_params(), backend), NIXL_SUCCESS);
+    EXPECT_NE(backend, nullptr);
+}
+
+// --- 11: many threads, one agent ----------------------------------------------------------------
+
+class Threads : public ::testing::TestWithParam<bool> {};
+
+// With NIXL_THREAD_SYNC_RW, threads create, post, check and release their own requests to the
+// same remote agent at once; every byte is checked, every notification counted.
+TEST_P(Threads, ConcurrentRequestsToOneAgent) {
+    constexpr int kThreads = 4;
+    constexpr int kIters = 24;
+    constexpr size_t kSlice = 300 << 10;
+    auto src = Buffer::create(DRAM_SEG, kThreads * kSlice);
+    auto dst = Buffer::create(DRAM_SEG, kThreads * kSlice);
+    ASSERT_TRUE(src && dst);
+    const AgentOptions options{.prog_thread = GetParam(),
+                               .sync = nixl_thread_sync_t::NIXL_THREAD_SYNC_RW};
+    TestAgent a("threads-a", options);
+    TestAgent b("threads-b", {.sync = nixl_thread_sync_t::NIXL_THREAD_SYNC_RW});
+    ASSERT_TRUE(a.reg(*src));
+    ASSERT_TRUE(b.reg(*dst));
+    ASSERT_EQ(a.load(b), "threads-b");
+
+    std::atomic<int> running{kThreads};
+    auto work = [&](int t) {
+        const uint64_t base = t * kSlice;
+        std::mt19937_64 rng(t);
+        for (int k = 0; k < kIters; ++k) {
+            const nixl_xfer_op_t op = (k % 2 == 0) ? NIXL_WRITE : NIXL_READ;
+            // A few descriptors of random sizes inside this thread's slice.
+            Ranges ranges;
+            uint64_t at = rng() % 64;
+            for (int d = 0; d < 4; ++d) {
+                const uint64_t len = 1 + rng() % (kSlice / 5);
+                ranges.emplace_back(base + at, len);
+                at += len + rng() % 100;
+            }
+            const uint64_t seed = 1000 * (t + 1) + k;
+            Buffer& from = op == NIXL_WRITE ? *src : *dst;
+            const auto bytes = make_pattern(kSlice, seed);
+            from.write(base, bytes.data(), kSlice);
+            const std::string msg = "t" + std::to_string(t) + "-" + std::to_string(k);
+            const nixl_opt_args_t args = with_notif(msg);
+            nixlXferReqH* req = nullptr;
+            ASSERT_EQ(a->createXferReq(op, xfer_list(*src, ranges), xfer_list(*dst, ranges),
+                                       "threads-b", req, &args),
+                      NIXL_SUCCESS);
+            nixl_status_t st = a->postXferReq(req);
+            const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+            while (st == NIXL_IN_PROG && std::chrono::steady_clock::now() < deadline) {
+                std::this_thread::yield();
+                st = a->getXferStatus(req);
+            }
+            EXPECT_EQ(st, NIXL_SUCCESS) << msg;
+            EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+            Buffer& to = op == NIXL_WRITE ? *dst : *src;
+            for (const auto& [off, len] : ranges) {
+                std::vector<uint8_t> got(len);
+                to.read(off, got.data(), len);
+                EXPECT_EQ(pattern_mismatch(got.data(), len, seed, off - base), kNoMismatch)
+                    << msg << " [" << off << ", +" << len << ")";
+            }
+        }
+    };
+    auto worker = [&](int t) {
+        work(t);  // returns early on a fatal failure
+        --running;
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+    // The target is served from here meanwhile (a thread of its own, as an application would).
+    while (running.load() > 0) {
+        EXPECT_EQ(b.pump(), NIXL_SUCCESS);
+        std::this_thread::sleep_for(milliseconds(1));
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_TRUE(wait_notifs(b, kThreads * kIters));
+    pump_for(milliseconds(100), {&b});
+    EXPECT_EQ(b.received().size(), static_cast<size_t>(kThreads * kIters));
+    for (int t = 0; t < kThreads; ++t) {
+        for (int k = 0; k < kIters; ++k) {
+            const std::string msg = "t" + std::to_string(t) + "-" + std::to_string(k);
+            EXPECT_EQ(b.count({"threads-a", msg}), 1u) << msg;
+        }
+    }
+    EXPECT_TRUE(src->guards_intact() && dst->guards_intact());
+}
+
+INSTANTIATE_TEST_SUITE_P(InitiatorProgressThread, Threads, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                             return info.param ? "On" : "Off";
+                         });
+
+}  // namespace
+}  // namespace tcpx::nixl_test
