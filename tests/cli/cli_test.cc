@@ -115,12 +115,24 @@ TEST(BenchEngineCli, BadMemIsRefused) {
 
 // Without the raw baseline: in two processes its buffers pass to the engine through the other
 // process, which ThreadSanitizer cannot see (its reports in the child then take minutes). The
-// one-process tests below measure the baseline.
+// one-process tests below measure the baseline. For the same reason --verify is left out under
+// ThreadSanitizer: the child prepares a destination, and the peer's writes into it are ordered
+// after that only through the other process.
 TEST(BenchEngineCli, HostMemoryInTwoProcesses) {
-    const CliResult r = run_cli(quick({"bench", "engine", "--mem", "host", "--sizes", "4K,256K",
-                                       "--procs", "2", "--verify", "--no-baseline"}));
-    ASSERT_TRUE(exited_with(r, 0));
-    EXPECT_TRUE(has_all(r.output, {"memory: host", "WRITE", "READ", "verified"}));
+#if defined(__SANITIZE_THREAD__)
+    constexpr bool kVerify = false;
+#else
+    constexpr bool kVerify = true;
+#endif
+    std::vector<std::string> args = {"bench",   "engine",  "--mem", "host",         "--sizes",
+                                     "4K,256K", "--procs", "2",     "--no-baseline"};
+    if (kVerify) args.push_back("--verify");
+    const CliResult r = run_cli(quick(args));
+    ASSERT_TRUE(exited_with(r, 0)) << r.output;
+    EXPECT_TRUE(has_all(r.output, {"memory: host", "WRITE", "READ"}));
+    if (kVerify) {
+        EXPECT_TRUE(contains(r.output, "verified")) << r.output;
+    }
     EXPECT_FALSE(contains(r.output, "vram/host")) << r.output;
 }
 
