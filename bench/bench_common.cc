@@ -10,8 +10,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
+#include <utility>
 
+#include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 
@@ -91,6 +95,108 @@ bool unhex_blob(const std::string& hex, std::string* bytes) {
     if (!from_hex(hex, &raw)) return false;
     bytes->assign(raw.begin(), raw.end());
     return true;
+}
+
+// --- command-line sizes ------------------------------------------------------------------------
+
+bool parse_size_list(const std::string& text, std::vector<uint64_t>* out) {
+    out->clear();
+    for (const std::string& item : split_trimmed(text, ',')) {
+        const size_t dots = item.find("..");
+        if (dots != std::string::npos) {
+            uint64_t lo = 0;
+            uint64_t hi = 0;
+            if (!parse_size(item.substr(0, dots), &lo) || !parse_size(item.substr(dots + 2), &hi) ||
+                lo == 0 || lo > hi) {
+                return false;
+            }
+            for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
+            continue;
+        }
+        uint64_t v = 0;
+        if (!parse_size(item, &v)) return false;
+        out->push_back(v);
+    }
+    return !out->empty();
+}
+
+// --- patterns for --verify ---------------------------------------------------------------------
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint8_t pattern_byte(uint64_t seed, uint64_t i) {
+    const uint64_t word = mix64(seed ^ (i / 8));
+    return static_cast<uint8_t>(word >> (8 * (i % 8)));
+}
+
+}  // namespace
+
+uint64_t pattern_seed(uint64_t run, int peer) {
+    return mix64(run * 0x100000001b3ULL + static_cast<uint64_t>(peer));
+}
+
+void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed) {
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const uint64_t word = mix64(seed ^ (i / 8));
+        std::memcpy(p + i, &word, 8);
+    }
+    for (; i < len; ++i) p[i] = pattern_byte(seed, i);
+}
+
+// OK, or which byte differs (kInternal, "<what>: byte ...").
+Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what) {
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const uint64_t word = mix64(seed ^ (i / 8));
+        if (std::memcmp(p + i, &word, 8) != 0) break;
+    }
+    for (; i < len; ++i) {
+        const uint8_t want = pattern_byte(seed, i);
+        if (p[i] != want) {
+            return internal_error(strformat("%s: byte %llu of %llu is 0x%02x, expected 0x%02x%s",
+                                            what.c_str(), static_cast<unsigned long long>(i),
+                                            static_cast<unsigned long long>(len), p[i], want,
+                                            p[i] == kPoison ? " (never written)" : ""));
+        }
+    }
+    return Status();
+}
+
+// --- memory ------------------------------------------------------------------------------------
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), len_(std::exchange(other.len_, 0)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+    if (this != &other) {
+        std::free(data_);
+        data_ = std::exchange(other.data_, nullptr);
+        len_ = std::exchange(other.len_, 0);
+    }
+    return *this;
+}
+
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+StatusOr<HostBuffer> HostBuffer::allocate(uint64_t len, uint8_t fill) {
+    constexpr uint64_t kPage = 4096;
+    const uint64_t rounded = (std::max<uint64_t>(len, 1) + kPage - 1) / kPage * kPage;
+    HostBuffer b;
+    b.data_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded));
+    if (b.data_ == nullptr) {
+        return resource_exhausted(strformat("allocating %s", format_bytes(len).c_str()));
+    }
+    b.len_ = len;
+    std::memset(b.data_, fill, rounded);
+    return b;
 }
 
 // --- peers -------------------------------------------------------------------------------------
@@ -375,10 +481,19 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
         count = std::min(kMaxCount, count * 4);
         TCPX_ASSIGN_OR_RETURN(t, run(count));
     }
-    const double per = std::max(t / static_cast<double>(count), 1e-9);
-    count = std::clamp<uint64_t>(static_cast<uint64_t>(cal.min_seconds / per), cal.min_iters,
-                                 std::max(kMaxCount, cal.min_iters));
+    auto count_for = [&](double seconds, uint64_t iters) {
+        const double per = std::max(seconds / static_cast<double>(iters), 1e-9);
+        return std::clamp<uint64_t>(static_cast<uint64_t>(cal.min_seconds / per), cal.min_iters,
+                                    std::max(kMaxCount, cal.min_iters));
+    };
+    count = count_for(t, count);
     TCPX_ASSIGN_OR_RETURN(double seconds, run(count));
+    for (int retry = 0; retry < 2 && seconds < cal.min_seconds / 2; ++retry) {
+        const uint64_t more = count_for(seconds, count);
+        if (more <= count) break;  // at the iteration cap already
+        count = more;
+        TCPX_ASSIGN_OR_RETURN(seconds, run(count));
+    }
     Throughput out;
     out.iters = count;
     out.seconds = seconds;
@@ -388,14 +503,26 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
 
 StatusOr<Latency> measure_latency(
     const Calibration& cal, const std::function<StatusOr<std::vector<double>>(uint64_t)>& run) {
+    constexpr uint64_t kMaxSamples = 200000;
     TCPX_ASSIGN_OR_RETURN(auto warm, run(20));
     double sum = 0;
     for (double v : warm) sum += v;
     const double per = std::max(sum / 20.0 / 1e6, 1e-7);
     const uint64_t count =
         std::clamp<uint64_t>(static_cast<uint64_t>(cal.min_seconds / per), cal.min_iters,
-                             std::max<uint64_t>(200000, cal.min_iters));
+                             std::max<uint64_t>(kMaxSamples, cal.min_iters));
     TCPX_ASSIGN_OR_RETURN(auto samples, run(count));
+    for (int retry = 0; retry < 2 && samples.size() < kMaxSamples; ++retry) {
+        double total_us = 0;
+        for (double v : samples) total_us += v;
+        if (total_us / 1e6 >= cal.min_seconds / 2) break;
+        const double mean_s = std::max(total_us / static_cast<double>(samples.size()) / 1e6, 1e-7);
+        const uint64_t more = std::min<uint64_t>(
+            static_cast<uint64_t>((cal.min_seconds - total_us / 1e6) / mean_s) + 1,
+            kMaxSamples - samples.size());
+        TCPX_ASSIGN_OR_RETURN(auto extra, run(more));
+        samples.insert(samples.end(), extra.begin(), extra.end());
+    }
     return summarize(std::move(samples));
 }
 

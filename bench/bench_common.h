@@ -80,6 +80,48 @@ std::vector<std::string> words(const std::string& line);
 std::string hex_blob(const std::string& bytes);
 bool unhex_blob(const std::string& hex, std::string* bytes);
 
+// --- command-line sizes ------------------------------------------------------------------------
+
+// "4K,64K,1M" or a range "4K..64M" (each size 4x the previous), or both ("4K..64K,1M"); false on
+// anything else (an empty list, a bad size, a range of zero or backwards).
+bool parse_size_list(const std::string& text, std::vector<uint64_t>* out);
+
+// --- patterns for --verify ---------------------------------------------------------------------
+//
+// A destination is poisoned before the transfer that should overwrite it, the source filled with
+// a pattern unique to its seed; afterwards the destination must hold the pattern.
+
+// What --verify writes over a destination before the transfer that should overwrite it.
+constexpr uint8_t kPoison = 0xee;
+
+// A seed for measurement `run` and peer `peer`.
+uint64_t pattern_seed(uint64_t run, int peer);
+void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed);
+// OK, or which byte differs (kInternal, "<what>: byte ...").
+Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what);
+
+// --- memory ------------------------------------------------------------------------------------
+
+// Page-aligned host memory, touched (filled with `fill`).
+class HostBuffer {
+ public:
+    HostBuffer() = default;
+    HostBuffer(const HostBuffer&) = delete;
+    HostBuffer& operator=(const HostBuffer&) = delete;
+    HostBuffer(HostBuffer&& other) noexcept;
+    HostBuffer& operator=(HostBuffer&& other) noexcept;
+    ~HostBuffer();
+
+    static StatusOr<HostBuffer> allocate(uint64_t len, uint8_t fill);
+
+    uint8_t* data() const { return data_; }
+    uint64_t size() const { return len_; }
+
+ private:
+    uint8_t* data_ = nullptr;
+    uint64_t len_ = 0;
+};
+
 // --- the peer: the responder on a thread, or in a child process --------------------------------
 
 class Peer {
@@ -222,13 +264,15 @@ struct Calibration {
 };
 
 // Warms up with growing runs until one lasts an eighth of min_seconds (connections and buffers
-// are warm then, and the rate is known), then measures for about min_seconds. run(count) does
-// `count` iterations of `bytes_per_iter` bytes and returns its seconds.
+// are warm then, and the rate is known), then measures for about min_seconds. A measurement that
+// ends up shorter than half of min_seconds (the rate rose after the warm-up) is taken again at the
+// new rate. run(count) does `count` iterations of `bytes_per_iter` bytes and returns its seconds.
 StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_per_iter,
                                         const std::function<StatusOr<double>(uint64_t)>& run);
 
-// Warms up with 20 iterations, then measures for about min_seconds (at most 200000 iterations).
-// run(count) returns one sample (microseconds) per iteration.
+// Warms up with 20 iterations, then measures for about min_seconds (at most 200000 iterations);
+// samples adding up to less than half of min_seconds (the warm-up was slow) are topped up at the
+// new rate. run(count) returns one sample (microseconds) per iteration.
 StatusOr<Latency> measure_latency(
     const Calibration& cal, const std::function<StatusOr<std::vector<double>>(uint64_t)>& run);
 

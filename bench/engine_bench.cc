@@ -49,9 +49,6 @@ constexpr uint64_t kSmallMessage = 32;
 // A transfer that has not finished after this long means the engine is stuck.
 constexpr auto kStallTimeout = std::chrono::seconds(60);
 
-// What --verify writes over a destination before the transfer that should overwrite it.
-constexpr uint8_t kPoison = 0xee;
-
 enum class Op { kWrite, kRead };
 
 const char* op_name(Op op) { return op == Op::kWrite ? "WRITE" : "READ"; }
@@ -74,51 +71,6 @@ StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
 }
 
 // --- patterns for --verify ---------------------------------------------------------------------
-
-uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-// The pattern of measurement `run` for peer `peer`.
-uint64_t pattern_seed(uint64_t run, int peer) {
-    return mix64(run * 0x100000001b3ULL + static_cast<uint64_t>(peer));
-}
-
-uint8_t pattern_byte(uint64_t seed, uint64_t i) {
-    const uint64_t word = mix64(seed ^ (i / 8));
-    return static_cast<uint8_t>(word >> (8 * (i % 8)));
-}
-
-void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed) {
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        const uint64_t word = mix64(seed ^ (i / 8));
-        std::memcpy(p + i, &word, 8);
-    }
-    for (; i < len; ++i) p[i] = pattern_byte(seed, i);
-}
-
-// OK, or which byte differs (kInternal, "<what>: byte ...").
-Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what) {
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        const uint64_t word = mix64(seed ^ (i / 8));
-        if (std::memcmp(p + i, &word, 8) != 0) break;
-    }
-    for (; i < len; ++i) {
-        const uint8_t want = pattern_byte(seed, i);
-        if (p[i] != want) {
-            return internal_error(strformat("%s: byte %llu of %llu is 0x%02x, expected 0x%02x%s",
-                                            what.c_str(), static_cast<unsigned long long>(i),
-                                            static_cast<unsigned long long>(len), p[i], want,
-                                            p[i] == kPoison ? " (never written)" : ""));
-        }
-    }
-    return Status();
-}
 
 // --verify before a transfer: its source gets the pattern `seed`, its destination is poisoned.
 Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed) {

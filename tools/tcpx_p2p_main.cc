@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "bench/engine_bench.h"
 #include "bench/net_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA
@@ -17,28 +18,6 @@
 #include "tcpx/version.h"
 
 namespace {
-
-// "4K,64K,1M" or a range "4K..64M" (each size 4x the previous).
-bool parse_sizes(const std::string& text, std::vector<uint64_t>* out) {
-    out->clear();
-    for (const std::string& item : tcpx::split_trimmed(text, ',')) {
-        const size_t dots = item.find("..");
-        if (dots != std::string::npos) {
-            uint64_t lo = 0;
-            uint64_t hi = 0;
-            if (!tcpx::parse_size(item.substr(0, dots), &lo) ||
-                !tcpx::parse_size(item.substr(dots + 2), &hi) || lo == 0 || lo > hi) {
-                return false;
-            }
-            for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
-            continue;
-        }
-        uint64_t v = 0;
-        if (!tcpx::parse_size(item, &v)) return false;
-        out->push_back(v);
-    }
-    return !out->empty();
-}
 
 // "A,B": two GPU indices, each in Config::gpu_index's range (0..1023).
 bool parse_gpus(const std::string& text, std::vector<int>* out) {
@@ -252,7 +231,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (bench_net->parsed()) {
-        if (!parse_sizes(sizes, &net_opts.sizes)) {
+        if (!tcpx::bench::parse_size_list(sizes, &net_opts.sizes)) {
             std::fprintf(stderr, "tcpx-p2p bench net: --sizes '%s' is not a size list or range\n",
                          sizes.c_str());
             return 2;
@@ -274,7 +253,7 @@ int main(int argc, char** argv) {
             return 2;
         }
         if (eng_serve) return tcpx::bench::serve_engine_bench(eng_opts);
-        if (!parse_sizes(eng_sizes, &eng_opts.sizes)) {
+        if (!tcpx::bench::parse_size_list(eng_sizes, &eng_opts.sizes)) {
             std::fprintf(stderr,
                          "tcpx-p2p bench engine: --sizes '%s' is not a size list or range\n",
                          eng_sizes.c_str());

@@ -1,0 +1,1150 @@
+// tcpx-nixl-bench: NIXL backends side by side (TCPX and UCX by default), in one run, through
+// NIXL's public agent API only (nixlAgent) — what an application using NIXL would see.
+//
+// Two processes on this host: the program forks before any agent or thread exists; the child is
+// the target, the parent the initiator, and a socketpair between them carries the line-oriented
+// commands of bench_common.h (metadata as hex, preparing and checking bytes for --verify). For
+// each backend, both processes create an agent holding that backend alone (progress thread on),
+// register one region each and the initiator loads the target's metadata. Then, for every op and
+// size, the initiator creates one transfer request per slot (createXferReq, `--batch`
+// descriptors of `size` each) and measures
+//   - throughput: `--depth` requests in flight, each reposted (postXferReq on the same handle) as
+//     soon as it completes, for about `--time` seconds and at least `--iters` rounds of `--depth`;
+//   - latency: one request at a time, post to completion, median and p99.
+// The target application does nothing but poll getNotifs until the initiator says stop: the
+// transfers are one-sided. A backend that cannot be created is reported and skipped.
+//
+// UCX: unless UCX_TLS is set, the program sets UCX_TLS=tcp before the fork (so both agents see
+// it), for a TCP-against-TCP comparison.
+#include <nixl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifdef TCPX_P2P_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "bench/bench_common.h"
+#include "common/params.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::bench {
+namespace {
+
+constexpr char kProgram[] = "tcpx-nixl-bench";
+constexpr char kInitiatorName[] = "tcpx-nixl-bench-initiator";
+constexpr char kTargetName[] = "tcpx-nixl-bench-target";
+// The notification attached to each request of a --verify round.
+constexpr char kVerifyNotif[] = "tcpx-nixl-bench-verify";
+
+enum class Op { kWrite, kRead };
+
+const char* op_name(Op op) { return op == Op::kWrite ? "WRITE" : "READ"; }
+nixl_xfer_op_t nixl_op(Op op) { return op == Op::kWrite ? NIXL_WRITE : NIXL_READ; }
+
+struct Options {
+    std::vector<std::string> backends = {"TCPX", "UCX"};
+    std::vector<Op> ops = {Op::kWrite, Op::kRead};
+    std::vector<uint64_t> sizes;
+    int depth = 8;  // requests in flight (fewer where they would pass max_memory)
+    int batch = 1;  // descriptors per request
+    uint64_t max_memory = kMaxInFlightBytes;  // per side
+    double min_seconds = 0.5;
+    int min_iters = 5;
+    bool vram = false;
+    int initiator_gpu = 0;
+    int target_gpu = 0;
+    std::string interface = "=lo";  // the TCPX backend's "interface" parameter
+    // Backend parameters from --param BACKEND:key=value, applied over the plugin's defaults.
+    std::vector<std::pair<std::string, std::pair<std::string, std::string>>> params;
+    bool verify = true;
+    bool latency = true;
+    bool json = false;
+    bool progress = true;
+    double stall_seconds = 60;  // no completion for this long: the backend is stuck
+};
+
+const char* mem_name(const Options& o) { return o.vram ? "VRAM" : "DRAM"; }
+
+Status from_nixl(nixl_status_t st, const std::string& what) {
+    if (st == NIXL_SUCCESS) return Status();
+    return internal_error(what + ": " + nixlEnumStrings::statusStr(st));
+}
+
+// Requests in flight for `size`: --depth, fewer where depth x batch x size would pass
+// --max-memory (but at least one).
+int depth_for(const Options& o, uint64_t size) {
+    const uint64_t request = size * static_cast<uint64_t>(o.batch);
+    const uint64_t fit = std::max<uint64_t>(1, o.max_memory / std::max<uint64_t>(request, 1));
+    return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(o.depth), fit));
+}
+
+// The region each side registers: room for the largest case.
+uint64_t region_bytes(const Options& o) {
+    uint64_t bytes = 0;
+    for (uint64_t size : o.sizes) {
+        bytes = std::max(bytes, size * static_cast<uint64_t>(o.batch) *
+                                    static_cast<uint64_t>(depth_for(o, size)));
+    }
+    return bytes;
+}
+
+// --- memory: host or GPU -------------------------------------------------------------------------
+
+// One region in DRAM (page-aligned) or VRAM (cudaMalloc on one GPU), with the --verify helpers:
+// slot s of `slot_bytes` carries the pattern pattern_seed(run, s).
+class Memory {
+ public:
+    Memory() = default;
+    Memory(const Memory&) = delete;
+    Memory& operator=(const Memory&) = delete;
+    ~Memory() {
+#ifdef TCPX_P2P_HAVE_CUDA
+        if (dev_ != nullptr) (void)cudaFree(dev_);
+#endif
+    }
+
+    static StatusOr<std::unique_ptr<Memory>> allocate(bool vram, int gpu, uint64_t len) {
+        auto m = std::make_unique<Memory>();
+        m->len_ = len;
+        if (!vram) {
+            TCPX_ASSIGN_OR_RETURN(m->host_, HostBuffer::allocate(len, 0x5a));
+            return m;
+        }
+#ifdef TCPX_P2P_HAVE_CUDA
+        int count = 0;
+        const cudaError_t e = cudaGetDeviceCount(&count);
+        if (e != cudaSuccess || count == 0) {
+            return failed_precondition(
+                strformat("--mem vram: no GPU here (cudaGetDeviceCount: %s)",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
+        }
+        if (gpu < 0 || gpu >= count) {
+            return invalid_argument(
+                strformat("--gpus: GPU %d does not exist (%d here)", gpu, count));
+        }
+        TCPX_RETURN_IF_ERROR(cuda(cudaSetDevice(gpu), "cudaSetDevice"));
+        void* p = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda(cudaMalloc(&p, len), "cudaMalloc of " + format_bytes(len)).with_context("--mem"));
+        m->dev_ = static_cast<uint8_t*>(p);
+        m->gpu_ = gpu;
+        TCPX_RETURN_IF_ERROR(cuda(cudaMemset(p, 0x5a, len), "cudaMemset"));
+        return m;
+#else
+        (void)gpu;
+        return unimplemented("--mem vram: this build has no CUDA");
+#endif
+    }
+
+    uint8_t* data() const { return dev_ != nullptr ? dev_ : host_.data(); }
+    uint64_t size() const { return len_; }
+    nixl_mem_t segment() const { return dev_ != nullptr ? VRAM_SEG : DRAM_SEG; }
+    uint64_t dev_id() const { return dev_ != nullptr ? static_cast<uint64_t>(gpu_) : 0; }
+
+    // Fills (pattern) or poisons the first `slots` slots of `slot_bytes`.
+    Status prepare(uint64_t run, uint64_t slot_bytes, int slots, bool pattern) {
+        TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
+        for (int s = 0; s < slots; ++s) {
+            const uint64_t off = static_cast<uint64_t>(s) * slot_bytes;
+            if (dev_ == nullptr) {
+                if (pattern) {
+                    fill_pattern(host_.data() + off, slot_bytes, pattern_seed(run, s));
+                } else {
+                    std::memset(host_.data() + off, kPoison, slot_bytes);
+                }
+                continue;
+            }
+#ifdef TCPX_P2P_HAVE_CUDA
+            if (!pattern) {
+                TCPX_RETURN_IF_ERROR(
+                    cuda(cudaMemset(dev_ + off, kPoison, slot_bytes), "cudaMemset"));
+                continue;
+            }
+            TCPX_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::allocate(slot_bytes, 0));
+            fill_pattern(staging.data(), slot_bytes, pattern_seed(run, s));
+            TCPX_RETURN_IF_ERROR(
+                cuda(cudaMemcpy(dev_ + off, staging.data(), slot_bytes, cudaMemcpyHostToDevice),
+                     "cudaMemcpy to the GPU"));
+#endif
+        }
+        return Status();
+    }
+
+    // OK when every slot holds its pattern; else where the first difference is.
+    Status check(uint64_t run, uint64_t slot_bytes, int slots, const std::string& what) const {
+        TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
+        for (int s = 0; s < slots; ++s) {
+            const uint64_t off = static_cast<uint64_t>(s) * slot_bytes;
+            const std::string where = strformat("%s, request slot %d", what.c_str(), s);
+            if (dev_ == nullptr) {
+                TCPX_RETURN_IF_ERROR(
+                    check_pattern(host_.data() + off, slot_bytes, pattern_seed(run, s), where));
+                continue;
+            }
+#ifdef TCPX_P2P_HAVE_CUDA
+            TCPX_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::allocate(slot_bytes, 0));
+            TCPX_RETURN_IF_ERROR(
+                cuda(cudaMemcpy(staging.data(), dev_ + off, slot_bytes, cudaMemcpyDeviceToHost),
+                     "cudaMemcpy from the GPU"));
+            TCPX_RETURN_IF_ERROR(
+                check_pattern(staging.data(), slot_bytes, pattern_seed(run, s), where));
+#endif
+        }
+        return Status();
+    }
+
+ private:
+    Status check_range(uint64_t slot_bytes, int slots) const {
+        if (slots < 0 || slot_bytes * static_cast<uint64_t>(slots) > len_) {
+            return out_of_range("slots beyond the registered region");
+        }
+        return Status();
+    }
+
+#ifdef TCPX_P2P_HAVE_CUDA
+    static Status cuda(cudaError_t e, const std::string& what) {
+        if (e == cudaSuccess) return Status();
+        return internal_error(what + ": " + cudaGetErrorString(e));
+    }
+#endif
+
+    HostBuffer host_;
+    uint8_t* dev_ = nullptr;
+    int gpu_ = -1;
+    uint64_t len_ = 0;
+};
+
+// --- agents
+// ---------------------------------------------------------------------------------------
+
+// One nixlAgent holding one backend, with the progress thread on.
+struct Agent {
+    std::unique_ptr<nixlAgent> agent;
+    nixlBackendH* backend = nullptr;
+    nixl_b_params_t params;  // the backend's, after creation
+};
+
+std::string join_plugins(const std::vector<nixl_backend_t>& plugins) {
+    std::string out;
+    for (const auto& p : plugins) out += (out.empty() ? "" : ", ") + p;
+    return out.empty() ? "none" : out;
+}
+
+StatusOr<Agent> create_agent(const std::string& name, const std::string& backend,
+                             const Options& o) {
+    Agent a;
+    nixlAgentConfig cfg;
+    cfg.useProgThread = true;
+    try {
+        a.agent = std::make_unique<nixlAgent>(name, cfg);
+    } catch (const std::exception& e) {
+        return internal_error(std::string("creating a NIXL agent: ") + e.what());
+    }
+    std::vector<nixl_backend_t> plugins;
+    TCPX_RETURN_IF_ERROR(from_nixl(a.agent->getAvailPlugins(plugins), "getAvailPlugins"));
+    if (std::find(plugins.begin(), plugins.end(), backend) == plugins.end()) {
+        const char* dir = std::getenv("NIXL_PLUGIN_DIR");
+        return not_found(strformat("no NIXL plugin '%s' (NIXL_PLUGIN_DIR=%s; found: %s)",
+                                   backend.c_str(), dir != nullptr ? dir : "(unset)",
+                                   join_plugins(plugins).c_str()));
+    }
+    nixl_mem_list_t mems;
+    nixl_b_params_t params;
+    const nixl_status_t loaded = a.agent->getPluginParams(backend, mems, params);
+    if (loaded == NIXL_ERR_NOT_FOUND) {
+        return not_found(
+            strformat("NIXL plugin '%s' was found but did not load (NIXL_LOG_LEVEL=INFO says "
+                      "why; often a library of the plugin's that LD_LIBRARY_PATH must name)",
+                      backend.c_str()));
+    }
+    TCPX_RETURN_IF_ERROR(from_nixl(loaded, "getPluginParams"));
+    if (backend == "TCPX" && !o.interface.empty()) params["interface"] = o.interface;
+    for (const auto& [b, kv] : o.params) {
+        if (b == backend) params[kv.first] = kv.second;
+    }
+    const nixl_mem_t seg = o.vram ? VRAM_SEG : DRAM_SEG;
+    if (std::find(mems.begin(), mems.end(), seg) == mems.end()) {
+        return unimplemented(strformat("backend %s does not take %s", backend.c_str(),
+                                       nixlEnumStrings::memTypeStr(seg).c_str()));
+    }
+    TCPX_RETURN_IF_ERROR(from_nixl(a.agent->createBackend(backend, params, a.backend),
+                                   "creating backend " + backend));
+    TCPX_RETURN_IF_ERROR(
+        from_nixl(a.agent->getBackendParams(a.backend, mems, a.params), "getBackendParams"));
+    return a;
+}
+
+nixl_reg_dlist_t region_dlist(const Memory& m) {
+    nixl_reg_dlist_t d(m.segment());
+    d.addDesc(nixlBlobDesc(reinterpret_cast<uintptr_t>(m.data()), m.size(), m.dev_id(), ""));
+    return d;
+}
+
+// --- the target (the child process) --------------------------------------------------------------
+
+// Commands (one line each; replies "ok" unless said otherwise, "error <status>" on failure):
+//   alloc <bytes>                          the region (DRAM or VRAM per the options)
+//   begin <backend>                        an agent with that backend, the region registered
+//                                          -> "ok <hex metadata> <address> <devId>"
+//   prepare <run> <slot_bytes> <slots> fill|poison
+//                                          before a --verify round; forgets notifications
+//   check <run> <slot_bytes> <slots> <notifs> data|nodata
+//                                          after it: waits for the round's notifications and
+//                                          (data) checks the written pattern
+//   end                                    the agent goes away
+//   quit                                   -> "bye"; the process exits
+// Between commands the target only polls getNotifs.
+class Target {
+ public:
+    Target(const Options& o, int fd) : o_(o), fd_(fd), channel_(fd, fd) {}
+
+    int serve() {
+        while (true) {
+            if (agent_.agent) poll_notifs();
+            pollfd p{fd_, POLLIN, 0};
+            const int r = ::poll(&p, 1, agent_.agent ? 1 : -1);
+            if (r <= 0) continue;
+            std::string line;
+            if (!channel_.read_line(&line)) return 1;  // the initiator is gone
+            const auto w = words(line);
+            if (!w.empty() && w[0] == "quit") {
+                end();
+                channel_.write_line("bye");
+                return 0;
+            }
+            std::string reply = "ok";
+            Status st = handle(w, &reply);
+            if (!st.ok()) reply = "error " + st.to_string();
+            if (!channel_.write_line(reply)) return 1;
+        }
+    }
+
+ private:
+    Status handle(const std::vector<std::string>& w, std::string* reply) {
+        if (w.size() == 2 && w[0] == "alloc") {
+            memory_.reset();
+            TCPX_ASSIGN_OR_RETURN(memory_,
+                                  Memory::allocate(o_.vram, o_.target_gpu, std::stoull(w[1])));
+            return Status();
+        }
+        if (w.size() == 2 && w[0] == "begin") return begin(w[1], reply);
+        if (w.size() == 5 && w[0] == "prepare") {
+            if (!memory_) return failed_precondition("prepare before alloc");
+            notifs_ = 0;
+            return memory_->prepare(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]),
+                                    w[4] == "fill");
+        }
+        if (w.size() == 6 && w[0] == "check") {
+            return check(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]), std::stoi(w[4]),
+                         w[5] == "data");
+        }
+        if (w.size() == 1 && w[0] == "end") {
+            end();
+            return Status();
+        }
+        return invalid_argument("unknown command");
+    }
+
+    Status begin(const std::string& backend, std::string* reply) {
+        end();
+        if (!memory_) return failed_precondition("begin before alloc");
+        TCPX_ASSIGN_OR_RETURN(agent_, create_agent(kTargetName, backend, o_));
+        TCPX_RETURN_IF_ERROR(
+            from_nixl(agent_.agent->registerMem(region_dlist(*memory_)), "registerMem"));
+        registered_ = true;
+        nixl_blob_t md;
+        TCPX_RETURN_IF_ERROR(from_nixl(agent_.agent->getLocalMD(md), "getLocalMD"));
+        *reply =
+            strformat("ok %s %llu %llu", hex_blob(md).c_str(),
+                      static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(memory_->data())),
+                      static_cast<unsigned long long>(memory_->dev_id()));
+        return Status();
+    }
+
+    Status check(uint64_t run, uint64_t slot_bytes, int slots, int want_notifs, bool data) {
+        if (!agent_.agent || !memory_) return failed_precondition("check outside begin/end");
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(o_.stall_seconds));
+        while (notifs_ < want_notifs && Clock::now() < deadline) {
+            poll_notifs();
+            if (notifs_ < want_notifs) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        if (notifs_ < want_notifs) {
+            return internal_error(strformat("VERIFICATION FAILED: %d of %d notifications arrived",
+                                            notifs_, want_notifs));
+        }
+        if (!data) return Status();
+        Status st = memory_->check(run, slot_bytes, slots, "target memory");
+        if (!st.ok()) return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
+        return Status();
+    }
+
+    void poll_notifs() {
+        nixl_notifs_t notifs;
+        if (agent_.agent->getNotifs(notifs) != NIXL_SUCCESS) return;
+        for (const auto& [from, msgs] : notifs) {
+            for (const auto& m : msgs) {
+                if (from == kInitiatorName && m == kVerifyNotif) ++notifs_;
+            }
+        }
+    }
+
+    void end() {
+        if (registered_) (void)agent_.agent->deregisterMem(region_dlist(*memory_));
+        registered_ = false;
+        agent_ = Agent();
+    }
+
+    const Options& o_;
+    int fd_;
+    FdChannel channel_;
+    std::unique_ptr<Memory> memory_;
+    Agent agent_;  // after memory_: goes first
+    bool registered_ = false;
+    int notifs_ = 0;  // verify notifications since the last prepare
+};
+
+// --- the initiator (this process) ----------------------------------------------------------------
+
+// The target's end of the socketpair, as bench_common's Peer.
+class SocketPeer final : public Peer {
+ public:
+    explicit SocketPeer(int fd) : channel_(fd, fd) {}
+    Channel* channel() override { return &channel_; }
+
+ private:
+    FdChannel channel_;
+};
+
+class Initiator {
+ public:
+    Initiator(const Options& o, Peer* peer, Memory* memory) : o_(o), peer_(peer), memory_(memory) {}
+    ~Initiator() { end(); }
+
+    // An agent with `backend` here and there, metadata loaded, connected.
+    Status begin(const std::string& backend) {
+        end();
+        TCPX_ASSIGN_OR_RETURN(agent_, create_agent(kInitiatorName, backend, o_));
+        TCPX_RETURN_IF_ERROR(
+            from_nixl(agent_.agent->registerMem(region_dlist(*memory_)), "registerMem"));
+        registered_ = true;
+        target_begun_ = true;
+        TCPX_ASSIGN_OR_RETURN(std::string reply, peer_->call("begin " + backend));
+        const auto w = words(reply);
+        std::string md;
+        if (w.size() != 4 || w[0] != "ok" || !unhex_blob(w[1], &md)) {
+            return protocol_error("target: " + reply);
+        }
+        remote_addr_ = std::stoull(w[2]);
+        remote_dev_ = std::stoull(w[3]);
+        TCPX_RETURN_IF_ERROR(from_nixl(agent_.agent->loadRemoteMD(md, target_), "loadRemoteMD"));
+        nixl_opt_args_t args;
+        args.backends = {agent_.backend};
+        TCPX_RETURN_IF_ERROR(from_nixl(agent_.agent->makeConnection(target_, &args),
+                                       "makeConnection to " + target_));
+        return Status();
+    }
+
+    const nixl_b_params_t& params() const { return agent_.params; }
+
+    // One request per slot for (op, size).
+    Status prepare(Op op, uint64_t size) {
+        release();
+        op_ = op;
+        slot_bytes_ = size * static_cast<uint64_t>(o_.batch);
+        handles_.assign(static_cast<size_t>(depth_for(o_, size)), nullptr);
+        const uintptr_t local = reinterpret_cast<uintptr_t>(memory_->data());
+        for (size_t s = 0; s < handles_.size(); ++s) {
+            nixl_xfer_dlist_t l(memory_->segment());
+            nixl_xfer_dlist_t r(memory_->segment());
+            for (int j = 0; j < o_.batch; ++j) {
+                const uint64_t off = s * slot_bytes_ + static_cast<uint64_t>(j) * size;
+                l.addDesc(nixlBasicDesc(local + off, size, memory_->dev_id()));
+                r.addDesc(nixlBasicDesc(remote_addr_ + off, size, remote_dev_));
+            }
+            nixl_opt_args_t args;
+            args.backends = {agent_.backend};
+            TCPX_RETURN_IF_ERROR(from_nixl(
+                agent_.agent->createXferReq(nixl_op(op), l, r, target_, handles_[s], &args),
+                "createXferReq"));
+        }
+        return Status();
+    }
+
+    int depth() const { return static_cast<int>(handles_.size()); }
+    uint64_t round_bytes() const { return slot_bytes_ * handles_.size(); }
+
+    // Every slot once, each request with a notification: the source patterned and the
+    // destination poisoned before, the destination checked after (here for READ, there for
+    // WRITE), and every notification must have arrived.
+    Status verify(uint64_t run) {
+        const int n = depth();
+        const std::string slots = strformat(" %llu %llu %d", static_cast<unsigned long long>(run),
+                                            static_cast<unsigned long long>(slot_bytes_), n);
+        const bool write = op_ == Op::kWrite;
+        TCPX_RETURN_IF_ERROR(memory_->prepare(run, slot_bytes_, n, write));
+        TCPX_RETURN_IF_ERROR(
+            peer_->call("prepare" + slots + (write ? " poison" : " fill")).status());
+        nixl_opt_args_t notif;
+        notif.notif = kVerifyNotif;
+        TCPX_RETURN_IF_ERROR(requests(static_cast<uint64_t>(n), &notif).status());
+        if (!write) {
+            Status st = memory_->check(run, slot_bytes_, n, "initiator memory");
+            if (!st.ok())
+                return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
+        }
+        return peer_->call("check" + slots + strformat(" %d ", n) + (write ? "data" : "nodata"))
+            .status();
+    }
+
+    // `total` requests with depth() in flight, each slot reposted as it completes. Returns the
+    // seconds from the first post to the last completion.
+    StatusOr<double> requests(uint64_t total, const nixl_opt_args_t* args = nullptr) {
+        nixl_opt_args_t plain;  // no notification (clears one a handle was posted with)
+        if (args == nullptr) args = &plain;
+        std::vector<bool> active(handles_.size(), false);
+        uint64_t posted = 0;
+        uint64_t done = 0;
+        const auto start = Clock::now();
+        for (size_t s = 0; s < handles_.size() && posted < total; ++s, ++posted) {
+            TCPX_RETURN_IF_ERROR(post(s, args));
+            active[s] = true;
+        }
+        auto last = start;
+        for (uint64_t spins = 0; done < total; ++spins) {
+            bool progressed = false;
+            for (size_t s = 0; s < handles_.size(); ++s) {
+                if (!active[s]) continue;
+                const nixl_status_t st = agent_.agent->getXferStatus(handles_[s]);
+                if (st == NIXL_IN_PROG) continue;
+                TCPX_RETURN_IF_ERROR(from_nixl(st, "transfer"));
+                ++done;
+                progressed = true;
+                active[s] = false;
+                if (posted < total) {
+                    TCPX_RETURN_IF_ERROR(post(s, args));
+                    active[s] = true;
+                    ++posted;
+                }
+            }
+            if (progressed) {
+                spins = 0;
+                last = Clock::now();
+            } else if (spins % 1024 == 1023 && seconds_since(last) > o_.stall_seconds) {
+                return timeout_error(strformat(
+                    "no transfer completed for %.0f s (%llu of %llu)", o_.stall_seconds,
+                    static_cast<unsigned long long>(done), static_cast<unsigned long long>(total)));
+            }
+        }
+        return seconds_since(start);
+    }
+
+    // `count` requests one at a time (slot 0): microseconds from post to completion each.
+    StatusOr<std::vector<double>> singles(uint64_t count) {
+        std::vector<double> us;
+        us.reserve(count);
+        nixl_opt_args_t plain;
+        for (uint64_t i = 0; i < count; ++i) {
+            const auto start = Clock::now();
+            TCPX_RETURN_IF_ERROR(post(0, &plain));
+            nixl_status_t st;
+            uint64_t spins = 0;
+            while ((st = agent_.agent->getXferStatus(handles_[0])) == NIXL_IN_PROG) {
+                if (++spins % 1024 == 0 && seconds_since(start) > o_.stall_seconds) {
+                    return timeout_error("a single transfer did not complete");
+                }
+            }
+            TCPX_RETURN_IF_ERROR(from_nixl(st, "transfer"));
+            us.push_back(seconds_since(start) * 1e6);
+        }
+        return us;
+    }
+
+    void end() {
+        release();
+        if (registered_) (void)agent_.agent->deregisterMem(region_dlist(*memory_));
+        registered_ = false;
+        if (agent_.agent && !target_.empty()) (void)agent_.agent->invalidateRemoteMD(target_);
+        target_.clear();
+        agent_ = Agent();
+        if (target_begun_) (void)peer_->call("end");
+        target_begun_ = false;
+    }
+
+ private:
+    Status post(size_t slot, const nixl_opt_args_t* args) {
+        const nixl_status_t st = agent_.agent->postXferReq(handles_[slot], args);
+        if (st == NIXL_SUCCESS || st == NIXL_IN_PROG) return Status();
+        return from_nixl(st, "postXferReq");
+    }
+
+    void release() {
+        for (nixlXferReqH* h : handles_) {
+            if (h != nullptr) (void)agent_.agent->releaseXferReq(h);
+        }
+        handles_.clear();
+    }
+
+    const Options& o_;
+    Peer* peer_;
+    Memory* memory_;
+    Agent agent_;
+    bool registered_ = false;
+    bool target_begun_ = false;
+    std::string target_;  // the target agent's name, from its metadata
+    uint64_t remote_addr_ = 0;
+    uint64_t remote_dev_ = 0;
+    Op op_ = Op::kWrite;
+    uint64_t slot_bytes_ = 0;
+    std::vector<nixlXferReqH*> handles_;
+};
+
+// --- results
+// ---------------------------------------------------------------------------------------
+
+struct Row {
+    std::string backend;
+    Op op = Op::kWrite;
+    uint64_t size = 0;
+    int depth = 0;
+    Throughput tp;
+    Latency lat;
+    bool verified = false;
+    std::string error;  // the case failed
+};
+
+struct BackendInfo {
+    std::string name;
+    std::string error;  // could not be created (skipped), or failed part way
+    nixl_b_params_t params;
+};
+
+struct Machine {
+    long cores = 0;
+    std::string cpu;
+    std::string kernel;
+    std::string ucx_tls;
+    bool ucx_tls_set_here = false;
+    std::string ucx_net_devices;
+    std::string plugin_dir;
+};
+
+Machine machine_info() {
+    Machine m;
+    m.cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);) {
+        if (line.rfind("model name", 0) == 0) {
+            const size_t colon = line.find(':');
+            if (colon != std::string::npos) m.cpu = std::string(trim(line.substr(colon + 1)));
+            break;
+        }
+    }
+    utsname u{};
+    if (::uname(&u) == 0) m.kernel = std::string(u.sysname) + " " + u.release;
+    return m;
+}
+
+// The ratio column's pair: TCPX against UCX.
+const Row* find_row(const std::vector<Row>& rows, const std::string& backend, const Row& like) {
+    for (const Row& r : rows) {
+        if (r.backend == backend && r.op == like.op && r.size == like.size && r.error.empty()) {
+            return &r;
+        }
+    }
+    return nullptr;
+}
+
+std::string size_label(const Options& o, uint64_t size) {
+    std::string s = format_bytes(size);
+    return o.batch > 1 ? strformat("%dx%s", o.batch, s.c_str()) : s;
+}
+
+std::string sorted_params(const nixl_b_params_t& params) {
+    std::map<std::string, std::string> sorted(params.begin(), params.end());
+    std::string out;
+    for (const auto& [k, v] : sorted) {
+        out += (out.empty() ? "" : ", ") + k + "=" + (v.empty() ? "\"\"" : v);
+    }
+    return out.empty() ? "(none)" : out;
+}
+
+std::string usecs(double v) {
+    return v >= 10000 ? strformat("%.2f ms", v / 1000) : strformat("%.1f us", v);
+}
+
+void print_table(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
+                 const std::vector<Row>& rows) {
+    std::printf("%s: NIXL backends through nixlAgent, 2 processes on this host, %s\n", kProgram,
+                mem_name(o));
+    std::printf("machine: %ld cores, %s, %s\n", m.cores, m.cpu.empty() ? "?" : m.cpu.c_str(),
+                m.kernel.c_str());
+    std::printf("UCX_TLS=%s%s", m.ucx_tls.c_str(),
+                m.ucx_tls_set_here ? " (set by this program)" : " (from the environment)");
+    if (!m.ucx_net_devices.empty()) std::printf(", UCX_NET_DEVICES=%s", m.ucx_net_devices.c_str());
+    std::printf("\nNIXL_PLUGIN_DIR=%s\n", m.plugin_dir.empty() ? "(unset)" : m.plugin_dir.c_str());
+    for (const BackendInfo& b : backends) {
+        if (b.params.empty() && !b.error.empty()) {
+            std::printf("%s: SKIPPED: %s\n", b.name.c_str(), b.error.c_str());
+            continue;
+        }
+        std::printf("%s params: %s\n", b.name.c_str(), sorted_params(b.params).c_str());
+        if (!b.error.empty()) std::printf("%s: FAILED: %s\n", b.name.c_str(), b.error.c_str());
+    }
+    const std::string gpus =
+        o.vram ? strformat(", GPU %d -> GPU %d", o.initiator_gpu, o.target_gpu) : "";
+    std::printf(
+        "throughput: GB/s (10^9 B/s), `depth` requests of %d descriptor%s in flight, reposted as "
+        "they complete\nlatency: one request at a time, post to completion%s\n\n",
+        o.batch, o.batch == 1 ? "" : "s", gpus.c_str());
+    std::printf("%-7s %-5s %-4s %10s %5s %8s %10s %10s  %13s %13s\n", "backend", "op", "mem",
+                "size", "depth", "GB/s", "lat p50", "lat p99", "TCPX/UCX GB/s", "TCPX/UCX p50");
+    // Grouped by case, the backends of one case next to each other.
+    for (Op op : o.ops) {
+        for (uint64_t size : o.sizes) {
+            for (const std::string& backend : o.backends) {
+                for (const Row& r : rows) {
+                    if (r.op != op || r.size != size || r.backend != backend) continue;
+                    if (!r.error.empty()) {
+                        std::printf("%-7s %-5s %-4s %10s  FAILED: %s\n", r.backend.c_str(),
+                                    op_name(r.op), mem_name(o), size_label(o, size).c_str(),
+                                    r.error.c_str());
+                        continue;
+                    }
+                    std::string tp_ratio = "";
+                    std::string lat_ratio = "";
+                    if (r.backend == "TCPX") {
+                        const Row* ucx = find_row(rows, "UCX", r);
+                        if (ucx != nullptr) {
+                            tp_ratio = ratio(r.tp.gbps, ucx->tp.gbps);
+                            if (o.latency) lat_ratio = ratio(r.lat.p50_us, ucx->lat.p50_us);
+                        }
+                    }
+                    std::string line = strformat(
+                        "%-7s %-5s %-4s %10s %5d %8.2f %10s %10s  %13s %13s", r.backend.c_str(),
+                        op_name(r.op), mem_name(o), size_label(o, size).c_str(), r.depth, r.tp.gbps,
+                        o.latency ? usecs(r.lat.p50_us).c_str() : "-",
+                        o.latency ? usecs(r.lat.p99_us).c_str() : "-", tp_ratio.c_str(),
+                        lat_ratio.c_str());
+                    line.erase(line.find_last_not_of(' ') + 1);
+                    std::printf("%s\n", line.c_str());
+                }
+            }
+        }
+    }
+    if (o.verify) {
+        std::printf(
+            "\nverified: the first round of every case (every slot once, with a notification)\n");
+    }
+}
+
+void print_json(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
+                const std::vector<Row>& rows) {
+    using nlohmann::json;
+    json out;
+    out["benchmark"] = "nixl";
+    out["machine"] = {{"cores", m.cores}, {"cpu", m.cpu}, {"kernel", m.kernel}};
+    out["env"] = {{"UCX_TLS", m.ucx_tls},
+                  {"UCX_TLS_set_by_benchmark", m.ucx_tls_set_here},
+                  {"UCX_NET_DEVICES", m.ucx_net_devices},
+                  {"NIXL_PLUGIN_DIR", m.plugin_dir}};
+    out["config"] = {{"mem", o.vram ? "vram" : "dram"},
+                     {"batch", o.batch},
+                     {"depth", o.depth},
+                     {"max_memory", o.max_memory},
+                     {"min_seconds", o.min_seconds},
+                     {"min_iters", o.min_iters},
+                     {"verify", o.verify},
+                     {"progress_thread", true}};
+    if (o.vram) out["config"]["gpus"] = {o.initiator_gpu, o.target_gpu};
+    out["backends"] = json::array();
+    for (const BackendInfo& b : backends) {
+        json j = {{"name", b.name},
+                  {"params", std::map<std::string, std::string>(b.params.begin(), b.params.end())}};
+        if (!b.error.empty()) j["error"] = b.error;
+        out["backends"].push_back(j);
+    }
+    out["results"] = json::array();
+    for (const Row& r : rows) {
+        json j = {{"backend", r.backend},
+                  {"op", r.op == Op::kWrite ? "write" : "read"},
+                  {"mem", o.vram ? "vram" : "dram"},
+                  {"size", r.size},
+                  {"batch", o.batch},
+                  {"depth", r.depth}};
+        if (!r.error.empty()) {
+            j["error"] = r.error;
+        } else {
+            j["gbps"] = r.tp.gbps;
+            j["requests"] = r.tp.iters * static_cast<uint64_t>(r.depth);
+            j["seconds"] = r.tp.seconds;
+            if (o.latency) {
+                j["latency"] = {{"p50_us", r.lat.p50_us},
+                                {"p99_us", r.lat.p99_us},
+                                {"mean_us", r.lat.mean_us},
+                                {"iters", r.lat.iters}};
+            }
+            j["verified"] = r.verified;
+            if (r.backend == "TCPX") {
+                const Row* ucx = find_row(rows, "UCX", r);
+                if (ucx != nullptr) {
+                    j["tcpx_over_ucx_gbps"] = r.tp.gbps / ucx->tp.gbps;
+                    if (o.latency) j["tcpx_over_ucx_p50"] = r.lat.p50_us / ucx->lat.p50_us;
+                }
+            }
+        }
+        out["results"].push_back(j);
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+}
+
+// --- the sweep
+// -------------------------------------------------------------------------------------
+
+// Runs every case of one backend (its agent already begun); appends rows. A failed case ends
+// the backend's sweep (its agents may be unusable). Verification failures set *verify_failed.
+Status sweep_backend(const Options& o, const std::string& backend, Initiator* init,
+                     Progress* progress, size_t* step, size_t steps, uint64_t* run,
+                     std::vector<Row>* rows, bool* verify_failed) {
+    Calibration cal;
+    cal.min_seconds = o.min_seconds;
+    cal.min_iters = static_cast<uint64_t>(o.min_iters);
+    for (Op op : o.ops) {
+        for (uint64_t size : o.sizes) {
+            Row row;
+            row.backend = backend;
+            row.op = op;
+            row.size = size;
+            row.depth = depth_for(o, size);
+            const std::string what = backend + " " + op_name(op) + " " + size_label(o, size);
+            Status st = [&]() -> Status {
+                progress->show(++*step, steps, what + ": throughput");
+                TCPX_RETURN_IF_ERROR(init->prepare(op, size));
+                if (o.verify) {
+                    Status v = init->verify(++*run);
+                    if (!v.ok() && v.message().find("VERIFICATION FAILED") != std::string::npos) {
+                        *verify_failed = true;
+                    }
+                    TCPX_RETURN_IF_ERROR(v);
+                    row.verified = true;
+                }
+                // An iteration is a round: every slot once.
+                TCPX_ASSIGN_OR_RETURN(
+                    row.tp, measure_throughput(cal, init->round_bytes(), [&](uint64_t count) {
+                        return init->requests(count * static_cast<uint64_t>(init->depth()));
+                    }));
+                if (o.latency) {
+                    progress->show(++*step, steps, what + ": latency");
+                    TCPX_ASSIGN_OR_RETURN(row.lat, measure_latency(cal, [&](uint64_t count) {
+                                              return init->singles(count);
+                                          }));
+                }
+                return Status();
+            }();
+            if (!st.ok()) {
+                row.error = st.to_string();
+                rows->push_back(row);
+                return st.with_context(what);
+            }
+            rows->push_back(row);
+        }
+    }
+    return Status();
+}
+
+int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
+    SocketPeer peer(fd);
+    int rc = 0;
+    std::vector<BackendInfo> backends;
+    std::vector<Row> rows;
+    {
+        std::unique_ptr<Memory> memory;
+        const uint64_t bytes = region_bytes(o);
+        Status st = [&]() -> Status {
+            TCPX_ASSIGN_OR_RETURN(memory, Memory::allocate(o.vram, o.initiator_gpu, bytes));
+            return peer.call("alloc " + std::to_string(bytes)).status().with_context("target");
+        }();
+        if (!st.ok()) {
+            std::fprintf(stderr, "%s: %s\n", kProgram, st.to_string().c_str());
+            (void)peer.call("quit");
+            ::waitpid(child, nullptr, 0);
+            return 1;
+        }
+        Initiator init(o, &peer, memory.get());
+        Progress progress(o.progress && !o.json);
+        const size_t steps =
+            o.backends.size() * o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
+        size_t step = 0;
+        uint64_t run = 0;
+        bool verify_failed = false;
+        for (const std::string& backend : o.backends) {
+            BackendInfo info;
+            info.name = backend;
+            Status begun = init.begin(backend);
+            info.params = init.params();
+            if (!begun.ok()) {
+                info.error = begun.to_string();
+                progress.clear();
+                std::fprintf(stderr, "%s: backend %s skipped: %s\n", kProgram, backend.c_str(),
+                             info.error.c_str());
+                init.end();
+                backends.push_back(info);
+                step += o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
+                continue;
+            }
+            Status swept = sweep_backend(o, backend, &init, &progress, &step, steps, &run, &rows,
+                                         &verify_failed);
+            if (!swept.ok()) {
+                info.error = swept.to_string();
+                progress.clear();
+                std::fprintf(stderr, "%s: %s\n", kProgram, info.error.c_str());
+                rc = 1;
+            }
+            init.end();
+            backends.push_back(info);
+        }
+        progress.clear();
+        if (verify_failed) rc = 1;
+        // Nothing measured at all (every backend skipped) is a failure too.
+        if (rows.empty()) rc = 1;
+    }
+    (void)peer.call("quit");
+    int status = 0;
+    for (int i = 0; i < 500 && ::waitpid(child, &status, WNOHANG) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (i == 499) {
+            ::kill(child, SIGKILL);
+            ::waitpid(child, &status, 0);
+        }
+    }
+    if (o.json) {
+        print_json(o, machine, backends, rows);
+    } else {
+        print_table(o, machine, backends, rows);
+    }
+    return rc;
+}
+
+// Splits "A,B" into words; false when empty.
+bool split_list(const std::string& text, std::vector<std::string>* out) {
+    *out = split_trimmed(text, ',');
+    std::erase_if(*out, [](const std::string& s) { return s.empty(); });
+    return !out->empty();
+}
+
+}  // namespace
+
+int nixl_bench_main(int argc, char** argv) {
+    CLI::App app{
+        "tcpx-nixl-bench: NIXL backends (TCPX, UCX, ...) side by side through nixlAgent, "
+        "initiator and target in two processes on this host"};
+    Options o;
+    std::string backends = "TCPX,UCX";
+    std::string ops = "write,read";
+    std::string sizes = "4K,64K,1M,16M,64M";
+    std::string mem = "dram";
+    std::string gpus = "0,0";
+    std::string max_memory = "512M";
+    std::vector<std::string> params;
+    bool no_latency = false;
+    bool no_progress = false;
+    app.add_option("--backends", backends, "NIXL backends to measure, in this order")
+        ->capture_default_str();
+    app.add_option("--ops", ops, "Operations: write, read or both")->capture_default_str();
+    app.add_option("--sizes", sizes,
+                   "Bytes per descriptor: a list (4K,1M) or a range (4K..64M, x4)")
+        ->capture_default_str();
+    app.add_option("--depth", o.depth,
+                   "Requests in flight for throughput (fewer where they would pass --max-memory)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    app.add_option("--batch", o.batch, "Descriptors per request")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 65536));
+    app.add_option("--max-memory", max_memory,
+                   "Registered bytes per side at most (depth x batch x size)")
+        ->capture_default_str();
+    app.add_option("--time", o.min_seconds, "Seconds per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(0.01, 600.0));
+    app.add_option("--iters", o.min_iters, "Minimum rounds (of --depth requests) per measurement")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1000000));
+    app.add_option("--mem", mem, "Memory on both sides")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"dram", "vram"}));
+    app.add_option("--gpus", gpus, "With --mem vram: initiator GPU,target GPU")
+        ->capture_default_str();
+    app.add_option("--interface", o.interface,
+                   "The TCPX backend's 'interface' parameter (TCPX_P2P_SOCKET_IFNAME syntax)")
+        ->capture_default_str();
+    app.add_option("--param", params,
+                   "A backend parameter over the plugin's default, BACKEND:key=value (repeatable), "
+                   "e.g. TCPX:nsocks=4 or UCX:num_workers=2");
+    app.add_flag("--verify,!--no-verify", o.verify,
+                 "Check the bytes (and notifications) of the first round of every case")
+        ->capture_default_str();
+    app.add_flag("--no-latency", no_latency, "Skip the one-at-a-time (latency) measurements");
+    app.add_option("--timeout", o.stall_seconds,
+                   "Seconds without a completion before a backend counts as stuck")
+        ->capture_default_str()
+        ->check(CLI::Range(1.0, 3600.0));
+    app.add_flag("--json", o.json, "Print JSON instead of a table");
+    app.add_flag("--no-progress", no_progress, "No progress display on stderr");
+    CLI11_PARSE(app, argc, argv);
+    o.latency = !no_latency;
+    o.progress = !no_progress;
+
+    auto usage = [](const std::string& msg) {
+        std::fprintf(stderr, "%s: %s\n", kProgram, msg.c_str());
+        return 2;
+    };
+    if (!split_list(backends, &o.backends)) return usage("--backends: no backend");
+    std::vector<std::string> op_words;
+    if (!split_list(ops, &op_words)) return usage("--ops: no operation");
+    o.ops.clear();
+    for (const std::string& w : op_words) {
+        if (w == "write" || w == "WRITE") {
+            o.ops.push_back(Op::kWrite);
+        } else if (w == "read" || w == "READ") {
+            o.ops.push_back(Op::kRead);
+        } else {
+            return usage("--ops: '" + w + "' is neither write nor read");
+        }
+    }
+    if (!parse_size_list(sizes, &o.sizes)) {
+        return usage("--sizes '" + sizes + "' is not a size list or range");
+    }
+    for (uint64_t s : o.sizes) {
+        if (s == 0) return usage("--sizes: a size of 0");
+    }
+    if (!parse_size(max_memory, &o.max_memory) || o.max_memory == 0) {
+        return usage("--max-memory '" + max_memory + "' is not a size");
+    }
+    o.vram = mem == "vram";
+    if (o.vram) {
+#ifndef TCPX_P2P_HAVE_CUDA
+        return usage("--mem vram: this build has no CUDA (built without TCPX_P2P_HAVE_CUDA)");
+#endif
+        const auto g = split_trimmed(gpus, ',');
+        if (g.size() != 2 || g[0].empty() || g[1].empty() ||
+            g[0].find_first_not_of("0123456789") != std::string::npos ||
+            g[1].find_first_not_of("0123456789") != std::string::npos) {
+            return usage("--gpus: expected two GPU indices, initiator,target (e.g. 0,1)");
+        }
+        o.initiator_gpu = std::stoi(g[0]);
+        o.target_gpu = std::stoi(g[1]);
+    }
+    for (const std::string& p : params) {
+        const size_t colon = p.find(':');
+        const size_t eq = p.find('=', colon == std::string::npos ? 0 : colon);
+        if (colon == std::string::npos || colon == 0 || eq == std::string::npos ||
+            eq == colon + 1) {
+            return usage("--param '" + p + "': expected BACKEND:key=value");
+        }
+        o.params.push_back(
+            {p.substr(0, colon), {p.substr(colon + 1, eq - colon - 1), p.substr(eq + 1)}});
+    }
+
+    // Environment for both processes, before any agent exists: UCX over TCP unless the user
+    // chose its transports, and this build's plugin directory unless one is given.
+#ifdef TCPX_NIXL_BENCH_PLUGIN_DIR
+    if (std::getenv("NIXL_PLUGIN_DIR") == nullptr &&
+        ::access(TCPX_NIXL_BENCH_PLUGIN_DIR, R_OK) == 0) {
+        ::setenv("NIXL_PLUGIN_DIR", TCPX_NIXL_BENCH_PLUGIN_DIR, 1);
+        // That directory links NIXL's own plugins (UCX), which find their libraries through
+        // $ORIGIN/..: the loader takes $ORIGIN from the path a plugin was opened by, so through
+        // a link it looks beside the link. NIXL's library directory on LD_LIBRARY_PATH fixes
+        // that; the loader reads it only when a program starts, hence the new start.
+        const char* ld = std::getenv("LD_LIBRARY_PATH");
+        const std::string path = ld != nullptr ? ld : "";
+        const auto dirs = split_trimmed(path, ':');
+        if (std::find(dirs.begin(), dirs.end(), TCPX_NIXL_BENCH_LIB_DIR) == dirs.end()) {
+            const std::string with =
+                std::string(TCPX_NIXL_BENCH_LIB_DIR) + (path.empty() ? "" : ":" + path);
+            ::setenv("LD_LIBRARY_PATH", with.c_str(), 1);
+            // By its own path, not /proc/self/exe: that would rename the process "exe".
+            char self[4096];
+            const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+            if (n > 0) {
+                self[n] = '\0';
+                ::execv(self, argv);
+            }
+            std::perror("re-executing with LD_LIBRARY_PATH");  // carries on without it
+        }
+    }
+#endif
+    Machine machine = machine_info();
+    if (const char* tls = std::getenv("UCX_TLS"); tls != nullptr) {
+        machine.ucx_tls = tls;
+    } else {
+        ::setenv("UCX_TLS", "tcp", 1);
+        machine.ucx_tls = "tcp";
+        machine.ucx_tls_set_here = true;
+    }
+    if (const char* devs = std::getenv("UCX_NET_DEVICES"); devs != nullptr) {
+        machine.ucx_net_devices = devs;
+    }
+    if (const char* dir = std::getenv("NIXL_PLUGIN_DIR"); dir != nullptr) machine.plugin_dir = dir;
+    if (!o.json) {
+        std::string devs;
+        if (!machine.ucx_net_devices.empty()) devs = ", UCX_NET_DEVICES=" + machine.ucx_net_devices;
+        std::fprintf(stderr, "%s: UCX_TLS=%s%s%s\n", kProgram, machine.ucx_tls.c_str(),
+                     machine.ucx_tls_set_here ? " (set by this program)" : "", devs.c_str());
+    }
+
+    ::signal(SIGPIPE, SIG_IGN);
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        std::perror("socketpair");
+        return 1;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // No agent, no thread and no CUDA context exists yet: both sides start clean.
+    const pid_t child = ::fork();
+    if (child < 0) {
+        std::perror("fork");
+        return 1;
+    }
+    if (child == 0) {
+        ::close(sv[0]);
+        int rc;
+        {
+            Target target(o, sv[1]);
+            rc = target.serve();
+        }
+        std::fflush(stderr);
+        ::_exit(rc);
+    }
+    ::close(sv[1]);
+    const int rc = run_initiator(o, sv[0], child, machine);
+    ::close(sv[0]);
+    return rc;
+}
+
+}  // namespace tcpx::bench
+
+int main(int argc, char** argv) { return tcpx::bench::nixl_bench_main(argc, argv); }
