@@ -30,9 +30,12 @@ struct RemoteMD final : nixlBackendMD {
 // Backend parameters that name an engine setting, and the setting. Any TCPX_P2P_* parameter is
 // accepted by its own name too (e.g. "WINDOW" or "window").
 constexpr std::pair<const char*, const char*> kAliases[] = {
-    {"channels", "CHANNELS"},          {"nsocks", "NSOCKS"},
-    {"chunk_size", "XFER_CHUNK_SIZE"}, {"interface", "SOCKET_IFNAME"},
-    {"net_plugin", "NET_PLUGIN"},      {"gpu_index", "GPU_INDEX"},
+    {"channels", "CHANNELS"},
+    {"nsocks", "NSOCKS"},
+    {"chunk_size", "XFER_CHUNK_SIZE"},
+    {"interface", "SOCKET_IFNAME"},
+    {"net_plugin", "NET_PLUGIN"},
+    {"gpu_index", "GPU_INDEX"},
     {"port", "PORT"},
 };
 
@@ -112,13 +115,8 @@ nixl_status_t to_nixl(const Status& st) {
 
 nixl_b_params_t TcpxBackend::default_params() {
     return {
-        {"channels", "1"},
-        {"nsocks", "8"},
-        {"chunk_size", "1MiB"},
-        {"interface", ""},
-        {"net_plugin", ""},
-        {"gpu_index", "-1"},
-        {"port", "0"},
+        {"channels", "1"},  {"nsocks", "8"},     {"chunk_size", "1MiB"}, {"interface", ""},
+        {"net_plugin", ""}, {"gpu_index", "-1"}, {"port", "0"},
     };
 }
 
@@ -294,8 +292,8 @@ StatusOr<std::shared_ptr<TcpxBackend::Link>> TcpxBackend::connection_to(
         link->peer = in->second;
         return link;
     }
-    return Status(StatusCode::kNotFound, "TCPX: no connection to agent '" + agent +
-                                             "' (its metadata was never loaded)");
+    return Status(StatusCode::kNotFound,
+                  "TCPX: no connection to agent '" + agent + "' (its metadata was never loaded)");
 }
 
 std::shared_ptr<TcpxBackend::Link> TcpxBackend::connect_async(const std::string& md) const {
@@ -368,8 +366,7 @@ nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
 
 // --- transfers --------------------------------------------------------------------------------
 
-nixl_status_t TcpxBackend::prepXfer(const nixl_xfer_op_t& operation,
-                                    const nixl_meta_dlist_t& local,
+nixl_status_t TcpxBackend::prepXfer(const nixl_xfer_op_t& operation, const nixl_meta_dlist_t& local,
                                     const nixl_meta_dlist_t& remote,
                                     const std::string& remote_agent, nixlBackendReqH*& handle,
                                     const nixl_opt_b_args_t* /*opt_args*/) const {

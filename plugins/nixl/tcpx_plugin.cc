@@ -9,8 +9,7 @@ using Creator = nixlBackendPluginCreator<tcpx::nixl_backend::TcpxBackend>;
 
 extern "C" NIXL_PLUGIN_EXPORT nixlBackendPlugin* nixl_plugin_init() {
     return Creator::create(NIXL_PLUGIN_API_VERSION, "TCPX", tcpx::version_string(),
-                           tcpx::nixl_backend::TcpxBackend::default_params(),
-                           {DRAM_SEG, VRAM_SEG});
+                           tcpx::nixl_backend::TcpxBackend::default_params(), {DRAM_SEG, VRAM_SEG});
 }
 
 extern "C" NIXL_PLUGIN_EXPORT void nixl_plugin_fini() {}
