@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -120,6 +121,24 @@ bool parse_size_list(const std::string& text, std::vector<uint64_t>* out) {
     return !out->empty();
 }
 
+bool parse_gpu_pair(const std::string& text, std::vector<int>* out) {
+    out->clear();
+    const size_t comma = text.find(',');
+    if (comma == std::string::npos) return false;
+    const std::string_view all(text);
+    for (std::string_view item : {all.substr(0, comma), all.substr(comma + 1)}) {
+        item = trim(item);
+        int v = -1;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0 ||
+            v > 1023) {
+            return false;
+        }
+        out->push_back(v);
+    }
+    return true;
+}
+
 // --- patterns for --verify ---------------------------------------------------------------------
 
 namespace {
@@ -168,35 +187,6 @@ Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::s
         }
     }
     return Status();
-}
-
-// --- memory ------------------------------------------------------------------------------------
-
-HostBuffer::HostBuffer(HostBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), len_(std::exchange(other.len_, 0)) {}
-
-HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
-    if (this != &other) {
-        std::free(data_);
-        data_ = std::exchange(other.data_, nullptr);
-        len_ = std::exchange(other.len_, 0);
-    }
-    return *this;
-}
-
-HostBuffer::~HostBuffer() { std::free(data_); }
-
-StatusOr<HostBuffer> HostBuffer::allocate(uint64_t len, uint8_t fill) {
-    constexpr uint64_t kPage = 4096;
-    const uint64_t rounded = (std::max<uint64_t>(len, 1) + kPage - 1) / kPage * kPage;
-    HostBuffer b;
-    b.data_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded));
-    if (b.data_ == nullptr) {
-        return resource_exhausted(strformat("allocating %s", format_bytes(len).c_str()));
-    }
-    b.len_ = len;
-    std::memset(b.data_, fill, rounded);
-    return b;
 }
 
 // --- peers -------------------------------------------------------------------------------------

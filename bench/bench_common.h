@@ -85,6 +85,8 @@ bool unhex_blob(const std::string& hex, std::string* bytes);
 // "4K,64K,1M" or a range "4K..64M" (each size 4x the previous), or both ("4K..64K,1M"); false on
 // anything else (an empty list, a bad size, a range of zero or backwards).
 bool parse_size_list(const std::string& text, std::vector<uint64_t>* out);
+// "A,B": two GPU indices, each in Config::gpu_index's range (0..1023).
+bool parse_gpu_pair(const std::string& text, std::vector<int>* out);
 
 // --- patterns for --verify ---------------------------------------------------------------------
 //
@@ -99,28 +101,6 @@ uint64_t pattern_seed(uint64_t run, int peer);
 void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed);
 // OK, or which byte differs (kInternal, "<what>: byte ...").
 Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what);
-
-// --- memory ------------------------------------------------------------------------------------
-
-// Page-aligned host memory, touched (filled with `fill`).
-class HostBuffer {
- public:
-    HostBuffer() = default;
-    HostBuffer(const HostBuffer&) = delete;
-    HostBuffer& operator=(const HostBuffer&) = delete;
-    HostBuffer(HostBuffer&& other) noexcept;
-    HostBuffer& operator=(HostBuffer&& other) noexcept;
-    ~HostBuffer();
-
-    static StatusOr<HostBuffer> allocate(uint64_t len, uint8_t fill);
-
-    uint8_t* data() const { return data_; }
-    uint64_t size() const { return len_; }
-
- private:
-    uint8_t* data_ = nullptr;
-    uint64_t len_ = 0;
-};
 
 // --- the peer: the responder on a thread, or in a child process --------------------------------
 

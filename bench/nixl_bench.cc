@@ -40,11 +40,8 @@
 #include <utility>
 #include <vector>
 
-#ifdef TCPX_P2P_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #include "bench/bench_common.h"
+#include "bench/bench_memory.h"
 #include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -112,82 +109,45 @@ uint64_t region_bytes(const Options& o) {
 
 // --- memory: host or GPU -------------------------------------------------------------------------
 
-// One region in DRAM (page-aligned) or VRAM (cudaMalloc on one GPU), with the --verify helpers:
-// slot s of `slot_bytes` carries the pattern pattern_seed(run, s).
+// One region in DRAM or VRAM (bench::Buffer), with the --verify helpers: slot s of `slot_bytes`
+// carries the pattern pattern_seed(run, s).
 class Memory {
  public:
-    Memory() = default;
-    Memory(const Memory&) = delete;
-    Memory& operator=(const Memory&) = delete;
-    ~Memory() {
-#ifdef TCPX_P2P_HAVE_CUDA
-        if (dev_ != nullptr) (void)cudaFree(dev_);
-#endif
-    }
-
     static StatusOr<std::unique_ptr<Memory>> allocate(bool vram, int gpu, uint64_t len) {
+        if (vram) {
+            auto gpus = usable_gpus();
+            if (!gpus.ok()) return Status(gpus.status()).with_context("--mem vram");
+            if (gpu < 0 || gpu >= *gpus) {
+                return invalid_argument(
+                    strformat("--gpus: GPU %d does not exist (%d here)", gpu, *gpus));
+            }
+        }
         auto m = std::make_unique<Memory>();
-        m->len_ = len;
-        if (!vram) {
-            TCPX_ASSIGN_OR_RETURN(m->host_, HostBuffer::allocate(len, 0x5a));
-            return m;
-        }
-#ifdef TCPX_P2P_HAVE_CUDA
-        int count = 0;
-        const cudaError_t e = cudaGetDeviceCount(&count);
-        if (e != cudaSuccess || count == 0) {
-            return failed_precondition(
-                strformat("--mem vram: no GPU here (cudaGetDeviceCount: %s)",
-                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
-        }
-        if (gpu < 0 || gpu >= count) {
-            return invalid_argument(
-                strformat("--gpus: GPU %d does not exist (%d here)", gpu, count));
-        }
-        TCPX_RETURN_IF_ERROR(cuda(cudaSetDevice(gpu), "cudaSetDevice"));
-        void* p = nullptr;
-        TCPX_RETURN_IF_ERROR(
-            cuda(cudaMalloc(&p, len), "cudaMalloc of " + format_bytes(len)).with_context("--mem"));
-        m->dev_ = static_cast<uint8_t*>(p);
-        m->gpu_ = gpu;
-        TCPX_RETURN_IF_ERROR(cuda(cudaMemset(p, 0x5a, len), "cudaMemset"));
+        TCPX_ASSIGN_OR_RETURN(
+            m->buf_, Buffer::allocate(vram ? MemType::kVram : MemType::kHost, gpu, len, 0x5a));
+        m->gpu_ = vram ? gpu : -1;
         return m;
-#else
-        (void)gpu;
-        return unimplemented("--mem vram: this build has no CUDA");
-#endif
     }
 
-    uint8_t* data() const { return dev_ != nullptr ? dev_ : host_.data(); }
-    uint64_t size() const { return len_; }
-    nixl_mem_t segment() const { return dev_ != nullptr ? VRAM_SEG : DRAM_SEG; }
-    uint64_t dev_id() const { return dev_ != nullptr ? static_cast<uint64_t>(gpu_) : 0; }
+    uint8_t* data() const { return buf_.data(); }
+    uint64_t size() const { return buf_.size(); }
+    nixl_mem_t segment() const { return gpu_ >= 0 ? VRAM_SEG : DRAM_SEG; }
+    uint64_t dev_id() const { return gpu_ >= 0 ? static_cast<uint64_t>(gpu_) : 0; }
 
     // Fills (pattern) or poisons the first `slots` slots of `slot_bytes`.
     Status prepare(uint64_t run, uint64_t slot_bytes, int slots, bool pattern) {
         TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
         for (int s = 0; s < slots; ++s) {
-            const uint64_t off = static_cast<uint64_t>(s) * slot_bytes;
-            if (dev_ == nullptr) {
-                if (pattern) {
-                    fill_pattern(host_.data() + off, slot_bytes, pattern_seed(run, s));
-                } else {
-                    std::memset(host_.data() + off, kPoison, slot_bytes);
-                }
-                continue;
-            }
-#ifdef TCPX_P2P_HAVE_CUDA
-            if (!pattern) {
-                TCPX_RETURN_IF_ERROR(
-                    cuda(cudaMemset(dev_ + off, kPoison, slot_bytes), "cudaMemset"));
-                continue;
-            }
-            TCPX_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::allocate(slot_bytes, 0));
-            fill_pattern(staging.data(), slot_bytes, pattern_seed(run, s));
             TCPX_RETURN_IF_ERROR(
-                cuda(cudaMemcpy(dev_ + off, staging.data(), slot_bytes, cudaMemcpyHostToDevice),
-                     "cudaMemcpy to the GPU"));
-#endif
+                buf_.host_view(static_cast<uint64_t>(s) * slot_bytes, slot_bytes, /*load=*/false,
+                               /*store=*/true, [&](uint8_t* p) {
+                                   if (pattern) {
+                                       fill_pattern(p, slot_bytes, pattern_seed(run, s));
+                                   } else {
+                                       std::memset(p, kPoison, slot_bytes);
+                                   }
+                                   return Status();
+                               }));
         }
         return Status();
     }
@@ -196,44 +156,26 @@ class Memory {
     Status check(uint64_t run, uint64_t slot_bytes, int slots, const std::string& what) const {
         TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
         for (int s = 0; s < slots; ++s) {
-            const uint64_t off = static_cast<uint64_t>(s) * slot_bytes;
             const std::string where = strformat("%s, request slot %d", what.c_str(), s);
-            if (dev_ == nullptr) {
-                TCPX_RETURN_IF_ERROR(
-                    check_pattern(host_.data() + off, slot_bytes, pattern_seed(run, s), where));
-                continue;
-            }
-#ifdef TCPX_P2P_HAVE_CUDA
-            TCPX_ASSIGN_OR_RETURN(HostBuffer staging, HostBuffer::allocate(slot_bytes, 0));
             TCPX_RETURN_IF_ERROR(
-                cuda(cudaMemcpy(staging.data(), dev_ + off, slot_bytes, cudaMemcpyDeviceToHost),
-                     "cudaMemcpy from the GPU"));
-            TCPX_RETURN_IF_ERROR(
-                check_pattern(staging.data(), slot_bytes, pattern_seed(run, s), where));
-#endif
+                buf_.host_view(static_cast<uint64_t>(s) * slot_bytes, slot_bytes, /*load=*/true,
+                               /*store=*/false, [&](uint8_t* p) {
+                                   return check_pattern(p, slot_bytes, pattern_seed(run, s), where);
+                               }));
         }
         return Status();
     }
 
  private:
     Status check_range(uint64_t slot_bytes, int slots) const {
-        if (slots < 0 || slot_bytes * static_cast<uint64_t>(slots) > len_) {
+        if (slots < 0 || slot_bytes * static_cast<uint64_t>(slots) > buf_.size()) {
             return out_of_range("slots beyond the registered region");
         }
         return Status();
     }
 
-#ifdef TCPX_P2P_HAVE_CUDA
-    static Status cuda(cudaError_t e, const std::string& what) {
-        if (e == cudaSuccess) return Status();
-        return internal_error(what + ": " + cudaGetErrorString(e));
-    }
-#endif
-
-    HostBuffer host_;
-    uint8_t* dev_ = nullptr;
+    Buffer buf_;
     int gpu_ = -1;
-    uint64_t len_ = 0;
 };
 
 // --- agents
@@ -1048,14 +990,12 @@ int nixl_bench_main(int argc, char** argv) {
 #ifndef TCPX_P2P_HAVE_CUDA
         return usage("--mem vram: this build has no CUDA (built without TCPX_P2P_HAVE_CUDA)");
 #endif
-        const auto g = split_trimmed(gpus, ',');
-        if (g.size() != 2 || g[0].empty() || g[1].empty() ||
-            g[0].find_first_not_of("0123456789") != std::string::npos ||
-            g[1].find_first_not_of("0123456789") != std::string::npos) {
+        std::vector<int> g;
+        if (!parse_gpu_pair(gpus, &g)) {
             return usage("--gpus: expected two GPU indices, initiator,target (e.g. 0,1)");
         }
-        o.initiator_gpu = std::stoi(g[0]);
-        o.target_gpu = std::stoi(g[1]);
+        o.initiator_gpu = g[0];
+        o.target_gpu = g[1];
     }
     for (const std::string& p : params) {
         const size_t colon = p.find(':');

@@ -1,9 +1,7 @@
 // tcpx-p2p: the command-line tool (benchmarks, parameters).
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <cstdio>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -16,29 +14,6 @@
 #include "common/params.h"
 #include "common/strings.h"
 #include "tcpx/version.h"
-
-namespace {
-
-// "A,B": two GPU indices, each in Config::gpu_index's range (0..1023).
-bool parse_gpus(const std::string& text, std::vector<int>* out) {
-    out->clear();
-    const size_t comma = text.find(',');
-    if (comma == std::string::npos) return false;
-    const std::string_view all(text);
-    for (std::string_view item : {all.substr(0, comma), all.substr(comma + 1)}) {
-        item = tcpx::trim(item);
-        int v = -1;
-        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0 ||
-            v > 1023) {
-            return false;
-        }
-        out->push_back(v);
-    }
-    return true;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"tcpx-p2p: GPU-to-GPU point-to-point transfers over TCP"};
@@ -245,7 +220,7 @@ int main(int argc, char** argv) {
     if (bench_engine->parsed()) {
         eng_opts.mem =
             eng_mem == "vram" ? tcpx::bench::MemType::kVram : tcpx::bench::MemType::kHost;
-        if (eng_gpus_opt->count() > 0 && !parse_gpus(eng_gpus, &eng_opts.gpus)) {
+        if (eng_gpus_opt->count() > 0 && !tcpx::bench::parse_gpu_pair(eng_gpus, &eng_opts.gpus)) {
             std::fprintf(stderr,
                          "tcpx-p2p bench engine: --gpus '%s' is not two GPU indices A,B (e.g. "
                          "0,1)\n",
