@@ -75,9 +75,9 @@ class CudaCopyRing final : public CopyRing {
     Status unpack(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                   uint8_t* dst, uint64_t dst_len) override {
         if (count > static_cast<uint64_t>(kUnpackMaxEntries)) {
-            return protocol_error(strformat("a receive of %llu pieces (at most %d)",
-                                            static_cast<unsigned long long>(count),
-                                            kUnpackMaxEntries));
+            return protocol_error(
+                strformat("the transport described a receive in %llu pieces (at most %d)",
+                          static_cast<unsigned long long>(count), kUnpackMaxEntries));
         }
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
         TCPX_RETURN_IF_ERROR(ensure_lists());

@@ -306,33 +306,24 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
     // lock (the progress thread goes on), then let go.
     std::vector<std::pair<Region*, Region*>> held;
     held.reserve(pieces.size());
-    auto release = [&] {
-        auto lock = api_lock();
-        for (auto [d, s] : held) {
-            registry_.unref(d);
-            registry_.unref(s);
-        }
-    };
+    Status st;
     {
         auto lock = api_lock();
         for (const LocalCopy& c : pieces) {
             auto d = registry_.resolve(c.dst, c.dst_offset, c.len);
             auto s = registry_.resolve(c.src, c.src_offset, c.len);
-            Status st = !d.ok() ? Status(d.status()) : !s.ok() ? Status(s.status()) : Status();
+            st = !d.ok() ? Status(d.status()) : !s.ok() ? Status(s.status()) : Status();
             if (!st.ok()) {
-                for (auto [hd, hs] : held) {
-                    registry_.unref(hd);
-                    registry_.unref(hs);
-                }
-                return st.with_context("copy");
+                st = st.with_context("copy");
+                break;
             }
             registry_.ref(*d);
             registry_.ref(*s);
             held.emplace_back(*d, *s);
         }
     }
-    Status st;
-    for (size_t i = 0; i < pieces.size() && st.ok(); ++i) {
+    // Nothing is copied unless every piece resolved.
+    for (size_t i = 0; i < held.size() && st.ok(); ++i) {
         const LocalCopy& c = pieces[i];
         if (c.len == 0) continue;
         Region* d = held[i].first;
@@ -345,7 +336,11 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
             st = cuda::device().copy(to, from, c.len).with_context("copy");
         }
     }
-    release();
+    auto lock = api_lock();
+    for (auto [d, s] : held) {
+        registry_.unref(d);
+        registry_.unref(s);
+    }
     return st;
 }
 
@@ -596,16 +591,10 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-            const uint64_t count = *q.count;
-            if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
-                return protocol_error(
-                    strformat("the transport described a receive in %llu pieces (at most %d)",
-                              static_cast<unsigned long long>(count), cuda::kUnpackMaxEntries));
-            }
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
-            return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries), count,
-                                   ch.unpack.bounce_buf, f.op.ptr, f.op.len);
+            return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
+                                   *q.count, ch.unpack.bounce_buf, f.op.ptr, f.op.len);
         }
         default:
             return Status();

@@ -556,6 +556,20 @@ bool match(Link* link) {
     return true;
 }
 
+// No-wire: queues a posted request on its comm (under `lock`, the comm's) and on the link, then
+// pairs what can be paired.
+tcpx_ncclResult_t post_in_process(FakeComm* comm, std::unique_ptr<FakeReq> r,
+                                  std::unique_lock<std::mutex> lock, void** request) {
+    FakeReq* raw = r.release();
+    comm->queue.push_back(raw);
+    lock.unlock();
+    std::lock_guard<std::mutex> link_lock(comm->link->mu);
+    (raw->recv ? comm->link->recvs : comm->link->sends).push_back(raw);
+    if (!match(comm->link.get())) return fail("delivering in-process");
+    *request = raw;
+    return tcpx_ncclSuccess;
+}
+
 // --- the table ---------------------------------------------------------------------------------
 
 tcpx_ncclResult_t fake_init(tcpx_ncclDebugLogger_t logger) {
@@ -757,16 +771,7 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
     r->g.comm = comm;
     r->g.data = data;
     r->g.size = size;
-    if (comm->link) {
-        FakeReq* raw = r.release();
-        comm->queue.push_back(raw);
-        lock.unlock();
-        std::lock_guard<std::mutex> link_lock(comm->link->mu);
-        comm->link->sends.push_back(raw);
-        if (!match(comm->link.get())) return fail("isend: delivering in-process");
-        *request = raw;
-        return tcpx_ncclSuccess;
-    }
+    if (comm->link) return post_in_process(comm, std::move(r), std::move(lock), request);
     const void* from = data;
     if (r->cuda && g_cuda) {
         // The real plugin sends from GPU memory (MSG_ZEROCOPY over dma-buf); through the
@@ -825,16 +830,7 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
         *slot.cnt = kGarbageCount;  // written by test() when the receive is done
         u->next_slot = (u->next_slot + 1) % cu::kUnpackQueueDepth;
     }
-    if (comm->link) {
-        FakeReq* raw = r.release();
-        comm->queue.push_back(raw);
-        lock.unlock();
-        std::lock_guard<std::mutex> link_lock(comm->link->mu);
-        comm->link->recvs.push_back(raw);
-        if (!match(comm->link.get())) return fail("irecv: delivering in-process");
-        *request = raw;
-        return tcpx_ncclSuccess;
-    }
+    if (comm->link) return post_in_process(comm, std::move(r), std::move(lock), request);
     void* into = r->data;
     if (r->cuda) {  // into host memory first, then scattered over bounce pages
         r->staging.resize(r->size);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/strings.h"
+
 #if TCPX_P2P_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -73,31 +75,13 @@ size_t pattern_mismatch(const uint8_t* p, size_t len, uint64_t seed, uint64_t st
     return kNoMismatch;
 }
 
-std::string to_hex(std::string_view bytes) {
-    static constexpr char kDigits[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(2 * bytes.size());
-    for (unsigned char c : bytes) {
-        out.push_back(kDigits[c >> 4]);
-        out.push_back(kDigits[c & 15]);
-    }
-    return out;
-}
+// The project's hex (common/strings.h), for strings.
+std::string to_hex(std::string_view bytes) { return tcpx::to_hex(bytes.data(), bytes.size()); }
 
 std::string from_hex(std::string_view hex) {
-    auto nibble = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        return -1;
-    };
-    std::string out;
-    for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-        const int hi = nibble(hex[i]);
-        const int lo = nibble(hex[i + 1]);
-        if (hi < 0 || lo < 0) break;
-        out.push_back(static_cast<char>(hi * 16 + lo));
-    }
-    return out;
+    std::vector<uint8_t> raw;
+    if (!tcpx::from_hex(hex, &raw)) return {};
+    return std::string(raw.begin(), raw.end());
 }
 
 bool have_gpu() {
