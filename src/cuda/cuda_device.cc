@@ -93,7 +93,7 @@ class CudaCopyRing final : public CopyRing {
                             cudaMemcpyHostToDevice, stream_),
             "copying an unpack list to the GPU"));
         const cudaError_t err = launch_unpack_kernel(dev->entries, &dev->count, bounce, dst,
-                                                     dst_len, device_flags_ + i, stream_);
+                                                     dst_len, device_flags_ + i, stream_, count);
         TCPX_RETURN_IF_ERROR(cuda_status(err, "launching the unpack kernel"));
         unpacked_[static_cast<size_t>(i)] = true;
         return record(i);
@@ -253,9 +253,10 @@ Device& runtime_device() {
 }
 
 Status launch_unpack(const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
-                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream) {
+                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream,
+                     uint64_t expected) {
     return cuda_status(launch_unpack_kernel(entries, count, bounce, dst, dst_len, bad,
-                                            static_cast<cudaStream_t>(stream)),
+                                            static_cast<cudaStream_t>(stream), expected),
                        "launching the unpack kernel");
 }
 

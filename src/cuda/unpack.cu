@@ -72,10 +72,13 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
                                  const uint8_t* bounce, uint8_t* dst, uint64_t dst_len,
-                                 uint32_t* bad, cudaStream_t stream) {
-    // The count is read on the GPU, so the grid covers a full slot; warps past the count exit.
-    constexpr int kBlocks = (kUnpackMaxEntries + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    unpack_kernel<<<kBlocks, kThreads, 0, stream>>>(entries, count, bounce, dst, dst_len, bad);
+                                 uint32_t* bad, cudaStream_t stream, uint64_t expected) {
+    // One warp per expected entry (at least one block, at most a full slot's); the count itself
+    // is read on the GPU, and warps go round the list if it holds more.
+    if (expected == 0) expected = 1;
+    if (expected > kUnpackMaxEntries) expected = kUnpackMaxEntries;
+    const int blocks = static_cast<int>((expected + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    unpack_kernel<<<blocks, kThreads, 0, stream>>>(entries, count, bounce, dst, dst_len, bad);
     return cudaGetLastError();
 }
 

@@ -25,8 +25,11 @@ bool unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bo
 // Enqueues the unpack on `stream` (a cudaStream_t). `entries` and `count` must be device-visible;
 // the count is read when the kernel runs, so the transport may write it up to then. Entries must
 // not overlap in the destination. `*bad` (device-visible, may be null) is set to a non-zero value
-// when the receive is bad; the kernel never clears it.
+// when the receive is bad; the kernel never clears it. `expected` is the count the caller expects
+// (when it knows it): the grid is sized for that many entries, so that a small receive does not
+// pay for a full slot's warps; more entries are still all copied, by fewer warps each.
 Status launch_unpack(const LoadMeta* entries, const uint64_t* count, const uint8_t* bounce,
-                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream);
+                     uint8_t* dst, uint64_t dst_len, uint32_t* bad, void* stream,
+                     uint64_t expected = kUnpackMaxEntries);
 
 }  // namespace tcpx::cuda

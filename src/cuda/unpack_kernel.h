@@ -12,6 +12,6 @@ namespace tcpx::cuda {
 
 cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
                                  const uint8_t* bounce, uint8_t* dst, uint64_t dst_len,
-                                 uint32_t* bad, cudaStream_t stream);
+                                 uint32_t* bad, cudaStream_t stream, uint64_t expected);
 
 }  // namespace tcpx::cuda

@@ -47,8 +47,10 @@ class UnpackTest : public ::testing::Test {
     }
 
     // Runs the kernel and the reference on `list`; every destination byte (and the guards) must
-    // agree.
-    void check(const std::vector<LoadMeta>& list, uint64_t dst_len = kDst) {
+    // agree. The grid is sized for `expected` entries (the list's length unless given).
+    void check(const std::vector<LoadMeta>& list, uint64_t dst_len = kDst,
+               uint64_t expected = ~uint64_t{0}) {
+        if (expected == ~uint64_t{0}) expected = list.size();
         std::vector<uint8_t> expect(kDst + 2 * kGuard, 0xa5);
         const bool good = unpack_reference(list.data(), list.size(), host_bounce_.data(),
                                            expect.data() + kGuard, dst_len);
@@ -57,8 +59,9 @@ class UnpackTest : public ::testing::Test {
                            cudaMemcpyHostToDevice));
         *count_ = list.size();
         *bad_ = 0;
-        ASSERT_TRUE(
-            launch_unpack(entries_, count_, bounce_, dst_ + kGuard, dst_len, bad_, stream_).ok());
+        ASSERT_TRUE(launch_unpack(entries_, count_, bounce_, dst_ + kGuard, dst_len, bad_, stream_,
+                                  expected)
+                        .ok());
         CUDA_OK(cudaStreamSynchronize(stream_));
         EXPECT_EQ(*bad_ != 0, !good) << "the kernel and the reference disagree on the list";
         std::vector<uint8_t> got(kDst + 2 * kGuard);
@@ -137,6 +140,17 @@ TEST_F(UnpackTest, FullSlotOfPages) {
                                 static_cast<uint64_t>(i) * kUnpackPageSize});
     }
     check(list);
+}
+
+TEST_F(UnpackTest, MoreEntriesThanTheGridWasSizedFor) {
+    // The count is read on the GPU and may exceed what the launch expected: every entry is
+    // still copied, by fewer warps going round the list.
+    std::mt19937_64 rng(9);
+    const std::vector<LoadMeta> list = random_list(rng, kUnpackMaxEntries, 4096);
+    for (uint64_t expected : {uint64_t{0}, uint64_t{1}, uint64_t{9}, list.size() / 3}) {
+        SCOPED_TRACE(expected);
+        check(list, kDst, expected);
+    }
 }
 
 TEST_F(UnpackTest, EntriesOutsideTheDestinationAreRefused) {
