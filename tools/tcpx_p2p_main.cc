@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
         "nsocks");
     bench_engine->add_option(
         "--chunk", eng_opts.chunk,
-        "Transfer chunk size, XFER_CHUNK_SIZE (default: TCPX_P2P_XFER_CHUNK_SIZE or 1M)");
+        "Transfer chunk size, XFER_CHUNK_SIZE (default: TCPX_P2P_XFER_CHUNK_SIZE or 4M)");
     bench_engine->add_option(
         "--window", eng_opts.window,
         "Transport requests in flight per channel (default: TCPX_P2P_WINDOW or 16)");
