@@ -13,7 +13,9 @@
 // One-sided operations (write, read, their vector forms) need nothing from the target's
 // application: its endpoint validates every request against its registrations and serves it.
 // A write may carry a notification, delivered to the target's application exactly once, after
-// all of the write's data is in place there. Two-sided send/recv match by tag.
+// all of the write's data is in place there; a read may too, delivered to the target's
+// application exactly once, after all of the read's data is in place here. Two-sided send/recv
+// match by tag.
 //
 // Every operation is asynchronous and returns a transfer id; poll() reports its state and
 // wait() blocks for it. A finished transfer (done or failed) is reported once, by the poll() or
@@ -144,13 +146,19 @@ class TCPX_API Endpoint {
                            uint64_t remote_offset, uint64_t len,
                            std::optional<std::string_view> notification = std::nullopt);
     // Copies `len` bytes from the peer's `remote` at `remote_offset` into our `mem` at `offset`.
+    // With `notification`, the peer's application receives it (with our name) exactly once,
+    // after all the data is in place here: sent by whatever makes progress here (the progress
+    // thread, poll, wait), at the latest when the read is reported done; never if the read fails.
+    // Notifications we send the peer after that report arrive after it.
     StatusOr<XferId> read(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
-                          uint64_t remote_offset, uint64_t len);
+                          uint64_t remote_offset, uint64_t len,
+                          std::optional<std::string_view> notification = std::nullopt);
     // Many pieces as one transfer: done when all are, failed if any fails. A notification comes
     // after all of them. No pieces is a transfer that completes at once (still notifying).
     StatusOr<XferId> writev(PeerId peer, std::span<const IoVec> iov,
                             std::optional<std::string_view> notification = std::nullopt);
-    StatusOr<XferId> readv(PeerId peer, std::span<const IoVec> iov);
+    StatusOr<XferId> readv(PeerId peer, std::span<const IoVec> iov,
+                           std::optional<std::string_view> notification = std::nullopt);
 
     // Copies between this endpoint's own registrations — host or GPU memory, any mix — without
     // the network (memcpy / cudaMemcpy), synchronously: the bytes are in place when it returns.
@@ -213,7 +221,8 @@ class TCPX_API TcpxSession {
                                  uint64_t remote_offset, uint64_t len,
                                  std::optional<std::string_view> notification = std::nullopt);
     StatusOr<TcpxTransfer> read(MemId mem, uint64_t offset, const RemoteMem& remote,
-                                uint64_t remote_offset, uint64_t len);
+                                uint64_t remote_offset, uint64_t len,
+                                std::optional<std::string_view> notification = std::nullopt);
     Status notify(std::string_view payload) { return endpoint_->notify(peer_, payload); }
     Status close() { return endpoint_->disconnect(peer_); }
 

@@ -199,10 +199,15 @@ TCPX_C_API tcpx_status_t tcpx_write(tcpx_endpoint_t* ep, uint64_t peer, uint64_t
                                     const void* notif, size_t notif_len, int has_notif,
                                     uint64_t* xfer);
 
-/* Copies `len` bytes from the peer's region at `remote_offset` into our `mem` at `offset`. */
+/* Copies `len` bytes from the peer's region at `remote_offset` into our `mem` at `offset`. When
+ * `has_notif` is non-zero, the peer's application receives `notif` (as in tcpx_write) with our
+ * name, once all the data is in place here: this endpoint sends it when the read completes (its
+ * progress thread, or tcpx_poll / tcpx_wait), before the read is reported done, and never if the
+ * read fails. */
 TCPX_C_API tcpx_status_t tcpx_read(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem,
                                    uint64_t offset, const void* remote_desc, size_t remote_desc_len,
-                                   uint64_t remote_offset, uint64_t len, uint64_t* xfer);
+                                   uint64_t remote_offset, uint64_t len, const void* notif,
+                                   size_t notif_len, int has_notif, uint64_t* xfer);
 
 /* One piece of a vector transfer: `len` bytes between our registration `mem` at `offset` and the
  * peer's region (`remote_desc`) at `remote_offset`. */
@@ -221,9 +226,10 @@ TCPX_C_API tcpx_status_t tcpx_writev(tcpx_endpoint_t* ep, uint64_t peer, const t
                                      size_t count, const void* notif, size_t notif_len,
                                      int has_notif, uint64_t* xfer);
 
-/* The reading counterpart of tcpx_writev. */
+/* The reading counterpart of tcpx_writev; the notification as in tcpx_read, after all pieces. */
 TCPX_C_API tcpx_status_t tcpx_readv(tcpx_endpoint_t* ep, uint64_t peer, const tcpx_iov_t* iov,
-                                    size_t count, uint64_t* xfer);
+                                    size_t count, const void* notif, size_t notif_len,
+                                    int has_notif, uint64_t* xfer);
 
 /* ---------------------------------------------------------------------------------------------
  * Notifications. */

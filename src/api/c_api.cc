@@ -386,13 +386,15 @@ tcpx_status_t tcpx_write(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem, uint6
 
 tcpx_status_t tcpx_read(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem, uint64_t offset,
                         const void* remote_desc, size_t remote_desc_len, uint64_t remote_offset,
-                        uint64_t len, uint64_t* xfer) {
+                        uint64_t len, const void* notif, size_t notif_len, int has_notif,
+                        uint64_t* xfer) {
     return guarded("tcpx_read", [&]() -> Status {
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(xfer);
         TCPX_ASSIGN_OR_RETURN(RemoteMem remote,
                               parse_remote(remote_desc, remote_desc_len, "remote_desc"));
-        return deliver(ep->endpoint->read(peer, mem, offset, remote, remote_offset, len), xfer);
+        TCPX_ASSIGN_OR_RETURN(auto n, notification_arg(notif, notif_len, has_notif));
+        return deliver(ep->endpoint->read(peer, mem, offset, remote, remote_offset, len, n), xfer);
     });
 }
 
@@ -408,12 +410,13 @@ tcpx_status_t tcpx_writev(tcpx_endpoint_t* ep, uint64_t peer, const tcpx_iov_t* 
 }
 
 tcpx_status_t tcpx_readv(tcpx_endpoint_t* ep, uint64_t peer, const tcpx_iov_t* iov, size_t count,
-                         uint64_t* xfer) {
+                         const void* notif, size_t notif_len, int has_notif, uint64_t* xfer) {
     return guarded("tcpx_readv", [&]() -> Status {
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(xfer);
         TCPX_ASSIGN_OR_RETURN(std::vector<IoVec> v, iov_arg(iov, count));
-        return deliver(ep->endpoint->readv(peer, v), xfer);
+        TCPX_ASSIGN_OR_RETURN(auto n, notification_arg(notif, notif_len, has_notif));
+        return deliver(ep->endpoint->readv(peer, v, n), xfer);
     });
 }
 

@@ -48,9 +48,10 @@ StatusOr<XferId> Endpoint::write(PeerId peer, MemId mem, uint64_t offset, const 
 }
 
 StatusOr<XferId> Endpoint::read(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
-                                uint64_t remote_offset, uint64_t len) {
+                                uint64_t remote_offset, uint64_t len,
+                                std::optional<std::string_view> notification) {
     const IoVec one{mem, offset, remote, remote_offset, len};
-    return impl_->read(peer, std::span<const IoVec>(&one, 1));
+    return impl_->read(peer, std::span<const IoVec>(&one, 1), notification);
 }
 
 StatusOr<XferId> Endpoint::writev(PeerId peer, std::span<const IoVec> iov,
@@ -58,8 +59,9 @@ StatusOr<XferId> Endpoint::writev(PeerId peer, std::span<const IoVec> iov,
     return impl_->write(peer, iov, notification);
 }
 
-StatusOr<XferId> Endpoint::readv(PeerId peer, std::span<const IoVec> iov) {
-    return impl_->read(peer, iov);
+StatusOr<XferId> Endpoint::readv(PeerId peer, std::span<const IoVec> iov,
+                                 std::optional<std::string_view> notification) {
+    return impl_->read(peer, iov, notification);
 }
 
 Status Endpoint::copy(std::span<const LocalCopy> pieces) { return impl_->copy(pieces); }
@@ -114,8 +116,10 @@ StatusOr<TcpxTransfer> TcpxSession::write(MemId mem, uint64_t offset, const Remo
 }
 
 StatusOr<TcpxTransfer> TcpxSession::read(MemId mem, uint64_t offset, const RemoteMem& remote,
-                                         uint64_t remote_offset, uint64_t len) {
-    return as_transfer(endpoint_, endpoint_->read(peer_, mem, offset, remote, remote_offset, len));
+                                         uint64_t remote_offset, uint64_t len,
+                                         std::optional<std::string_view> notification) {
+    return as_transfer(
+        endpoint_, endpoint_->read(peer_, mem, offset, remote, remote_offset, len, notification));
 }
 
 }  // namespace tcpx

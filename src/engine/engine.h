@@ -15,7 +15,8 @@
 // A write's data follows its WRITE_REQ without waiting (one round trip per write). The target
 // validates every segment before posting any receive; a refused write is still received, into a
 // scratch buffer, so the channels stay in step, and answered with the reason. Reads wait for the
-// target's READ_RESP before posting receives, so a refused read moves no data at all. Small
+// target's READ_RESP before posting receives, so a refused read moves no data at all; a read's
+// notification leaves the initiator as a NOTIF once the read's last byte is in place. Small
 // transfers travel inside their control messages.
 //
 // Threads: all engine state is guarded by one mutex. A progress thread (optional) drives the
@@ -81,7 +82,8 @@ struct Xfer {
         uint64_t len;
     };
     std::vector<Piece> pieces;
-    // Served write: the notification to deliver once the data is in place.
+    // The notification that follows the data: a served write delivers it to our application once
+    // the data is in place here; a read sends it to the peer once the data is in place here.
     bool has_notification = false;
     std::string notification;
     // Two-sided.
@@ -200,7 +202,8 @@ class Endpoint::Impl {
 
     StatusOr<XferId> write(PeerId peer, std::span<const IoVec> iov,
                            std::optional<std::string_view> notification);
-    StatusOr<XferId> read(PeerId peer, std::span<const IoVec> iov);
+    StatusOr<XferId> read(PeerId peer, std::span<const IoVec> iov,
+                          std::optional<std::string_view> notification);
     Status copy(std::span<const LocalCopy> pieces);
     Status notify(PeerId peer, std::string_view payload);
     std::vector<Notification> get_notifications();

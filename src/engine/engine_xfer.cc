@@ -169,6 +169,15 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             break;
         case Xfer::Kind::kServeRead:
             break;
+        case Xfer::Kind::kRead:
+            // The data is in place here: now the peer may hear of it. Queued before completion is
+            // reported, so nothing our application sends after seeing it done overtakes it, and
+            // flushed by the same progress step.
+            if (x->result.ok() && x->has_notification) {
+                send_ctrl(p, wire::encode_notif(x->notification));
+            }
+            xfers_->finish(x->user_id, x->result);
+            break;
         default:
             xfers_->finish(x->user_id, x->result);
             break;
@@ -264,7 +273,12 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     return id;
 }
 
-StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
+StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
+                                      std::optional<std::string_view> notification) {
+    // It travels as a NOTIF message of its own once the read is complete (as notify() sends it).
+    if (notification && notification->size() > wire::kMaxBody / 2) {
+        return invalid_argument("read: notification too large");
+    }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
@@ -275,6 +289,10 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov) {
     for (size_t i = 0; i < iov.size(); ++i) {
         hold(x, regions[i], iov[i].offset, iov[i].len);
         req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+    }
+    if (notification) {
+        x->has_notification = true;
+        x->notification = std::string(*notification);
     }
     send_ctrl(*p, wire::encode_read_req(req));
     x->waiting = true;

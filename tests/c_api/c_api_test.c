@@ -426,14 +426,18 @@ static void test_write_read(uint64_t size) {
     CHECK(strcmp(name, "a") == 0);
     CHECK_PATTERN(dst.data, size, seed);
 
-    // The target changes its region; the initiator reads it (polling for completion).
+    // The target changes its region; the initiator reads it (polling for completion), with a
+    // notification that the target receives once the read is complete.
     fill_pattern(dst.data, size, seed + 1);
-    CHECK_OK(tcpx_read(a, a_to_b, mb, 0, rd.bytes, rd.len, 0, size, &x));
+    CHECK_OK(tcpx_read(a, a_to_b, mb, 0, rd.bytes, rd.len, 0, size, "rd", 2, 1, &x));
     CHECK_OK(poll_until_done(a, x));
     CHECK_PATTERN(back.data, size, seed + 1);
     int done = 0;
     CHECK_ERR(tcpx_poll(a, x, &done), TCPX_ERR_INVALID_ARGUMENT);
     CHECK(done == 1);
+    len = sizeof(got);
+    CHECK(next_notification(b, name, sizeof(name), got, len) == 2);
+    CHECK(memcmp(got, "rd", 2) == 0 && strcmp(name, "a") == 0);
 
     // Parts of regions: the middle of the source to the end of the target, and back.
     const uint64_t part = size / 2, at = size / 4, to = size - part;
@@ -446,7 +450,7 @@ static void test_write_read(uint64_t size) {
     len = sizeof(got);
     CHECK_ERR(tcpx_get_notification(b, name, sizeof(name), got, &len), TCPX_ERR_NOT_FOUND);
     memset(back.data, 0, size);
-    CHECK_OK(tcpx_read(a, a_to_b, mb, 1, rd2.bytes, rd2.len, to, part, &x));
+    CHECK_OK(tcpx_read(a, a_to_b, mb, 1, rd2.bytes, rd2.len, to, part, NULL, 0, 0, &x));
     CHECK_OK(tcpx_wait(a, x, -1));
     CHECK(back.data[0] == 0);
     for (uint64_t i = 0; i < part; ++i) {
@@ -518,21 +522,31 @@ static void test_writev_readv(int large) {
     CHECK(next_notification(b, name, sizeof(name), payload, sizeof(payload)) == 3);
     CHECK(memcmp(payload, "vec", 3) == 0 && strcmp(name, "a") == 0);
 
-    // Read the same pieces back into `back`, at the source's offsets.
+    // Read the same pieces back into `back`, at the source's offsets, with a notification.
     for (int i = 0; i < kPieces; ++i) iov[i].mem = mb;
-    CHECK_OK(tcpx_readv(a, a_to_b, iov, kPieces, &x));
+    CHECK_OK(tcpx_readv(a, a_to_b, iov, kPieces, "back", 4, 1, &x));
     CHECK_OK(poll_until_done(a, x));
     for (int i = 0; i < kPieces; ++i) {
         if (memcmp(back.data + pieces[i].off, src.data + pieces[i].off, pieces[i].len) != 0) {
             FAIL("readv: piece %d differs", i);
         }
     }
+    CHECK(next_notification(b, name, sizeof(name), payload, sizeof(payload)) == 4);
+    CHECK(memcmp(payload, "back", 4) == 0 && strcmp(name, "a") == 0);
 
     // No pieces at all: a transfer that completes at once (and no notification without one).
     CHECK_OK(tcpx_writev(a, a_to_b, NULL, 0, NULL, 0, 0, &x));
     CHECK_OK(tcpx_wait(a, x, kTimeoutMs));
-    CHECK_OK(tcpx_readv(a, a_to_b, NULL, 0, &x));
+    CHECK_OK(tcpx_readv(a, a_to_b, NULL, 0, NULL, 0, 0, &x));
     CHECK_OK(tcpx_wait(a, x, kTimeoutMs));
+    // With one, the target still hears of it; the sentinel after it shows there was one only.
+    CHECK_OK(tcpx_readv(a, a_to_b, NULL, 0, "none", 4, 1, &x));
+    CHECK_OK(tcpx_wait(a, x, kTimeoutMs));
+    CHECK_OK(tcpx_notify(a, a_to_b, "end", 3));
+    CHECK(next_notification(b, name, sizeof(name), payload, sizeof(payload)) == 4);
+    CHECK(memcmp(payload, "none", 4) == 0);
+    CHECK(next_notification(b, name, sizeof(name), payload, sizeof(payload)) == 3);
+    CHECK(memcmp(payload, "end", 3) == 0);
 
     free(expect);
     free(expect2);
@@ -699,10 +713,12 @@ static void test_bad_inputs(void) {
               TCPX_ERR_OUT_OF_RANGE);
     CHECK_ERR(tcpx_write(a, a_to_b, ms, 0, rd.bytes, rd.len, UINT64_MAX - 1, 2, NULL, 0, 0, &x),
               TCPX_ERR_OUT_OF_RANGE);
-    CHECK_ERR(tcpx_read(a, a_to_b, ms, size, rd.bytes, rd.len, 0, 1, &x), TCPX_ERR_OUT_OF_RANGE);
-    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, size + 1, 0, &x),
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, size, rd.bytes, rd.len, 0, 1, NULL, 0, 0, &x),
               TCPX_ERR_OUT_OF_RANGE);
-    CHECK_ERR(tcpx_read(a, a_to_b, 555555, 0, rd.bytes, rd.len, 0, 1, &x), TCPX_ERR_NOT_FOUND);
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, size + 1, 0, NULL, 0, 0, &x),
+              TCPX_ERR_OUT_OF_RANGE);
+    CHECK_ERR(tcpx_read(a, a_to_b, 555555, 0, rd.bytes, rd.len, 0, 1, NULL, 0, 0, &x),
+              TCPX_ERR_NOT_FOUND);
 
     // Descriptors that are not descriptors.
     uint8_t garbage[64];
@@ -718,11 +734,12 @@ static void test_bad_inputs(void) {
               TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_write(a, a_to_b, ms, 0, NULL, rd.len, 0, size, NULL, 0, 0, &x),
               TCPX_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, garbage, sizeof(garbage), 0, size, &x),
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, garbage, sizeof(garbage), 0, size, NULL, 0, 0, &x),
               TCPX_ERR_INVALID_ARGUMENT);
     desc_t wrong_version = rd;
     wrong_version.bytes[4] ^= 0x7f;
-    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, wrong_version.bytes, wrong_version.len, 0, size, &x),
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, wrong_version.bytes, wrong_version.len, 0, size, NULL, 0,
+                        0, &x),
               TCPX_ERR_INVALID_ARGUMENT);
 
     // Other bad arguments.
@@ -732,9 +749,11 @@ static void test_bad_inputs(void) {
               TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_write(NULL, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL, 0, 0, &x),
               TCPX_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL),
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL, 0, 0, NULL),
               TCPX_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(tcpx_read(NULL, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, &x),
+    CHECK_ERR(tcpx_read(NULL, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL, 0, 0, &x),
+              TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL, 5, 1, &x),
               TCPX_ERR_INVALID_ARGUMENT);
 
     tcpx_iov_t iov[3];
@@ -750,23 +769,24 @@ static void test_bad_inputs(void) {
     CHECK_ERR(tcpx_writev(a, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_INVALID_ARGUMENT);
     check_error_mentions("iov[1]");
     iov[1].remote_desc = NULL;
-    CHECK_ERR(tcpx_readv(a, a_to_b, iov, 3, &x), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_readv(a, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_INVALID_ARGUMENT);
     check_error_mentions("iov[1]");
     iov[1].remote_desc = rd.bytes;
     iov[2].offset = size - 5;
     CHECK_ERR(tcpx_writev(a, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_OUT_OF_RANGE);
     iov[2].offset = 20;
     iov[2].remote_offset = size - 5;
-    CHECK_ERR(tcpx_readv(a, a_to_b, iov, 3, &x), TCPX_ERR_OUT_OF_RANGE);
+    CHECK_ERR(tcpx_readv(a, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_OUT_OF_RANGE);
     iov[2].remote_offset = 20;
     iov[0].mem = 555555;
     CHECK_ERR(tcpx_writev(a, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_NOT_FOUND);
     iov[0].mem = ms;
     CHECK_ERR(tcpx_writev(a, a_to_b, NULL, 3, NULL, 0, 0, &x), TCPX_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(tcpx_readv(a, a_to_b, NULL, 1, &x), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_readv(a, a_to_b, NULL, 1, NULL, 0, 0, &x), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_writev(a, a_to_b, iov, 3, NULL, 1, 1, &x), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_writev(a, a_to_b, iov, 3, NULL, 0, 0, NULL), TCPX_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(tcpx_readv(NULL, a_to_b, iov, 3, &x), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_readv(NULL, a_to_b, iov, 3, NULL, 0, 0, &x), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_readv(a, a_to_b, iov, 3, NULL, 1, 1, &x), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_OK(tcpx_writev(a, a_to_b, iov, 3, NULL, 0, 0, &x));  // all fixed: it works
     CHECK_OK(tcpx_wait(a, x, kTimeoutMs));
 
@@ -790,9 +810,14 @@ static void test_bad_inputs(void) {
     char name[TCPX_NAME_MAX + 1];
     len = 0;
     CHECK_ERR(tcpx_get_notification(b, name, sizeof(name), NULL, &len), TCPX_ERR_NOT_FOUND);
-    CHECK_OK(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, &x));
+    // A refused read sends no notification: the next one the target gets is the sentinel.
+    CHECK_OK(tcpx_read(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, "no", 2, 1, &x));
     CHECK_ERR(tcpx_wait(a, x, kTimeoutMs), TCPX_ERR_NOT_FOUND);
     check_error_mentions("refused");
+    CHECK_OK(tcpx_notify(a, a_to_b, "sentinel", 8));
+    char note[16];
+    CHECK(next_notification(b, name, sizeof(name), note, sizeof(note)) == 8);
+    CHECK(memcmp(note, "sentinel", 8) == 0);
 
     CHECK_OK(tcpx_dereg(a, ms));
     buf_free(&src);

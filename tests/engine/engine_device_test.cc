@@ -7,12 +7,14 @@
 // plugin (the unpack path).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/device.h"
@@ -65,6 +67,7 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
         // Each endpoint serves the GPU of its device buffer (the plugin's bounce buffers land
         // there).
         config.gpu_index = 0;
+        a_config_ = config;
         a_ = make_endpoint("alpha", config);
         config.gpu_index = gpus_ - 1;
         b_ = make_endpoint("beta", config);
@@ -128,6 +131,7 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
     }
 
     std::optional<ScopedHostDevice> emu_;
+    Config a_config_;  // alpha's
     bool no_wire_set_ = false;
     int gpus_ = 0;
     std::unique_ptr<Endpoint> a_, b_;
@@ -289,6 +293,83 @@ TEST_P(EngineDevice, VectorTransfersAcrossKinds) {
             ASSERT_EQ(mismatch(into, iov[k].offset, iov[k].len, seeds[k]), -1) << k;
         }
     }
+}
+
+TEST_P(EngineDevice, ReadNotificationFollowsTheDataIntoDeviceMemory) {
+    // Into device memory, chunks still go through staging or the unpack kernel after the
+    // transport delivered them: the target must hear of the read only after that. Two
+    // initiators: a_, whose progress thread sends the notification while the application does
+    // not poll; and one without a progress thread, polled one step at a time, standing still
+    // between steps while the target listens, so a notification sent a step too early is seen
+    // with the data still incomplete.
+    Config polled_config = a_config_;
+    polled_config.progress_thread = "off";
+    std::vector<Reg> polled_bufs;  // outlives the endpoint, whatever fails
+    auto polled = make_endpoint("polled", polled_config);
+    ASSERT_NE(polled, nullptr);
+    auto to_b = polled->connect(b_->metadata());
+    ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
+    add(polled.get(), device_buffer(kSize, 0, emulation()), &polled_bufs);
+    struct Initiator {
+        Endpoint* ep;
+        PeerId peer;
+        const Reg* into;
+        const char* name;
+    };
+    const Initiator initiators[] = {{a_.get(), link_.a_to_b, &a_bufs_[1], "alpha"},
+                                    {polled.get(), *to_b, &polled_bufs[0], "polled"}};
+    uint64_t seed = 900;
+    for (const Initiator& in : initiators) {
+        const bool stepped = in.ep == polled.get();
+        for (const Reg* from : {&b_bufs_[0], &b_bufs_[1]}) {
+            for (uint64_t len : {uint64_t{100}, uint64_t{5} << 20}) {
+                SCOPED_TRACE(std::string(in.name) + " from " +
+                             (from == &b_bufs_[1] ? "device" : "host") + " len " +
+                             std::to_string(len));
+                ++seed;
+                fill(from->buf.get(), 7, len, seed);
+                std::vector<uint8_t> zeros(len, 0);
+                in.into->buf->upload(3, zeros.data(), len);
+                const std::string payload = "read " + std::to_string(seed);
+                auto x = in.ep->read(in.peer, in.into->mem, 3, from->desc, 7, len, payload);
+                ASSERT_TRUE(x.ok()) << x.status().to_string();
+                std::vector<Notification> got;
+                auto heard = [&] {
+                    for (Notification& n : b_->get_notifications()) got.push_back(std::move(n));
+                    return !got.empty();
+                };
+                bool reported = false;
+                auto step = [&] {
+                    XferStatus st = in.ep->poll(*x);
+                    EXPECT_NE(st.state, XferState::kFailed) << st.error.to_string();
+                    reported = st.state != XferState::kInProgress;
+                };
+                if (stepped) {
+                    while (!reported && !heard()) {
+                        step();
+                        // Long enough for the target's progress thread to wake up and read
+                        // what that step sent, on a busy machine too.
+                        const auto until = std::chrono::steady_clock::now() + 5ms;
+                        while (!heard() && std::chrono::steady_clock::now() < until) {
+                            std::this_thread::yield();
+                        }
+                    }
+                }
+                ASSERT_TRUE(eventually(heard, 30s));
+                ASSERT_EQ(mismatch(in.into->buf.get(), 3, len, seed), -1)
+                    << "notified before the data";
+                if (stepped) {
+                    while (!reported) step();
+                } else {
+                    ASSERT_TRUE(in.ep->wait(*x, 30s).ok());
+                }
+                ASSERT_EQ(got.size(), 1u);
+                EXPECT_EQ(got[0].payload, payload);
+                EXPECT_EQ(got[0].peer, in.name);
+            }
+        }
+    }
+    EXPECT_TRUE(polled_bufs[0].buf->canaries_intact());
 }
 
 TEST_P(EngineDevice, LocalCopiesBetweenKinds) {

@@ -300,6 +300,220 @@ TEST_F(EnginePair, StandaloneNotificationsBothWays) {
     EXPECT_EQ(at_a[0].peer, "beta");
 }
 
+// The notifications `ep` receives until one with `payload` arrives (included), in order.
+std::vector<Notification> notifications_until(Endpoint* ep, std::string_view payload) {
+    std::vector<Notification> got;
+    EXPECT_TRUE(eventually(
+        [&] {
+            for (Notification& n : ep->get_notifications()) got.push_back(std::move(n));
+            return std::any_of(got.begin(), got.end(),
+                               [&](const Notification& n) { return n.payload == payload; });
+        },
+        10s))
+        << "no notification '" << payload << "'";
+    return got;
+}
+
+TEST_F(EnginePair, ReadNotificationsComeExactlyOnceAndOnlyAfterTheData) {
+    // Inline, a few chunks, many chunks: each read its own slot of a's buffer.
+    constexpr uint64_t kLens[] = {100, 300 << 10, 3 << 20};
+    constexpr int kReads = 18;
+    uint64_t offs[kReads + 1] = {0};
+    for (int i = 0; i < kReads; ++i) offs[i + 1] = offs[i] + kLens[i % 3];
+    ASSERT_LE(offs[kReads], kSize);
+    fill_pattern(bbuf_->data(), kSize, 4711);
+    std::memset(abuf_->data(), 0, kSize);
+    std::atomic<bool> stop{false};
+    std::atomic<int> seen{0};
+    std::atomic<int> early{0};
+    std::vector<std::string> payloads;
+    std::mutex mu;
+    // The target's application watches for notifications while the reads land at a. When one
+    // arrives, that read's bytes must already be in a's memory. (Asking a for a peer's name
+    // takes a's engine lock: ThreadSanitizer then sees the receive into a's memory, which it
+    // cannot follow through the loopback socket that carried the notification, happen before.)
+    std::thread watcher([&] {
+        while (!stop.load()) {
+            for (Notification& n : b_->get_notifications()) {
+                EXPECT_EQ(n.peer, "alpha");
+                if (n.payload.size() > 1) {
+                    const int i = std::stoi(n.payload.substr(1));
+                    (void)a_->peer_name(link_.a_to_b);
+                    if (std::memcmp(abuf_->data() + offs[i], bbuf_->data() + offs[i],
+                                    kLens[i % 3]) != 0) {
+                        ++early;
+                    }
+                }
+                std::lock_guard<std::mutex> lock(mu);
+                payloads.push_back(std::move(n.payload));
+                ++seen;
+            }
+        }
+    });
+    for (int i = 0; i < kReads; ++i) {
+        // Binary-safe: a leading NUL.
+        std::string payload(1, '\0');
+        payload += std::to_string(i);
+        auto x = a_->read(link_.a_to_b, amem_, offs[i], bdesc_, offs[i], kLens[i % 3], payload);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ASSERT_TRUE(a_->wait(*x, 20s).ok());
+    }
+    // An empty payload is a notification too; a read without one notifies nobody.
+    ASSERT_TRUE(a_->wait(*a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 10, ""), 20s).ok());
+    ASSERT_TRUE(a_->wait(*a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 10), 20s).ok());
+    // Anything sent after a read completed comes after its notification.
+    ASSERT_TRUE(a_->notify(link_.a_to_b, "\x01").ok());
+    ASSERT_TRUE(eventually([&] { return seen.load() >= kReads + 2; }, 10s));
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+    watcher.join();
+    EXPECT_EQ(early.load(), 0) << "a notification arrived before its data";
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(payloads.size(), static_cast<size_t>(kReads) + 2) << "lost or duplicated";
+    for (int i = 0; i < kReads; ++i)
+        EXPECT_EQ(payloads[i], std::string(1, '\0') + std::to_string(i));
+    EXPECT_EQ(payloads[kReads], "");
+    EXPECT_EQ(payloads[kReads + 1], "\x01");
+    EXPECT_EQ(std::memcmp(abuf_->data(), bbuf_->data(), offs[kReads]), 0);
+    expect_canaries();
+}
+
+TEST_F(EnginePair, ReadvNotificationFollowsAllPieces) {
+    fill_pattern(bbuf_->data(), kSize, 99);
+    std::memset(abuf_->data(), 0, kSize);
+    // Many pieces, scattered and of mixed sizes, one notification after all of them.
+    std::mt19937_64 rng(5);
+    std::vector<IoVec> iov;
+    uint64_t at = 0;
+    for (int k = 0; k < 500; ++k) {
+        const uint64_t len = k % 50 == 0 ? 200000 + rng() % 100000 : rng() % 3000;
+        const uint64_t roff = rng() % (kSize - len + 1);
+        if (at + len > kSize) break;
+        iov.push_back(IoVec{amem_, at, bdesc_, roff, len});
+        at += len + rng() % 64;
+    }
+    auto x = a_->readv(link_.a_to_b, iov, std::string_view("all pieces"));
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    auto got = notifications_until(b_.get(), "all pieces");
+    // The pieces are in place once the target hears of the read (see the test above for why
+    // a's lock is taken).
+    (void)a_->peer_name(link_.a_to_b);
+    for (size_t k = 0; k < iov.size(); ++k) {
+        ASSERT_EQ(std::memcmp(abuf_->data() + iov[k].offset, bbuf_->data() + iov[k].remote_offset,
+                              iov[k].len),
+                  0)
+            << "piece " << k << " not in place at notification time";
+    }
+    ASSERT_TRUE(a_->wait(*x, 20s).ok());
+    ASSERT_TRUE(a_->notify(link_.a_to_b, "end").ok());
+    auto rest = notifications_until(b_.get(), "end");
+    got.insert(got.end(), rest.begin(), rest.end());
+    ASSERT_EQ(got.size(), 2u) << "lost or duplicated";
+    EXPECT_EQ(got[0].payload, "all pieces");
+    EXPECT_EQ(got[0].peer, "alpha");
+    expect_canaries();
+}
+
+TEST_F(EnginePair, EmptyReadvStillNotifies) {
+    auto x = a_->readv(link_.a_to_b, {}, std::string_view("nothing read"));
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_TRUE(a_->wait(*x, 20s).ok());
+    ASSERT_TRUE(a_->notify(link_.a_to_b, "end").ok());
+    auto got = notifications_until(b_.get(), "end");
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].payload, "nothing read");
+    EXPECT_EQ(got[0].peer, "alpha");
+}
+
+TEST_F(EnginePair, FailedReadsSendNoNotification) {
+    RemoteMem stretched = bdesc_;
+    stretched.len = kSize * 4;  // claims more than the registration has
+    GuardedBuffer gone_buf(1 << 20);
+    MemId gone = *b_->reg(gone_buf.data(), gone_buf.size());
+    RemoteMem gone_desc = *b_->describe(gone);
+    ASSERT_TRUE(b_->dereg(gone).ok());
+    struct Case {
+        const char* what;
+        RemoteMem remote;
+        uint64_t roff;
+        uint64_t len;
+        StatusCode code;
+    };
+    const Case cases[] = {
+        {"past the end, inline", stretched, kSize - 10, 100, StatusCode::kOutOfRange},
+        {"past the end, chunked", stretched, kSize - 4096, 3 << 20, StatusCode::kOutOfRange},
+        {"deregistered, inline", gone_desc, 0, 100, StatusCode::kNotFound},
+        {"deregistered, chunked", gone_desc, 0, 1 << 20, StatusCode::kNotFound},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        auto r = a_->read(link_.a_to_b, amem_, 0, c.remote, c.roff, c.len, "must not arrive");
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        EXPECT_EQ(a_->wait(*r, 20s).code(), c.code);
+        // Control messages arrive in order: the sentinel comes after anything the read sent.
+        ASSERT_TRUE(a_->notify(link_.a_to_b, "sentinel").ok());
+        auto got = notifications_until(b_.get(), "sentinel");
+        ASSERT_EQ(got.size(), 1u) << "a failed read notified: '"
+                                  << (got.size() > 1 ? got.front().payload : "") << "'";
+    }
+    // Refused here, before anything is sent: no transfer, no notification.
+    EXPECT_EQ(a_->read(link_.a_to_b, amem_, 0, bdesc_, kSize, 1, "x").status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(
+        a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 1, std::string(40 << 20, 'n')).status().code(),
+        StatusCode::kInvalidArgument);
+    ASSERT_TRUE(a_->notify(link_.a_to_b, "sentinel").ok());
+    EXPECT_EQ(notifications_until(b_.get(), "sentinel").size(), 1u);
+    // The connection is fine: a good read right after notifies.
+    fill_pattern(bbuf_->data(), 1 << 20, 3);
+    auto ok = a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 1 << 20, "good");
+    ASSERT_TRUE(ok.ok());
+    ASSERT_TRUE(a_->wait(*ok, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(abuf_->data(), 1 << 20, 3), -1);
+    EXPECT_EQ(notifications_until(b_.get(), "good").size(), 1u);
+}
+
+TEST_F(EnginePair, ReadNotificationNeedsNoPollingWithAProgressThread) {
+    // a's progress thread completes the read and sends its notification: the application
+    // neither polls nor waits until the target has heard of it.
+    fill_pattern(bbuf_->data(), 5 << 20, 21);
+    auto x = a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 5 << 20, "unpolled");
+    ASSERT_TRUE(x.ok());
+    auto got = notifications_until(b_.get(), "unpolled");
+    ASSERT_EQ(got.size(), 1u);
+    (void)a_->peer_name(link_.a_to_b);  // a's lock, for ThreadSanitizer (see above)
+    EXPECT_EQ(find_pattern_mismatch(abuf_->data(), 5 << 20, 21), -1);
+    EXPECT_TRUE(a_->wait(*x, 20s).ok());
+}
+
+TEST(EngineEndpoints, ReadNotificationSentByWaitWithoutAProgressThread) {
+    // a has no progress thread: wait() alone drives the read and sends its notification; after
+    // wait() returns, a is never called again and the target still hears of the read.
+    Config config = engine_test_config();
+    config.progress_thread = "off";
+    auto a = make_endpoint("waiter", config);
+    auto b = make_endpoint("target");
+    ASSERT_TRUE(a && b);
+    auto id = a->connect(b->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    GuardedBuffer src(4 << 20), dst(4 << 20);
+    fill_pattern(src.data(), src.size(), 31);
+    MemId ms = *b->reg(src.data(), src.size());
+    MemId md = *a->reg(dst.data(), dst.size());
+    const RemoteMem rd = *b->describe(ms);
+    for (uint64_t len : {uint64_t{64}, uint64_t{4} << 20}) {
+        SCOPED_TRACE(len);
+        const std::string payload = "waited " + std::to_string(len);
+        auto x = a->read(*id, md, 0, rd, 0, len, payload);
+        ASSERT_TRUE(x.ok());
+        ASSERT_TRUE(a->wait(*x, 20s).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), len, 31), -1);
+        auto got = notifications_until(b.get(), payload);
+        ASSERT_EQ(got.size(), 1u);
+        EXPECT_EQ(got[0].peer, "waiter");
+    }
+}
+
 TEST_F(EnginePair, RefusedRequestsTouchNothingAndTheConnectionSurvives) {
     // The target's memory before: every refused request must leave all of it as it was.
     fill_pattern(bbuf_->data(), kSize, 4242);
