@@ -80,14 +80,12 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     bool local = false;
     std::vector<IoVec> iov;         // remote transfers
     std::vector<LocalCopy> copies;  // local ones
-    PeerId peer = 0;
     XferId xfer = 0;
     bool active = false;  // posted, completion not yet reported
     // The rest is guarded by mu_ while `link` is set (the connecting thread issues the request).
-    std::shared_ptr<Link> link;             // posted while its connection was being made
-    nixl_status_t failure = NIXL_SUCCESS;   // why issuing it then failed
-    std::optional<std::string> notif;       // the post's notification, until issued
-    std::optional<std::string> read_notif;  // a READ's notification, sent once it is complete
+    std::shared_ptr<Link> link;            // posted while its connection was being made
+    nixl_status_t failure = NIXL_SUCCESS;  // why issuing it then failed
+    std::optional<std::string> notif;      // the post's notification, until issued
 };
 
 nixl_status_t to_nixl(const Status& st) {
@@ -451,7 +449,6 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
     }
     std::unique_lock<std::mutex> lock(mu_);
     req->notif = notify ? std::optional<std::string>(opt_args->notifMsg) : std::nullopt;
-    req->read_notif.reset();
     req->failure = NIXL_SUCCESS;
     if (!(*link)->peer) {  // issued by the connecting thread
         req->link = *link;
@@ -473,18 +470,19 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
 }
 
 nixl_status_t TcpxBackend::issue(Request* req, PeerId peer) const {
-    req->peer = peer;
-    StatusOr<XferId> x =
-        req->op == NIXL_WRITE
-            ? (req->notif ? ep_->writev(peer, req->iov, *req->notif) : ep_->writev(peer, req->iov))
-            : ep_->readv(peer, req->iov);
+    // The engine delivers the notification either way: a WRITE's once its data is in the
+    // target's memory, a READ's once its data is in ours (sent by whatever makes progress here,
+    // with no checkXfer needed).
+    std::optional<std::string_view> notif;
+    if (req->notif) notif = *req->notif;
+    StatusOr<XferId> x = req->op == NIXL_WRITE ? ep_->writev(peer, req->iov, notif)
+                                               : ep_->readv(peer, req->iov, notif);
     if (!x.ok()) {
         if (x.status().code() == StatusCode::kNotFound) return NIXL_ERR_REMOTE_DISCONNECT;
         NIXL_ERROR << "TCPX: postXfer: " << x.status().to_string();
         return to_nixl(x.status());
     }
     req->xfer = *x;
-    if (req->op == NIXL_READ) req->read_notif = std::move(req->notif);
     req->notif.reset();
     return NIXL_IN_PROG;
 }
@@ -506,15 +504,8 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
     if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
     req->active = false;
     if (s.state == XferState::kFailed) {
-        req->read_notif.reset();
         NIXL_ERROR << "TCPX: transfer to " << req->agent << " failed: " << s.error.to_string();
         return to_nixl(s.error);
-    }
-    if (req->read_notif) {
-        // The read is complete: now the target may hear of it.
-        Status st = ep_->notify(req->peer, *req->read_notif);
-        req->read_notif.reset();
-        if (!st.ok()) return to_nixl(st);
     }
     return NIXL_SUCCESS;
 }
@@ -534,7 +525,8 @@ nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     }
     if (req->active && ep_->poll(req->xfer).state == XferState::kInProgress) {
         // The engine cannot take back bytes already on the wire; it finishes (or fails) the
-        // transfer on its own and we forget it then. Its READ notification is not sent.
+        // transfer on its own, delivering its notification if it succeeds, and we forget it
+        // then.
         std::lock_guard<std::mutex> lock(mu_);
         abandoned_.push_back(req->xfer);
     }

@@ -2,10 +2,10 @@
 //
 // A thin adapter: agents are endpoints named after the agent, registrations are endpoint
 // registrations (their RemoteMem descriptor is the public blob), a transfer request is one
-// writev/readv, notifications are the engine's. What the engine does not say in NIXL's terms is
-// translated here and nowhere else: status codes, the READ notification (sent once the read is
-// complete), local transfers (Endpoint::copy), releasing a request still in flight, and
-// connections made in the background (see Link below).
+// writev/readv, notifications (a WRITE's and a READ's included) are the engine's. What the engine
+// does not say in NIXL's terms is translated here and nowhere else: status codes, local transfers
+// (Endpoint::copy), releasing a request still in flight, and connections made in the background
+// (see Link below).
 #pragma once
 
 #include <cstdint>

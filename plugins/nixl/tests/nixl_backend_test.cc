@@ -438,25 +438,29 @@ TEST_P(Notifications, WriteNotificationFollowsData) {
     EXPECT_EQ(b_->received().size(), 3u);
 }
 
-// A READ's notification reaches the target once the read is complete for the initiator.
-TEST_P(Notifications, ReadNotificationFollowsCompletion) {
+// A READ's notification is seen only once all of its data is in the initiator's memory:
+// checked at the moment the notification is seen. The engine sends it when the read completes,
+// which may be before the initiator's getXferStatus reports it (a progress thread), or inside
+// the getXferStatus that does (none).
+TEST_P(Notifications, ReadNotificationFollowsData) {
     constexpr size_t kSize = 16 << 20;
     dst_->fill(77);
     src_->fill(78);
-    bool completed = false;
+    const auto want = dst_->read_all();
     bool seen = false;
     b_->on_notif = [&](const Notif& n) {
         seen = true;
         EXPECT_EQ(n, (Notif{a_name_, "read-done"}));
-        EXPECT_TRUE(completed) << "the target heard of the read before it completed";
-        std::vector<uint8_t> got(kSize), want(kSize);
-        src_->read(0, got.data(), kSize);
-        dst_->read(0, want.data(), kSize);
-        EXPECT_TRUE(same_bytes(got, want));
+        EXPECT_TRUE(same_bytes(src_->read_all(), want)) << "at notification time";
     };
+    // 16 descriptors, so that a partial completion would show.
+    Ranges ranges;
+    for (uint64_t off = 0; off < kSize; off += kSize / 16) ranges.emplace_back(off, kSize / 16);
     const nixl_opt_args_t args = with_notif("read-done");
-    nixlXferReqH* req = request(NIXL_READ, 0, kSize, &args);
-    ASSERT_NE(req, nullptr);
+    nixlXferReqH* req = nullptr;
+    ASSERT_EQ((*a_)->createXferReq(NIXL_READ, xfer_list(*src_, ranges), xfer_list(*dst_, ranges),
+                                   b_name_, req, &args),
+              NIXL_SUCCESS);
     nixl_status_t st = (*a_)->postXferReq(req);
     const auto deadline = std::chrono::steady_clock::now() + kTimeout;
     while (st == NIXL_IN_PROG && std::chrono::steady_clock::now() < deadline) {
@@ -464,7 +468,6 @@ TEST_P(Notifications, ReadNotificationFollowsCompletion) {
         st = (*a_)->getXferStatus(req);
     }
     ASSERT_EQ(st, NIXL_SUCCESS);
-    completed = true;
     ASSERT_TRUE(wait_notifs(*b_, 1));
     pump_for(milliseconds(100), {a_.get(), b_.get()});
     EXPECT_TRUE(seen);
@@ -474,6 +477,60 @@ TEST_P(Notifications, ReadNotificationFollowsCompletion) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ProgressThread, Notifications, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                             return info.param ? "On" : "Off";
+                         });
+
+// A READ's notification needs nothing more from the initiator's application than the post:
+// the initiator's progress thread sends it once the data is in place. Nobody asks the initiator
+// about the transfer until the target has the notification (only the target is called, with or
+// without a progress thread of its own), and the data is checked at that moment.
+class ReadNotificationUnasked : public TwoAgents, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(ReadNotificationUnasked, ReachesTheTarget) {
+    constexpr size_t kSize = 16 << 20;
+    start(kSize, {.prog_thread = true}, {.prog_thread = GetParam()}, "unasked");
+    for (int round = 0; round < 3; ++round) {
+        SCOPED_TRACE(round);
+        src_->fill(60 + round);
+        dst_->fill(90 + round);
+        // Inline-sized, then 16 descriptors of 1 MiB.
+        Ranges ranges = {{0, 100}};
+        if (round > 0) {
+            ranges.clear();
+            for (uint64_t off = 0; off < kSize; off += kSize / 16) {
+                ranges.emplace_back(off, kSize / 16);
+            }
+        }
+        auto want = src_->read_all();
+        const auto theirs = dst_->read_all();
+        for (const auto& [off, len] : ranges) {
+            std::memcpy(want.data() + off, theirs.data() + off, len);
+        }
+        const std::string msg = "unasked-" + std::to_string(round);
+        bool checked = false;
+        b_->on_notif = [&](const Notif& n) {
+            EXPECT_EQ(n, (Notif{a_name_, msg}));
+            checked = true;
+            EXPECT_TRUE(same_bytes(src_->read_all(), want)) << "at notification time";
+        };
+        const nixl_opt_args_t args = with_notif(msg);
+        nixlXferReqH* req = nullptr;
+        ASSERT_EQ((*a_)->createXferReq(NIXL_READ, xfer_list(*src_, ranges),
+                                       xfer_list(*dst_, ranges), b_name_, req, &args),
+                  NIXL_SUCCESS);
+        ASSERT_EQ((*a_)->postXferReq(req), NIXL_IN_PROG);
+        ASSERT_TRUE(wait_notifs(*b_, static_cast<size_t>(round) + 1));  // calls the target only
+        EXPECT_TRUE(checked);
+        b_->on_notif = nullptr;
+        EXPECT_EQ(wait_xfer(*a_, req, {b_.get()}), NIXL_SUCCESS);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    }
+    pump_for(milliseconds(100), {a_.get(), b_.get()});
+    EXPECT_EQ(b_->received().size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(TargetProgressThread, ReadNotificationUnasked, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                              return info.param ? "On" : "Off";
                          });
@@ -507,9 +564,11 @@ TEST_P(ReleaseInFlight, ReturnsPromptlyAndNothingBreaks) {
     const auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_LT(took, milliseconds(500)) << "releaseXferReq waited for the transfer";
 
-    // The target is served again: the released transfer drains (its notification, if any, is
-    // not checked), and new transfers, in both directions, on fresh buffers, work.
-    pump_for(milliseconds(200), {a_.get(), b_.get()});
+    // The target is served again: the released transfer completes on its own and its
+    // notification arrives, once, whichever the operation; new transfers, in both directions,
+    // on fresh buffers, work.
+    ASSERT_TRUE(wait_notifs(*b_, 1, {a_.get()}));
+    EXPECT_EQ(b_->received().back(), (Notif{a_name_, "released"}));
     constexpr size_t kMore = 5 << 20;
     auto src2 = Buffer::create(DRAM_SEG, kMore);
     auto dst2 = Buffer::create(DRAM_SEG, kMore);
@@ -537,6 +596,7 @@ TEST_P(ReleaseInFlight, ReturnsPromptlyAndNothingBreaks) {
         }
         EXPECT_EQ(b_->count({a_name_, next_args.notif.value()}), 1u);
     }
+    EXPECT_EQ(b_->count({a_name_, "released"}), 1u);
     // Deregistration and destruction (TearDown) with the released transfer's history behind.
     a_->dereg_all();
     b_->dereg_all();
