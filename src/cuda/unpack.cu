@@ -37,6 +37,12 @@ __global__ void __launch_bounds__(kThreads)
     unpack_kernel(const LoadMeta* __restrict__ entries, const uint64_t* __restrict__ count_ptr,
                   const uint8_t* __restrict__ bounce, uint8_t* __restrict__ dst, uint64_t dst_len,
                   uint32_t* bad) {
+    // The warp's first entry is loaded alongside the count rather than after it (the list is
+    // readable for a full slot), so that a short kernel waits for two memory round trips before
+    // copying, not three.
+    const uint64_t first = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    LoadMeta next{};
+    if (first < kUnpackMaxEntries) next = entries[first];
     uint64_t count = *reinterpret_cast<const volatile uint64_t*>(count_ptr);
     if (count > kUnpackMaxEntries) {
         if (bad != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *bad = 1;
@@ -44,8 +50,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int lane = threadIdx.x & 31;
     const uint64_t nwarps = static_cast<uint64_t>(gridDim.x) * kWarpsPerBlock;
-    for (uint64_t e = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; e < count; e += nwarps) {
-        const LoadMeta m = entries[e];
+    for (uint64_t e = first; e < count; e += nwarps) {
+        const LoadMeta m = e == first ? next : entries[e];
         // Never follow an entry outside the destination (the transport's word is not trusted).
         if (m.dst_off > dst_len || m.len > dst_len - m.dst_off) {
             if (bad != nullptr && lane == 0) *bad = 1;

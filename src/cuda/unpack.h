@@ -22,8 +22,10 @@ namespace tcpx::cuda {
 bool unpack_reference(const LoadMeta* entries, uint64_t count, const uint8_t* bounce, uint8_t* dst,
                       uint64_t dst_len);
 
-// Enqueues the unpack on `stream` (a cudaStream_t). `entries` and `count` must be device-visible;
-// the count is read when the kernel runs, so the transport may write it up to then. Entries must
+// Enqueues the unpack on `stream` (a cudaStream_t). `entries` and `count` must be device-visible,
+// `entries` readable for a full slot (kUnpackMaxEntries entries, whatever the count: the kernel
+// loads some ahead of knowing it); the count is read when the kernel runs, so the transport may
+// write it up to then. Entries must
 // not overlap in the destination. `*bad` (device-visible, may be null) is set to a non-zero value
 // when the receive is bad; the kernel never clears it. `expected` is the count the caller expects
 // (when it knows it): the grid is sized for that many entries, so that a small receive does not
