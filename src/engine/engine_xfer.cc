@@ -176,8 +176,7 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             if (x->result.ok() && x->has_notification) {
                 send_ctrl(p, wire::encode_notif(x->notification));
             }
-            xfers_->finish(x->user_id, x->result);
-            break;
+            [[fallthrough]];
         default:
             xfers_->finish(x->user_id, x->result);
             break;

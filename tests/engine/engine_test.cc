@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -230,29 +232,56 @@ TEST_F(EnginePair, VectorTransfersOfRandomShape) {
     for (auto& e : extra_b) EXPECT_TRUE(e->canaries_intact());
 }
 
+// The target's application, watching for notifications on its own thread while transfers land:
+// collects them in arrival order and counts those whose data `arrived_early` says was not yet in
+// place when they came.
+class NotificationWatcher {
+ public:
+    NotificationWatcher(Endpoint* ep, std::function<bool(const Notification&)> arrived_early)
+        : thread_([this, ep, arrived_early = std::move(arrived_early)] {
+              while (!stop_.load()) {
+                  for (Notification& n : ep->get_notifications()) {
+                      if (arrived_early(n)) ++early_;
+                      std::lock_guard<std::mutex> lock(mu_);
+                      got_.push_back(std::move(n));
+                  }
+              }
+          }) {}
+    ~NotificationWatcher() { stop(); }
+
+    size_t seen() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return got_.size();
+    }
+    int early() const { return early_.load(); }
+    // Stops watching (after a pause, so that a duplicate would still be seen) and returns the
+    // notifications in arrival order.
+    std::vector<Notification> stop() {
+        if (thread_.joinable()) {
+            std::this_thread::sleep_for(100ms);
+            stop_ = true;
+            thread_.join();
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        return got_;
+    }
+
+ private:
+    std::atomic<bool> stop_{false};
+    std::atomic<int> early_{0};
+    std::mutex mu_;
+    std::vector<Notification> got_;
+    std::thread thread_;  // last: starts once the rest is made
+};
+
 TEST_F(EnginePair, NotificationsComeExactlyOnceAndOnlyAfterTheData) {
     constexpr int kWrites = 40;
     constexpr uint64_t kLen = 512 << 10;  // each write its own slot: kWrites * kLen < kSize
-    std::atomic<bool> stop{false};
-    std::atomic<int> seen{0};
-    std::atomic<int> early{0};
-    std::vector<std::string> payloads;
-    std::mutex mu;
     // The target's application watches for notifications while the writes land.
-    std::thread watcher([&] {
-        while (!stop.load()) {
-            for (Notification& n : b_->get_notifications()) {
-                if (!n.payload.empty()) {
-                    const int i = std::stoi(n.payload.substr(0, n.payload.find('\0')));
-                    if (find_pattern_mismatch(bbuf_->data() + i * kLen, kLen, 500 + i) != -1) {
-                        ++early;
-                    }
-                }
-                std::lock_guard<std::mutex> lock(mu);
-                payloads.push_back(std::move(n.payload));
-                ++seen;
-            }
-        }
+    NotificationWatcher watcher(b_.get(), [&](const Notification& n) {
+        if (n.payload.empty()) return false;
+        const int i = std::stoi(n.payload.substr(0, n.payload.find('\0')));
+        return find_pattern_mismatch(bbuf_->data() + i * kLen, kLen, 500 + i) != -1;
     });
     for (int i = 0; i < kWrites; ++i) {
         // Binary-safe payloads: an embedded NUL and bytes past it.
@@ -265,20 +294,17 @@ TEST_F(EnginePair, NotificationsComeExactlyOnceAndOnlyAfterTheData) {
     // Empty payloads are notifications too; writes without one notify nobody.
     ASSERT_TRUE(write(kWrites * kLen, kWrites * kLen, 10, std::string_view()).ok());
     ASSERT_TRUE(write(kWrites * kLen, kWrites * kLen, 10).ok());
-    ASSERT_TRUE(eventually([&] { return seen.load() >= kWrites; }, 10s));
-    std::this_thread::sleep_for(100ms);
-    stop = true;
-    watcher.join();
-    EXPECT_EQ(early.load(), 0) << "a notification arrived before its data";
-    std::lock_guard<std::mutex> lock(mu);
-    ASSERT_EQ(payloads.size(), static_cast<size_t>(kWrites) + 1) << "lost or duplicated";
+    ASSERT_TRUE(eventually([&] { return watcher.seen() >= kWrites; }, 10s));
+    const std::vector<Notification> got = watcher.stop();
+    EXPECT_EQ(watcher.early(), 0) << "a notification arrived before its data";
+    ASSERT_EQ(got.size(), static_cast<size_t>(kWrites) + 1) << "lost or duplicated";
     for (int i = 0; i < kWrites; ++i) {
         std::string expect = std::to_string(i);
         expect.push_back('\0');
         expect += "tail\xff";
-        EXPECT_EQ(payloads[i], expect);
+        EXPECT_EQ(got[i].payload, expect);
     }
-    EXPECT_EQ(payloads.back(), "");
+    EXPECT_EQ(got.back().payload, "");
     EXPECT_TRUE(b_->get_notifications().empty());
 }
 
@@ -323,29 +349,13 @@ TEST_F(EnginePair, ReadNotificationsComeExactlyOnceAndOnlyAfterTheData) {
     ASSERT_LE(offs[kReads], kSize);
     fill_pattern(bbuf_->data(), kSize, 4711);
     std::memset(abuf_->data(), 0, kSize);
-    std::atomic<bool> stop{false};
-    std::atomic<int> seen{0};
-    std::atomic<int> early{0};
-    std::vector<std::string> payloads;
-    std::mutex mu;
     // The target's application watches for notifications while the reads land at a. When one
     // arrives, that read's bytes must already be in a's memory.
-    std::thread watcher([&] {
-        while (!stop.load()) {
-            for (Notification& n : b_->get_notifications()) {
-                EXPECT_EQ(n.peer, "alpha");
-                if (n.payload.size() > 1) {
-                    const int i = std::stoi(n.payload.substr(1));
-                    if (std::memcmp(abuf_->data() + offs[i], bbuf_->data() + offs[i],
-                                    kLens[i % 3]) != 0) {
-                        ++early;
-                    }
-                }
-                std::lock_guard<std::mutex> lock(mu);
-                payloads.push_back(std::move(n.payload));
-                ++seen;
-            }
-        }
+    NotificationWatcher watcher(b_.get(), [&](const Notification& n) {
+        EXPECT_EQ(n.peer, "alpha");
+        if (n.payload.size() <= 1) return false;
+        const int i = std::stoi(n.payload.substr(1));
+        return std::memcmp(abuf_->data() + offs[i], bbuf_->data() + offs[i], kLens[i % 3]) != 0;
     });
     for (int i = 0; i < kReads; ++i) {
         // Binary-safe: a leading NUL.
@@ -360,17 +370,14 @@ TEST_F(EnginePair, ReadNotificationsComeExactlyOnceAndOnlyAfterTheData) {
     ASSERT_TRUE(a_->wait(*a_->read(link_.a_to_b, amem_, 0, bdesc_, 0, 10), 20s).ok());
     // Anything sent after a read completed comes after its notification.
     ASSERT_TRUE(a_->notify(link_.a_to_b, "\x01").ok());
-    ASSERT_TRUE(eventually([&] { return seen.load() >= kReads + 2; }, 10s));
-    std::this_thread::sleep_for(100ms);
-    stop = true;
-    watcher.join();
-    EXPECT_EQ(early.load(), 0) << "a notification arrived before its data";
-    std::lock_guard<std::mutex> lock(mu);
-    ASSERT_EQ(payloads.size(), static_cast<size_t>(kReads) + 2) << "lost or duplicated";
+    ASSERT_TRUE(eventually([&] { return watcher.seen() >= kReads + 2; }, 10s));
+    const std::vector<Notification> got = watcher.stop();
+    EXPECT_EQ(watcher.early(), 0) << "a notification arrived before its data";
+    ASSERT_EQ(got.size(), static_cast<size_t>(kReads) + 2) << "lost or duplicated";
     for (int i = 0; i < kReads; ++i)
-        EXPECT_EQ(payloads[i], std::string(1, '\0') + std::to_string(i));
-    EXPECT_EQ(payloads[kReads], "");
-    EXPECT_EQ(payloads[kReads + 1], "\x01");
+        EXPECT_EQ(got[i].payload, std::string(1, '\0') + std::to_string(i));
+    EXPECT_EQ(got[kReads].payload, "");
+    EXPECT_EQ(got[kReads + 1].payload, "\x01");
     EXPECT_EQ(std::memcmp(abuf_->data(), bbuf_->data(), offs[kReads]), 0);
     expect_canaries();
 }

@@ -129,14 +129,6 @@ std::vector<uint8_t> apply(std::vector<uint8_t> base, const std::vector<uint8_t>
     return base;
 }
 
-// Posts `req` and waits for it, pumping `others`.
-nixl_status_t post_and_wait(TestAgent& initiator, nixlXferReqH* req, Agents others,
-                            const nixl_opt_args_t* args = nullptr) {
-    const nixl_status_t st = initiator->postXferReq(req, args);
-    if (st != NIXL_IN_PROG) return st;
-    return wait_xfer(initiator, req, others);
-}
-
 // --- 1 and 7: many descriptors, both memory kinds, with and without progress threads ----------
 
 struct XferParam {
@@ -680,9 +672,7 @@ TEST_P(LocalXfer, WriteAndReadWithNotification) {
         ASSERT_EQ(a->createXferReq(op, xfer_list(*x, l.local_ranges()),
                                    xfer_list(*y, l.remote_ranges()), "local-a", req, &args),
                   NIXL_SUCCESS);
-        nixl_status_t st = a->postXferReq(req);
-        if (st == NIXL_IN_PROG) st = wait_xfer(a, req);
-        EXPECT_EQ(st, NIXL_SUCCESS);
+        EXPECT_EQ(post_and_wait(a, req), NIXL_SUCCESS);
         EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
         if (op == NIXL_WRITE) {
             EXPECT_TRUE(same_bytes(y->read_all(), apply(y_before, x_before, l, true)));

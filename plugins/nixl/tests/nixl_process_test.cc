@@ -169,9 +169,7 @@ TEST(NixlProcess, WriteAndReadBetweenProcesses) {
         ASSERT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*buf, ours), peer_list(peer, theirs),
                                    "proc-b", req, &args),
                   NIXL_SUCCESS);
-        nixl_status_t st = a->postXferReq(req);
-        if (st == NIXL_IN_PROG) st = wait_xfer(a, req);
-        ASSERT_EQ(st, NIXL_SUCCESS);
+        ASSERT_EQ(post_and_wait(a, req), NIXL_SUCCESS);
         EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
         EXPECT_EQ(peer.ask("wait_notif " + to_hex("proc write")), "notif proc-a");
         uint64_t gap_start = 0;
@@ -198,9 +196,7 @@ TEST(NixlProcess, WriteAndReadBetweenProcesses) {
         ASSERT_EQ(a->createXferReq(NIXL_READ, xfer_list(*buf, ours), peer_list(peer, theirs),
                                    "proc-b", req, &args),
                   NIXL_SUCCESS);
-        nixl_status_t st = a->postXferReq(req);
-        if (st == NIXL_IN_PROG) st = wait_xfer(a, req);
-        ASSERT_EQ(st, NIXL_SUCCESS);
+        ASSERT_EQ(post_and_wait(a, req), NIXL_SUCCESS);
         EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
         auto want = before;
         for (size_t i = 0; i < ours.size(); ++i) {
@@ -252,9 +248,7 @@ TEST_P(PeerKilled, MidTransferFailsPromptlyAndInitiatorGoesOn) {
     ASSERT_EQ(a->createXferReq(op, xfer_list(*buf, {{0, 4096}}), peer_list(peer, {{0, 4096}}),
                                peer_name, warm),
               NIXL_SUCCESS);
-    nixl_status_t warm_st = a->postXferReq(warm);
-    if (warm_st == NIXL_IN_PROG) warm_st = wait_xfer(a, warm);
-    ASSERT_EQ(warm_st, NIXL_SUCCESS);
+    ASSERT_EQ(post_and_wait(a, warm), NIXL_SUCCESS);
     EXPECT_EQ(a->releaseXferReq(warm), NIXL_SUCCESS);
 
     peer.send_signal(SIGSTOP);
@@ -294,9 +288,7 @@ TEST_P(PeerKilled, MidTransferFailsPromptlyAndInitiatorGoesOn) {
         ASSERT_EQ(a->createXferReq(op2, xfer_list(*buf, {{0, 4 << 20}}),
                                    xfer_list(*other_buf, {{0, 4 << 20}}), "bystander", next, &args),
                   NIXL_SUCCESS);
-        nixl_status_t st2 = a->postXferReq(next);
-        if (st2 == NIXL_IN_PROG) st2 = wait_xfer(a, next, {&c});
-        EXPECT_EQ(st2, NIXL_SUCCESS);
+        EXPECT_EQ(post_and_wait(a, next, {&c}), NIXL_SUCCESS);
         EXPECT_EQ(a->releaseXferReq(next), NIXL_SUCCESS);
         std::vector<uint8_t> ours(4 << 20);
         buf->read(0, ours.data(), ours.size());

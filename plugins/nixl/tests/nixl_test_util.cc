@@ -265,6 +265,13 @@ nixl_status_t wait_xfer(TestAgent& initiator, nixlXferReqH* req, Agents others,
     }
 }
 
+nixl_status_t post_and_wait(TestAgent& initiator, nixlXferReqH* req, Agents others,
+                            const nixl_opt_args_t* args) {
+    const nixl_status_t st = initiator->postXferReq(req, args);
+    if (st != NIXL_IN_PROG) return st;
+    return wait_xfer(initiator, req, others);
+}
+
 bool wait_notifs(TestAgent& agent, size_t n, Agents others, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (agent.received().size() < n) {

@@ -145,6 +145,10 @@ using Agents = std::initializer_list<TestAgent*>;
 // thread progresses only inside such calls.
 nixl_status_t wait_xfer(TestAgent& initiator, nixlXferReqH* req, Agents others = {},
                         std::chrono::milliseconds timeout = kTimeout);
+// Posts `req` (with `args`) and, when it is in flight, waits for it as wait_xfer() does; the
+// final status.
+nixl_status_t post_and_wait(TestAgent& initiator, nixlXferReqH* req, Agents others = {},
+                            const nixl_opt_args_t* args = nullptr);
 // Pumps `agent` and `others` until `agent` has received `n` notifications in all; false on
 // timeout.
 bool wait_notifs(TestAgent& agent, size_t n, Agents others = {},
