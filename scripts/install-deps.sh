@@ -3,8 +3,10 @@
 # Idempotent: does nothing when everything is there. Needs root or sudo to install.
 set -euo pipefail
 
+# libssl-dev: libcrypto (HMAC-SHA-256 and random nonces for peer authentication).
+# clang + libclang-rt-dev: libFuzzer for the fuzz targets (scripts/run-fuzz).
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev)
+          libcli11-dev libssl-dev clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

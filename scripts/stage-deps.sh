@@ -14,4 +14,9 @@ cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/gtest /usr/include/gmo
 cp -r /usr/share/cmake/nlohmann_json /usr/share/cmake/CLI11 "$out/share/cmake/"
 cp /usr/lib/$arch/libgtest*.a /usr/lib/$arch/libgmock*.a "$out/lib/$arch/"
 cp -r /usr/lib/$arch/cmake/GTest "$out/lib/$arch/cmake/"
+# libcrypto, static (the build links it into the library, so the other machine needs no package).
+mkdir -p "$out/include/$arch"
+cp -r /usr/include/openssl "$out/include/"
+cp -r /usr/include/$arch/openssl "$out/include/$arch/"
+cp /usr/lib/$arch/libcrypto.a "$out/lib/$arch/"
 du -sh "$out" >&2

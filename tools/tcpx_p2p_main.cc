@@ -192,7 +192,13 @@ int main(int argc, char** argv) {
                 return std::to_string(v);
             }
         };
-#define SHOW(field, NAME) std::printf("TCPX_P2P_%-22s %s\n", #NAME, text(settings->field).c_str());
+        // Secrets are never printed, only whether they are set.
+        auto shown = [&](std::string_view name, const std::string& value) {
+            if (name.find("SECRET") == std::string_view::npos || value.empty()) return value;
+            return std::string("(set)");
+        };
+#define SHOW(field, NAME) \
+    std::printf("TCPX_P2P_%-22s %s\n", #NAME, text(shown(#NAME, text(settings->field))).c_str());
 #define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) SHOW(field, NAME)
 #define TCPX_PARAM_SIZE(field, NAME, def, lo, hi, doc) SHOW(field, NAME)
 #define TCPX_PARAM_CHOICE(field, NAME, def, choices, doc) SHOW(field, NAME)

@@ -34,6 +34,7 @@ enum class StatusCode : int {
     kCuda = 13,               // a CUDA call failed
     kUnimplemented = 14,      // not supported by this build or transport
     kInternal = 15,           // a bug in tcpx-p2p
+    kUnauthenticated = 16,    // the peer failed authentication (or this endpoint failed the peer's)
 };
 
 // "INVALID_ARGUMENT", "UNAVAILABLE", ... ; "UNKNOWN" for values outside the enum.

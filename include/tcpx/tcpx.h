@@ -67,7 +67,8 @@ typedef enum tcpx_status_t {
     TCPX_ERR_SYSTEM = 12,             /* an operating-system call failed */
     TCPX_ERR_CUDA = 13,               /* a CUDA call failed */
     TCPX_ERR_UNIMPLEMENTED = 14,      /* not supported by this build or transport */
-    TCPX_ERR_INTERNAL = 15            /* a bug in tcpx-p2p */
+    TCPX_ERR_INTERNAL = 15,           /* a bug in tcpx-p2p */
+    TCPX_ERR_UNAUTHENTICATED = 16     /* the peer failed authentication, or we failed its */
 } tcpx_status_t;
 
 /* The longest endpoint name, in bytes (without the terminating zero). */

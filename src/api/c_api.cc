@@ -65,6 +65,7 @@ TCPX_C_SAME_CODE(TCPX_ERR_SYSTEM, kSystem);
 TCPX_C_SAME_CODE(TCPX_ERR_CUDA, kCuda);
 TCPX_C_SAME_CODE(TCPX_ERR_UNIMPLEMENTED, kUnimplemented);
 TCPX_C_SAME_CODE(TCPX_ERR_INTERNAL, kInternal);
+TCPX_C_SAME_CODE(TCPX_ERR_UNAUTHENTICATED, kUnauthenticated);
 #undef TCPX_C_SAME_CODE
 static_assert(TCPX_NAME_MAX == tcpx::engine::wire::kMaxName, "TCPX_NAME_MAX is the wire's limit");
 

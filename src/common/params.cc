@@ -200,6 +200,19 @@ Status Settings::validate() const {
 #undef TCPX_PARAM_SIZE
 #undef TCPX_PARAM_CHOICE
 #undef TCPX_PARAM_STRING
+    for (const auto& [name, secret] : {std::pair{"AUTH_SECRET", &auth_secret},
+                                       {"AUTH_SECRET_PREVIOUS", &auth_secret_previous}}) {
+        // A short secret is guessable offline from one captured handshake.
+        if (!secret->empty() && secret->size() < 16) {
+            return invalid_argument(
+                strformat("TCPX_P2P_%s has %zu characters; a secret needs at least 16", name,
+                          secret->size()));
+        }
+    }
+    if (!auth_secret_previous.empty() && auth_secret.empty()) {
+        return invalid_argument(
+            "TCPX_P2P_AUTH_SECRET_PREVIOUS is set without TCPX_P2P_AUTH_SECRET");
+    }
     if (min_chunk_size > chunk_size) {
         return invalid_argument(
             strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is larger than TCPX_P2P_CHUNK_SIZE (%s)",

@@ -100,6 +100,33 @@ bool SocketAddress::is_loopback() const {
     return false;
 }
 
+namespace {
+
+// The 16 bytes of an IPv6 address, IPv4 addresses as IPv4-mapped; false for other families.
+bool host_bytes(const sockaddr_storage& ss, in6_addr* out) {
+    if (ss.ss_family == AF_INET) {
+        std::memset(out, 0, sizeof(*out));
+        out->s6_addr[10] = 0xff;
+        out->s6_addr[11] = 0xff;
+        std::memcpy(&out->s6_addr[12], &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, 4);
+        return true;
+    }
+    if (ss.ss_family == AF_INET6) {
+        *out = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+        return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+bool SocketAddress::same_host(const SocketAddress& other) const {
+    in6_addr a;
+    in6_addr b;
+    return host_bytes(storage_, &a) && host_bytes(other.storage_, &b) &&
+           std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
 std::string SocketAddress::host_string() const {
     char host[NI_MAXHOST];
     if (len_ == 0 ||

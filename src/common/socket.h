@@ -60,6 +60,9 @@ class SocketAddress {
     uint16_t port() const;
     void set_port(uint16_t port);
     bool is_loopback() const;
+    // Whether both name the same host address (ports aside); an IPv4-mapped IPv6 address
+    // equals its IPv4 address.
+    bool same_host(const SocketAddress& other) const;
     const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage_); }
     socklen_t size() const { return len_; }
     // "127.0.0.1:5000", "[::1]:5000"; "(none)" when empty.

@@ -36,6 +36,8 @@ const char* status_code_name(StatusCode code) {
             return "UNIMPLEMENTED";
         case StatusCode::kInternal:
             return "INTERNAL";
+        case StatusCode::kUnauthenticated:
+            return "UNAUTHENTICATED";
     }
     return "UNKNOWN";
 }

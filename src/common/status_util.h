@@ -30,6 +30,9 @@ inline Status unimplemented(std::string_view msg) {
     return Status(StatusCode::kUnimplemented, msg);
 }
 inline Status internal_error(std::string_view msg) { return Status(StatusCode::kInternal, msg); }
+inline Status unauthenticated(std::string_view msg) {
+    return Status(StatusCode::kUnauthenticated, msg);
+}
 
 // "<what>: <strerror(err)>", coded kUnavailable for errors that mean the peer or the path to it
 // is gone (refused, reset, unreachable, timed out) and kSystem for the rest.

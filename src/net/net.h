@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/socket.h"
 #include "tcpx/status.h"
 
 namespace tcpx::net {
@@ -68,6 +69,10 @@ struct Properties {
     // Not in v7: whether test() reports received sizes. Google's TCPX plugin never does, so the
     // engine must know sizes from its own protocol when this is false.
     bool reports_sizes = true;
+    // Not in v7: the largest registration reg_mr() takes in one piece; 0 for no limit. v7's
+    // regMr takes an int size (and NCCL refuses 2 GiB and more through it), newer tables say
+    // their own maxRegSize. The engine registers larger regions as windows of this size.
+    uint64_t max_reg_size = 0;
 };
 
 // What accept()/connect() return for device-side consumption of received data
@@ -108,6 +113,18 @@ class Net {
     virtual Status get_properties(int dev, Properties* props) const = 0;
 
     virtual Status listen(int dev, Handle* handle, ListenComm** listen_comm) = 0;
+    // A handle that arrived from a peer (over the network, so hostile until checked) is checked
+    // here before it reaches connect(): its size, address family, address (it must name
+    // `peer_address`, the host the peer's control connection came from), socket counts within
+    // our own settings; and any part of it that the transport keeps as its own connect() state
+    // is reset, so no pointer or key from the wire is ever followed. Not OK: the handle must
+    // not be used. UNIMPLEMENTED: the transport cannot read its handles (an unknown plugin).
+    virtual Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+        (void)handle;
+        (void)peer_address;
+        return Status(StatusCode::kUnimplemented,
+                      "this transport cannot check the connection handles peers send");
+    }
     // Non-blocking: *send_comm stays null until connected; call again with the same handle.
     // `dev_handle` may be null when the caller takes no device handle.
     virtual Status connect(int dev, Handle* handle, SendComm** send_comm,

@@ -239,6 +239,37 @@ Status SocketNet::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     return Status();
 }
 
+Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+    if (handle == nullptr) return invalid_argument("handle: null");
+    wire::HandleBlob blob;
+    std::memcpy(&blob, handle->bytes.data(), sizeof(blob));
+    if (blob.magic != wire::kHandleMagic) {
+        return invalid_argument("handle: not made by the socket transport");
+    }
+    if (blob.version != wire::kVersion) {
+        return invalid_argument(
+            strformat("handle: protocol version %u, ours is %u", blob.version, wire::kVersion));
+    }
+    if (blob.nsocks < 1 || blob.nsocks > settings_.nsocks) {
+        return invalid_argument(strformat(
+            "handle: asks for %u data sockets; this end opens 1 to %lld (TCPX_P2P_NSOCKS)",
+            blob.nsocks, static_cast<long long>(settings_.nsocks)));
+    }
+    if (blob.port == 0) return invalid_argument("handle: port 0");
+    TCPX_ASSIGN_OR_RETURN(SocketAddress addr, handle_address(blob));
+    // A handle may only send us to the host the peer itself is on: never a third party.
+    if (!addr.same_host(peer_address)) {
+        return protocol_error(strformat("handle: names %s, but the peer is at %s",
+                                        addr.host_string().c_str(),
+                                        peer_address.host_string().c_str()));
+    }
+    // connect()'s own progress key is ours to set, never the wire's; the tail is unused.
+    blob.connect_key = 0;
+    handle->bytes.fill(0);
+    std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
+    return Status();
+}
+
 Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {
     if (handle == nullptr || send_comm == nullptr) {
         return invalid_argument("connect: null handle or comm");
@@ -257,8 +288,12 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
         return invalid_argument(strformat("connect: handle of protocol version %u, ours is %u",
                                           blob.version, wire::kVersion));
     }
-    if (blob.nsocks < 1 || blob.nsocks > 64) {
-        return invalid_argument(strformat("connect: handle asks for %u data sockets", blob.nsocks));
+    // However the handle came, this end opens no more sockets per comm than it is configured to.
+    if (blob.nsocks < 1 || blob.nsocks > settings_.nsocks) {
+        return invalid_argument(
+            strformat("connect: handle asks for %u data sockets; this end opens 1 to %lld "
+                      "(TCPX_P2P_NSOCKS: peers need the same setting)",
+                      blob.nsocks, static_cast<long long>(settings_.nsocks)));
     }
 
     std::lock_guard<std::mutex> lock(connect_mu_);

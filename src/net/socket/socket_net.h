@@ -27,6 +27,7 @@ class SocketNet final : public Net {
     Status get_properties(int dev, Properties* props) const override;
 
     Status listen(int dev, Handle* handle, ListenComm** listen_comm) override;
+    Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const override;
     Status connect(int dev, Handle* handle, SendComm** send_comm,
                    DeviceHandle* dev_handle) override;
     Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
