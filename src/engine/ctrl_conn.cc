@@ -58,7 +58,7 @@ Status CtrlConn::read(bool* eof) {
         if (begin_ == end_) begin_ = end_ = 0;
         // A peer cannot make us buffer without bound: past two maximal messages, what is here
         // gets handled before more is read (TCP holds the rest back).
-        if (end_ - begin_ > 2 * static_cast<size_t>(wire::kMaxBody)) return Status();
+        if (end_ - begin_ > 2 * (sizeof(wire::Header) + max_message_)) return Status();
         if (in_.size() - end_ < kReadChunk) {
             if (begin_ > 0) {
                 std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
@@ -82,9 +82,9 @@ StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* bo
     if (header->magic != wire::kMagic) {
         return protocol_error(strformat("corrupt control stream (magic 0x%08x)", header->magic));
     }
-    if (header->length > wire::kMaxBody) {
+    if (header->length > max_message_) {
         return protocol_error(strformat("control message of %u bytes exceeds the limit of %u",
-                                        header->length, wire::kMaxBody));
+                                        header->length, max_message_));
     }
     if (end_ - begin_ < sizeof(wire::Header) + header->length) return false;
     *body = std::string_view(in_.data() + begin_ + sizeof(wire::Header), header->length);

@@ -26,6 +26,10 @@ class CtrlConn {
     void reset(Fd fd);
     void close() { fd_.reset(); }
 
+    // The largest message body accepted from now on (kHandshakeMessage until the handshake is
+    // done; at most MAX_CTRL_MESSAGE after).
+    void set_max_message(uint32_t bytes) { max_message_ = bytes; }
+
     // Queues a complete message (header included).
     void queue(std::string msg);
     bool has_output() const { return !out_.empty(); }
@@ -48,6 +52,7 @@ class CtrlConn {
     size_t begin_ = 0;
     size_t end_ = 0;
     size_t consumed_ = 0;  // bytes of the message handed out last, dropped at the next call
+    uint32_t max_message_ = wire::kHandshakeMessage;
 };
 
 }  // namespace tcpx::engine

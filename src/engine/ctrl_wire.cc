@@ -17,6 +17,14 @@ const char* msg_type_name(MsgType type) {
             return "PING";
         case MsgType::kBye:
             return "BYE";
+        case MsgType::kAuthInit:
+            return "AUTH_INIT";
+        case MsgType::kAuthChallenge:
+            return "AUTH_CHALLENGE";
+        case MsgType::kAuthProof:
+            return "AUTH_PROOF";
+        case MsgType::kAuthFail:
+            return "AUTH_FAIL";
         case MsgType::kWriteReq:
             return "WRITE_REQ";
         case MsgType::kWriteAck:
@@ -118,6 +126,39 @@ std::string finish(std::string msg) {
 
 }  // namespace
 
+std::string encode_auth_init(const AuthInit& m) {
+    std::string msg = begin_message(MsgType::kAuthInit, 0);
+    Writer w(&msg);
+    w.u16(m.version);
+    w.raw(m.nonce.data(), m.nonce.size());
+    w.str(m.name);
+    return finish(std::move(msg));
+}
+
+std::string encode_auth_challenge(const AuthChallenge& m) {
+    std::string msg = begin_message(MsgType::kAuthChallenge, 0);
+    Writer w(&msg);
+    w.raw(m.nonce.data(), m.nonce.size());
+    w.str(m.name);
+    w.u8(static_cast<uint8_t>(m.macs.size()));
+    for (std::string_view mac : m.macs) w.raw(mac.data(), mac.size());
+    return finish(std::move(msg));
+}
+
+std::string encode_auth_proof(const AuthProof& m) {
+    std::string msg = begin_message(MsgType::kAuthProof, 0);
+    Writer w(&msg);
+    w.raw(m.mac.data(), m.mac.size());
+    return finish(std::move(msg));
+}
+
+std::string encode_auth_fail(std::string_view reason) {
+    std::string msg = begin_message(MsgType::kAuthFail, 0);
+    Writer w(&msg);
+    w.str(reason.substr(0, kMaxAuthReason));
+    return finish(std::move(msg));
+}
+
 std::string encode_hello(const Hello& m) {
     std::string msg = begin_message(MsgType::kHello, 0);
     Writer w(&msg);
@@ -197,6 +238,46 @@ std::string encode_send_data(uint64_t recv_xfer, uint16_t flags, uint64_t len) {
     w.u64(recv_xfer);
     w.u64(len);
     return msg;
+}
+
+Status decode_auth_init(std::string_view body, AuthInit* m) {
+    Reader r(body);
+    m->version = r.u16();
+    if (!r.failed() && m->version != kVersion) {
+        return protocol_error(
+            strformat("peer speaks engine protocol version %u, we speak %u", m->version, kVersion));
+    }
+    m->nonce = r.raw(kAuthBytes);
+    m->name = r.str(kMaxName);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kAuthInit);
+    return Status();
+}
+
+Status decode_auth_challenge(std::string_view body, AuthChallenge* m) {
+    Reader r(body);
+    m->nonce = r.raw(kAuthBytes);
+    m->name = r.str(kMaxName);
+    const uint8_t n = r.u8();
+    if (r.failed() || n < 1 || n > kMaxAuthMacs || r.left() != n * kAuthBytes) {
+        return malformed(MsgType::kAuthChallenge);
+    }
+    m->macs.clear();
+    for (uint8_t i = 0; i < n; ++i) m->macs.push_back(r.raw(kAuthBytes));
+    return Status();
+}
+
+Status decode_auth_proof(std::string_view body, AuthProof* m) {
+    Reader r(body);
+    m->mac = r.raw(kAuthBytes);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kAuthProof);
+    return Status();
+}
+
+Status decode_auth_fail(std::string_view body, std::string_view* reason) {
+    Reader r(body);
+    *reason = r.str(kMaxAuthReason);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kAuthFail);
+    return Status();
 }
 
 Status decode_hello(std::string_view body, Hello* m) {

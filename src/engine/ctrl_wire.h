@@ -4,8 +4,10 @@
 // fields. Decoding checks every length against what arrived, so a malformed message is a
 // protocol error, never an out-of-bounds read.
 //
-//   HELLO      both ways, first: version, name, channel count, chunk size, the sender's listen
-//              handles
+//   AUTH_INIT / AUTH_CHALLENGE / AUTH_PROOF / AUTH_FAIL   with a shared secret, before anything
+//              else: the mutual challenge-response of auth.h
+//   HELLO      both ways, first (after authentication): version, name, channel count, chunk
+//              size, the sender's listen handles
 //   READY      both ways: the sender's data channels are all up
 //   PING       heartbeat; BYE: the sender is disconnecting
 //   WRITE_REQ  initiator -> target: segments (key, offset, len), optional notification, and
@@ -33,6 +35,9 @@ namespace tcpx::engine::wire {
 inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 inline constexpr uint16_t kVersion = 1;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
+// Before a peer is ready (authenticated, HELLO exchanged) no message may be larger than this: a
+// HELLO with 16 handles is under 3 KiB.
+inline constexpr uint32_t kHandshakeMessage = 64u << 10;
 inline constexpr size_t kMaxName = 256;
 inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
 
@@ -41,6 +46,10 @@ enum class MsgType : uint16_t {
     kReady = 2,
     kPing = 3,
     kBye = 4,
+    kAuthInit = 5,
+    kAuthChallenge = 6,
+    kAuthProof = 7,
+    kAuthFail = 8,
     kWriteReq = 10,
     kWriteAck = 11,
     kReadReq = 12,
@@ -123,6 +132,27 @@ struct Hello {
     std::vector<net::Handle> handles;  // one per channel: where to connect to reach its receiver
 };
 
+// Authentication (auth.h). Nonces and MACs are 32 bytes.
+inline constexpr size_t kAuthBytes = 32;
+inline constexpr size_t kMaxAuthMacs = 2;  // one per secret the listener holds (rotation)
+inline constexpr size_t kMaxAuthReason = 256;
+
+struct AuthInit {  // connector -> listener
+    uint16_t version = kVersion;
+    std::string_view nonce;  // kAuthBytes
+    std::string_view name;   // the connector's endpoint name
+};
+
+struct AuthChallenge {                   // listener -> connector
+    std::string_view nonce;              // kAuthBytes
+    std::string_view name;               // the listener's endpoint name
+    std::vector<std::string_view> macs;  // 1..kMaxAuthMacs MACs of kAuthBytes
+};
+
+struct AuthProof {         // connector -> listener
+    std::string_view mac;  // kAuthBytes
+};
+
 inline constexpr uint16_t kFlagNotif = 0x1;   // WRITE_REQ carries a notification
 inline constexpr uint16_t kFlagInline = 0x2;  // the data follows in this message
 
@@ -182,6 +212,10 @@ std::string begin_message(MsgType type, uint16_t flags);
 // Fixes the header's length once the body is complete.
 void end_message(std::string* msg);
 
+std::string encode_auth_init(const AuthInit& m);
+std::string encode_auth_challenge(const AuthChallenge& m);
+std::string encode_auth_proof(const AuthProof& m);
+std::string encode_auth_fail(std::string_view reason);
 std::string encode_hello(const Hello& m);
 std::string encode_empty(MsgType type);
 // WRITE_REQ without its inline data: append it, then end_message().
@@ -196,6 +230,11 @@ std::string encode_recv_cts(uint64_t send_xfer, uint64_t recv_xfer, const Status
 // SEND_DATA without its inline data: append it, then end_message().
 std::string encode_send_data(uint64_t recv_xfer, uint16_t flags, uint64_t len);
 
+// The views point into `body`.
+Status decode_auth_init(std::string_view body, AuthInit* m);
+Status decode_auth_challenge(std::string_view body, AuthChallenge* m);
+Status decode_auth_proof(std::string_view body, AuthProof* m);
+Status decode_auth_fail(std::string_view body, std::string_view* reason);
 Status decode_hello(std::string_view body, Hello* m);
 Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
 Status decode_write_ack(std::string_view body, WriteAck* m);

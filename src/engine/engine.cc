@@ -1,5 +1,5 @@
-// The engine's skeleton: creation, the progress loop, peers and their handshake. Transfers are
-// in engine_xfer.cc.
+// The engine's skeleton: creation, the progress loop, peers. The handshake (authentication,
+// HELLO, data channels) is in engine_handshake.cc, transfers in engine_xfer.cc.
 #include "engine/engine.h"
 
 #include <netinet/in.h>
@@ -31,6 +31,9 @@ namespace {
 constexpr uint64_t kListenTag = 0;
 constexpr uint64_t kMaxUnpackChunk = 4u << 20;
 constexpr uint64_t kWakeTag = ~uint64_t{0};
+// How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
+// peers with nothing to do cost nothing between ticks.
+constexpr auto kTick = std::chrono::milliseconds(50);
 
 }  // namespace
 
@@ -78,6 +81,15 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
     TCPX_ASSIGN_OR_RETURN(listen_fd_, listen_tcp(listen_addr_, 1024));
     TCPX_ASSIGN_OR_RETURN(listen_addr_, local_address(listen_fd_.get()));
     nonce_ = random_u64();
+    secrets_ = engine::auth::Secrets(config.auth_secret, config.auth_secret_previous);
+    if (!secrets_.enabled()) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true)) {
+            TCPX_WARN(
+                "no TCPX_P2P_AUTH_SECRET: endpoints accept every peer that reaches their port "
+                "(see docs/security.md)");
+        }
+    }
     name_ = name.empty() ? listen_addr_.to_string() : std::move(name);
     xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers));
 
@@ -144,36 +156,54 @@ void Endpoint::Impl::wake() {
 
 bool Endpoint::Impl::progress_once() {
     bool did = false;
-    // Which control sockets have something to read (level-triggered, no waiting).
-    epoll_event events[64];
-    std::unordered_set<PeerId> readable;
+    // Every control socket with something for us, in one call: the buffer has room for every
+    // watched socket, so however many are ready, each is served in this pass (level-triggered:
+    // one left out would come back at once and could starve the rest).
+    events_.resize(peers_.size() + 2);
+    const int n = ::epoll_wait(epfd_, events_.data(), static_cast<int>(events_.size()), 0);
+    std::unordered_set<PeerId> ready;
     bool listen_ready = false;
-    int n;
-    do {
-        n = ::epoll_wait(epfd_, events, 64, 0);
-        for (int i = 0; i < n; ++i) {
-            const uint64_t tag = events[i].data.u64;
-            if (tag == kListenTag) {
-                listen_ready = true;
-            } else if (tag == kWakeTag) {
-                uint64_t v;
-                while (::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
-                }
-            } else {
-                readable.insert(tag);
+    for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events_[static_cast<size_t>(i)].data.u64;
+        if (tag == kListenTag) {
+            listen_ready = true;
+        } else if (tag == kWakeTag) {
+            uint64_t v;
+            while (::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
             }
+        } else {
+            ready.insert(tag);
         }
-    } while (n == 64);
+    }
     if (listen_ready) {
         accept_inbound();
         did = true;
     }
+    const auto now = Clock::now();
+    const bool tick = now >= next_tick_;
+    if (tick) next_tick_ = now + kTick;
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) continue;
-        did |= progress_peer(*p, readable.count(id) != 0);
+        const bool is_ready = ready.count(id) != 0;
+        if (is_ready || tick || needs_polling(*p)) did |= progress_peer(*p, is_ready, tick);
     }
     reap_peers();
     return did;
+}
+
+bool Endpoint::Impl::needs_polling(const Peer& p) const {
+    // Transports signal no socket of ours: channels being set up, and requests in flight, are
+    // polled. Everything else waits for its control socket or a tick.
+    if (p.state == Peer::State::kChannels || p.ctrl.has_output()) return true;
+    if (p.state != Peer::State::kReady) return false;
+    if (!p.tx_pending.empty() || !p.rx_pending.empty()) return true;
+    for (const Channel& ch : p.tx) {
+        if (ch.busy()) return true;
+    }
+    for (const Channel& ch : p.rx) {
+        if (ch.busy()) return true;
+    }
+    return false;
 }
 
 bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point deadline) {
@@ -210,12 +240,12 @@ void Endpoint::Impl::run_progress_thread() {
             did = progress_once();
             busy = active_ops_ > 0;
             for (auto& [id, p] : peers_) {
-                if (p->state != Peer::State::kReady && p->state != Peer::State::kFailed)
-                    busy = true;
-                if (p->ctrl.has_output()) busy = true;
+                if (busy) break;
+                busy = p->state != Peer::State::kFailed && needs_polling(*p);
             }
-            heartbeat_ms =
-                static_cast<int>(std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, 1000));
+            // Timers are checked every tick: sleep no longer than that.
+            heartbeat_ms = static_cast<int>(
+                std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, kTick.count()));
         }
         // Let API calls waiting for the lock in (posting threads would otherwise lose the race
         // for it again and again).
@@ -249,92 +279,6 @@ void Endpoint::Impl::run_progress_thread() {
 
 // --- peers
 // -----------------------------------------------------------------------------------------
-
-void Endpoint::Impl::accept_inbound() {
-    for (int i = 0; i < 64; ++i) {
-        SocketAddress from;
-        auto fd = accept_tcp(listen_fd_.get(), &from);
-        if (!fd.ok()) {
-            TCPX_WARN("endpoint '%s': accept: %s", name_.c_str(), fd.status().to_string().c_str());
-            return;
-        }
-        if (!fd->valid()) return;
-        (void)set_nodelay(fd->get());
-        (void)set_dead_peer_timeout(fd->get(), config_.socket_timeout_ms);
-        auto p = std::make_unique<Peer>();
-        p->id = next_peer_++;
-        p->outbound = false;
-        p->state = Peer::State::kHello;
-        p->address = from;
-        p->name = from.to_string();
-        p->started = p->last_recv = p->last_send = Clock::now();
-        p->ctrl.reset(std::move(fd).value());
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = p->id;
-        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, p->ctrl.fd(), &ev) != 0) {
-            TCPX_WARN("epoll_ctl: %s", std::strerror(errno));
-            continue;
-        }
-        TCPX_DEBUG("endpoint '%s': connection from %s", name_.c_str(), from.to_string().c_str());
-        peers_.emplace(p->id, std::move(p));
-    }
-}
-
-StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
-    TCPX_ASSIGN_OR_RETURN(engine::EndpointAddress addr, engine::decode_metadata(metadata));
-    PeerId id;
-    {
-        auto lock = api_lock();
-        TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
-        auto p = std::make_unique<Peer>();
-        p->id = id = next_peer_++;
-        p->outbound = true;
-        p->state = Peer::State::kConnecting;
-        p->address = addr.address;
-        p->name = addr.name;
-        p->known_to_user = true;
-        p->started = p->last_recv = p->last_send = Clock::now();
-        p->ctrl.reset(std::move(fd));
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.u64 = p->id;
-        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, p->ctrl.fd(), &ev) != 0) {
-            return errno_status(errno, "epoll_ctl");
-        }
-        Peer& peer = *p;
-        peers_.emplace(id, std::move(p));
-        // Our receive channels' listeners go in our HELLO.
-        Status st = start_channels(peer, static_cast<int>(config_.channels));
-        if (!st.ok()) {
-            fail_peer(peer, st);
-            peers_.erase(id);
-            return st.with_context("connect to '" + addr.name + "'");
-        }
-    }
-    wake();
-    const auto deadline =
-        engine::deadline_after(std::chrono::milliseconds(config_.connect_timeout_ms));
-    drive(
-        [&] {
-            auto it = peers_.find(id);
-            return it == peers_.end() || it->second->state == Peer::State::kReady ||
-                   it->second->state == Peer::State::kFailed;
-        },
-        deadline);
-    auto lock = api_lock();
-    auto it = peers_.find(id);
-    if (it == peers_.end()) return unavailable("connect: the connection went away");
-    Peer& p = *it->second;
-    if (p.state == Peer::State::kReady) return id;
-    Status why = p.state == Peer::State::kFailed
-                     ? p.error
-                     : timeout_error(strformat("not ready after %lld ms",
-                                               static_cast<long long>(config_.connect_timeout_ms)));
-    if (p.state != Peer::State::kFailed) fail_peer(p, why);
-    peers_.erase(it);
-    return why.with_context("connect to '" + addr.name + "' at " + addr.address.to_string());
-}
 
 StatusOr<PeerId> Endpoint::Impl::accept(std::chrono::milliseconds timeout) {
     const auto deadline = engine::deadline_after(timeout);
@@ -399,150 +343,9 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::ready_peer(PeerId id) {
     return &p;
 }
 
-Status Endpoint::Impl::start_channels(Peer& p, int channels) {
-    for (int i = 0; i < channels; ++i) {
-        net::Handle handle;
-        net::ListenComm* listen = nullptr;
-        TCPX_RETURN_IF_ERROR(net_->listen(dev_, &handle, &listen));
-        p.listens.push_back(listen);
-        p.listen_handles.push_back(handle);
-    }
-    return Status();
-}
-
 void Endpoint::Impl::send_ctrl(Peer& p, std::string msg) {
     p.ctrl.queue(std::move(msg));
     p.last_send = Clock::now();
-}
-
-Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
-    wire::Hello hello;
-    TCPX_RETURN_IF_ERROR(wire::decode_hello(body, &hello));
-    if (hello.channels < 1 || hello.channels > 16) {
-        return protocol_error(strformat("peer asks for %u channels", hello.channels));
-    }
-    if (hello.chunk < 4096) {
-        return protocol_error(strformat("peer offers chunks of %llu bytes",
-                                        static_cast<unsigned long long>(hello.chunk)));
-    }
-    if (!p.outbound) {
-        // We answer with as many channels as both sides want, and listeners for ours.
-        p.name = hello.name;
-        p.channels = std::min<int>(hello.channels, static_cast<int>(config_.channels));
-        p.remote_handles.assign(hello.handles.begin(), hello.handles.begin() + p.channels);
-        p.chunk = std::min(hello.chunk, chunk_);
-        TCPX_RETURN_IF_ERROR(start_channels(p, p.channels));
-        wire::Hello reply;
-        reply.channels = static_cast<uint16_t>(p.channels);
-        reply.nonce = nonce_;
-        reply.chunk = p.chunk;
-        reply.name = name_;
-        reply.handles = p.listen_handles;
-        send_ctrl(p, wire::encode_hello(reply));
-    } else {
-        if (hello.channels > p.listens.size()) {
-            return protocol_error(strformat("peer answered with %u channels, we offered %zu",
-                                            hello.channels, p.listens.size()));
-        }
-        if (hello.chunk > chunk_) {
-            return protocol_error(
-                strformat("peer answered with chunks of %llu bytes, we offered %llu",
-                          static_cast<unsigned long long>(hello.chunk),
-                          static_cast<unsigned long long>(chunk_)));
-        }
-        p.name = hello.name;
-        p.channels = hello.channels;
-        p.chunk = hello.chunk;
-        p.remote_handles = hello.handles;
-        while (p.listens.size() > static_cast<size_t>(p.channels)) {
-            (void)net_->close_listen(p.listens.back());
-            p.listens.pop_back();
-            p.listen_handles.pop_back();
-        }
-    }
-    p.tx.resize(static_cast<size_t>(p.channels));
-    p.rx.resize(static_cast<size_t>(p.channels));
-    p.state = Peer::State::kChannels;
-    return Status();
-}
-
-bool Endpoint::Impl::progress_handshake(Peer& p) {
-    const auto now = Clock::now();
-    if (now - p.started > std::chrono::milliseconds(config_.connect_timeout_ms)) {
-        fail_peer(p, timeout_error(strformat("handshake not done after %lld ms",
-                                             static_cast<long long>(config_.connect_timeout_ms))));
-        return true;
-    }
-    if (p.state == Peer::State::kConnecting) {
-        bool done = false;
-        Status st = finish_connect(p.ctrl.fd(), p.address, &done);
-        if (!st.ok()) {
-            fail_peer(p, st);
-            return true;
-        }
-        if (!done) return false;
-        (void)set_nodelay(p.ctrl.fd());
-        (void)set_dead_peer_timeout(p.ctrl.fd(), config_.socket_timeout_ms);
-        wire::Hello hello;
-        hello.channels = static_cast<uint16_t>(p.listens.size());
-        hello.nonce = nonce_;
-        hello.chunk = chunk_;
-        hello.name = name_;
-        hello.handles = p.listen_handles;
-        send_ctrl(p, wire::encode_hello(hello));
-        p.state = Peer::State::kHello;
-        return true;
-    }
-    if (p.state != Peer::State::kChannels) return false;
-    bool did = false;
-    bool all = true;
-    // Transports allocate per-comm GPU memory (Google's TCPX: the receive bounce buffer) on the
-    // calling thread's current GPU: make it the one this endpoint serves.
-    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
-        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
-        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
-    }
-    for (int i = 0; i < p.channels; ++i) {
-        Channel& tx = p.tx[static_cast<size_t>(i)];
-        Channel& rx = p.rx[static_cast<size_t>(i)];
-        if (tx.send == nullptr) {
-            Status st =
-                net_->connect(dev_, &p.remote_handles[static_cast<size_t>(i)], &tx.send, nullptr);
-            if (!st.ok()) {
-                fail_peer(p, st.with_context("opening a data channel"));
-                return true;
-            }
-            did |= tx.send != nullptr;
-        }
-        if (rx.recv == nullptr) {
-            Status st = net_->accept(p.listens[static_cast<size_t>(i)], &rx.recv, &rx.dev_handle);
-            if (!st.ok()) {
-                fail_peer(p, st.with_context("accepting a data channel"));
-                return true;
-            }
-            did |= rx.recv != nullptr;
-        }
-        all = all && tx.send != nullptr && rx.recv != nullptr;
-    }
-    if (!all) return did;
-    for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
-    p.listens.clear();
-    if (!p.ready_sent) {
-        send_ctrl(p, wire::encode_empty(wire::MsgType::kReady));
-        p.ready_sent = true;
-    }
-    if (p.ready_received) become_ready(p);
-    return true;
-}
-
-void Endpoint::Impl::become_ready(Peer& p) {
-    p.state = Peer::State::kReady;
-    TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels)", name_.c_str(), p.name.c_str(),
-               p.channels);
-    if (!p.outbound) {
-        p.in_accept_queue = true;
-        accept_queue_.push_back(p.id);
-    }
 }
 
 bool Endpoint::Impl::read_control(Peer& p) {
@@ -564,7 +367,8 @@ bool Endpoint::Impl::read_control(Peer& p) {
         if (!*more) break;
         did = true;
         p.last_recv = Clock::now();
-        st = dispatch(p, h, body);
+        st = in_handshake(p) ? dispatch_handshake(p, static_cast<wire::MsgType>(h.type), body)
+                             : dispatch(p, h, body);
         if (!st.ok()) {
             fail_peer(p, st);
             return true;
@@ -579,15 +383,22 @@ bool Endpoint::Impl::read_control(Peer& p) {
     return did;
 }
 
-bool Endpoint::Impl::progress_peer(Peer& p, bool readable) {
+bool Endpoint::Impl::progress_peer(Peer& p, bool ready, bool tick) {
     bool did = false;
+    const auto now = Clock::now();
+    if (in_handshake(p) && tick && now > p.deadline) {
+        fail_peer(p, timeout_error("handshake not done in time"));
+        return true;
+    }
     if (p.state == Peer::State::kConnecting || p.state == Peer::State::kChannels) {
         did |= progress_handshake(p);
     }
     if (p.state == Peer::State::kFailed) return true;
-    if (readable) did |= read_control(p);
+    if (ready && p.state != Peer::State::kConnecting) did |= read_control(p);
     if (p.state == Peer::State::kChannels) did |= progress_handshake(p);
     if (p.state == Peer::State::kReady) {
+        refill(p, false);
+        refill(p, true);
         for (Channel& ch : p.rx) {
             if (p.state != Peer::State::kReady) break;
             if (ch.busy()) did |= progress_channel(p, ch, false);
@@ -605,18 +416,29 @@ bool Endpoint::Impl::progress_peer(Peer& p, bool readable) {
             return true;
         }
     }
-    // Liveness: heartbeats when quiet, and a deadline on hearing from the peer.
-    const auto now = Clock::now();
+    if (!tick || p.state != Peer::State::kReady) return did;
+    // Liveness: heartbeats when quiet, a deadline on hearing from the peer, and one on every
+    // channel with requests in flight (heartbeats say nothing of a lost chunk).
     const auto timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
-    if (p.state == Peer::State::kReady) {
-        if (now - p.last_send > timeout / 4) {
-            send_ctrl(p, wire::encode_empty(wire::MsgType::kPing));
-            (void)p.ctrl.flush();
-        }
-        if (now - p.last_recv > timeout) {
-            fail_peer(p, timeout_error(strformat("no word from the peer for %lld ms",
-                                                 static_cast<long long>(config_.peer_timeout_ms))));
-            return true;
+    if (now - p.last_send > timeout / 4) {
+        send_ctrl(p, wire::encode_empty(wire::MsgType::kPing));
+        (void)p.ctrl.flush();
+    }
+    if (now - p.last_recv > timeout) {
+        fail_peer(p, timeout_error(strformat("no word from the peer for %lld ms",
+                                             static_cast<long long>(config_.peer_timeout_ms))));
+        return true;
+    }
+    for (bool tx : {true, false}) {
+        for (const Channel& ch : tx ? p.tx : p.rx) {
+            if ((!ch.inflight.empty() || !ch.finishing.empty()) &&
+                now - ch.last_progress > timeout) {
+                fail_peer(
+                    p, timeout_error(strformat("a data channel %s made no progress for %lld ms",
+                                               tx ? "send" : "receive",
+                                               static_cast<long long>(config_.peer_timeout_ms))));
+                return true;
+            }
         }
     }
     return did;
@@ -633,19 +455,31 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         TCPX_DEBUG("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
     }
     p.state = Peer::State::kFailed;
-    // Close the data channels first: once close returns, the transport touches none of the
-    // buffers of the requests it abandons, so the transfers can be failed and their regions
-    // released.
-    // GPU work of the channels goes first (it may be writing into the transfers' regions), then
-    // the staging slots' registrations, and the slots themselves once the comm is closed.
+    // The channels go first: their requests end (complete, or are abandoned by closing the comm,
+    // after which the transport touches none of their buffers), then the transfers can be failed
+    // and their regions released. GPU work goes first (it may be writing into the transfers'
+    // regions). Memory is deregistered from a comm only once none of its requests is in flight
+    // (a transport may still be reading a buffer it was given): requests get a short grace to
+    // finish; a comm that still has some is closed with its registrations, which close releases.
+    const auto grace = Clock::now() + std::chrono::milliseconds(100);
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             if (ch.ring) ch.ring->synchronize();
-            drop_mrs(ch, tx);
+            while (!ch.inflight.empty() && Clock::now() < grace) {
+                bool done = false;
+                if (!net_->test(ch.inflight.front().req, &done, nullptr).ok() || done) {
+                    ch.inflight.pop_front();
+                    --active_ops_;
+                }
+            }
+            if (ch.inflight.empty()) drop_mrs(ch, tx);
             if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
             if (!tx && ch.recv != nullptr) (void)net_->close_recv(ch.recv);
             ch.send = nullptr;
             ch.recv = nullptr;
+            ch.mrs.clear();
+            ch.scratch_mr = nullptr;
+            ch.ring_mr = nullptr;
             active_ops_ -= ch.queued.size() + ch.inflight.size() + ch.finishing.size();
             ch.queued.clear();
             ch.inflight.clear();
@@ -656,6 +490,12 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     }
     for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
     p.listens.clear();
+    for (auto* pending : {&p.tx_pending, &p.rx_pending}) {
+        for (const engine::Extent& e : *pending) {
+            active_ops_ -= (e.len - e.done + p.chunk - 1) / p.chunk;
+        }
+        pending->clear();
+    }
     std::vector<Xfer*> xfers(p.xfers.begin(), p.xfers.end());
     for (Xfer* x : xfers) {
         if (x->user_id != 0) xfers_->finish(x->user_id, p.error);

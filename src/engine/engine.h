@@ -25,6 +25,8 @@
 // (xfer_table.h).
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -42,6 +44,7 @@
 #include "common/params.h"
 #include "common/socket.h"
 #include "cuda/device.h"
+#include "engine/auth.h"
 #include "engine/ctrl_conn.h"
 #include "engine/registry.h"
 #include "engine/xfer_table.h"
@@ -86,6 +89,9 @@ struct Xfer {
     // the data is in place here; a read sends it to the peer once the data is in place here.
     bool has_notification = false;
     std::string notification;
+    // A served write's notification has its room in the peer's queue held from the request on,
+    // so writes in flight cannot push the queue past its bound.
+    bool notification_held = false;
     // Two-sided.
     uint64_t tag = 0;
     uint64_t len = 0;
@@ -142,16 +148,50 @@ struct Channel {
     net::DeviceHandle dev_handle;
     cuda::UnpackHandle unpack{};
 
+    // When a request on this channel last completed or was posted: a channel with requests in
+    // flight that makes no progress for the peer timeout fails its peer (a lost chunk would
+    // otherwise leave its transfer waiting forever while heartbeats keep the peer alive).
+    Clock::time_point last_progress{};
+
     // Whether anything waits for this channel's progress.
     bool busy() const { return !queued.empty() || !inflight.empty() || !finishing.empty(); }
 };
 
+// A piece of a transfer whose chunk requests are not made yet: chunks are cut from it as the
+// channels' windows take them, so memory per transfer grows with the window, not its length.
+struct Extent {
+    Xfer* xfer;
+    Region* region;  // null: drain into scratch
+    uint8_t* ptr;    // null with region
+    uint64_t len;
+    uint64_t done = 0;  // bytes already cut into requests
+};
+
+// A peer's life (engine_handshake.cc drives all but the last two):
+//   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
+//   inbound:  [kAuthInit -> kAuthProof] ->        kHello -> kChannels -> kReady
+// (bracketed: with a shared secret), and from any of them kFailed. Before kReady a peer may send
+// nothing but the handshake's messages, each at most kHandshakeMessage bytes.
 struct Peer {
-    enum class State { kConnecting, kHello, kChannels, kReady, kFailed };
+    enum class State {
+        kConnecting,     // TCP connect in progress
+        kAuthInit,       // inbound: waiting for the connector's AUTH_INIT
+        kAuthChallenge,  // outbound: AUTH_INIT sent, waiting for AUTH_CHALLENGE
+        kAuthProof,      // inbound: AUTH_CHALLENGE sent, waiting for AUTH_PROOF
+        kHello,          // waiting for the peer's HELLO
+        kChannels,       // data channels connecting
+        kReady,
+        kFailed,
+    };
     PeerId id = 0;
-    std::string name;  // the peer's own name, from its HELLO (until then, its address)
+    std::string name;           // the peer's own name, from its HELLO (until then, its address)
+    std::string expected_name;  // outbound: the name its metadata gave
     bool outbound = false;
     State state = State::kConnecting;
+    bool authenticated = false;    // proved the shared secret
+    std::string nonce_c, nonce_l;  // the authentication's nonces
+    std::string auth_secret;       // outbound: the secret the listener proved it knows
+    Clock::time_point deadline;    // the handshake's
     CtrlConn ctrl;
     SocketAddress address;
     Clock::time_point started, last_recv, last_send;
@@ -174,6 +214,11 @@ struct Peer {
         uint64_t len;
     };
     std::deque<Rts> unexpected;  // the peer's sends not yet matched
+    // Extents not yet cut into chunk requests, per direction, in the order they were queued.
+    std::deque<Extent> tx_pending, rx_pending;
+    // Notifications from this peer that our application has not taken yet.
+    uint64_t notif_count = 0;
+    uint64_t notif_bytes = 0;
     Status error;                // why it failed
     bool known_to_user = false;  // returned by connect() or accept()
     bool in_accept_queue = false;
@@ -233,8 +278,10 @@ class Endpoint::Impl {
 
     // --- progress (all under mu_) ---
     bool progress_once();
-    bool progress_peer(Peer& p, bool readable);
-    bool progress_handshake(Peer& p);
+    // `ready`: its control socket has something for us; `tick`: time to check its timers.
+    bool progress_peer(Peer& p, bool ready, bool tick);
+    // Whether a peer needs attention on every pass (not only when its socket or a timer says so).
+    bool needs_polling(const Peer& p) const;
     // Both sides' channels are up: the peer takes requests from now on.
     void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
@@ -250,10 +297,31 @@ class Endpoint::Impl {
 
     // --- peers ---
     StatusOr<Peer*> ready_peer(PeerId id);
-    Status start_channels(Peer& p, int channels);
     void send_ctrl(Peer& p, std::string msg);
     void fail_peer(Peer& p, Status why);
+    // Adds a peer on a control socket and watches it (for writability too while connecting).
+    StatusOr<Peer*> add_peer(Fd fd, bool outbound, const SocketAddress& address);
+    Status watch(const Peer& p, bool writable);
+
+    // --- the handshake (engine_handshake.cc) ---
+    static bool in_handshake(const Peer& p) {
+        return p.state != Peer::State::kReady && p.state != Peer::State::kFailed;
+    }
+    // Connect done (outbound): the first message goes out.
+    Status start_handshake(Peer& p);
+    bool progress_handshake(Peer& p);
+    Status dispatch_handshake(Peer& p, engine::wire::MsgType type, std::string_view body);
+    Status on_auth_init(Peer& p, std::string_view body);
+    Status on_auth_challenge(Peer& p, std::string_view body);
+    Status on_auth_proof(Peer& p, std::string_view body);
+    Status on_auth_fail(Peer& p, std::string_view body);
+    Status send_hello(Peer& p);
+    Status start_channels(Peer& p, int channels);
     Status handle_hello(Peer& p, std::string_view body);
+    // The peer's handles are checked by the transport before any is used.
+    Status check_handles(Peer& p, std::vector<net::Handle>* handles);
+    // Refuses the peer: tells it why (best effort), fails it.
+    void refuse(Peer& p, Status why);
 
     // --- transfers ---
     StatusOr<std::vector<engine::Region*>> resolve_pieces(const char* op,
@@ -264,6 +332,8 @@ class Endpoint::Impl {
     // ptr) drains into scratch.
     void queue_chunks(Peer& p, bool tx, Xfer* x, engine::Region* region, uint8_t* ptr,
                       uint64_t len);
+    // Cuts pending extents into chunk requests while the direction's channels have room.
+    void refill(Peer& p, bool tx);
     engine::OpPath path_for(const Channel& ch, bool tx, const engine::Region* region) const;
     StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
                                      uint64_t scratch_len);
@@ -284,6 +354,10 @@ class Endpoint::Impl {
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
 
     Status check_serving_limit(const Peer& p) const;
+    // Whether a notification of `size` bytes from `p` fits what we hold for the application.
+    Status notification_room(const Peer& p, uint64_t size) const;
+    // `held`: its room was taken already (a served write's).
+    void queue_notification(Peer& p, std::string payload, bool held);
     StatusOr<Xfer*> take_awaiting(Peer& p, uint64_t wire_id, Xfer::Kind kind, const char* what);
     Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_write_ack(Peer& p, std::string_view body);
@@ -311,7 +385,14 @@ class Endpoint::Impl {
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;
-    std::vector<Notification> notifications_;
+    struct QueuedNotification {
+        PeerId peer;
+        Notification notification;
+    };
+    std::deque<QueuedNotification> notifications_;
+    engine::auth::Secrets secrets_;
+    std::vector<epoll_event> events_;  // room for every watched socket
+    Clock::time_point next_tick_{};
     uint64_t next_wire_id_ = 1;
     uint64_t active_ops_ = 0;  // chunk requests queued or in flight, all peers
 

@@ -100,24 +100,43 @@ void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
 
 void Endpoint::Impl::destroy(Xfer* x) {
     for (const Xfer::Piece& piece : x->pieces) registry_.unref(piece.region);
+    if (x->notification_held && x->peer != nullptr) {
+        --x->peer->notif_count;
+        x->peer->notif_bytes -= x->notification.size();
+    }
     if (x->peer != nullptr) x->peer->xfers.erase(x);
     delete x;
 }
 
 void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, Region* region, uint8_t* ptr,
                                   uint64_t len) {
+    // Counted now, cut later (refill): what a transfer costs up front does not grow with its
+    // length, whatever length a peer names.
+    const uint64_t chunks = (len + p.chunk - 1) / p.chunk;
+    x->ops_left += chunks;
+    active_ops_ += chunks;
+    if (len > 0) (tx ? p.tx_pending : p.rx_pending).push_back(engine::Extent{x, region, ptr, len});
+    refill(p, tx);
+}
+
+void Endpoint::Impl::refill(Peer& p, bool tx) {
     // Round-robin over the channels with the direction's counter: the peer assigns the matching
-    // requests with its own copy of the counter, in the same order (see engine.h).
-    const uint64_t chunk = p.chunk;
+    // requests with its own copy of the counter, in the same order (see engine.h). Chunks are cut
+    // in that order while every channel has fewer than a window and its staging ahead queued.
+    auto& pending = tx ? p.tx_pending : p.rx_pending;
     auto& channels = tx ? p.tx : p.rx;
     uint64_t& seq = tx ? p.tx_seq : p.rx_seq;
-    for (uint64_t off = 0; off < len; off += chunk) {
-        const uint64_t n = std::min(chunk, len - off);
-        Channel& ch = channels[seq++ % channels.size()];
-        ch.queued.push_back(
-            Op{x, region, ptr == nullptr ? nullptr : ptr + off, n, path_for(ch, tx, region), -1});
-        ++x->ops_left;
-        ++active_ops_;
+    const size_t depth = static_cast<size_t>(window_ + staging_slots_);
+    while (!pending.empty()) {
+        Channel& ch = channels[seq % channels.size()];
+        if (ch.queued.size() >= depth) break;
+        engine::Extent& e = pending.front();
+        const uint64_t n = std::min(p.chunk, e.len - e.done);
+        ch.queued.push_back(Op{e.xfer, e.region, e.ptr == nullptr ? nullptr : e.ptr + e.done, n,
+                               path_for(ch, tx, e.region), -1});
+        ++seq;
+        e.done += n;
+        if (e.done == e.len) pending.pop_front();
     }
 }
 
@@ -163,7 +182,8 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             // The data is in place (or the write was refused): notify, then acknowledge, so the
             // initiator learns of completion no earlier than our application could.
             if (x->result.ok() && x->has_notification) {
-                notifications_.push_back(Notification{p.name, std::move(x->notification)});
+                queue_notification(p, std::move(x->notification), x->notification_held);
+                x->notification_held = false;
             }
             send_ctrl(p, wire::encode_write_ack(x->wire_id, x->result));
             break;
@@ -215,8 +235,10 @@ StatusOr<std::vector<Region*>> Endpoint::Impl::resolve_pieces(const char* op,
 
 StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
                                        std::optional<std::string_view> notification) {
-    if (notification && notification->size() > wire::kMaxBody / 2) {
-        return invalid_argument("write: notification too large");
+    if (notification && notification->size() > config_.max_notification_size) {
+        return invalid_argument(strformat(
+            "write: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
+            notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
     }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
@@ -227,11 +249,12 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     const uint64_t request_bytes = 64 + 24 * iov.size() +
                                    (notification ? notification->size() : 0) +
                                    (total <= inline_limit() ? total : 0);
-    if (request_bytes > wire::kMaxBody) {
+    if (request_bytes > config_.max_ctrl_message) {
         return invalid_argument(strformat(
-            "write: %zu pieces and a notification of %zu bytes exceed the %u-byte limit of one "
-            "request; split it",
-            iov.size(), notification ? notification->size() : size_t{0}, wire::kMaxBody));
+            "write: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
+            "request (TCPX_P2P_MAX_CTRL_MESSAGE); split it",
+            iov.size(), notification ? notification->size() : size_t{0},
+            static_cast<unsigned long long>(config_.max_ctrl_message)));
     }
     const bool is_inline = total <= inline_limit();
     std::string payload;  // an inline write's bytes, read before anything is sent
@@ -266,7 +289,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     x->waiting = true;
     p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false);  // send the request (and first chunks) from this thread
+    progress_peer(*p, false, false);  // send the request (and first chunks) from this thread
     lock.unlock();
     wake();
     return id;
@@ -275,12 +298,20 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
 StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
                                       std::optional<std::string_view> notification) {
     // It travels as a NOTIF message of its own once the read is complete (as notify() sends it).
-    if (notification && notification->size() > wire::kMaxBody / 2) {
-        return invalid_argument("read: notification too large");
+    if (notification && notification->size() > config_.max_notification_size) {
+        return invalid_argument(strformat(
+            "read: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
+            notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
     }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
+    if (64 + 24 * iov.size() > config_.max_ctrl_message) {
+        return invalid_argument(
+            strformat("read: %zu pieces exceed the %llu-byte limit of one request "
+                      "(TCPX_P2P_MAX_CTRL_MESSAGE); split it",
+                      iov.size(), static_cast<unsigned long long>(config_.max_ctrl_message)));
+    }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
     x->wire_id = next_wire_id_++;
     wire::ReadReq req;
@@ -297,18 +328,22 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     x->waiting = true;
     p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false);
+    progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
 }
 
 Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
-    if (payload.size() > wire::kMaxBody / 2) return invalid_argument("notify: payload too large");
+    if (payload.size() > config_.max_notification_size) {
+        return invalid_argument(strformat(
+            "notify: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
+            payload.size(), static_cast<unsigned long long>(config_.max_notification_size)));
+    }
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
     send_ctrl(*p, wire::encode_notif(payload));
-    progress_peer(*p, false);
+    progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return Status();
@@ -366,7 +401,16 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
     if (!lock.owns_lock()) lock.lock();
     if (!own_progress_thread_) progress_once();
     std::vector<Notification> out;
-    out.swap(notifications_);
+    out.reserve(notifications_.size());
+    for (QueuedNotification& q : notifications_) {
+        auto it = peers_.find(q.peer);
+        if (it != peers_.end()) {
+            --it->second->notif_count;
+            it->second->notif_bytes -= q.notification.payload.size();
+        }
+        out.push_back(std::move(q.notification));
+    }
+    notifications_.clear();
     return out;
 }
 
@@ -385,7 +429,7 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
     x->waiting = true;
     p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false);
+    progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
@@ -413,7 +457,7 @@ StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, u
     } else {
         p->posted_recvs.push_back(x);
     }
-    progress_peer(*p, false);
+    progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
@@ -489,12 +533,21 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
     // Completions, oldest first (some transports require that order).
     while (!ch.inflight.empty()) {
         bool done = false;
-        Status st = net_->test(ch.inflight.front().req, &done, nullptr);
+        size_t size = 0;
+        Status st = net_->test(ch.inflight.front().req, &done, &size);
         if (!st.ok()) return failed(st);
         if (!done) break;
         Channel::InFlight f = ch.inflight.front();
         ch.inflight.pop_front();
+        ch.last_progress = Clock::now();
         did = true;
+        // Both sides cut the same chunks: a receive of any other size means the streams are out
+        // of step (or the transport is broken), and no later chunk can be trusted to land right.
+        if (!tx && props_.reports_sizes && size != f.op.len) {
+            return failed(
+                protocol_error(strformat("received %zu bytes where the chunk has %llu", size,
+                                         static_cast<unsigned long long>(f.op.len))));
+        }
         if (tx) {
             // The transport is done with the bytes: a staging slot can take the next chunk.
             if (f.op.slot >= 0) ch.ring->release(f.op.slot);
@@ -516,6 +569,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             ch.ring->release(f.op.slot);
         }
         ch.finishing.pop_front();
+        ch.last_progress = Clock::now();
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
         if (!st.ok()) return failed(st);
         if (f.op.ptr == nullptr) ch.scratch_busy = false;
@@ -591,6 +645,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (req == nullptr) break;  // the transport is full: later
         if (rx_slot >= 0) op.slot = ch.ring->acquire();
         if (op.ptr == nullptr) ch.scratch_busy = true;
+        if (ch.inflight.empty()) ch.last_progress = Clock::now();
         ch.inflight.push_back(Channel::InFlight{op, req});
         ch.queued.pop_front();
         if (tx) --ch.staged_ahead;
@@ -728,28 +783,8 @@ void Endpoint::Impl::forget_region(Region* r) {
 // ------------------------------------------------------------------------------
 
 Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view body) {
+    // Only ready peers come here (engine_handshake.cc takes the rest).
     const auto type = static_cast<wire::MsgType>(h.type);
-    if (p.state != Peer::State::kReady) {
-        switch (type) {
-            case wire::MsgType::kHello:
-                if (p.state != Peer::State::kHello) return protocol_error("unexpected HELLO");
-                return handle_hello(p, body);
-            case wire::MsgType::kReady:
-                if (p.state != Peer::State::kChannels) return protocol_error("unexpected READY");
-                p.ready_received = true;
-                // Our channels may be up already: then we are ready now, before the peer's first
-                // request (which may follow in the same read) is dispatched.
-                if (p.ready_sent) become_ready(p);
-                return Status();
-            case wire::MsgType::kPing:
-                return Status();
-            case wire::MsgType::kBye:
-                return unavailable("peer disconnected");
-            default:
-                return protocol_error(
-                    strformat("%s before the connection was ready", wire::msg_type_name(type)));
-        }
-    }
     switch (type) {
         case wire::MsgType::kPing:
             return Status();
@@ -766,7 +801,9 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
         case wire::MsgType::kNotif: {
             std::string_view payload;
             TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
-            notifications_.push_back(Notification{p.name, std::string(payload)});
+            // Nothing answers a standalone notification: one we cannot hold fails the peer.
+            TCPX_RETURN_IF_ERROR(notification_room(p, payload.size()));
+            queue_notification(p, std::string(payload), false);
             return Status();
         }
         case wire::MsgType::kSendRts:
@@ -779,6 +816,32 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
             return protocol_error(
                 strformat("unexpected %s (type %u)", wire::msg_type_name(type), h.type));
     }
+}
+
+Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
+    if (size > config_.max_notification_size) {
+        return resource_exhausted(
+            strformat("a notification of %llu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
+                      static_cast<unsigned long long>(size),
+                      static_cast<unsigned long long>(config_.max_notification_size)));
+    }
+    if (p.notif_count + 1 > static_cast<uint64_t>(config_.max_queued_notifications) ||
+        p.notif_bytes + size > config_.max_queued_notification_bytes) {
+        return resource_exhausted(strformat(
+            "the application has not taken %llu notifications (%llu bytes) from this peer: "
+            "TCPX_P2P_MAX_QUEUED_NOTIFICATIONS / _BYTES reached",
+            static_cast<unsigned long long>(p.notif_count),
+            static_cast<unsigned long long>(p.notif_bytes)));
+    }
+    return Status();
+}
+
+void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held) {
+    if (!held) {
+        ++p.notif_count;
+        p.notif_bytes += payload.size();
+    }
+    notifications_.push_back(QueuedNotification{p.id, Notification{p.name, std::move(payload)}});
 }
 
 // A peer may not make us hold more of its requests at once than our own transfer limit.
@@ -809,10 +872,34 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         }
         regions.push_back(*r);
     }
+    // Its notification must have room before any byte lands; the room is held from now on.
+    if (x->result.ok() && x->has_notification) {
+        Status room = notification_room(p, x->notification.size());
+        if (!room.ok()) {
+            x->result = room.with_context("write refused");
+        } else {
+            ++p.notif_count;
+            p.notif_bytes += x->notification.size();
+            x->notification_held = true;
+        }
+    }
     const bool ok = x->result.ok();
     if (ok) {
         for (size_t i = 0; i < req.segs.size(); ++i) {
             hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
+        }
+    } else if (!(flags & wire::kFlagInline)) {
+        // A refused write's data is on its way and must be drained to keep the channels in step;
+        // past MAX_DRAIN_BYTES that is not worth it: the peer goes instead.
+        uint64_t total = 0;
+        for (const wire::Segment& s : req.segs) total += s.len;  // no overflow: decode checked
+        if (total > config_.max_drain_bytes) {
+            Status why = x->result;
+            destroy(x);
+            return why.with_context(
+                strformat("and its %llu bytes exceed TCPX_P2P_MAX_DRAIN_BYTES (%llu)",
+                          static_cast<unsigned long long>(total),
+                          static_cast<unsigned long long>(config_.max_drain_bytes)));
         }
     }
     if (flags & wire::kFlagInline) {

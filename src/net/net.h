@@ -117,8 +117,10 @@ class Net {
     // here before it reaches connect(): its size, address family, address (it must name
     // `peer_address`, the host the peer's control connection came from), socket counts within
     // our own settings; and any part of it that the transport keeps as its own connect() state
-    // is reset, so no pointer or key from the wire is ever followed. Not OK: the handle must
-    // not be used. UNIMPLEMENTED: the transport cannot read its handles (an unknown plugin).
+    // is reset, so no pointer or key from the wire is ever followed. An empty `peer_address`
+    // (an authenticated peer, which may name any address of its host, e.g. a data NIC apart
+    // from its control one) skips the address check only. Not OK: the handle must not be used.
+    // UNIMPLEMENTED: the transport cannot read its handles (an unknown plugin).
     virtual Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
         (void)handle;
         (void)peer_address;

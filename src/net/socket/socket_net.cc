@@ -28,6 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The protocol's bound on data sockets per comm (NSOCKS's range).
+constexpr int kMaxSocketsPerComm = 64;
+
 constexpr int kListenBacklog = 1024;
 // Inbound sockets in handshake (pending or grouped) per listener; more are closed at once.
 constexpr size_t kMaxHandshaking = 1024;
@@ -55,6 +58,7 @@ struct Group {
     Fd control;
     std::vector<Fd> data;
     int have_data = 0;
+    uint16_t nsocks = 0;  // the connector's data sockets: at most the listener's
     SocketAddress peer;
     Clock::time_point since;
 };
@@ -250,15 +254,14 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
         return invalid_argument(
             strformat("handle: protocol version %u, ours is %u", blob.version, wire::kVersion));
     }
-    if (blob.nsocks < 1 || blob.nsocks > settings_.nsocks) {
-        return invalid_argument(strformat(
-            "handle: asks for %u data sockets; this end opens 1 to %lld (TCPX_P2P_NSOCKS)",
-            blob.nsocks, static_cast<long long>(settings_.nsocks)));
+    if (blob.nsocks < 1 || blob.nsocks > kMaxSocketsPerComm) {
+        return invalid_argument(strformat("handle: asks for %u data sockets (1 to %d)", blob.nsocks,
+                                          kMaxSocketsPerComm));
     }
     if (blob.port == 0) return invalid_argument("handle: port 0");
     TCPX_ASSIGN_OR_RETURN(SocketAddress addr, handle_address(blob));
     // A handle may only send us to the host the peer itself is on: never a third party.
-    if (!addr.same_host(peer_address)) {
+    if (peer_address.size() != 0 && !addr.same_host(peer_address)) {
         return protocol_error(strformat("handle: names %s, but the peer is at %s",
                                         addr.host_string().c_str(),
                                         peer_address.host_string().c_str()));
@@ -288,13 +291,12 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
         return invalid_argument(strformat("connect: handle of protocol version %u, ours is %u",
                                           blob.version, wire::kVersion));
     }
-    // However the handle came, this end opens no more sockets per comm than it is configured to.
-    if (blob.nsocks < 1 || blob.nsocks > settings_.nsocks) {
-        return invalid_argument(
-            strformat("connect: handle asks for %u data sockets; this end opens 1 to %lld "
-                      "(TCPX_P2P_NSOCKS: peers need the same setting)",
-                      blob.nsocks, static_cast<long long>(settings_.nsocks)));
+    if (blob.nsocks < 1 || blob.nsocks > kMaxSocketsPerComm) {
+        return invalid_argument(strformat("connect: handle asks for %u data sockets", blob.nsocks));
     }
+    // However the handle came, this end opens no more sockets per comm than it is configured
+    // to: the listener takes any count up to its own.
+    const uint16_t nsocks = static_cast<uint16_t>(std::min<int64_t>(blob.nsocks, settings_.nsocks));
 
     std::lock_guard<std::mutex> lock(connect_mu_);
     auto save_key = [&](uint64_t key) {
@@ -307,10 +309,10 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
     if (st == nullptr) {
         auto state = std::make_unique<ConnectState>();
         TCPX_ASSIGN_OR_RETURN(state->addr, handle_address(blob));
-        state->nsocks = blob.nsocks;
+        state->nsocks = nsocks;
         state->deadline = Clock::now() + std::chrono::milliseconds(settings_.handshake_timeout_ms);
         const uint64_t comm_nonce = random_u64();
-        for (int i = 0; i <= blob.nsocks; ++i) {
+        for (int i = 0; i <= nsocks; ++i) {
             ConnectState::Sock sock;
             auto fd = start_connect(state->addr);
             if (!fd.ok()) return Status(fd.status()).with_context("connect");
@@ -322,7 +324,7 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
                 blob.listen_nonce,
                 comm_nonce,
                 static_cast<uint16_t>(i == 0 ? 0 : i - 1),
-                blob.nsocks,
+                nsocks,
                 0};
             state->socks.push_back(std::move(sock));
         }
@@ -454,7 +456,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             refuse = wire::ReplyStatus::kVersionMismatch;
         } else if (h.listen_nonce != l->nonce) {
             refuse = wire::ReplyStatus::kWrongListener;
-        } else if (h.nsocks != l->nsocks ||
+        } else if (h.nsocks < 1 || h.nsocks > l->nsocks ||
                    (h.role == static_cast<uint16_t>(wire::Role::kControl) && h.index != 0) ||
                    (h.role == static_cast<uint16_t>(wire::Role::kData) && h.index >= h.nsocks) ||
                    (h.role != static_cast<uint16_t>(wire::Role::kControl) &&
@@ -466,10 +468,16 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);
             group = &it->second;
             if (fresh) {
-                group->data.resize(l->nsocks);
+                group->nsocks = h.nsocks;
+                group->data.resize(h.nsocks);
                 group->peer = p.peer;
                 group->since = now;
             }
+            if (h.nsocks != group->nsocks) {
+                refuse = wire::ReplyStatus::kBadHello;  // its sockets disagree on their count
+            }
+        }
+        if (refuse == wire::ReplyStatus::kAccepted) {
             Fd& slot = h.role == static_cast<uint16_t>(wire::Role::kControl) ? group->control
                                                                              : group->data[h.index];
             if (slot.valid()) {
@@ -493,7 +501,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     for (auto it = l->groups.begin(); it != l->groups.end();) {
         Group& g = it->second;
         const int arrived = (g.control.valid() ? 1 : 0) + g.have_data;
-        if (g.control.valid() && g.have_data == l->nsocks && *recv_comm == nullptr) {
+        if (g.control.valid() && g.have_data == g.nsocks && *recv_comm == nullptr) {
             Status st = configure_socket(g.control.get(), settings_);
             for (Fd& fd : g.data) {
                 if (st.ok()) st = configure_socket(fd.get(), settings_);
@@ -531,7 +539,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             TCPX_WARN(
                 "dropping incomplete connection from %s: %d of %d sockets arrived within "
                 "%lld ms",
-                g.peer.to_string().c_str(), arrived, l->nsocks + 1,
+                g.peer.to_string().c_str(), arrived, g.nsocks + 1,
                 static_cast<long long>(settings_.handshake_timeout_ms));
             l->grouped_sockets -= static_cast<size_t>(arrived);
             it = l->groups.erase(it);

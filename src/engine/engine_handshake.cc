@@ -1,0 +1,499 @@
+// A peer's way to kReady (engine.h, Peer::State): its control connection, authentication
+// (auth.h), the HELLO exchange, and its data channels. Everything a peer sends before it is ready
+// is read here, in small bounded messages, and nothing of it reaches a transport unchecked.
+#include <netinet/in.h>
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "engine/auth.h"
+#include "engine/ctrl_wire.h"
+#include "engine/engine.h"
+#include "engine/metadata.h"
+
+namespace tcpx {
+
+using engine::Clock;
+using State = engine::Peer::State;
+namespace wire = engine::wire;
+namespace auth = engine::auth;
+
+namespace {
+
+std::string_view view(const auth::Bytes& b) {
+    return std::string_view(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// Refusals from strangers are logged, but no stranger can fill the log: a few a second at most.
+bool may_log_refusal() {
+    static std::atomic<int64_t> window{0};
+    static std::atomic<int> count{0};
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+    if (window.exchange(now) != now) count.store(0);
+    return count.fetch_add(1) < 5;
+}
+
+}  // namespace
+
+// --- connections
+// -----------------------------------------------------------------------------------
+
+Status Endpoint::Impl::watch(const Peer& p, bool writable) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (writable ? EPOLLOUT : 0u);
+    ev.data.u64 = p.id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
+        return errno_status(errno, "epoll_ctl");
+    }
+    return Status();
+}
+
+StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::add_peer(Fd fd, bool outbound,
+                                                         const SocketAddress& address) {
+    auto p = std::make_unique<Peer>();
+    p->id = next_peer_++;
+    p->outbound = outbound;
+    p->address = address;
+    p->name = address.to_string();
+    p->started = p->last_recv = p->last_send = Clock::now();
+    p->deadline = engine::deadline_after(std::chrono::milliseconds(
+        outbound ? config_.connect_timeout_ms : config_.handshake_timeout_ms));
+    p->ctrl.reset(std::move(fd));
+    if (outbound) {
+        p->state = State::kConnecting;
+    } else {
+        p->state = secrets_.enabled() ? State::kAuthInit : State::kHello;
+    }
+    epoll_event ev{};
+    // Outbound: writable when the connect completes (no polling while it is in progress).
+    ev.events = EPOLLIN | (outbound ? EPOLLOUT : 0u);
+    ev.data.u64 = p->id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, p->ctrl.fd(), &ev) != 0) {
+        return errno_status(errno, "epoll_ctl");
+    }
+    Peer* raw = p.get();
+    peers_.emplace(p->id, std::move(p));
+    return raw;
+}
+
+void Endpoint::Impl::accept_inbound() {
+    // Bounded: what strangers can make us hold is MAX_PEERS peers, of which at most
+    // MAX_HANDSHAKES still in their handshake (each gone after HANDSHAKE_TIMEOUT_MS).
+    size_t handshakes = 0;
+    for (const auto& [id, p] : peers_) handshakes += !p->outbound && in_handshake(*p);
+    for (int i = 0; i < 64; ++i) {
+        SocketAddress from;
+        auto fd = accept_tcp(listen_fd_.get(), &from);
+        if (!fd.ok()) {
+            TCPX_WARN("endpoint '%s': accept: %s", name_.c_str(), fd.status().to_string().c_str());
+            return;
+        }
+        if (!fd->valid()) return;
+        const char* full = nullptr;
+        if (peers_.size() >= static_cast<size_t>(config_.max_peers)) {
+            full = "MAX_PEERS";
+        } else if (handshakes >= static_cast<size_t>(config_.max_handshakes)) {
+            full = "MAX_HANDSHAKES";
+        }
+        if (full != nullptr) {
+            if (may_log_refusal()) {
+                TCPX_WARN("endpoint '%s': connection from %s closed: TCPX_P2P_%s reached",
+                          name_.c_str(), from.to_string().c_str(), full);
+            }
+            continue;  // the Fd closes it
+        }
+        (void)set_nodelay(fd->get());
+        (void)set_dead_peer_timeout(fd->get(), config_.socket_timeout_ms);
+        auto p = add_peer(std::move(fd).value(), false, from);
+        if (!p.ok()) {
+            TCPX_WARN("endpoint '%s': %s", name_.c_str(), p.status().to_string().c_str());
+            continue;
+        }
+        ++handshakes;
+        TCPX_DEBUG("endpoint '%s': connection from %s", name_.c_str(), from.to_string().c_str());
+    }
+}
+
+StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
+    TCPX_ASSIGN_OR_RETURN(engine::EndpointAddress addr, engine::decode_metadata(metadata));
+    PeerId id;
+    {
+        auto lock = api_lock();
+        if (peers_.size() >= static_cast<size_t>(config_.max_peers)) {
+            return resource_exhausted(
+                strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", peers_.size()));
+        }
+        TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
+        TCPX_ASSIGN_OR_RETURN(Peer * p, add_peer(std::move(fd), true, addr.address));
+        id = p->id;
+        p->name = p->expected_name = addr.name;
+        p->known_to_user = true;
+        // Our receive channels' listeners go in our HELLO.
+        Status st = start_channels(*p, static_cast<int>(config_.channels));
+        if (!st.ok()) {
+            fail_peer(*p, st);
+            peers_.erase(id);
+            return st.with_context("connect to '" + addr.name + "'");
+        }
+    }
+    wake();
+    drive(
+        [&] {
+            auto it = peers_.find(id);
+            return it == peers_.end() || it->second->state == State::kReady ||
+                   it->second->state == State::kFailed;
+        },
+        Clock::time_point::max());  // the peer's own handshake deadline ends it
+    auto lock = api_lock();
+    auto it = peers_.find(id);
+    if (it == peers_.end()) return unavailable("connect: the connection went away");
+    Peer& p = *it->second;
+    if (p.state == State::kReady) return id;
+    Status why = p.state == State::kFailed
+                     ? p.error
+                     : timeout_error(strformat("not ready after %lld ms",
+                                               static_cast<long long>(config_.connect_timeout_ms)));
+    if (p.state != State::kFailed) fail_peer(p, why);
+    peers_.erase(it);
+    return why.with_context("connect to '" + addr.name + "' at " + addr.address.to_string());
+}
+
+// --- the handshake
+// ---------------------------------------------------------------------------------
+
+void Endpoint::Impl::refuse(Peer& p, Status why) {
+    if (p.ctrl.valid()) {
+        p.ctrl.queue(wire::encode_auth_fail(why.message()));
+        (void)p.ctrl.flush();
+    }
+    if (!p.outbound && may_log_refusal()) {
+        TCPX_WARN("endpoint '%s': connection from %s refused: %s", name_.c_str(),
+                  p.address.to_string().c_str(), why.to_string().c_str());
+    }
+    fail_peer(p, std::move(why));
+}
+
+Status Endpoint::Impl::start_handshake(Peer& p) {
+    (void)set_nodelay(p.ctrl.fd());
+    (void)set_dead_peer_timeout(p.ctrl.fd(), config_.socket_timeout_ms);
+    if (!secrets_.enabled()) return send_hello(p);
+    TCPX_ASSIGN_OR_RETURN(auth::Bytes nonce, auth::make_nonce());
+    p.nonce_c = std::string(view(nonce));
+    wire::AuthInit init;
+    init.nonce = p.nonce_c;
+    init.name = name_;
+    send_ctrl(p, wire::encode_auth_init(init));
+    p.state = State::kAuthChallenge;
+    return Status();
+}
+
+Status Endpoint::Impl::send_hello(Peer& p) {
+    wire::Hello hello;
+    hello.channels = static_cast<uint16_t>(p.listens.size());
+    hello.nonce = nonce_;
+    hello.chunk = chunk_;
+    hello.name = name_;
+    hello.handles = p.listen_handles;
+    send_ctrl(p, wire::encode_hello(hello));
+    p.state = State::kHello;
+    return Status();
+}
+
+Status Endpoint::Impl::dispatch_handshake(Peer& p, wire::MsgType type, std::string_view body) {
+    // Each state takes exactly the message it waits for (and an AUTH_FAIL or BYE, which end it).
+    switch (type) {
+        case wire::MsgType::kAuthFail:
+            return on_auth_fail(p, body);
+        case wire::MsgType::kBye:
+            return unavailable("peer disconnected");
+        case wire::MsgType::kPing:
+            if (p.state == State::kChannels) return Status();
+            break;
+        default:
+            break;
+    }
+    switch (p.state) {
+        case State::kAuthInit:
+            if (type == wire::MsgType::kAuthInit) return on_auth_init(p, body);
+            if (type == wire::MsgType::kHello) {
+                refuse(p, unauthenticated(
+                              "authentication failed: this endpoint requires a shared secret "
+                              "(TCPX_P2P_AUTH_SECRET) and the peer sent none"));
+                return Status();
+            }
+            break;
+        case State::kAuthChallenge:
+            if (type == wire::MsgType::kAuthChallenge) return on_auth_challenge(p, body);
+            break;
+        case State::kAuthProof:
+            if (type == wire::MsgType::kAuthProof) return on_auth_proof(p, body);
+            break;
+        case State::kHello:
+            if (type == wire::MsgType::kHello) return handle_hello(p, body);
+            if (type == wire::MsgType::kAuthInit && !p.outbound) {
+                refuse(p, unauthenticated(
+                              "authentication failed: the peer requires a shared secret and "
+                              "this endpoint has none (TCPX_P2P_AUTH_SECRET)"));
+                return Status();
+            }
+            break;
+        case State::kChannels:
+            if (type == wire::MsgType::kReady) {
+                p.ready_received = true;
+                // Our channels may be up already: then we are ready now, before the peer's first
+                // request (which may follow in the same read) is dispatched.
+                if (p.ready_sent) become_ready(p);
+                return Status();
+            }
+            break;
+        default:
+            break;
+    }
+    return protocol_error(
+        strformat("%s before the connection was ready", wire::msg_type_name(type)));
+}
+
+Status Endpoint::Impl::on_auth_fail(Peer& p, std::string_view body) {
+    std::string_view reason;
+    TCPX_RETURN_IF_ERROR(wire::decode_auth_fail(body, &reason));
+    // The reason is the peer's words: printable characters only reach our messages.
+    std::string clean;
+    for (char c : reason) clean.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+    fail_peer(p, unauthenticated("authentication failed: the peer refused us: " + clean));
+    return Status();
+}
+
+Status Endpoint::Impl::on_auth_init(Peer& p, std::string_view body) {
+    wire::AuthInit init;
+    TCPX_RETURN_IF_ERROR(wire::decode_auth_init(body, &init));
+    TCPX_ASSIGN_OR_RETURN(auth::Bytes nonce, auth::make_nonce());
+    p.nonce_c = std::string(init.nonce);
+    p.nonce_l = std::string(view(nonce));
+    p.name = std::string(init.name);  // claimed until the proof comes
+    const std::vector<auth::Bytes> macs =
+        auth::ListenerCheck::challenge_macs(secrets_, p.nonce_c, p.nonce_l, p.name, name_);
+    wire::AuthChallenge ch;
+    ch.nonce = p.nonce_l;
+    ch.name = name_;
+    for (const auth::Bytes& m : macs) ch.macs.push_back(view(m));
+    send_ctrl(p, wire::encode_auth_challenge(ch));
+    p.state = State::kAuthProof;
+    return Status();
+}
+
+Status Endpoint::Impl::on_auth_challenge(Peer& p, std::string_view body) {
+    wire::AuthChallenge ch;
+    TCPX_RETURN_IF_ERROR(wire::decode_auth_challenge(body, &ch));
+    p.nonce_l = std::string(ch.nonce);
+    auto secret =
+        auth::connector_match(secrets_, ch.macs, p.nonce_c, p.nonce_l, name_, std::string(ch.name));
+    if (!secret) {
+        refuse(p, unauthenticated("authentication failed: the peer does not know our shared "
+                                  "secret (TCPX_P2P_AUTH_SECRET)"));
+        return Status();
+    }
+    // Authenticated: it is the endpoint it says; it must be the one we meant to reach.
+    if (!p.expected_name.empty() && ch.name != p.expected_name) {
+        refuse(p,
+               unauthenticated(strformat("authentication failed: the endpoint at %s is '%s', "
+                                         "not '%s'",
+                                         p.address.to_string().c_str(),
+                                         std::string(ch.name).c_str(), p.expected_name.c_str())));
+        return Status();
+    }
+    wire::AuthProof proof;
+    const auth::Bytes m =
+        auth::mac(*secret, auth::Role::kConnector, p.nonce_c, p.nonce_l, name_, ch.name);
+    proof.mac = view(m);
+    send_ctrl(p, wire::encode_auth_proof(proof));
+    p.authenticated = true;
+    return send_hello(p);
+}
+
+Status Endpoint::Impl::on_auth_proof(Peer& p, std::string_view body) {
+    wire::AuthProof proof;
+    TCPX_RETURN_IF_ERROR(wire::decode_auth_proof(body, &proof));
+    if (!auth::ListenerCheck::proof_ok(secrets_, proof.mac, p.nonce_c, p.nonce_l, p.name, name_)) {
+        const std::string claimed = p.name;
+        p.name = p.address.to_string();
+        refuse(p, unauthenticated(strformat("authentication failed: the peer (claiming to be "
+                                            "'%s') does not know our shared secret",
+                                            claimed.c_str())));
+        return Status();
+    }
+    p.authenticated = true;
+    p.state = State::kHello;
+    return Status();
+}
+
+Status Endpoint::Impl::start_channels(Peer& p, int channels) {
+    // Transports allocate per-comm GPU memory (Google's TCPX: the receive bounce buffer) and
+    // record the current GPU at listen: make it the one this endpoint serves.
+    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
+        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
+        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
+    }
+    for (int i = 0; i < channels; ++i) {
+        net::Handle handle;
+        net::ListenComm* listen = nullptr;
+        TCPX_RETURN_IF_ERROR(net_->listen(dev_, &handle, &listen));
+        p.listens.push_back(listen);
+        p.listen_handles.push_back(handle);
+    }
+    return Status();
+}
+
+Status Endpoint::Impl::check_handles(Peer& p, std::vector<net::Handle>* handles) {
+    // An authenticated peer may name any address of its own host (data NICs apart from the
+    // control one); a stranger may only send us back to the address it talks to us from.
+    const SocketAddress must_name = p.authenticated ? SocketAddress() : p.address;
+    for (size_t i = 0; i < handles->size(); ++i) {
+        Status st = net_->check_peer_handle(&(*handles)[i], must_name);
+        if (st.code() == StatusCode::kUnimplemented && p.authenticated) {
+            static std::atomic<bool> said{false};
+            if (!said.exchange(true)) {
+                TCPX_INFO("transport %s cannot check handles; trusting authenticated peers'",
+                          std::string(net_->name()).c_str());
+            }
+            continue;
+        }
+        if (st.code() == StatusCode::kUnimplemented) {
+            return unauthenticated(
+                strformat("transport %s cannot check the handles peers send: use it with a shared "
+                          "secret (TCPX_P2P_AUTH_SECRET)",
+                          std::string(net_->name()).c_str()));
+        }
+        if (!st.ok()) return st.with_context(strformat("the peer's channel %zu", i));
+    }
+    return Status();
+}
+
+Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
+    wire::Hello hello;
+    TCPX_RETURN_IF_ERROR(wire::decode_hello(body, &hello));
+    if (hello.channels < 1 || hello.channels > 16) {
+        return protocol_error(strformat("peer asks for %u channels", hello.channels));
+    }
+    if (hello.chunk < 4096) {
+        return protocol_error(strformat("peer offers chunks of %llu bytes",
+                                        static_cast<unsigned long long>(hello.chunk)));
+    }
+    if (p.authenticated && hello.name != p.name && !p.outbound) {
+        return protocol_error("HELLO names another endpoint than the one authenticated");
+    }
+    TCPX_RETURN_IF_ERROR(check_handles(p, &hello.handles));
+    if (!p.outbound) {
+        // We answer with as many channels as both sides want, and listeners for ours.
+        p.name = hello.name;
+        p.channels = std::min<int>(hello.channels, static_cast<int>(config_.channels));
+        p.remote_handles.assign(hello.handles.begin(), hello.handles.begin() + p.channels);
+        p.chunk = std::min(hello.chunk, chunk_);
+        TCPX_RETURN_IF_ERROR(start_channels(p, p.channels));
+        wire::Hello reply;
+        reply.channels = static_cast<uint16_t>(p.channels);
+        reply.nonce = nonce_;
+        reply.chunk = p.chunk;
+        reply.name = name_;
+        reply.handles = p.listen_handles;
+        send_ctrl(p, wire::encode_hello(reply));
+    } else {
+        if (hello.channels > p.listens.size()) {
+            return protocol_error(strformat("peer answered with %u channels, we offered %zu",
+                                            hello.channels, p.listens.size()));
+        }
+        if (hello.chunk > chunk_) {
+            return protocol_error(
+                strformat("peer answered with chunks of %llu bytes, we offered %llu",
+                          static_cast<unsigned long long>(hello.chunk),
+                          static_cast<unsigned long long>(chunk_)));
+        }
+        if (p.authenticated && hello.name != p.expected_name) {
+            return protocol_error("HELLO names another endpoint than the one authenticated");
+        }
+        p.name = hello.name;
+        p.channels = hello.channels;
+        p.chunk = hello.chunk;
+        p.remote_handles = hello.handles;
+        while (p.listens.size() > static_cast<size_t>(p.channels)) {
+            (void)net_->close_listen(p.listens.back());
+            p.listens.pop_back();
+            p.listen_handles.pop_back();
+        }
+    }
+    p.tx.resize(static_cast<size_t>(p.channels));
+    p.rx.resize(static_cast<size_t>(p.channels));
+    p.state = State::kChannels;
+    return Status();
+}
+
+bool Endpoint::Impl::progress_handshake(Peer& p) {
+    if (p.state == State::kConnecting) {
+        bool done = false;
+        Status st = finish_connect(p.ctrl.fd(), p.address, &done);
+        if (st.ok() && !done) return false;
+        if (st.ok()) st = watch(p, false);  // connected: readable is all we wait for now
+        if (st.ok()) st = start_handshake(p);
+        if (!st.ok()) fail_peer(p, st);
+        return true;
+    }
+    if (p.state != State::kChannels) return false;
+    bool did = false;
+    bool all = true;
+    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
+        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
+        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
+    }
+    for (int i = 0; i < p.channels; ++i) {
+        Channel& tx = p.tx[static_cast<size_t>(i)];
+        Channel& rx = p.rx[static_cast<size_t>(i)];
+        if (tx.send == nullptr) {
+            Status st =
+                net_->connect(dev_, &p.remote_handles[static_cast<size_t>(i)], &tx.send, nullptr);
+            if (!st.ok()) {
+                fail_peer(p, st.with_context("opening a data channel"));
+                return true;
+            }
+            did |= tx.send != nullptr;
+        }
+        if (rx.recv == nullptr) {
+            Status st = net_->accept(p.listens[static_cast<size_t>(i)], &rx.recv, &rx.dev_handle);
+            if (!st.ok()) {
+                fail_peer(p, st.with_context("accepting a data channel"));
+                return true;
+            }
+            did |= rx.recv != nullptr;
+        }
+        all = all && tx.send != nullptr && rx.recv != nullptr;
+    }
+    if (!all) return did;
+    for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
+    p.listens.clear();
+    if (!p.ready_sent) {
+        send_ctrl(p, wire::encode_empty(wire::MsgType::kReady));
+        p.ready_sent = true;
+    }
+    if (p.ready_received) become_ready(p);
+    return true;
+}
+
+void Endpoint::Impl::become_ready(Peer& p) {
+    p.state = State::kReady;
+    // From now on the peer's requests may be as large as MAX_CTRL_MESSAGE.
+    p.ctrl.set_max_message(static_cast<uint32_t>(config_.max_ctrl_message));
+    const auto now = Clock::now();
+    for (Channel& ch : p.tx) ch.last_progress = now;
+    for (Channel& ch : p.rx) ch.last_progress = now;
+    TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels%s)", name_.c_str(), p.name.c_str(),
+               p.channels, p.authenticated ? ", authenticated" : "");
+    if (!p.outbound) {
+        p.in_accept_queue = true;
+        accept_queue_.push_back(p.id);
+    }
+}
+
+}  // namespace tcpx

@@ -1,0 +1,591 @@
+// Hostile clients on an endpoint's listen port, and peer authentication. Each test ends by
+// proving the endpoint still serves a real peer, with the data checked byte for byte.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/socket.h"
+#include "engine/ctrl_wire.h"
+#include "engine/metadata.h"
+#include "net/socket/socket_net.h"
+#include "net/socket/wire.h"
+#include "tests/support/engine_test_util.h"
+#include "tests/support/net_test_util.h"
+
+namespace tcpx::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace wire = engine::wire;
+
+SocketAddress address_of(const Endpoint& ep) {
+    return engine::decode_metadata(ep.metadata()).value().address;
+}
+
+// A blocking TCP connection to `addr`; -1 on failure.
+int raw_connect(const SocketAddress& addr) {
+    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, addr.get(), addr.size()) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+void send_all(int fd, std::string_view bytes) {
+    while (!bytes.empty()) {
+        const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        if (n <= 0) return;
+        bytes.remove_prefix(static_cast<size_t>(n));
+    }
+}
+
+// Whether the other side closed `fd` within `timeout` (EOF or reset; other bytes are read).
+bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 20) <= 0) continue;
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) return true;
+    }
+    return false;
+}
+
+// Reads one whole control message; false on EOF or timeout.
+bool read_message(int fd, wire::Header* h, std::string* body,
+                  std::chrono::milliseconds timeout = 5s) {
+    std::string got;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto fill = [&](size_t want) {
+        while (got.size() < want) {
+            if (std::chrono::steady_clock::now() > deadline) return false;
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 20) <= 0) continue;
+            char buf[65536];
+            const ssize_t n = ::recv(fd, buf, std::min(sizeof(buf), want - got.size()), 0);
+            if (n <= 0) return false;
+            got.append(buf, static_cast<size_t>(n));
+        }
+        return true;
+    };
+    if (!fill(sizeof(wire::Header))) return false;
+    std::memcpy(h, got.data(), sizeof(*h));
+    if (!fill(sizeof(wire::Header) + h->length)) return false;
+    *body = got.substr(sizeof(wire::Header));
+    return true;
+}
+
+// A socket-transport handle naming `host:port` (what a peer's HELLO carries).
+net::Handle socket_handle(const char* host, uint16_t port, uint16_t nsocks = 2) {
+    net::wire::HandleBlob blob{};
+    blob.magic = net::wire::kHandleMagic;
+    blob.version = net::wire::kVersion;
+    blob.family = AF_INET;
+    inet_pton(AF_INET, host, blob.addr);
+    blob.port = port;
+    blob.nsocks = nsocks;
+    blob.listen_nonce = 42;
+    net::Handle h;
+    std::memcpy(h.bytes.data(), &blob, sizeof(blob));
+    return h;
+}
+
+// A plain TCP listener on `host`, to see whether anything connects to it.
+struct Trap {
+    Fd fd;
+    uint16_t port = 0;
+    explicit Trap(const char* host) {
+        fd = listen_tcp(SocketAddress::parse(host, 0).value(), 16).value();
+        port = local_address(fd.get()).value().port();
+    }
+    bool connected_within(std::chrono::milliseconds t) {
+        pollfd p{fd.get(), POLLIN, 0};
+        return ::poll(&p, 1, static_cast<int>(t.count())) > 0;
+    }
+};
+
+// The endpoint serves a real peer: connect, write and read back 1 MiB, every byte checked.
+void expect_serves(Endpoint* target, Config config = engine_test_config()) {
+    auto peer = make_endpoint("real-peer", config);
+    ASSERT_NE(peer, nullptr);
+    auto id = peer->connect(target->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    constexpr size_t kLen = 1 << 20;
+    GuardedBuffer src(kLen), back(kLen), dst(kLen);
+    fill_pattern(src.data(), kLen, 7);
+    MemId s = *peer->reg(src.data(), kLen);
+    MemId b = *peer->reg(back.data(), kLen);
+    MemId d = *target->reg(dst.data(), kLen);
+    RemoteMem desc = *target->describe(d);
+    auto w = peer->write(*id, s, 0, desc, 0, kLen);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(peer->wait(*w, 20s).ok());
+    auto r = peer->read(*id, b, 0, desc, 0, kLen);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(peer->wait(*r, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 7), -1);
+    EXPECT_EQ(find_pattern_mismatch(back.data(), kLen, 7), -1);
+    EXPECT_TRUE(src.canaries_intact() && back.canaries_intact() && dst.canaries_intact());
+    (void)peer->disconnect(*id);
+    (void)target->dereg(d);
+}
+
+Config short_handshakes() {
+    Config c = engine_test_config();
+    c.handshake_timeout_ms = 500;
+    c.max_handshakes = 2048;
+    return c;
+}
+
+// Today's bug: with 64 or more sockets readable at once the progress loop never got past
+// epoll_wait. 100 connections closed at the same instant are 100 readable sockets.
+TEST(EngineHostile, ConnectionsClosedAtTheSameInstant) {
+    auto ep = make_endpoint("target", short_handshakes());
+    ASSERT_NE(ep, nullptr);
+    std::vector<int> fds;
+    for (int i = 0; i < 100; ++i) {
+        const int fd = raw_connect(address_of(*ep));
+        ASSERT_GE(fd, 0);
+        fds.push_back(fd);
+    }
+    std::this_thread::sleep_for(100ms);  // all accepted
+    for (int fd : fds) ::close(fd);
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, GarbageSilentAndHalfHelloClientsCostNothingLasting) {
+    auto ep = make_endpoint("target", short_handshakes());
+    ASSERT_NE(ep, nullptr);
+    expect_serves(ep.get());  // a first peer, so everything lazily made exists for the baseline
+    const int fds_before = count_open_fds();
+    const SocketAddress to = address_of(*ep);
+    std::mt19937_64 rng(1);
+    // 1000 garbage connections, 100 at a time.
+    for (int round = 0; round < 10; ++round) {
+        std::vector<int> fds;
+        for (int i = 0; i < 100; ++i) {
+            const int fd = raw_connect(to);
+            ASSERT_GE(fd, 0);
+            std::string junk(64 + rng() % 512, '\0');
+            for (char& c : junk) c = static_cast<char>(rng());
+            send_all(fd, junk);
+            fds.push_back(fd);
+        }
+        for (int fd : fds) {
+            EXPECT_TRUE(closed_by_peer(fd, 5s)) << "garbage was not refused";
+            ::close(fd);
+        }
+    }
+    // 200 silent connections and 200 that send half a HELLO, held open.
+    std::vector<int> idle;
+    for (int i = 0; i < 200; ++i) idle.push_back(raw_connect(to));
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "half";
+    hello.handles = {socket_handle("127.0.0.1", 1)};
+    const std::string msg = wire::encode_hello(hello);
+    for (int i = 0; i < 200; ++i) {
+        const int fd = raw_connect(to);
+        send_all(fd, std::string_view(msg).substr(0, msg.size() / 2));
+        idle.push_back(fd);
+    }
+    // A real peer is served meanwhile; then every idle one is closed by its deadline.
+    expect_serves(ep.get());
+    for (int fd : idle) {
+        ASSERT_GE(fd, 0);
+        EXPECT_TRUE(closed_by_peer(fd, 5s)) << "an idle handshake outlived its deadline";
+        ::close(fd);
+    }
+    EXPECT_TRUE(eventually([&] { return count_open_fds() <= fds_before; }, 5s))
+        << count_open_fds() << " fds open, " << fds_before << " before";
+}
+
+TEST(EngineHostile, HandshakesPastTheLimitAreClosedAtOnce) {
+    Config c = engine_test_config();
+    c.max_handshakes = 4;
+    c.handshake_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    std::vector<int> fds;
+    for (int i = 0; i < 10; ++i) fds.push_back(raw_connect(address_of(*ep)));
+    int closed = 0;
+    for (int fd : fds) closed += closed_by_peer(fd, 500ms);
+    EXPECT_EQ(closed, 6);
+    for (int fd : fds) ::close(fd);
+    expect_serves(ep.get());
+}
+
+// A HELLO whose handle names a third host: no connection may go there.
+TEST(EngineHostile, AHandleNamingAnotherHostIsRefused) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.2");  // another address of this machine stands for another host
+    const int fd = raw_connect(address_of(*ep));
+    ASSERT_GE(fd, 0);
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "forger";
+    hello.handles = {socket_handle("127.0.0.2", trap.port)};
+    send_all(fd, wire::encode_hello(hello));
+    EXPECT_TRUE(closed_by_peer(fd, 5s));
+    ::close(fd);
+    EXPECT_FALSE(trap.connected_within(500ms)) << "the endpoint connected to a forged address";
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, AHandleAskingForMoreSocketsGetsNoMoreThanConfigured) {
+    auto ep = make_endpoint("target", short_handshakes());  // NSOCKS 2
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");
+    const int fd = raw_connect(address_of(*ep));
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "greedy";
+    hello.handles = {socket_handle("127.0.0.1", trap.port, 64)};
+    send_all(fd, wire::encode_hello(hello));
+    // It connects (the address is the peer's own), but with its own count: 1 control + 2 data.
+    int arrived = 0;
+    std::vector<Fd> held;
+    while (trap.connected_within(500ms)) {
+        SocketAddress from;
+        auto s = accept_tcp(trap.fd.get(), &from);
+        if (!s.ok() || !s->valid()) break;
+        held.push_back(std::move(s).value());
+        ++arrived;
+    }
+    EXPECT_GE(arrived, 1);
+    EXPECT_LE(arrived, 3);
+    ::close(fd);
+    expect_serves(ep.get());
+}
+
+// A peer that does the whole handshake by hand, then says what it likes.
+class RawPeer {
+ public:
+    explicit RawPeer(const Endpoint& target) {
+        Config c = engine_test_config();
+        net_ = net::SocketNet::create(c).value();
+        net::Handle mine;
+        EXPECT_TRUE(net_->listen(0, &mine, &listen_).ok());
+        fd_ = raw_connect(address_of(target));
+        wire::Hello hello;
+        hello.channels = 1;
+        hello.chunk = kChunk;
+        hello.name = "raw";
+        hello.handles = {mine};
+        send_all(fd_, wire::encode_hello(hello));
+        wire::Header h;
+        std::string body;
+        ok_ =
+            read_message(fd_, &h, &body) && h.type == static_cast<uint16_t>(wire::MsgType::kHello);
+        wire::Hello theirs;
+        ok_ = ok_ && wire::decode_hello(body, &theirs).ok() && theirs.chunk == kChunk;
+        if (!ok_) return;
+        their_handle_ = theirs.handles.at(0);
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while ((send_ == nullptr || recv_ == nullptr) &&
+               std::chrono::steady_clock::now() < deadline) {
+            if (send_ == nullptr && !net_->connect(0, &their_handle_, &send_, nullptr).ok()) break;
+            if (recv_ == nullptr && !net_->accept(listen_, &recv_, nullptr).ok()) break;
+        }
+        ok_ = send_ != nullptr && recv_ != nullptr;
+        send_all(fd_, wire::encode_empty(wire::MsgType::kReady));
+        ok_ = ok_ && read_message(fd_, &h, &body) &&
+              h.type == static_cast<uint16_t>(wire::MsgType::kReady);
+    }
+    ~RawPeer() {
+        if (send_ != nullptr) (void)net_->close_send(send_);
+        if (recv_ != nullptr) (void)net_->close_recv(recv_);
+        if (listen_ != nullptr) (void)net_->close_listen(listen_);
+        if (fd_ >= 0) ::close(fd_);
+    }
+    static constexpr uint64_t kChunk = 256 * 1024;
+    bool ok() const { return ok_; }
+    int fd() const { return fd_; }
+    // Sends `len` bytes on the data channel, in chunks, as a write's data.
+    bool send_data(uint64_t len) {
+        std::vector<char> buf(kChunk, 'x');
+        net::MemHandle* mh = nullptr;
+        if (!net_->reg_mr(send_, buf.data(), buf.size(), net::MemType::kHost, &mh).ok())
+            return false;
+        for (uint64_t off = 0; off < len; off += kChunk) {
+            net::Request* req = nullptr;
+            const size_t n = std::min<uint64_t>(kChunk, len - off);
+            while (req == nullptr) {
+                if (!net_->isend(send_, buf.data(), n, 0, mh, &req).ok()) return false;
+            }
+            bool done = false;
+            while (!done) {
+                if (!net_->test(req, &done, nullptr).ok()) return false;
+            }
+        }
+        (void)net_->dereg_mr(send_, mh);
+        return true;
+    }
+
+ private:
+    std::unique_ptr<net::SocketNet> net_;
+    net::ListenComm* listen_ = nullptr;
+    net::SendComm* send_ = nullptr;
+    net::RecvComm* recv_ = nullptr;
+    net::Handle their_handle_;
+    int fd_ = -1;
+    bool ok_ = false;
+};
+
+long resident_mib() {
+    long pages = 0, resident = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f == nullptr) return -1;
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
+    std::fclose(f);
+    return resident * ::sysconf(_SC_PAGESIZE) / (1 << 20);
+}
+
+TEST(EngineHostile, ABogusKeyWithATerabyteLengthFailsThePeerAtOnce) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    const long rss_before = resident_mib();
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::WriteReq req;
+    req.xfer = 1;
+    req.segs = {wire::Segment{0x1234, 0, uint64_t{1} << 40}};
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    send_all(raw.fd(), msg);
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer was not failed";
+    EXPECT_LT(resident_mib() - rss_before, 100) << "memory grew with the forged length";
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, ARefusedWriteWithinTheDrainBoundIsDrainedAndAnswered) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::WriteReq req;
+    req.xfer = 7;
+    req.segs = {wire::Segment{0x1234, 0, 1 << 20}};
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    send_all(raw.fd(), msg);
+    ASSERT_TRUE(raw.send_data(1 << 20));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+    while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
+        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+    }
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
+    wire::WriteAck ack;
+    ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+    EXPECT_EQ(ack.xfer, 7u);
+    EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kNotFound);
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a drained refusal failed the peer";
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, ANotificationLargerThanTheLimitFailsThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    send_all(raw.fd(), wire::encode_notif(std::string(2 << 20, 'n')));  // limit: 1 MiB
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
+    Config tc = engine_test_config();
+    tc.max_queued_notification_bytes = 4 << 20;
+    auto ep = make_endpoint("target", tc);
+    auto flooder = make_endpoint("flooder", engine_test_config());
+    ASSERT_TRUE(ep && flooder);
+    Link l = link(flooder.get(), ep.get());
+    const long rss_before = resident_mib();
+    const std::string note(512 << 10, 'f');
+    Status last;
+    for (int i = 0; i < 40 && last.ok(); ++i) {
+        last = flooder->notify(l.a_to_b, note);
+        std::this_thread::sleep_for(5ms);
+    }
+    // The target holds at most 4 MiB of them, then drops the flooder.
+    EXPECT_TRUE(eventually([&] { return !flooder->notify(l.a_to_b, "x").ok(); }, 10s));
+    EXPECT_LT(resident_mib() - rss_before, 64);
+    auto got = ep->get_notifications();
+    EXPECT_LE(got.size(), 8u);
+    EXPECT_GE(got.size(), 7u);
+    for (const Notification& n : got) EXPECT_EQ(n.payload, note);
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 2;
+    auto ep = make_endpoint("target", tc);
+    auto peer = make_endpoint("writer", engine_test_config());
+    ASSERT_TRUE(ep && peer);
+    Link l = link(peer.get(), ep.get());
+    constexpr size_t kLen = 64 << 10;
+    GuardedBuffer src(kLen), dst(kLen);
+    MemId s = *peer->reg(src.data(), kLen);
+    RemoteMem d = *ep->describe(*ep->reg(dst.data(), kLen));
+    for (int i = 0; i < 2; ++i) {
+        auto w = peer->write(l.a_to_b, s, 0, d, 0, kLen, "note");
+        ASSERT_TRUE(w.ok());
+        EXPECT_TRUE(peer->wait(*w, 10s).ok());
+    }
+    auto w = peer->write(l.a_to_b, s, 0, d, 0, kLen, "note");
+    ASSERT_TRUE(w.ok());
+    Status st = peer->wait(*w, 10s);
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+    EXPECT_EQ(ep->get_notifications().size(), 2u);
+    // Taken: room again, and the connection lived through it.
+    auto again = peer->write(l.a_to_b, s, 0, d, 0, kLen, "note");
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(peer->wait(*again, 10s).ok());
+    EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
+}
+
+TEST(EngineHostile, HundredPeersWriteAtTheSameMoment) {
+    constexpr int kPeers = 100;
+    constexpr size_t kLen = 64 << 10;
+    auto hub = make_endpoint("hub", engine_test_config());
+    ASSERT_NE(hub, nullptr);
+    GuardedBuffer hub_buf(kPeers * kLen);
+    RemoteMem desc = *hub->describe(*hub->reg(hub_buf.data(), hub_buf.size()));
+    Config sc = engine_test_config();
+    sc.nsocks = 1;
+    sc.channels = 1;
+    sc.io_threads = 1;
+    sc.progress_thread = "off";
+    std::vector<std::unique_ptr<Endpoint>> spokes;
+    std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+    std::vector<PeerId> ids;
+    std::vector<MemId> mems;
+    for (int i = 0; i < kPeers; ++i) {
+        spokes.push_back(make_endpoint("spoke-" + std::to_string(i), sc));
+        ASSERT_NE(spokes.back(), nullptr);
+        auto id = spokes.back()->connect(hub->metadata());
+        ASSERT_TRUE(id.ok()) << i << ": " << id.status().to_string();
+        ids.push_back(*id);
+        bufs.push_back(std::make_unique<GuardedBuffer>(kLen));
+        fill_pattern(bufs.back()->data(), kLen, 100 + i);
+        mems.push_back(*spokes.back()->reg(bufs.back()->data(), kLen));
+    }
+    std::vector<XferId> xs;
+    for (int i = 0; i < kPeers; ++i) {
+        auto x = spokes[i]->write(ids[i], mems[i], 0, desc, i * kLen, kLen);
+        ASSERT_TRUE(x.ok());
+        xs.push_back(*x);
+    }
+    for (int i = 0; i < kPeers; ++i) {
+        EXPECT_TRUE(spokes[i]->wait(xs[i], 30s).ok()) << i;
+        EXPECT_EQ(find_pattern_mismatch(hub_buf.data() + i * kLen, kLen, 100 + i), -1) << i;
+    }
+    EXPECT_TRUE(hub_buf.canaries_intact());
+}
+
+// --- authentication
+
+Config with_secret(std::string secret, std::string previous = "") {
+    Config c = engine_test_config();
+    c.auth_secret = std::move(secret);
+    c.auth_secret_previous = std::move(previous);
+    return c;
+}
+
+constexpr const char* kOld = "old secret 0123456789";
+constexpr const char* kNew = "new secret 9876543210";
+
+TEST(EngineAuth, TheSameSecretWorks) {
+    auto a = make_endpoint("a", with_secret(kNew));
+    auto b = make_endpoint("b", with_secret(kNew));
+    ASSERT_TRUE(a && b);
+    expect_serves(b.get(), with_secret(kNew));
+}
+
+void expect_refused(const Config& connector, const Config& listener) {
+    auto l = make_endpoint("listener", listener);
+    auto c = make_endpoint("connector", connector);
+    ASSERT_TRUE(l && c);
+    auto id = c->connect(l->metadata());
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kUnauthenticated) << id.status().to_string();
+    EXPECT_NE(id.status().message().find("authentication failed"), std::string::npos)
+        << id.status().to_string();
+    auto accepted = l->accept(300ms);
+    EXPECT_FALSE(accepted.ok()) << "the listener took an unauthenticated peer";
+}
+
+TEST(EngineAuth, AWrongSecretIsRefusedOnBothSides) {
+    expect_refused(with_secret(kOld), with_secret(kNew));
+}
+
+TEST(EngineAuth, NoSecretAgainstASecretIsRefused) {
+    expect_refused(engine_test_config(), with_secret(kNew));
+}
+
+TEST(EngineAuth, ASecretAgainstNoSecretIsRefused) {
+    expect_refused(with_secret(kNew), engine_test_config());
+}
+
+TEST(EngineAuth, RotationKeepsOldAndNewTalking) {
+    // Mid-rotation: the listener proves and accepts both; either side may be ahead.
+    auto l = make_endpoint("listener", with_secret(kNew, kOld));
+    ASSERT_NE(l, nullptr);
+    expect_serves(l.get(), with_secret(kOld));
+    expect_serves(l.get(), with_secret(kNew));
+    expect_serves(l.get(), with_secret(kNew, kOld));
+    auto old_listener = make_endpoint("old-listener", with_secret(kOld));
+    expect_serves(old_listener.get(), with_secret(kNew, kOld));
+}
+
+TEST(EngineAuth, AnUnauthenticatedHelloMakesNoConnection) {
+    auto ep = make_endpoint("target", with_secret(kNew));
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");
+    const int fd = raw_connect(address_of(*ep));
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "stranger";
+    hello.handles = {socket_handle("127.0.0.1", trap.port)};
+    send_all(fd, wire::encode_hello(hello));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_message(fd, &h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kAuthFail));
+    EXPECT_TRUE(closed_by_peer(fd, 5s));
+    ::close(fd);
+    EXPECT_FALSE(trap.connected_within(300ms)) << "a transport connect for a stranger";
+    EXPECT_FALSE(ep->accept(100ms).ok());
+}
+
+TEST(EngineAuth, AShortSecretIsAConfigurationError) {
+    Config c = engine_test_config();
+    c.auth_secret = "short";
+    auto ep = Endpoint::create(c, "x");
+    EXPECT_FALSE(ep.ok());
+    EXPECT_EQ(ep.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tcpx::testing
