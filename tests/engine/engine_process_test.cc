@@ -20,6 +20,22 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The endpoint serves a peer in this process: connect, write 1 MiB, every byte checked.
+void expect_serves_a_peer(Endpoint* ep) {
+    auto peer = make_endpoint("checker");
+    ASSERT_NE(peer, nullptr);
+    auto id = peer->connect(ep->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    GuardedBuffer src(1 << 20), dst(1 << 20);
+    fill_pattern(src.data(), src.size(), 11);
+    MemId s = *peer->reg(src.data(), src.size());
+    RemoteMem d = *ep->describe(*ep->reg(dst.data(), dst.size()));
+    auto w = peer->write(*id, s, 0, d, 0, src.size());
+    ASSERT_TRUE(w.ok());
+    EXPECT_TRUE(peer->wait(*w, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 11), -1);
+}
+
 TEST(EngineProcesses, WriteReadAndNotifyAcrossProcesses) {
     constexpr size_t kBytes = 64 << 20;
     ChildTarget target;
@@ -127,6 +143,91 @@ TEST(EngineProcesses, InitiatorKilledMidWriteReleasesTheTarget) {
     std::this_thread::sleep_for(100ms);
     EXPECT_EQ(std::count(region.data(), region.data() + kBytes, 0x5d), static_cast<long>(kBytes));
     EXPECT_TRUE(region.canaries_intact());
+}
+
+TEST(EngineProcesses, StoppedTargetFailsItsTransfersAfterThePeerTimeout) {
+    // SIGSTOP: the socket stays open and the kernel keeps acknowledging, so only the peer
+    // timeout (PEER_TIMEOUT_MS; default 30 s, 5 s here) can tell. The stopped target's transfers
+    // fail then; another peer is unaffected.
+    constexpr size_t kBytes = 256 << 20;
+    ChildTarget target;
+    ASSERT_TRUE(target.start(kBytes, true));
+    Config c = engine_test_config();
+    ASSERT_EQ(c.peer_timeout_ms, 5000);
+    auto ep = make_endpoint("initiator", c);
+    auto other = make_endpoint("bystander");
+    ASSERT_TRUE(ep && other);
+    auto peer = ep->connect(target.metadata);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    Link l = link(ep.get(), other.get());
+    std::vector<uint8_t> src(kBytes, 0x22);
+    MemId mem = *ep->reg(src.data(), kBytes);
+    auto w = ep->write(*peer, mem, 0, target.mem, 0, kBytes);
+    ASSERT_TRUE(w.ok());
+    std::this_thread::sleep_for(100ms);
+    ASSERT_EQ(::kill(target.proc.pid(), SIGSTOP), 0);
+    const auto stopped = std::chrono::steady_clock::now();
+    Status st = ep->wait(*w, 30s);
+    const auto took = std::chrono::steady_clock::now() - stopped;
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_GE(took, 4s);
+    EXPECT_LT(took, 15s);
+    GuardedBuffer dst(1 << 20);
+    RemoteMem ddesc = *other->describe(*other->reg(dst.data(), dst.size()));
+    fill_pattern(src.data(), 1 << 20, 5);
+    auto ok = ep->write(l.a_to_b, mem, 0, ddesc, 0, 1 << 20);
+    ASSERT_TRUE(ok.ok());
+    EXPECT_TRUE(ep->wait(*ok, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), 1 << 20, 5), -1);
+    ::kill(target.proc.pid(), SIGCONT);
+    target.proc.kill_now();
+}
+
+TEST(EngineProcesses, TargetKilledDuringConnectFailsTheConnectPromptly) {
+    ChildTarget target;
+    ASSERT_TRUE(target.start(1 << 20, false));
+    ASSERT_EQ(::kill(target.proc.pid(), SIGSTOP), 0);  // the handshake cannot finish
+    Config c = engine_test_config();
+    c.connect_timeout_ms = 60000;
+    auto ep = make_endpoint("initiator", c);
+    ASSERT_NE(ep, nullptr);
+    std::thread killer([&] {
+        std::this_thread::sleep_for(300ms);
+        target.proc.kill_now();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    auto peer = ep->connect(target.metadata);
+    killer.join();
+    EXPECT_FALSE(peer.ok());
+    EXPECT_EQ(peer.status().code(), StatusCode::kUnavailable) << peer.status().to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+    expect_serves_a_peer(ep.get());
+}
+
+TEST(EngineProcesses, InitiatorKilledDuringTheHandshakeLeavesTheTargetClean) {
+    auto target = make_endpoint("target");
+    ASSERT_NE(target, nullptr);
+    GuardedBuffer region(1 << 20);
+    MemId mem = *target->reg(region.data(), region.size());
+    const std::string md = target->metadata();
+    const std::string desc = target->describe(mem)->serialize();
+    expect_serves_a_peer(target.get());
+    const int fds_before = count_open_fds();
+    for (int delay_ms : {0, 2, 5, 10, 20}) {
+        Subprocess init;
+        ASSERT_TRUE(init.start({TCPX_ENGINE_PEER_PATH, "initiator", to_hex(md.data(), md.size()),
+                                to_hex(desc.data(), desc.size()), std::to_string(1 << 20)},
+                               engine_child_env(true)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        init.kill_now();
+        (void)init.wait(5s);
+    }
+    // Whatever state each died in, the target lets go of it and serves the next peer.
+    while (target->accept(200ms).ok()) {
+    }
+    expect_serves_a_peer(target.get());
+    EXPECT_TRUE(eventually([&] { return count_open_fds() <= fds_before + 2; }, 10s))
+        << count_open_fds() << " fds, " << fds_before << " before";
 }
 
 }  // namespace
