@@ -8,6 +8,7 @@
 #include "bench/bench_common.h"
 #include "bench/engine_bench.h"
 #include "bench/net_bench.h"
+#include "bench/soak_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA
 #include "bench/unpack_bench.h"
 #endif
@@ -159,6 +160,28 @@ int main(int argc, char** argv) {
 
 #ifdef TCPX_P2P_HAVE_CUDA
     // bench unpack (built with the CUDA parts)
+    // bench soak
+    auto* bench_soak = bench->add_subcommand(
+        "soak", "Many peers with many writes in flight for a long time: errors, fds, memory");
+    tcpx::bench::SoakOptions soak_opts;
+    std::string soak_size = "64K";
+    bench_soak->add_option("--peers", soak_opts.peers, "Initiator endpoints")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    bench_soak->add_option("--inflight", soak_opts.inflight, "Writes in flight per peer")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1024));
+    bench_soak->add_option("--size", soak_size, "Bytes per write")->capture_default_str();
+    bench_soak->add_option("--seconds", soak_opts.seconds, "How long")
+        ->capture_default_str()
+        ->check(CLI::Range(1.0, 86400.0));
+    bench_soak->add_option("--report", soak_opts.report_seconds, "Seconds between reports")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 3600));
+    bench_soak->add_option("--threads", soak_opts.threads, "Posting and polling threads")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 256));
+
     auto* bench_unpack = bench->add_subcommand(
         "unpack", "The devmem-TCP unpack kernel vs cudaMemcpy device-to-device, on this GPU");
     tcpx::bench::UnpackBenchOptions unpack_opts;
@@ -222,6 +245,14 @@ int main(int argc, char** argv) {
         net_opts.progress = !no_progress;
         if (serve) return tcpx::bench::serve_net_bench(net_opts);
         return tcpx::bench::run_net_bench(net_opts);
+    }
+    if (bench_soak->parsed()) {
+        if (!tcpx::parse_size(soak_size, &soak_opts.size) || soak_opts.size == 0) {
+            std::fprintf(stderr, "tcpx-p2p bench soak: --size '%s' is not a size\n",
+                         soak_size.c_str());
+            return 2;
+        }
+        return tcpx::bench::run_soak_bench(soak_opts);
     }
     if (bench_engine->parsed()) {
         eng_opts.mem =
