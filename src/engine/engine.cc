@@ -462,6 +462,10 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // (a transport may still be reading a buffer it was given): requests get a short grace to
     // finish; a comm that still has some is closed with its registrations, which close releases.
     const auto grace = Clock::now() + std::chrono::milliseconds(100);
+    // Data channels still connecting: the transport lets go of what it holds for them.
+    for (size_t i = 0; i < p.tx.size() && i < p.remote_handles.size(); ++i) {
+        if (p.tx[i].send == nullptr) net_->abandon_connect(&p.remote_handles[i]);
+    }
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             if (ch.ring) ch.ring->synchronize();

@@ -131,6 +131,10 @@ class Net {
     // `dev_handle` may be null when the caller takes no device handle.
     virtual Status connect(int dev, Handle* handle, SendComm** send_comm,
                            DeviceHandle* dev_handle) = 0;
+    // The caller gives up on a connect() in progress with `handle` (its peer failed, say): the
+    // transport lets go of what it holds for it (sockets, state). The handle is not passed to
+    // connect() again. Harmless for a handle with no connect in progress.
+    virtual void abandon_connect(Handle* handle) { (void)handle; }
     // Non-blocking: *recv_comm stays null until a connection has arrived and is ready.
     virtual Status accept(ListenComm* listen_comm, RecvComm** recv_comm,
                           DeviceHandle* dev_handle) = 0;

@@ -274,6 +274,35 @@ TEST(EngineHostile, AHandleAskingForMoreSocketsGetsNoMoreThanConfigured) {
     expect_serves(ep.get());
 }
 
+// A peer that fails while its data channels are still connecting: the transport lets go of the
+// sockets it opened for them at once (not at some later deadline).
+TEST(EngineHostile, AbandonedChannelConnectsAreReleased) {
+    Config c = engine_test_config();
+    c.handshake_timeout_ms = 60000;
+    c.connect_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");  // accepts, never answers: the channel's connect never completes
+    const int fd = raw_connect(address_of(*ep));
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "vanishing";
+    hello.handles = {socket_handle("127.0.0.1", trap.port)};
+    send_all(fd, wire::encode_hello(hello));
+    std::vector<Fd> held;
+    while (trap.connected_within(500ms)) {
+        SocketAddress from;
+        auto s = accept_tcp(trap.fd.get(), &from);
+        if (!s.ok() || !s->valid()) break;
+        held.push_back(std::move(s).value());
+    }
+    ASSERT_FALSE(held.empty());
+    ::close(fd);  // the peer goes
+    for (Fd& s : held) EXPECT_TRUE(closed_by_peer(s.get(), 3s)) << "a channel socket lingered";
+    expect_serves(ep.get());
+}
+
 // A peer that does the whole handshake by hand, then says what it likes.
 class RawPeer {
  public:

@@ -243,6 +243,17 @@ Status SocketNet::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     return Status();
 }
 
+void SocketNet::abandon_connect(Handle* handle) {
+    if (handle == nullptr) return;
+    wire::HandleBlob blob;
+    std::memcpy(&blob, handle->bytes.data(), sizeof(blob));
+    if (blob.magic != wire::kHandleMagic || blob.connect_key == 0) return;
+    std::lock_guard<std::mutex> lock(connect_mu_);
+    connecting_.erase(blob.connect_key);
+    blob.connect_key = 0;
+    std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
+}
+
 Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
     if (handle == nullptr) return invalid_argument("handle: null");
     wire::HandleBlob blob;
@@ -299,6 +310,11 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
     const uint16_t nsocks = static_cast<uint16_t>(std::min<int64_t>(blob.nsocks, settings_.nsocks));
 
     std::lock_guard<std::mutex> lock(connect_mu_);
+    // Connects whose caller went away without abandon_connect(): their deadline passed long ago
+    // and nobody will call again; their sockets go.
+    const auto now = Clock::now();
+    const auto grace = std::chrono::milliseconds(settings_.handshake_timeout_ms);
+    std::erase_if(connecting_, [&](const auto& e) { return now > e.second->deadline + grace; });
     auto save_key = [&](uint64_t key) {
         blob.connect_key = key;
         std::memcpy(handle->bytes.data(), &blob, sizeof(blob));

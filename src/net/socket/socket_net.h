@@ -30,6 +30,7 @@ class SocketNet final : public Net {
     Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const override;
     Status connect(int dev, Handle* handle, SendComm** send_comm,
                    DeviceHandle* dev_handle) override;
+    void abandon_connect(Handle* handle) override;
     Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
 
     Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
