@@ -53,9 +53,11 @@ Config fault_config(const std::string& fault) {
 
 // An endpoint pair; the initiator `a` writes to or reads from the target `b`.
 struct Pair {
+    // Buffers first: they must outlive the endpoints, which may still be moving their bytes
+    // for a peer that failed until they are destroyed.
+    std::unique_ptr<GuardedBuffer> abuf, bbuf;
     std::unique_ptr<Endpoint> a, b;
     Link link;
-    std::unique_ptr<GuardedBuffer> abuf, bbuf;
     MemId amem = 0, bmem = 0;
     RemoteMem bdesc;
 
@@ -192,11 +194,11 @@ void second_peer_keeps_working(const std::string& fault) {
     // The first peer's comms are the endpoint's comms 1 to 4 (2 channels, each way).
     Pair p;
     ASSERT_TRUE(p.open(fault_config(fault), fault_config("")));
+    GuardedBuffer cbuf(kRegion, 0x33);
     auto c = make_endpoint("bystander", fault_config(""));
     ASSERT_NE(c, nullptr);
     const Link ac = link(p.a.get(), c.get());
     ASSERT_NE(ac.a_to_b, 0u);
-    GuardedBuffer cbuf(kRegion, 0x33);
     auto cmem = c->reg(cbuf.data(), kRegion);
     ASSERT_TRUE(cmem.ok());
     auto cdesc = c->describe(*cmem);
