@@ -16,6 +16,7 @@
 #include "common/strings.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
+#include "net/fault/fault_net.h"
 #include "net/plugin/plugin_loader.h"
 #include "net/socket/socket_net.h"
 
@@ -58,6 +59,9 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
         TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
     } else {
         TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin));
+    }
+    if (!config.fault.empty()) {
+        TCPX_ASSIGN_OR_RETURN(net_, net::make_fault_net(std::move(net_), config.fault));
     }
     TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props_));
     window_ = static_cast<int>(std::min<int64_t>(config.window, props_.max_requests));

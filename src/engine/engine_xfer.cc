@@ -535,7 +535,13 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         bool done = false;
         size_t size = 0;
         Status st = net_->test(ch.inflight.front().req, &done, &size);
-        if (!st.ok()) return failed(st);
+        if (!st.ok()) {
+            // The request is gone with its error (the Net contract): it must not be tested
+            // again when the peer's channels are wound down.
+            ch.inflight.pop_front();
+            --active_ops_;
+            return failed(st);
+        }
         if (!done) break;
         Channel::InFlight f = ch.inflight.front();
         ch.inflight.pop_front();
