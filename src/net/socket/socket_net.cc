@@ -44,6 +44,7 @@ struct MrRecord {
     uint32_t magic = kMrMagic;
     void* data = nullptr;
     size_t size = 0;
+    void* comm = nullptr;  // registered with
 };
 
 struct Pending {
@@ -580,14 +581,42 @@ Status SocketNet::reg_mr(void* comm, void* data, size_t size, MemType type, MemH
     auto* rec = new MrRecord;
     rec->data = data;
     rec->size = size;
+    rec->comm = comm;
+    {
+        std::lock_guard<std::mutex> lock(mr_mu_);
+        mrs_[comm].push_back(rec);
+    }
     *mhandle = reinterpret_cast<MemHandle*>(rec);
     return Status();
+}
+
+void SocketNet::forget_mrs(void* comm) {
+    std::vector<void*> left;
+    {
+        std::lock_guard<std::mutex> lock(mr_mu_);
+        auto it = mrs_.find(comm);
+        if (it == mrs_.end()) return;
+        left = std::move(it->second);
+        mrs_.erase(it);
+    }
+    for (void* r : left) {
+        static_cast<MrRecord*>(r)->magic = 0;
+        delete static_cast<MrRecord*>(r);
+    }
 }
 
 Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
     auto* rec = reinterpret_cast<MrRecord*>(mhandle);
     if (rec == nullptr || rec->magic != kMrMagic) {
         return invalid_argument("dereg_mr: not a registration of the socket transport");
+    }
+    {
+        std::lock_guard<std::mutex> lock(mr_mu_);
+        auto it = mrs_.find(rec->comm);
+        if (it != mrs_.end()) {
+            std::erase(it->second, static_cast<void*>(rec));
+            if (it->second.empty()) mrs_.erase(it);
+        }
     }
     rec->magic = 0;
     delete rec;
@@ -642,6 +671,7 @@ Status SocketNet::close_send(SendComm* comm) {
     if (c == nullptr) return Status();
     if (c->kind() != Comm::kSendKind) return invalid_argument("close_send: not a send comm");
     c->shut_down();
+    forget_mrs(comm);
     delete c;
     return Status();
 }
@@ -651,6 +681,7 @@ Status SocketNet::close_recv(RecvComm* comm) {
     if (c == nullptr) return Status();
     if (c->kind() != Comm::kRecvKind) return invalid_argument("close_recv: not a receive comm");
     c->shut_down();
+    forget_mrs(comm);
     delete c;
     return Status();
 }

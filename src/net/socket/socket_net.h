@@ -60,6 +60,13 @@ class SocketNet final : public Net {
     std::vector<NetInterface> devices_;
     std::unique_ptr<IoPool> pool_;
 
+    // Each comm's registrations: close frees those still there (a caller that gives up on a comm
+    // with requests in flight closes it before deregistering, as their buffers may still be in
+    // use until close returns).
+    void forget_mrs(void* comm);
+    std::mutex mr_mu_;
+    std::unordered_map<void*, std::vector<void*>> mrs_;
+
     std::mutex connect_mu_;
     // Connects in progress, keyed by the random key stored in the caller's handle.
     std::unordered_map<uint64_t, std::unique_ptr<ConnectState>> connecting_;
