@@ -75,14 +75,19 @@ void check_windows(const Shape& s, const RegWindows& w) {
     ASSERT_EQ(reached, hi);
 }
 
-void check_chunk(const Shape& s, const RegWindows& w, uintptr_t ptr, uint64_t n) {
+// Whether find() names a window holding all of [ptr, ptr + n); no gtest macro, as the exhaustive
+// test asks millions of times.
+bool holds(const RegWindows& w, uintptr_t ptr, uint64_t n, size_t* index) {
     auto k = w.find(ptr, n);
-    ASSERT_TRUE(k.ok()) << s.str() << " ptr +" << ptr - s.base << " n " << n << ": "
-                        << k.status().to_string();
-    ASSERT_LT(*k, w.count());
+    if (!k.ok() || *k >= w.count()) return false;
     const RegWindows::Window win = w.window(*k);
-    ASSERT_GE(ptr, win.base) << s.str() << " ptr +" << ptr - s.base << " n " << n;
-    ASSERT_LE(ptr + n, win.base + win.len) << s.str() << " ptr +" << ptr - s.base << " n " << n;
+    *index = *k;
+    return ptr >= win.base && ptr + n <= win.base + win.len;
+}
+
+void check_chunk(const Shape& s, const RegWindows& w, uintptr_t ptr, uint64_t n) {
+    size_t k = 0;
+    ASSERT_TRUE(holds(w, ptr, n, &k)) << s.str() << " ptr +" << ptr - s.base << " n " << n;
 }
 
 TEST(RegWindows, OneWindowWhenTheRegionFits) {
@@ -106,36 +111,45 @@ TEST(RegWindows, OneWindowWhenTheRegionFits) {
 }
 
 TEST(RegWindows, ExhaustiveOverTinyShapes) {
-    const uint64_t limits[] = {2 * kPage, 3 * kPage, 3 * kPage + 100, 5 * kPage, 8 * kPage - 1};
-    const uintptr_t offsets[] = {0, 1, kPage - 1, kPage + 17};
+    const uint64_t limits[] = {2 * kPage, 3 * kPage + 100, 5 * kPage - 1};
+    const uintptr_t offsets[] = {0, 1, kPage + 17};
     int shapes = 0;
     for (uint64_t max_reg : limits) {
         const uint64_t half = (max_reg & ~(kPage - 1)) / 2;
-        for (uint64_t chunk : {uint64_t{1}, uint64_t{100}, kPage - 1, kPage, kPage + 1, half}) {
+        for (uint64_t chunk : {uint64_t{1}, kPage - 1, kPage, kPage + 1, half}) {
             if (chunk > half) continue;
             for (uintptr_t off : offsets) {
                 for (bool cover : {false, true}) {
-                    for (uint64_t len :
-                         {uint64_t{1}, kPage - 1, kPage, max_reg - 1, max_reg, max_reg + 1,
-                          2 * max_reg, 3 * max_reg + 7, 9 * kPage + 1}) {
+                    for (uint64_t len : {uint64_t{1}, kPage - 1, max_reg - 1, max_reg, max_reg + 1,
+                                         3 * max_reg + 7}) {
                         const Shape s{kBase + off, len, max_reg, chunk, cover};
                         SCOPED_TRACE(s.str());
                         auto w = RegWindows::make(s.base, s.len, s.max_reg, s.max_chunk, cover);
                         ASSERT_TRUE(w.ok()) << w.status().to_string();
                         check_windows(s, *w);
                         // Every start, with the largest chunk that fits there and with 1 byte;
-                        // and every length at the region's end.
+                        // and every length at the region's end. Every window is the answer for
+                        // some chunk: none is registered for nothing.
+                        std::vector<bool> used(w->count());
                         for (uint64_t p = 0; p < len; ++p) {
-                            check_chunk(s, *w, s.base + p, std::min(chunk, len - p));
-                            check_chunk(s, *w, s.base + p, 1);
+                            size_t k = 0;
+                            if (!holds(*w, s.base + p, std::min(chunk, len - p), &k)) {
+                                check_chunk(s, *w, s.base + p, std::min(chunk, len - p));
+                                return;
+                            }
+                            if (!holds(*w, s.base + p, 1, &k)) {
+                                check_chunk(s, *w, s.base + p, 1);
+                                return;
+                            }
+                            used[k] = true;
                         }
                         for (uint64_t n = 1; n <= std::min(chunk, len); ++n) {
-                            check_chunk(s, *w, s.base + len - n, n);
+                            size_t k = 0;
+                            if (!holds(*w, s.base + len - n, n, &k)) {
+                                check_chunk(s, *w, s.base + len - n, n);
+                                return;
+                            }
                         }
-                        // Every window is the answer for some chunk: none is registered for
-                        // nothing.
-                        std::vector<bool> used(w->count());
-                        for (uint64_t p = 0; p < len; ++p) used[*w->find(s.base + p, 1)] = true;
                         EXPECT_EQ(std::count(used.begin(), used.end(), false), 0);
                         ++shapes;
                     }
@@ -143,7 +157,7 @@ TEST(RegWindows, ExhaustiveOverTinyShapes) {
             }
         }
     }
-    EXPECT_GT(shapes, 500);
+    EXPECT_GT(shapes, 250);
 }
 
 TEST(RegWindows, RandomChunksOverRealShapes) {
