@@ -137,8 +137,9 @@ struct Channel {
     bool scratch_busy = false;           // one scratch receive at a time per channel
     std::unique_ptr<uint8_t[]> scratch;  // chunk bytes, made on first need
     // The transport's registrations of our regions with this channel's comm (ncclNet registers
-    // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use.
-    std::unordered_map<Region*, net::MemHandle*> mrs;
+    // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use: by
+    // region, then by window (reg_windows.h) where a region exceeds what one registration holds.
+    std::unordered_map<Region*, std::map<size_t, net::MemHandle*>> mrs;
     net::MemHandle* scratch_mr = nullptr;
     // Made on the first GPU op: staging slots (kStaged) or unpack completions (kUnpack).
     std::unique_ptr<cuda::CopyRing> ring;

@@ -8,6 +8,7 @@
 #include "common/strings.h"
 #include "engine/ctrl_wire.h"
 #include "engine/engine.h"
+#include "engine/reg_windows.h"
 
 namespace tcpx {
 
@@ -737,31 +738,39 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
         }
         return ch.scratch_mr;
     }
-    auto it = ch.mrs.find(op.region);
-    if (it != ch.mrs.end()) return it->second;
-    uint8_t* base = op.region->base;
-    uint64_t len = op.region->len;
-    net::MemType type = net::MemType::kHost;
-    if (op.path == OpPath::kDevice || op.path == OpPath::kUnpack) {
-        // Google's TCPX registers GPU memory by whole 4 KiB pages from an aligned pointer: give it
-        // the page-aligned cover of the region (inside the same allocation, whose granularity is
-        // coarser). Only the region's own bytes are ever sent or received.
-        type = net::MemType::kCuda;
-        const uintptr_t start = reinterpret_cast<uintptr_t>(base) & ~uintptr_t{4095};
-        const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + len + 4095) & ~uintptr_t{4095};
-        base = reinterpret_cast<uint8_t*>(start);
-        len = end - start;
-    }
+    // A region larger than the transport registers at once is registered in windows, each on
+    // first use; the one chosen holds all of this request's bytes, so the handle covers them.
+    const bool page_cover = op.path == OpPath::kDevice || op.path == OpPath::kUnpack;
+    TCPX_ASSIGN_OR_RETURN(
+        const engine::RegWindows windows,
+        engine::RegWindows::make(reinterpret_cast<uintptr_t>(op.region->base), op.region->len,
+                                 props_.max_reg_size, chunk_, page_cover));
+    TCPX_ASSIGN_OR_RETURN(const size_t index,
+                          windows.find(reinterpret_cast<uintptr_t>(op.ptr), op.len));
+    auto& by_window = ch.mrs[op.region];
+    auto it = by_window.find(index);
+    if (it != by_window.end()) return it->second;
+    // Google's TCPX registers GPU memory by whole 4 KiB pages from an aligned pointer: GPU windows
+    // are cut from the page-aligned cover of the region (inside the same allocation, whose
+    // granularity is coarser). Only the region's own bytes are ever sent or received.
+    const engine::RegWindows::Window w = windows.window(index);
+    const net::MemType type = page_cover ? net::MemType::kCuda : net::MemType::kHost;
     net::MemHandle* mh = nullptr;
-    TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, base, len, type, &mh));
-    ch.mrs.emplace(op.region, mh);
+    Status st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
+    if (!st.ok()) {
+        if (by_window.empty()) ch.mrs.erase(op.region);
+        return st;
+    }
+    by_window.emplace(index, mh);
     return mh;
 }
 
 void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (comm == nullptr) return;
-    for (auto& [region, mh] : ch.mrs) (void)net_->dereg_mr(comm, mh);
+    for (auto& [region, by_window] : ch.mrs) {
+        for (auto& [index, mh] : by_window) (void)net_->dereg_mr(comm, mh);
+    }
     ch.mrs.clear();
     if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
     ch.scratch_mr = nullptr;
@@ -778,7 +787,9 @@ void Endpoint::Impl::forget_region(Region* r) {
                 auto it = ch.mrs.find(r);
                 if (it == ch.mrs.end()) continue;
                 void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-                if (comm != nullptr) (void)net_->dereg_mr(comm, it->second);
+                if (comm != nullptr) {
+                    for (auto& [index, mh] : it->second) (void)net_->dereg_mr(comm, mh);
+                }
                 ch.mrs.erase(it);
             }
         }

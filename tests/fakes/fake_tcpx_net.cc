@@ -10,7 +10,8 @@
 //   - at most 16 requests per comm; receives must be given back with irecvConsumed(), every one,
 //     oldest first, after test() reported them;
 //   - test() only on the comm's oldest request, and it never writes sizes;
-//   - irecv with n != 1 is an error; isend/irecv need a memory handle from regMr;
+//   - irecv with n != 1 is an error; isend/irecv need a memory handle from regMr whose
+//     registration holds the buffer;
 //   - regMr of CUDA memory needs a 4 KiB-aligned pointer;
 //   - connect() completes on a later call than the first, with the same handle buffer;
 //   - accept() needs a device-handle pointer to fill in;
@@ -185,9 +186,18 @@ bool mem_copy(void* dst, const void* src, size_t len) {
 struct FakeMr {
     uint32_t magic = kMrMagic;
     int type = 0;
+    uintptr_t base = 0;  // what was registered
+    size_t size = 0;
 };
 
 bool valid_mr(void* mh) { return mh != nullptr && static_cast<FakeMr*>(mh)->magic == kMrMagic; }
+// The real plugin finds a buffer's pages through its registration: a buffer outside it would
+// send or receive memory it never mapped.
+bool mr_holds(void* mh, const void* data, size_t size) {
+    const auto* mr = static_cast<FakeMr*>(mh);
+    const auto p = reinterpret_cast<uintptr_t>(data);
+    return p >= mr->base && p - mr->base <= mr->size && size <= mr->size - (p - mr->base);
+}
 bool is_cuda_mr(void* mh) { return static_cast<FakeMr*>(mh)->type == TCPX_NCCL_PTR_CUDA; }
 
 struct FakeComm;
@@ -850,6 +860,8 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
     if (type != TCPX_NCCL_PTR_HOST && type != TCPX_NCCL_PTR_CUDA) return tcpx_ncclInternalError;
     auto* mr = new FakeMr;
     mr->type = type;
+    mr->base = reinterpret_cast<uintptr_t>(data);
+    mr->size = static_cast<size_t>(size);
     *mhandle = mr;
     return tcpx_ncclSuccess;
 }
@@ -867,6 +879,9 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
     FakeComm* comm = as_comm(send_comm);
     if (comm == nullptr || comm->recv || size < 0) return tcpx_ncclInternalError;
     if (!valid_mr(mhandle)) return fail("isend without a memory handle (the real plugin crashes)");
+    if (!mr_holds(mhandle, data, static_cast<size_t>(size))) {
+        return fail("isend of a buffer outside its memory handle's registration");
+    }
     std::unique_lock<std::mutex> lock(comm->mu);
     if (comm->queue.size() >= kMaxRequests) return tcpx_ncclSuccess;  // full: try later
     auto r = std::make_unique<FakeReq>();
@@ -908,6 +923,9 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
         return fail("irecv without a memory handle (the real plugin crashes)");
     }
     if (sizes[0] < 0) return tcpx_ncclInternalError;
+    if (!mr_holds(mhandles[0], data[0], static_cast<size_t>(sizes[0]))) {
+        return fail("irecv into a buffer outside its memory handle's registration");
+    }
     auto r = std::make_unique<FakeReq>();
     r->comm = comm;
     r->recv = true;

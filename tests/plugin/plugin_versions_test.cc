@@ -87,6 +87,7 @@ TEST_P(NewerTable, PropertiesAreConverted) {
     EXPECT_EQ(p.device_type, net::DeviceType::kHost);
     EXPECT_EQ(p.max_requests, 8);
     EXPECT_TRUE(p.reports_sizes);
+    EXPECT_EQ(p.max_reg_size, 0u) << "regMr takes a size_t from v8 on: no limit";
     EXPECT_FALSE(net_->get_properties(1, &p).ok()) << "one device only";
 }
 
@@ -265,6 +266,8 @@ TEST(PluginVersions, V7IsPreferredWhenAlsoExported) {
     net::Properties p;
     ASSERT_TRUE((*net)->get_properties(0, &p).ok());
     EXPECT_NE(p.speed_mbps, test_net::kSpeedBase + 8) << "the v8 table's properties";
+    // v7's regMr takes an int size: registrations in whole pages below 2 GiB.
+    EXPECT_EQ(p.max_reg_size, (uint64_t{1} << 31) - 4096);
 }
 
 TEST(PluginVersions, NoUsableTableIsRefusedNamingWhatItHas) {

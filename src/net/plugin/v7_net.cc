@@ -153,6 +153,10 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     const bool unpack = props->device_type == DeviceType::kUnpack;
     props->max_requests = options_.max_requests > 0 ? options_.max_requests : (unpack ? 16 : 8);
     props->reports_sizes = options_.reports_sizes.value_or(!unpack);
+    // v7's regMr takes an int size (and NCCL refuses 2 GiB and more through v7): the engine
+    // registers larger regions in windows of whole pages below that. v8 and later take a size_t.
+    const size_t reg_limit = table_->max_reg_bytes();
+    props->max_reg_size = reg_limit == SIZE_MAX ? 0 : reg_limit & ~size_t{4095};
     return Status();
 }
 
