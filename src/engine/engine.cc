@@ -54,7 +54,7 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
     if (config.net_plugin.empty()) {
         TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
     } else {
-        TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin));
+        TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin, config));
     }
     TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props_));
     window_ = static_cast<int>(std::min<int64_t>(config.window, props_.max_requests));

@@ -36,7 +36,9 @@ std::string test_net_path(const std::string& stem) {
 
 StatusOr<std::unique_ptr<net::Net>> load_test_net(const std::string& stem) {
     set_socket_env(loopback_settings());
-    return net::load_net_plugin(test_net_path(stem));
+    auto settings = Settings::from_env();
+    if (!settings.ok()) return settings.status();
+    return net::load_net_plugin(test_net_path(stem), *settings);
 }
 
 class NewerTable : public ::testing::TestWithParam<int> {
@@ -274,7 +276,9 @@ TEST(PluginVersions, NoUsableTableIsRefusedNamingWhatItHas) {
     const std::string msg(net.status().message());
     EXPECT_NE(msg.find("ncclNetPlugin_v7 to ncclNetPlugin_v12"), std::string::npos) << msg;
     EXPECT_NE(msg.find("exports ncclNetPlugin_v6, ncclNetPlugin_v13"), std::string::npos) << msg;
-    auto libc = net::load_net_plugin("libc.so.6");
+    auto settings = Settings::from_env();
+    ASSERT_TRUE(settings.ok());
+    auto libc = net::load_net_plugin("libc.so.6", *settings);
     ASSERT_FALSE(libc.ok());
     EXPECT_NE(libc.status().message().find("it exports none"), std::string::npos)
         << libc.status().to_string();

@@ -77,7 +77,7 @@ std::string tcpx_env_defaults() {
     return out;
 }
 
-StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
+StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings) {
     if (path.empty()) return invalid_argument("net plugin: empty path");
     void* lib = nullptr;
     {
@@ -105,7 +105,9 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
             }
         }
     }
-    auto net = V7Net::create(table, V7Options{});
+    V7Options options;
+    options.settings = settings;
+    auto net = V7Net::create(table, options);
     if (!net.ok()) return Status(net.status()).with_context("net plugin " + path);
     TCPX_INFO("net plugin %s loaded from %s (ncclNet v%d, %d devices)", (*net)->name().data(),
               path.c_str(), table->version(), (*net)->device_count());

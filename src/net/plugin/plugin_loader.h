@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/params.h"
 #include "net/net.h"
 #include "tcpx/status.h"
 
@@ -20,7 +21,9 @@ namespace tcpx::net {
 // does not default sensibly are set first, when the user has not set them (see
 // tcpx_env_defaults()). A plugin with none of these tables is refused with a message naming the
 // ncclNetPlugin_vN symbols it does export.
-StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path);
+//
+// `settings` gives the wrapper's settings (V7Options::settings).
+StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings);
 
 // The NCCL_* defaults applied for Google's TCPX plugin, as "NAME=value" lines (for docs and the
 // doctor). Each is set only when the variable is unset.

@@ -239,7 +239,7 @@ Status SocketNet::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     return Status();
 }
 
-Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+Status check_socket_handle(Handle* handle, const SocketAddress& peer_address, int64_t max_nsocks) {
     if (handle == nullptr) return invalid_argument("handle: null");
     wire::HandleBlob blob;
     std::memcpy(&blob, handle->bytes.data(), sizeof(blob));
@@ -250,10 +250,10 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
         return invalid_argument(
             strformat("handle: protocol version %u, ours is %u", blob.version, wire::kVersion));
     }
-    if (blob.nsocks < 1 || blob.nsocks > settings_.nsocks) {
+    if (blob.nsocks < 1 || blob.nsocks > max_nsocks) {
         return invalid_argument(strformat(
             "handle: asks for %u data sockets; this end opens 1 to %lld (TCPX_P2P_NSOCKS)",
-            blob.nsocks, static_cast<long long>(settings_.nsocks)));
+            blob.nsocks, static_cast<long long>(max_nsocks)));
     }
     if (blob.port == 0) return invalid_argument("handle: port 0");
     TCPX_ASSIGN_OR_RETURN(SocketAddress addr, handle_address(blob));
@@ -268,6 +268,10 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
     handle->bytes.fill(0);
     std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
     return Status();
+}
+
+Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+    return check_socket_handle(handle, peer_address, settings_.nsocks);
 }
 
 Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {
