@@ -12,6 +12,7 @@
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "net/plugin/nccl_net_table.h"
+#include "net/plugin/plugin_probe.h"
 #include "net/plugin/v7_net.h"
 
 namespace tcpx::net {
@@ -30,15 +31,17 @@ constexpr struct {
     {"NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "500000"},
 };
 
-bool is_google_tcpx(const NcclNetTable& table) {
-    return table.name() != nullptr && std::string_view(table.name()).rfind("GPUDirectTCPX", 0) == 0;
-}
-
 std::string table_symbol(int version) { return strformat("ncclNetPlugin_v%d", version); }
 
-// The table to use: v7 when the plugin exports it (Google's TCPX plugin exports only v7, and a v7
-// table goes through unadapted), else the newest version the adapters understand.
-StatusOr<NcclNetTable*> find_table(void* lib, const std::string& path) {
+}  // namespace
+
+bool is_google_tcpx(const char* table_name) {
+    return table_name != nullptr && std::string_view(table_name).rfind("GPUDirectTCPX", 0) == 0;
+}
+
+// v7 when the plugin exports it (Google's TCPX plugin exports only v7, and a v7 table goes
+// through unadapted), else the newest version the adapters understand.
+StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path) {
     if (const void* v7 = ::dlsym(lib, table_symbol(7).c_str()); v7 != nullptr) {
         return nccl_net_table(v7, 7);
     }
@@ -61,6 +64,18 @@ StatusOr<NcclNetTable*> find_table(void* lib, const std::string& path) {
         table_symbol(kNewestNcclNetVersion).c_str(), found.empty() ? " none" : found.c_str()));
 }
 
+void apply_tcpx_env_defaults(const NcclNetTable& table) {
+    if (!is_google_tcpx(table.name())) return;
+    for (const auto& d : kTcpxDefaults) {
+        if (::getenv(d.name) == nullptr) {
+            ::setenv(d.name, d.value, 0);
+            TCPX_INFO("net plugin %s: %s unset, using %s", table.name(), d.name, d.value);
+        }
+    }
+}
+
+namespace {
+
 // Plugins loaded so far, by path: a second endpoint reuses the handle (and the plugin's one-time
 // init), and nothing is ever dlclose()d.
 std::mutex g_mu;
@@ -79,6 +94,15 @@ std::string tcpx_env_defaults() {
 
 StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings) {
     if (path.empty()) return invalid_argument("net plugin: empty path");
+    bool already_loaded = false;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        already_loaded = loaded().count(path) != 0;
+    }
+    // A plugin that exits or crashes in init does so in a child first (see plugin_probe.h).
+    if (!already_loaded && settings.plugin_probe == "on") {
+        TCPX_RETURN_IF_ERROR(probe_plugin(path, settings));
+    }
     void* lib = nullptr;
     {
         std::lock_guard<std::mutex> lock(g_mu);
@@ -96,15 +120,8 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Se
             loaded().emplace(path, lib);
         }
     }
-    TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_table(lib, path));
-    if (is_google_tcpx(*table)) {
-        for (const auto& d : kTcpxDefaults) {
-            if (::getenv(d.name) == nullptr) {
-                ::setenv(d.name, d.value, 0);
-                TCPX_INFO("net plugin %s: %s unset, using %s", table->name(), d.name, d.value);
-            }
-        }
-    }
+    TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_net_table(lib, path));
+    apply_tcpx_env_defaults(*table);
     V7Options options;
     options.settings = settings;
     auto net = V7Net::create(table, options);

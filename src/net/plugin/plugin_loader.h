@@ -22,8 +22,21 @@ namespace tcpx::net {
 // tcpx_env_defaults()). A plugin with none of these tables is refused with a message naming the
 // ncclNetPlugin_vN symbols it does export.
 //
-// `settings` gives the wrapper's settings (V7Options::settings).
+// Unless PLUGIN_PROBE is off, the plugin's init and device query first run in a child process
+// (plugin_probe.h); when that child exits non-zero, dies or hangs, loading fails with what it
+// printed and the plugin is never loaded here. `settings` gives the probe's settings and the
+// wrapper's (V7Options::settings).
 StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings);
+
+class NcclNetTable;
+
+// What the loader and the plugin probe share.
+// Whether a table of this name is Google's TCPX plugin (or our emulation of it): GPUDirectTCPX*.
+bool is_google_tcpx(const char* table_name);
+// The ncclNet table of the dlopen()ed `lib` (named `path` in errors).
+StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path);
+// For Google's TCPX plugin: sets the NCCL_* defaults below that the user has not set.
+void apply_tcpx_env_defaults(const NcclNetTable& table);
 
 // The NCCL_* defaults applied for Google's TCPX plugin, as "NAME=value" lines (for docs and the
 // doctor). Each is set only when the variable is unset.
