@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <mutex>
@@ -74,6 +75,27 @@ void apply_tcpx_env_defaults(const NcclNetTable& table) {
     }
 }
 
+Status check_rxdm_running(const char* table_name, const char* unix_client_prefix) {
+    if (table_name == nullptr || std::string_view(table_name) != "GPUDirectTCPX_v7") {
+        return Status();
+    }
+    const std::string prefix = unix_client_prefix != nullptr && unix_client_prefix[0] != '\0'
+                                   ? unix_client_prefix
+                                   : "/tmp";
+    const std::string path = prefix + "/rx_rule_manager";
+    struct stat st {};
+    const bool exists = ::stat(path.c_str(), &st) == 0;
+    if (exists && S_ISSOCK(st.st_mode)) return Status();
+    return failed_precondition(strformat(
+        "net plugin %s: the receive-datapath manager (RxDM) is not running: %s %s. The plugin "
+        "imports its receive buffers from it and exits the process in accept() without it. Start "
+        "Google's RxDM (the tcpgpudmarxd container, with --uds_path %s) on this host first, or, "
+        "if it serves its sockets in another directory, set NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX "
+        "to that directory (docs/plugins.md)",
+        table_name, path.c_str(), exists ? "is not a UNIX socket" : "does not exist",
+        prefix.c_str()));
+}
+
 namespace {
 
 // Plugins loaded so far, by path: a second endpoint reuses the handle (and the plugin's one-time
@@ -122,6 +144,8 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Se
     }
     TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_net_table(lib, path));
     apply_tcpx_env_defaults(*table);
+    TCPX_RETURN_IF_ERROR(
+        check_rxdm_running(table->name(), ::getenv("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX")));
     V7Options options;
     options.settings = settings;
     auto net = V7Net::create(table, options);

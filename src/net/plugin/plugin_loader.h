@@ -38,6 +38,15 @@ StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path);
 // For Google's TCPX plugin: sets the NCCL_* defaults below that the user has not set.
 void apply_tcpx_env_defaults(const NcclNetTable& table);
 
+// Google's plugin under its default receive memory imports its RX buffers from, and has its
+// flow-steering rules installed by, the receive-datapath manager (RxDM), over UNIX sockets in
+// `unix_client_prefix` (its NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX; null or empty: /tmp). Without
+// the RxDM it gets as far as accept() and then exits the process. For a table named exactly
+// GPUDirectTCPX_v7 (the real plugin; not our emulation) this checks that
+// `<prefix>/rx_rule_manager` is a socket, and otherwise returns FAILED_PRECONDITION saying how
+// to start the RxDM or point the plugin at it. Any other table: OK.
+Status check_rxdm_running(const char* table_name, const char* unix_client_prefix);
+
 // The NCCL_* defaults applied for Google's TCPX plugin, as "NAME=value" lines (for docs and the
 // doctor). Each is set only when the variable is unset.
 std::string tcpx_env_defaults();
