@@ -183,6 +183,29 @@ int address_rank(const sockaddr* sa) {
 
 }  // namespace
 
+bool is_own_address(const SocketAddress& addr) {
+    if (addr.is_loopback()) return true;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (ifaddrs* it = list; it != nullptr && !found; it = it->ifa_next) {
+        if (it->ifa_addr == nullptr) continue;
+        const int family = it->ifa_addr->sa_family;
+        if (family != AF_INET && family != AF_INET6) continue;
+        auto own = SocketAddress::from_sockaddr(
+            it->ifa_addr, family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+        found = own.ok() && own->same_host(addr);
+    }
+    ::freeifaddrs(list);
+    return found;
+}
+
+bool names_peer_host(const SocketAddress& named, const SocketAddress& peer) {
+    if (named.same_host(peer)) return true;
+    // Another loopback address than the peer's own is not one of its interfaces.
+    return peer.is_loopback() && !named.is_loopback() && is_own_address(named);
+}
+
 StatusOr<std::vector<NetInterface>> find_interfaces(std::string_view spec, AddressFamily family) {
     ifaddrs* list = nullptr;
     if (::getifaddrs(&list) != 0) return errno_status(errno, "getifaddrs");

@@ -75,6 +75,15 @@ class SocketAddress {
     socklen_t len_ = 0;
 };
 
+// Whether `addr` is an address of this host: loopback, or assigned to one of its interfaces.
+bool is_own_address(const SocketAddress& addr);
+
+// Whether a connection handle naming `named` may come from a peer whose control connection
+// comes from `peer`: the same host address, or, for a peer on loopback (so on this host), any
+// non-loopback address of this host (its data interfaces need not be loopback). Never a third
+// host, nor another loopback address than the peer's.
+bool names_peer_host(const SocketAddress& named, const SocketAddress& peer);
+
 struct NetInterface {
     std::string name;       // "eth0"
     SocketAddress address;  // port 0

@@ -58,7 +58,7 @@ Status Endpoint::Impl::init(const Config& config, std::string name) {
     if (config.net_plugin.empty()) {
         TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
     } else {
-        TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin));
+        TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin, config));
     }
     if (!config.fault.empty()) {
         TCPX_ASSIGN_OR_RETURN(net_, net::make_fault_net(std::move(net_), config.fault));

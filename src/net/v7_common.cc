@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "net/plugin/log_limiter.h"
 
 namespace tcpx::net {
 namespace {
@@ -28,12 +29,23 @@ void plugin_log(int level, unsigned long flags, const char* file, int line, cons
             break;
     }
     if (!log_enabled(ours)) return;
+    if (file == nullptr) file = "plugin";
+    // Some plugins log in their data path (Google's: a WARN per host receive).
+    const LogRateLimiter::Verdict verdict = plugin_log_limiter().admit(file, line);
+    if (verdict.suppressed > 0) {
+        log_message(ours, file, line,
+                    "net plugin: %llu more lines from %s:%d suppressed in %lld ms "
+                    "(TCPX_P2P_PLUGIN_LOG_BURST)",
+                    static_cast<unsigned long long>(verdict.suppressed), file, line,
+                    static_cast<long long>(plugin_log_limiter().interval_ms()));
+    }
+    if (!verdict.print) return;
     char buf[1024];
     va_list args;
     va_start(args, fmt);
     std::vsnprintf(buf, sizeof(buf), fmt, args);
     va_end(args);
-    log_message(ours, file != nullptr ? file : "plugin", line, "net plugin: %s", buf);
+    log_message(ours, file, line, "net plugin: %s", buf);
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ void to_v7(const Properties& in, const char* name, const char* pci_path,
 void forward_log_to_nccl(tcpx_ncclDebugLogger_t logger);
 
 // A logger to hand to an ncclNet plugin's init(): it feeds the plugin's messages into this
-// library's log (NCCL WARN -> warn, INFO -> debug, TRACE -> trace), prefixed "net plugin:".
+// library's log (NCCL WARN -> warn, INFO -> debug, TRACE -> trace), prefixed "net plugin:", each
+// source line of the plugin rate-limited by plugin_log_limiter() (plugin/log_limiter.h).
 tcpx_ncclDebugLogger_t nccl_logger_into_tcpx_log();
 
 }  // namespace tcpx::net

@@ -13,6 +13,9 @@
 //   - irecv with n != 1 is an error; isend/irecv need a memory handle from regMr whose
 //     registration holds the buffer;
 //   - regMr of CUDA memory needs a 4 KiB-aligned pointer;
+//   - the listen handle has Google's layout (tcpx_layout.h) and connect() keeps its progress in
+//     it as Google's does, as a pointer in connect_args that later calls follow (a caller must
+//     never pass a peer's connect_args through: V7Net::check_peer_handle resets it);
 //   - connect() completes on a later call than the first, with the same handle buffer;
 //   - accept() needs a device-handle pointer to fill in;
 //   - iflush() must not be called.
@@ -40,6 +43,8 @@
 //     where the poisoning kernel would be counted against it).
 //   FAKETCPX_POOL_MB: bounce buffer per receive comm (default 64 in cuda mode, 16 in host mode);
 //     a receive waits while no pages are free.
+//   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
+//     plugin's do (for the log rate limit's tests).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -61,6 +66,7 @@
 #include "net/ncclnet_v7.h"
 #include "net/plugin/tcpx_layout.h"
 #include "net/socket/socket_net.h"
+#include "net/socket/wire.h"
 
 #if TCPX_P2P_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -71,6 +77,7 @@ namespace {
 using tcpx::Status;
 namespace net = tcpx::net;
 namespace cu = tcpx::cuda;
+namespace gt = tcpx::net::google_tcpx;
 
 constexpr int kMaxRequests = 16;
 constexpr size_t kMaxCudaRecv = 4 << 20;
@@ -80,26 +87,29 @@ constexpr uint32_t kReqMagic = 0x46545852;   // "FTXR"
 constexpr uint32_t kMrMagic = 0x4654584d;    // "FTXM"
 constexpr uint8_t kPoison = 0xdb;
 constexpr uint64_t kGarbageCount = 0xdeadbeefdeadbeefULL;
-// connect()'s progress lives in the caller's handle, after the socket transport's 48 bytes.
-constexpr size_t kConnectMarkOffset = 120;
-constexpr uint64_t kConnectMark = 0x464158434f4e4e31ULL;  // "FAXCONN1"
-// A no-wire listener's handle: this mark, then its id.
+constexpr uint32_t kConnectMagic = 0x46545841;  // "FTXA"
+// A no-wire listener's handle: this mark in port_start / port_count (a wire listener's hold the
+// socket transport's listener nonce there), its id as connect_addr's port.
 constexpr uint64_t kNoWireMark = 0x464158574952454eULL;  // "FAXWIREN"
+constexpr uint64_t kMaxNoWireId = 65535;
 
 tcpx_ncclDebugLogger_t g_log = nullptr;
 std::mutex g_mu;
 std::unique_ptr<net::SocketNet> g_net;
 bool g_cuda = false;  // cuda mode
 
-#define FAKE_WARN(...) log_line(TCPX_NCCL_LOG_WARN, __VA_ARGS__)
-void log_line(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_line(int level, const char* fmt, ...) {
+// Each line names its own source line, as the real plugin's WARN/INFO macros do (the caller's
+// rate limit is per source line).
+#define FAKE_WARN(...) log_line(TCPX_NCCL_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+void log_line(int level, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void log_line(int level, const char* file, int line, const char* fmt, ...) {
     char buf[512];
     va_list args;
     va_start(args, fmt);
     std::vsnprintf(buf, sizeof(buf), fmt, args);
     va_end(args);
-    if (g_log != nullptr) g_log(level, TCPX_NCCL_NET_FLAG, __FILE__, __LINE__, "FakeTCPX: %s", buf);
+    if (g_log != nullptr) g_log(level, TCPX_NCCL_NET_FLAG, file, line, "FakeTCPX: %s", buf);
 }
 
 // FAKETCPX_TRACE=1: one line per receive event on stderr, with microseconds since start (to
@@ -752,23 +762,75 @@ bool no_wire_requested() {
     return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// One address of a handle in Google's union socketAddress.
+void put_address(const tcpx::SocketAddress& addr, gt::SocketAddress* out) {
+    std::memset(out, 0, sizeof(*out));
+    std::memcpy(out, addr.get(), std::min<size_t>(addr.size(), sizeof(*out)));
+}
+
+void put_handle(const gt::Handle& h, void* handle) {
+    std::memset(handle, 0, TCPX_NCCL_NET_HANDLE_MAXSIZE);
+    std::memcpy(handle, &h, sizeof(h));
+}
+
 tcpx_ncclResult_t fake_listen(int dev, void* handle, void** listen_comm) {
+    gt::Handle h{};
+    h.num_threads = 1;
+    h.redirect_ctrl = false;
+    h.connect_args = nullptr;
     if (no_wire_requested()) {
+        if (dev < 0 || dev >= g_net->device_count()) return fail("listen: no such device");
         auto* l = new NoWireListen;
         {
             std::lock_guard<std::mutex> lock(g_mu);
+            if (g_next_listen > kMaxNoWireId) {
+                delete l;
+                return fail("listen: too many no-wire listeners in this process");
+            }
             l->id = g_next_listen++;
             g_listens[l->id] = l;
         }
-        std::memset(handle, 0, TCPX_NCCL_NET_HANDLE_MAXSIZE);
-        std::memcpy(handle, &kNoWireMark, 8);
-        std::memcpy(static_cast<uint8_t*>(handle) + 8, &l->id, 8);
+        tcpx::SocketAddress addr = g_net->interfaces()[static_cast<size_t>(dev)].address;
+        addr.set_port(static_cast<uint16_t>(l->id));
+        put_address(addr, &h.connect_addr);
+        h.ctrl_addr = h.connect_addr;
+        std::memcpy(&h.port_start, &kNoWireMark, 4);
+        std::memcpy(&h.port_count, reinterpret_cast<const uint8_t*>(&kNoWireMark) + 4, 4);
+        h.num_socks = 1;
+        put_handle(h, handle);
         *listen_comm = l;
         return tcpx_ncclSuccess;
     }
-    Status st = g_net->listen(dev, static_cast<net::Handle*>(handle),
-                              reinterpret_cast<net::ListenComm**>(listen_comm));
-    return st.ok() ? tcpx_ncclSuccess : fail(st, "listen");
+    // The socket transport listens; its handle is translated into Google's layout, which has
+    // room for all of it: the listener nonce goes to the unused port_start / port_count.
+    net::Handle inner;
+    Status st = g_net->listen(dev, &inner, reinterpret_cast<net::ListenComm**>(listen_comm));
+    if (!st.ok()) return fail(st, "listen");
+    net::wire::HandleBlob blob;
+    std::memcpy(&blob, inner.bytes.data(), sizeof(blob));
+    if (blob.nsocks > gt::kMaxSockets) {
+        (void)g_net->close_listen(static_cast<net::ListenComm*>(*listen_comm));
+        *listen_comm = nullptr;
+        FAKE_WARN("listen: %u data sockets per comm; the real plugin opens at most %d", blob.nsocks,
+                  gt::kMaxSockets);
+        return tcpx_ncclInvalidUsage;
+    }
+    if (blob.family == AF_INET) {
+        h.connect_addr.sin.sin_family = AF_INET;
+        std::memcpy(&h.connect_addr.sin.sin_addr, blob.addr, 4);
+        h.connect_addr.sin.sin_port = htons(blob.port);
+    } else {
+        h.connect_addr.sin6.sin6_family = AF_INET6;
+        std::memcpy(&h.connect_addr.sin6.sin6_addr, blob.addr, 16);
+        h.connect_addr.sin6.sin6_scope_id = blob.scope_id;
+        h.connect_addr.sin6.sin6_port = htons(blob.port);
+    }
+    h.ctrl_addr = h.connect_addr;
+    std::memcpy(&h.port_start, &blob.listen_nonce, 4);
+    std::memcpy(&h.port_count, reinterpret_cast<const uint8_t*>(&blob.listen_nonce) + 4, 4);
+    h.num_socks = blob.nsocks;
+    put_handle(h, handle);
+    return tcpx_ncclSuccess;
 }
 
 NoWireListen* as_no_wire_listen(void* listen_comm) {
@@ -779,39 +841,95 @@ NoWireListen* as_no_wire_listen(void* listen_comm) {
     return nullptr;
 }
 
+// connect()'s progress, pointed to by the handle's connect_args between calls.
+struct ConnectArgs {
+    uint32_t magic = kConnectMagic;
+    bool no_wire = false;
+    uint64_t listen_id = 0;
+    net::Handle inner;  // the socket transport's handle, with its own connect progress
+};
+
+// The socket transport's handle that a wire listener's Google-layout handle stands for.
+bool socket_handle_of(const gt::Handle& h, net::Handle* out) {
+    net::wire::HandleBlob blob{};
+    blob.magic = net::wire::kHandleMagic;
+    blob.version = net::wire::kVersion;
+    if (h.connect_addr.sa.sa_family == AF_INET) {
+        blob.family = AF_INET;
+        std::memcpy(blob.addr, &h.connect_addr.sin.sin_addr, 4);
+        blob.port = ntohs(h.connect_addr.sin.sin_port);
+    } else if (h.connect_addr.sa.sa_family == AF_INET6) {
+        blob.family = AF_INET6;
+        std::memcpy(blob.addr, &h.connect_addr.sin6.sin6_addr, 16);
+        blob.scope_id = h.connect_addr.sin6.sin6_scope_id;
+        blob.port = ntohs(h.connect_addr.sin6.sin6_port);
+    } else {
+        return false;
+    }
+    blob.nsocks = static_cast<uint16_t>(h.num_socks);
+    std::memcpy(&blob.listen_nonce, &h.port_start, 4);
+    std::memcpy(reinterpret_cast<uint8_t*>(&blob.listen_nonce) + 4, &h.port_count, 4);
+    blob.connect_key = 0;
+    out->bytes.fill(0);
+    std::memcpy(out->bytes.data(), &blob, sizeof(blob));
+    return true;
+}
+
 tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
                                tcpx_ncclNetDeviceHandle_v7_t** /*send_dev_comm*/) {
     *send_comm = nullptr;
+    auto* h = static_cast<gt::Handle*>(handle);
     // Like the real plugin (whose connect runs in a thread), the first call only starts: it
-    // marks the caller's handle, and a later call with the same handle completes.
-    auto* bytes = static_cast<uint8_t*>(handle);
-    uint64_t mark = 0;
-    std::memcpy(&mark, bytes + kConnectMarkOffset, sizeof(mark));
-    if (mark != kConnectMark) {
-        std::memcpy(bytes + kConnectMarkOffset, &kConnectMark, sizeof(kConnectMark));
+    // allocates its state and leaves a pointer to it in the caller's handle, and a later call
+    // with the same handle follows that pointer, unchecked, as the real one does.
+    if (h->connect_args == nullptr) {
+        auto args = std::make_unique<ConnectArgs>();
+        uint64_t mark = 0;
+        std::memcpy(&mark, &h->port_start, 4);
+        std::memcpy(reinterpret_cast<uint8_t*>(&mark) + 4, &h->port_count, 4);
+        if (mark == kNoWireMark) {
+            args->no_wire = true;
+            args->listen_id = h->connect_addr.sa.sa_family == AF_INET6
+                                  ? ntohs(h->connect_addr.sin6.sin6_port)
+                                  : ntohs(h->connect_addr.sin.sin_port);
+        } else if (!socket_handle_of(*h, &args->inner)) {
+            return fail("connect: the handle's address family is neither IPv4 nor IPv6");
+        }
+        h->connect_args = args.release();
         return tcpx_ncclSuccess;
     }
-    uint64_t head = 0;
-    std::memcpy(&head, bytes, 8);
-    if (head == kNoWireMark) {
-        uint64_t id = 0;
-        std::memcpy(&id, bytes + 8, 8);
+    auto* args = static_cast<ConnectArgs*>(h->connect_args);
+    if (args->magic != kConnectMagic) return fail("connect: connect_args is not ours");
+    auto finish = [&] {
+        args->magic = 0;
+        delete args;
+        h->connect_args = nullptr;
+    };
+    if (args->no_wire) {
         std::lock_guard<std::mutex> lock(g_mu);
-        auto it = g_listens.find(id);
-        if (it == g_listens.end()) return fail("connect: no such no-wire listener in this process");
+        auto it = g_listens.find(args->listen_id);
+        if (it == g_listens.end()) {
+            finish();
+            return fail("connect: no such no-wire listener in this process");
+        }
         auto* comm = new FakeComm;
         comm->link = std::make_shared<Link>();
         it->second->pending.push_back(comm->link);
         *send_comm = comm;
+        finish();
         return tcpx_ncclSuccess;
     }
     net::SendComm* inner = nullptr;
-    Status st = g_net->connect(dev, static_cast<net::Handle*>(handle), &inner, nullptr);
-    if (!st.ok()) return fail(st, "connect");
+    Status st = g_net->connect(dev, &args->inner, &inner, nullptr);
+    if (!st.ok()) {
+        finish();
+        return fail(st, "connect");
+    }
     if (inner == nullptr) return tcpx_ncclSuccess;
     auto* comm = new FakeComm;
     comm->send_comm = inner;
     *send_comm = comm;
+    finish();
     return tcpx_ncclSuccess;
 }
 
@@ -1004,6 +1122,12 @@ tcpx_ncclResult_t progress_wire(FakeReq* r) {
     return tcpx_ncclSuccess;
 }
 
+// Read on every host receive, so a test can turn it on after others ran in the process.
+bool warn_host_recv() {
+    const char* v = std::getenv("FAKETCPX_WARN_HOST_RECV");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never written*/) {
     *done = 0;
     auto* r = static_cast<FakeReq*>(request);
@@ -1038,6 +1162,9 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
     if (!settle(r, &error)) return error ? fail("test: landing the bytes") : tcpx_ncclSuccess;
     *done = 1;
     FAKE_TRACE("test done %p (%s)", static_cast<void*>(r), r->recv ? "recv" : "send");
+    if (r->recv && !r->cuda && warn_host_recv()) {
+        FAKE_WARN("host receive %p of %zu bytes completed", static_cast<void*>(r), r->size);
+    }
     r->done = true;
     if (r->recv && r->cuda) *r->g.unpack_slot.cnt = r->entries;
     if (!r->recv) {  // a send is gone once reported; a receive waits for irecvConsumed()

@@ -14,6 +14,7 @@
 #include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
 #include "tests/support/engine_test_util.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 
 #ifndef TCPX_FAKE_TCPX_PATH
@@ -34,7 +35,10 @@ std::unique_ptr<net::Net> load_fake() {
     setenv("TCPX_P2P_IO_THREADS", "2", 1);
     // "CUDA" memory is host memory here, GPU or not (the GPU mode runs in tcpx_gpu_tests).
     setenv("FAKETCPX_MEMORY", "host", 1);
-    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH);
+    auto settings = Settings::from_env();
+    EXPECT_TRUE(settings.ok()) << settings.status().to_string();
+    if (!settings.ok()) return nullptr;
+    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH, *settings);
     EXPECT_TRUE(net.ok()) << net.status().to_string();
     return net.ok() ? std::move(net).value() : nullptr;
 }
@@ -62,15 +66,21 @@ Pair connect_fake(net::Net* net) {
     return p;
 }
 
+Settings env_settings() {
+    auto settings = Settings::from_env();
+    EXPECT_TRUE(settings.ok()) << settings.status().to_string();
+    return settings.ok() ? *settings : Settings{};
+}
+
 TEST(PluginLoader, RefusesWhatIsNoPlugin) {
-    auto missing = net::load_net_plugin("/nonexistent/libnccl-net-nothing.so");
+    auto missing = net::load_net_plugin("/nonexistent/libnccl-net-nothing.so", env_settings());
     ASSERT_FALSE(missing.ok());
     EXPECT_NE(missing.status().message().find("cannot load"), std::string::npos);
-    auto libc = net::load_net_plugin("libc.so.6");  // loads, but has no table
+    auto libc = net::load_net_plugin("libc.so.6", env_settings());  // loads, but has no table
     ASSERT_FALSE(libc.ok());
     EXPECT_NE(libc.status().message().find("ncclNetPlugin_v7"), std::string::npos)
         << libc.status().to_string();
-    EXPECT_FALSE(net::load_net_plugin("").ok());
+    EXPECT_FALSE(net::load_net_plugin("", env_settings()).ok());
 }
 
 TEST(PluginLoader, EmulatedTcpxLooksLikeTcpx) {
@@ -358,6 +368,49 @@ TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
     ASSERT_TRUE(ok.ok());
     EXPECT_TRUE(a_->wait(*ok, 30s).ok());
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4 << 20, 2), -1);
+}
+
+TEST(PluginLoader, AFloodOfPluginWarningsIsCutToTheBurst) {
+    // Like Google's plugin, the emulation then logs a WARN for every host receive.
+    setenv("FAKETCPX_WARN_HOST_RECV", "1", 1);
+    setenv("TCPX_P2P_PLUGIN_LOG_BURST", "5", 1);
+    setenv("TCPX_P2P_PLUGIN_LOG_INTERVAL_MS", "86400000", 1);
+    auto net = load_fake();
+    unsetenv("TCPX_P2P_PLUGIN_LOG_BURST");
+    unsetenv("TCPX_P2P_PLUGIN_LOG_INTERVAL_MS");
+    ASSERT_NE(net, nullptr);
+    LogCapture capture(LogLevel::kWarn);
+    Pair p = connect_fake(net.get());
+    ASSERT_NE(p.send, nullptr);
+    ASSERT_NE(p.recv, nullptr);
+    std::vector<uint8_t> src(4096), dst(4096);
+    net::MemHandle* smr = nullptr;
+    net::MemHandle* rmr = nullptr;
+    ASSERT_TRUE(net->reg_mr(p.send, src.data(), src.size(), net::MemType::kHost, &smr).ok());
+    ASSERT_TRUE(net->reg_mr(p.recv, dst.data(), dst.size(), net::MemType::kHost, &rmr).ok());
+    constexpr int kReceives = 40;
+    for (int i = 0; i < kReceives; ++i) {
+        fill_pattern(src.data(), src.size(), 100 + i);
+        Request* rr = nullptr;
+        void* d = dst.data();
+        size_t n = dst.size();
+        int tag = 1;
+        ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &rr).ok());
+        ASSERT_NE(rr, nullptr);
+        Request* sr = nullptr;
+        ASSERT_TRUE(net->isend(p.send, src.data(), src.size(), 1, smr, &sr).ok());
+        ASSERT_NE(sr, nullptr);
+        ASSERT_TRUE(wait_request(net.get(), sr).ok());
+        ASSERT_TRUE(wait_request(net.get(), rr).ok());
+        ASSERT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 100 + i), -1) << i;
+        ASSERT_TRUE(net->irecv_consumed(p.recv, 1, rr).ok());
+    }
+    unsetenv("FAKETCPX_WARN_HOST_RECV");
+    EXPECT_EQ(capture.count("host receive"), 5) << capture.all();
+    EXPECT_TRUE(net->dereg_mr(p.send, smr).ok());
+    EXPECT_TRUE(net->dereg_mr(p.recv, rmr).ok());
+    EXPECT_TRUE(net->close_send(p.send).ok());
+    EXPECT_TRUE(net->close_recv(p.recv).ok());
 }
 
 }  // namespace

@@ -36,7 +36,9 @@ std::string test_net_path(const std::string& stem) {
 
 StatusOr<std::unique_ptr<net::Net>> load_test_net(const std::string& stem) {
     set_socket_env(loopback_settings());
-    return net::load_net_plugin(test_net_path(stem));
+    auto settings = Settings::from_env();
+    if (!settings.ok()) return settings.status();
+    return net::load_net_plugin(test_net_path(stem), *settings);
 }
 
 class NewerTable : public ::testing::TestWithParam<int> {
@@ -227,9 +229,25 @@ TEST_P(NewerTable, OversizedCallsAreRefused) {
     close_pair(net_.get(), pair);
 }
 
+// The engine checks every handle a peer sends before connect(); these tables are shims over the
+// socket transport, so their handles have its layout, which the setting names (their table names
+// are their own). Without it, and without a shared secret, a peer's handles cannot be checked and
+// the engine refuses to use them.
+TEST_P(NewerTable, TheEngineRefusesHandlesItCannotCheck) {
+    Config c = engine_test_config();
+    c.net_plugin = test_net_path(stem());
+    auto a = make_endpoint("a", c);
+    auto b = make_endpoint("b", c);
+    ASSERT_TRUE(a && b);
+    auto id = a->connect(b->metadata());
+    EXPECT_FALSE(id.ok());
+    EXPECT_FALSE(b->accept(std::chrono::milliseconds(200)).ok());
+}
+
 TEST_P(NewerTable, TheEngineRunsOverIt) {
     Config c = engine_test_config();
     c.net_plugin = test_net_path(stem());
+    c.plugin_handle_layout = "socket";
     auto a = make_endpoint("a", c);
     auto b = make_endpoint("b", c);
     ASSERT_TRUE(a && b);
@@ -277,7 +295,9 @@ TEST(PluginVersions, NoUsableTableIsRefusedNamingWhatItHas) {
     const std::string msg(net.status().message());
     EXPECT_NE(msg.find("ncclNetPlugin_v7 to ncclNetPlugin_v12"), std::string::npos) << msg;
     EXPECT_NE(msg.find("exports ncclNetPlugin_v6, ncclNetPlugin_v13"), std::string::npos) << msg;
-    auto libc = net::load_net_plugin("libc.so.6");
+    auto settings = Settings::from_env();
+    ASSERT_TRUE(settings.ok());
+    auto libc = net::load_net_plugin("libc.so.6", *settings);
     ASSERT_FALSE(libc.ok());
     EXPECT_NE(libc.status().message().find("it exports none"), std::string::npos)
         << libc.status().to_string();

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace tcpx::testing {
 
 Config engine_test_config() {
@@ -15,6 +17,10 @@ Config engine_test_config() {
     c.peer_timeout_ms = 5000;
     c.connect_timeout_ms = 5000;
     c.handshake_timeout_ms = 5000;
+    // Where CTest says the plugin probe is (the test binaries are not where the loader looks).
+    if (const char* probe = std::getenv("TCPX_P2P_PLUGIN_PROBE_PATH"); probe != nullptr) {
+        c.plugin_probe_path = probe;
+    }
     return c;
 }
 

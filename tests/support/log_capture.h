@@ -30,6 +30,13 @@ class LogCapture {
         }
         return false;
     }
+    // How many captured lines contain `text`.
+    int count(const std::string& text) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        int n = 0;
+        for (const auto& l : lines_) n += l.find(text) != std::string::npos ? 1 : 0;
+        return n;
+    }
     std::string all() const {
         std::lock_guard<std::mutex> lock(mu_);
         std::string out;

@@ -44,6 +44,7 @@ std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings) 
     net::V7Options options;
     options.max_requests = static_cast<int>(settings.max_requests);
     options.reports_sizes = true;
+    options.settings = settings;
     auto net = net::V7Net::create(net::socket_net_v7(), options);
     if (!net.ok()) return nullptr;
     return std::move(net).value();

@@ -46,6 +46,27 @@ TEST(Interfaces, LoopbackIsFound) {
     EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
 }
 
+// Which addresses a peer's connection handle may name, from where its control connection comes.
+TEST(SocketAddress, HandlesMayNameOnlyThePeersHost) {
+    auto lo = *SocketAddress::parse("127.0.0.1", 0);
+    auto lo2 = *SocketAddress::parse("127.0.0.2", 0);
+    auto far = *SocketAddress::parse("198.51.100.7", 0);  // TEST-NET-2: not this host's
+    EXPECT_TRUE(names_peer_host(lo, lo));
+    EXPECT_TRUE(names_peer_host(far, far));
+    EXPECT_FALSE(names_peer_host(lo, far));  // a remote peer may not send us to our loopback
+    EXPECT_FALSE(names_peer_host(far, lo));  // nor a local one to a third host
+    EXPECT_FALSE(names_peer_host(lo2, lo));  // nor to another loopback address
+    EXPECT_TRUE(is_own_address(lo2));
+    EXPECT_FALSE(is_own_address(far));
+    // A peer on loopback may name this host's other interfaces (its data NICs).
+    auto others = find_interfaces("^=lo", AddressFamily::kAny);
+    if (!others.ok() || others->empty()) GTEST_SKIP() << "this host has no interface but lo";
+    const SocketAddress& own = (*others)[0].address;
+    EXPECT_TRUE(is_own_address(own)) << own.to_string();
+    EXPECT_TRUE(names_peer_host(own, lo)) << own.to_string();
+    EXPECT_FALSE(names_peer_host(own, far)) << own.to_string();
+}
+
 TEST(Sockets, ListenConnectAcceptAndPartialIo) {
     auto addr = SocketAddress::parse("127.0.0.1", 0);
     auto listener = listen_tcp(*addr, 16);

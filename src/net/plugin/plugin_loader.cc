@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "net/plugin/nccl_net_table.h"
+#include "net/plugin/plugin_probe.h"
 #include "net/plugin/v7_net.h"
 
 namespace tcpx::net {
@@ -30,15 +32,17 @@ constexpr struct {
     {"NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "500000"},
 };
 
-bool is_google_tcpx(const NcclNetTable& table) {
-    return table.name() != nullptr && std::string_view(table.name()).rfind("GPUDirectTCPX", 0) == 0;
-}
-
 std::string table_symbol(int version) { return strformat("ncclNetPlugin_v%d", version); }
 
-// The table to use: v7 when the plugin exports it (Google's TCPX plugin exports only v7, and a v7
-// table goes through unadapted), else the newest version the adapters understand.
-StatusOr<NcclNetTable*> find_table(void* lib, const std::string& path) {
+}  // namespace
+
+bool is_google_tcpx(const char* table_name) {
+    return table_name != nullptr && std::string_view(table_name).rfind("GPUDirectTCPX", 0) == 0;
+}
+
+// v7 when the plugin exports it (Google's TCPX plugin exports only v7, and a v7 table goes
+// through unadapted), else the newest version the adapters understand.
+StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path) {
     if (const void* v7 = ::dlsym(lib, table_symbol(7).c_str()); v7 != nullptr) {
         return nccl_net_table(v7, 7);
     }
@@ -61,6 +65,39 @@ StatusOr<NcclNetTable*> find_table(void* lib, const std::string& path) {
         table_symbol(kNewestNcclNetVersion).c_str(), found.empty() ? " none" : found.c_str()));
 }
 
+void apply_tcpx_env_defaults(const NcclNetTable& table) {
+    if (!is_google_tcpx(table.name())) return;
+    for (const auto& d : kTcpxDefaults) {
+        if (::getenv(d.name) == nullptr) {
+            ::setenv(d.name, d.value, 0);
+            TCPX_INFO("net plugin %s: %s unset, using %s", table.name(), d.name, d.value);
+        }
+    }
+}
+
+Status check_rxdm_running(const char* table_name, const char* unix_client_prefix) {
+    if (table_name == nullptr || std::string_view(table_name) != "GPUDirectTCPX_v7") {
+        return Status();
+    }
+    const std::string prefix = unix_client_prefix != nullptr && unix_client_prefix[0] != '\0'
+                                   ? unix_client_prefix
+                                   : "/tmp";
+    const std::string path = prefix + "/rx_rule_manager";
+    struct stat st {};
+    const bool exists = ::stat(path.c_str(), &st) == 0;
+    if (exists && S_ISSOCK(st.st_mode)) return Status();
+    return failed_precondition(strformat(
+        "net plugin %s: the receive-datapath manager (RxDM) is not running: %s %s. The plugin "
+        "imports its receive buffers from it and exits the process in accept() without it. Start "
+        "Google's RxDM (the tcpgpudmarxd container, with --uds_path %s) on this host first, or, "
+        "if it serves its sockets in another directory, set NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX "
+        "to that directory (docs/plugins.md)",
+        table_name, path.c_str(), exists ? "is not a UNIX socket" : "does not exist",
+        prefix.c_str()));
+}
+
+namespace {
+
 // Plugins loaded so far, by path: a second endpoint reuses the handle (and the plugin's one-time
 // init), and nothing is ever dlclose()d.
 std::mutex g_mu;
@@ -77,8 +114,17 @@ std::string tcpx_env_defaults() {
     return out;
 }
 
-StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
+StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings) {
     if (path.empty()) return invalid_argument("net plugin: empty path");
+    bool already_loaded = false;
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        already_loaded = loaded().count(path) != 0;
+    }
+    // A plugin that exits or crashes in init does so in a child first (see plugin_probe.h).
+    if (!already_loaded && settings.plugin_probe == "on") {
+        TCPX_RETURN_IF_ERROR(probe_plugin(path, settings));
+    }
     void* lib = nullptr;
     {
         std::lock_guard<std::mutex> lock(g_mu);
@@ -96,16 +142,13 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path) {
             loaded().emplace(path, lib);
         }
     }
-    TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_table(lib, path));
-    if (is_google_tcpx(*table)) {
-        for (const auto& d : kTcpxDefaults) {
-            if (::getenv(d.name) == nullptr) {
-                ::setenv(d.name, d.value, 0);
-                TCPX_INFO("net plugin %s: %s unset, using %s", table->name(), d.name, d.value);
-            }
-        }
-    }
-    auto net = V7Net::create(table, V7Options{});
+    TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_net_table(lib, path));
+    apply_tcpx_env_defaults(*table);
+    TCPX_RETURN_IF_ERROR(
+        check_rxdm_running(table->name(), ::getenv("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX")));
+    V7Options options;
+    options.settings = settings;
+    auto net = V7Net::create(table, options);
     if (!net.ok()) return Status(net.status()).with_context("net plugin " + path);
     TCPX_INFO("net plugin %s loaded from %s (ncclNet v%d, %d devices)", (*net)->name().data(),
               path.c_str(), table->version(), (*net)->device_count());

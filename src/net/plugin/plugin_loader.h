@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/params.h"
 #include "net/net.h"
 #include "tcpx/status.h"
 
@@ -20,7 +21,31 @@ namespace tcpx::net {
 // does not default sensibly are set first, when the user has not set them (see
 // tcpx_env_defaults()). A plugin with none of these tables is refused with a message naming the
 // ncclNetPlugin_vN symbols it does export.
-StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path);
+//
+// Unless PLUGIN_PROBE is off, the plugin's init and device query first run in a child process
+// (plugin_probe.h); when that child exits non-zero, dies or hangs, loading fails with what it
+// printed and the plugin is never loaded here. `settings` gives the probe's settings and the
+// wrapper's (V7Options::settings).
+StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Settings& settings);
+
+class NcclNetTable;
+
+// What the loader and the plugin probe share.
+// Whether a table of this name is Google's TCPX plugin (or our emulation of it): GPUDirectTCPX*.
+bool is_google_tcpx(const char* table_name);
+// The ncclNet table of the dlopen()ed `lib` (named `path` in errors).
+StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path);
+// For Google's TCPX plugin: sets the NCCL_* defaults below that the user has not set.
+void apply_tcpx_env_defaults(const NcclNetTable& table);
+
+// Google's plugin under its default receive memory imports its RX buffers from, and has its
+// flow-steering rules installed by, the receive-datapath manager (RxDM), over UNIX sockets in
+// `unix_client_prefix` (its NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX; null or empty: /tmp). Without
+// the RxDM it gets as far as accept() and then exits the process. For a table named exactly
+// GPUDirectTCPX_v7 (the real plugin; not our emulation) this checks that
+// `<prefix>/rx_rule_manager` is a socket, and otherwise returns FAILED_PRECONDITION saying how
+// to start the RxDM or point the plugin at it. Any other table: OK.
+Status check_rxdm_running(const char* table_name, const char* unix_client_prefix);
 
 // The NCCL_* defaults applied for Google's TCPX plugin, as "NAME=value" lines (for docs and the
 // doctor). Each is set only when the variable is unset.

@@ -7,7 +7,10 @@
 
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "net/plugin/log_limiter.h"
 #include "net/plugin/tcpx_layout.h"
+#include "net/socket/socket_net.h"
+#include "net/socket/socket_v7.h"
 #include "net/v7_common.h"
 
 namespace tcpx::net {
@@ -37,6 +40,65 @@ DeviceHandle to_device_handle(const tcpx_ncclNetDeviceHandle_v7_t& h) {
     out.size = h.size;
     out.needs_proxy_progress = h.needsProxyProgress != 0;
     return out;
+}
+
+// One address of a Google TCPX handle as a SocketAddress (port included), or why not.
+StatusOr<SocketAddress> tcpx_handle_address(const google_tcpx::SocketAddress& a, const char* what) {
+    socklen_t len = 0;
+    if (a.sa.sa_family == AF_INET) {
+        len = sizeof(sockaddr_in);
+    } else if (a.sa.sa_family == AF_INET6) {
+        len = sizeof(sockaddr_in6);
+    } else {
+        return invalid_argument(strformat("handle: %s has address family %d, not IPv4 or IPv6",
+                                          what, static_cast<int>(a.sa.sa_family)));
+    }
+    TCPX_ASSIGN_OR_RETURN(SocketAddress addr, SocketAddress::from_sockaddr(&a.sa, len));
+    if (addr.port() == 0) return invalid_argument(strformat("handle: %s has port 0", what));
+    return addr;
+}
+
+Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
+    google_tcpx::Handle h;
+    std::memcpy(&h, handle->bytes.data(), sizeof(h));
+    TCPX_ASSIGN_OR_RETURN(SocketAddress data_addr,
+                          tcpx_handle_address(h.connect_addr, "connect_addr"));
+    // The control socket goes to ctrl_addr whether or not redirect_ctrl says it was redirected,
+    // so it is checked either way.
+    TCPX_ASSIGN_OR_RETURN(SocketAddress ctrl_addr, tcpx_handle_address(h.ctrl_addr, "ctrl_addr"));
+    // A handle may only send us to the host the peer itself is on: never a third party. (An
+    // empty address: an authenticated peer whose data NICs may differ from its control one.)
+    for (const SocketAddress* addr : {&data_addr, &ctrl_addr}) {
+        if (peer_address.size() != 0 && !names_peer_host(*addr, peer_address)) {
+            return protocol_error(strformat("handle: %s names %s, but the peer is at %s",
+                                            addr == &data_addr ? "connect_addr" : "ctrl_addr",
+                                            addr->host_string().c_str(),
+                                            peer_address.host_string().c_str()));
+        }
+    }
+    if (h.num_socks < 1 || h.num_socks > google_tcpx::kMaxSockets) {
+        return invalid_argument(strformat("handle: num_socks %d outside [1, %d]", h.num_socks,
+                                          google_tcpx::kMaxSockets));
+    }
+    if (h.num_threads < 1 || h.num_threads > google_tcpx::kMaxThreads) {
+        return invalid_argument(strformat("handle: num_threads %d outside [1, %d]", h.num_threads,
+                                          google_tcpx::kMaxThreads));
+    }
+    // connect() takes a non-null connect_args for its own state from an earlier call and follows
+    // it: from the wire it is an address of the peer's choosing. The tail is unused.
+    h.connect_args = nullptr;
+    handle->bytes.fill(0);
+    std::memcpy(handle->bytes.data(), &h, sizeof(h));
+    return Status();
+}
+
+// How a table's handles are read: by the setting, else by the table's name.
+V7Net::HandleKind handle_kind_for(const std::string& table_name, const std::string& layout) {
+    if (layout == "google-tcpx") return V7Net::HandleKind::kGoogleTcpx;
+    if (layout == "socket") return V7Net::HandleKind::kSocket;
+    if (table_name.rfind("GPUDirectTCPX", 0) == 0) return V7Net::HandleKind::kGoogleTcpx;
+    if (table_name == kSocketTableName) return V7Net::HandleKind::kSocket;
+    return V7Net::HandleKind::kUnknown;
 }
 
 }  // namespace
@@ -105,6 +167,8 @@ StatusOr<std::unique_ptr<V7Net>> V7Net::create(const tcpx_ncclNet_v7_t* table, V
 StatusOr<std::unique_ptr<V7Net>> V7Net::create(NcclNetTable* table, V7Options options) {
     if (table == nullptr) return invalid_argument("null ncclNet table");
     const std::string name = table->name() != nullptr ? table->name() : "(unnamed)";
+    plugin_log_limiter().configure(options.settings.plugin_log_burst,
+                                   options.settings.plugin_log_interval_ms);
     if (const char* missing = table->missing_function(); missing != nullptr) {
         return invalid_argument(
             strformat("ncclNet table '%s' lacks a required function (%s)", name.c_str(), missing));
@@ -132,6 +196,7 @@ V7Net::V7Net(const NcclNetTable* table, V7Options options, int ndev)
       options_(options),
       name_(table->name() != nullptr ? table->name() : "(unnamed)"),
       ndev_(ndev),
+      handle_kind_(handle_kind_for(name_, options_.settings.plugin_handle_layout)),
       max_transfer_(table->max_transfer_bytes(ndev)) {
     Properties props;
     reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
@@ -170,6 +235,19 @@ Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
         from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
     *listen_comm = reinterpret_cast<ListenComm*>(w.release());
     return Status();
+}
+
+Status V7Net::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+    if (handle == nullptr) return invalid_argument("handle: null");
+    switch (handle_kind_) {
+        case HandleKind::kGoogleTcpx:
+            return check_tcpx_handle(handle, peer_address).with_context(name_);
+        case HandleKind::kSocket:
+            return check_socket_handle(handle, peer_address).with_context(name_);
+        case HandleKind::kUnknown:
+            break;
+    }
+    return Net::check_peer_handle(handle, peer_address);
 }
 
 Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {

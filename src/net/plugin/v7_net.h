@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/params.h"
 #include "net/ncclnet_v7.h"
 #include "net/net.h"
 #include "net/plugin/nccl_net_table.h"
@@ -23,6 +24,10 @@ struct V7Options {
     // Whether test() fills in received sizes. Unset: not for UNPACK devices (Google's TCPX plugin
     // never does), yes otherwise.
     std::optional<bool> reports_sizes;
+    // What the wrapper takes from the settings: NSOCKS (the most data sockets a peer's handle may
+    // ask of our socket transport's table), PLUGIN_LOG_BURST / PLUGIN_LOG_INTERVAL_MS (the rate
+    // limit on the plugin's log lines).
+    Settings settings;
 };
 
 class V7Net final : public Net {
@@ -40,6 +45,14 @@ class V7Net final : public Net {
     Status get_properties(int dev, Properties* props) const override;
 
     Status listen(int dev, Handle* handle, ListenComm** listen_comm) override;
+    // Whose handles a table makes: from PLUGIN_HANDLE_LAYOUT, or (auto) the table's name.
+    enum class HandleKind { kUnknown, kGoogleTcpx, kSocket };
+
+    // Handles of two tables are understood: Google's TCPX plugin (name GPUDirectTCPX*, its
+    // layout in tcpx_layout.h; connect_args, a pointer the plugin follows, is reset) and our own
+    // socket transport's (tcpx-p2p-socket, check_socket_handle); PLUGIN_HANDLE_LAYOUT names
+    // either for a renamed build. Any other: UNIMPLEMENTED.
+    Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const override;
     Status connect(int dev, Handle* handle, SendComm** send_comm,
                    DeviceHandle* dev_handle) override;
     Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
@@ -75,6 +88,7 @@ class V7Net final : public Net {
     const V7Options options_;
     const std::string name_;
     const int ndev_;
+    const HandleKind handle_kind_;
     const size_t max_transfer_;   // one isend/irecv buffer, on any device
     bool reports_sizes_ = false;  // of device 0
 

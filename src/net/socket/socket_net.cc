@@ -255,7 +255,7 @@ void SocketNet::abandon_connect(Handle* handle) {
     std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
 }
 
-Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+Status check_socket_handle(Handle* handle, const SocketAddress& peer_address) {
     if (handle == nullptr) return invalid_argument("handle: null");
     wire::HandleBlob blob;
     std::memcpy(&blob, handle->bytes.data(), sizeof(blob));
@@ -266,6 +266,8 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
         return invalid_argument(
             strformat("handle: protocol version %u, ours is %u", blob.version, wire::kVersion));
     }
+    // A handle may offer more sockets than this end's NSOCKS: connect() opens at most NSOCKS and
+    // the listener accepts any count up to its own.
     if (blob.nsocks < 1 || blob.nsocks > kMaxSocketsPerComm) {
         return invalid_argument(strformat("handle: asks for %u data sockets (1 to %d)", blob.nsocks,
                                           kMaxSocketsPerComm));
@@ -273,7 +275,7 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
     if (blob.port == 0) return invalid_argument("handle: port 0");
     TCPX_ASSIGN_OR_RETURN(SocketAddress addr, handle_address(blob));
     // A handle may only send us to the host the peer itself is on: never a third party.
-    if (peer_address.size() != 0 && !addr.same_host(peer_address)) {
+    if (peer_address.size() != 0 && !names_peer_host(addr, peer_address)) {
         return protocol_error(strformat("handle: names %s, but the peer is at %s",
                                         addr.host_string().c_str(),
                                         peer_address.host_string().c_str()));
@@ -283,6 +285,10 @@ Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_ad
     handle->bytes.fill(0);
     std::memcpy(handle->bytes.data(), &blob, sizeof(blob));
     return Status();
+}
+
+Status SocketNet::check_peer_handle(Handle* handle, const SocketAddress& peer_address) const {
+    return check_socket_handle(handle, peer_address);
 }
 
 Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandle* dev_handle) {

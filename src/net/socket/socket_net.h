@@ -16,6 +16,13 @@ namespace tcpx::net {
 
 class IoPool;
 
+// The check of a socket-transport handle that arrived from a peer (Net::check_peer_handle): ours
+// (magic, version), 1 to 64 data sockets (connect() opens at most NSOCKS of them), a nonzero
+// port, an address on the host of `peer_address` (empty: not checked); connect()'s progress key
+// and the unused tail are zeroed. Shared by SocketNet and by V7Net over the socket transport's
+// exported table (socket_v7.h).
+Status check_socket_handle(Handle* handle, const SocketAddress& peer_address);
+
 class SocketNet final : public Net {
  public:
     // One device per interface selected by settings.socket_ifname / socket_family.

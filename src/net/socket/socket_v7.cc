@@ -202,11 +202,11 @@ tcpx_ncclResult_t v7_irecv_consumed(void* recv_comm, int n, void* request) {
 }
 
 const tcpx_ncclNet_v7_t kTable = {
-    "tcpx-p2p-socket", v7_init,       v7_devices,      v7_get_properties, v7_listen,
-    v7_connect,        v7_accept,     v7_reg_mr,
+    kSocketTableName, v7_init,       v7_devices,      v7_get_properties, v7_listen,
+    v7_connect,       v7_accept,     v7_reg_mr,
     nullptr,  // regMrDmaBuf: host memory only
-    v7_dereg_mr,       v7_isend,      v7_irecv,        v7_iflush,         v7_test,
-    v7_close_send,     v7_close_recv, v7_close_listen, v7_get_device_mr,  v7_irecv_consumed,
+    v7_dereg_mr,      v7_isend,      v7_irecv,        v7_iflush,         v7_test,
+    v7_close_send,    v7_close_recv, v7_close_listen, v7_get_device_mr,  v7_irecv_consumed,
 };
 
 }  // namespace

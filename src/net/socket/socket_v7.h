@@ -7,6 +7,9 @@
 
 namespace tcpx::net {
 
+// The table's name: V7Net knows this transport's handles by it.
+inline constexpr char kSocketTableName[] = "tcpx-p2p-socket";
+
 // The table. Its init() creates one process-wide SocketNet from the TCPX_P2P_* environment
 // (later calls reuse it) and, given a logger, routes this library's log to it.
 const tcpx_ncclNet_v7_t* socket_net_v7();

@@ -1,0 +1,272 @@
+// Handles that arrive from a peer, checked before connect() (Net::check_peer_handle) by the
+// plugin wrapper: Google's TCPX layout through the emulated plugin, which follows connect_args
+// as the real one does; the socket transport's exported table; and an unknown plugin.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <vector>
+
+#include "net/plugin/plugin_loader.h"
+#include "net/plugin/tcpx_layout.h"
+#include "net/plugin/v7_net.h"
+#include "net/socket/socket_v7.h"
+#include "net/socket/wire.h"
+#include "tests/support/net_test_util.h"
+
+#ifndef TCPX_FAKE_TCPX_PATH
+#error "TCPX_FAKE_TCPX_PATH must point at libnccl-net-faketcpx.so"
+#endif
+
+namespace tcpx::testing {
+namespace {
+
+namespace gt = net::google_tcpx;
+
+std::unique_ptr<net::Net> load_fake() {
+    setenv("TCPX_P2P_SOCKET_IFNAME", "=lo", 1);
+    setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
+    setenv("TCPX_P2P_NSOCKS", "2", 1);
+    setenv("TCPX_P2P_IO_THREADS", "2", 1);
+    setenv("FAKETCPX_MEMORY", "host", 1);
+    auto settings = Settings::from_env();
+    EXPECT_TRUE(settings.ok()) << settings.status().to_string();
+    if (!settings.ok()) return nullptr;
+    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH, *settings);
+    EXPECT_TRUE(net.ok()) << net.status().to_string();
+    return net.ok() ? std::move(net).value() : nullptr;
+}
+
+SocketAddress loopback_peer() {
+    auto addr = SocketAddress::parse("127.0.0.1", 40000);
+    EXPECT_TRUE(addr.ok());
+    return *addr;
+}
+
+gt::Handle as_tcpx(const net::Handle& h) {
+    gt::Handle out;
+    std::memcpy(&out, h.bytes.data(), sizeof(out));
+    return out;
+}
+
+net::Handle from_tcpx(const gt::Handle& h, const net::Handle& tail_from) {
+    net::Handle out = tail_from;
+    std::memcpy(out.bytes.data(), &h, sizeof(h));
+    return out;
+}
+
+// A fresh listen handle of the emulated plugin and the listener behind it.
+struct Listening {
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+};
+
+Listening listen_on(net::Net* net) {
+    Listening l;
+    EXPECT_TRUE(net->listen(0, &l.handle, &l.listen).ok());
+    return l;
+}
+
+// Checks `forged` against a loopback peer; returns the status.
+Status check(net::Net* net, const gt::Handle& forged, const net::Handle& base) {
+    net::Handle h = from_tcpx(forged, base);
+    return net->check_peer_handle(&h, loopback_peer());
+}
+
+TEST(PluginHandle, TcpxHandleHasGooglesLayout) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Listening l = listen_on(net.get());
+    gt::Handle h = as_tcpx(l.handle);
+    EXPECT_EQ(h.connect_addr.sa.sa_family, AF_INET);
+    EXPECT_NE(h.connect_addr.sin.sin_port, 0);
+    EXPECT_EQ(h.num_socks, 2);  // TCPX_P2P_NSOCKS of the fake's transport
+    EXPECT_EQ(h.num_threads, 1);
+    EXPECT_EQ(h.connect_args, nullptr);
+    EXPECT_TRUE(net->check_peer_handle(&l.handle, loopback_peer()).ok());
+    EXPECT_TRUE(net->close_listen(l.listen).ok());
+}
+
+TEST(PluginHandle, ForgedTcpxHandlesAreRefused) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Listening l = listen_on(net.get());
+    const gt::Handle good = as_tcpx(l.handle);
+    ASSERT_TRUE(check(net.get(), good, l.handle).ok());
+
+    auto expect_refused = [&](gt::Handle forged, StatusCode code, const char* words) {
+        Status st = check(net.get(), forged, l.handle);
+        EXPECT_FALSE(st.ok()) << words;
+        EXPECT_EQ(st.code(), code) << st.to_string();
+        EXPECT_NE(st.to_string().find(words), std::string::npos) << st.to_string();
+    };
+    gt::Handle h = good;
+    inet_pton(AF_INET, "10.1.2.3", &h.connect_addr.sin.sin_addr);
+    expect_refused(h, StatusCode::kProtocol, "connect_addr names 10.1.2.3");
+    h = good;
+    inet_pton(AF_INET, "10.1.2.3", &h.ctrl_addr.sin.sin_addr);
+    expect_refused(h, StatusCode::kProtocol, "ctrl_addr names 10.1.2.3");
+    h = good;
+    h.redirect_ctrl = true;
+    inet_pton(AF_INET, "192.168.7.7", &h.ctrl_addr.sin.sin_addr);
+    expect_refused(h, StatusCode::kProtocol, "ctrl_addr names 192.168.7.7");
+    h = good;
+    h.connect_addr.sa.sa_family = AF_UNIX;
+    expect_refused(h, StatusCode::kInvalidArgument, "address family");
+    h = good;
+    h.ctrl_addr.sa.sa_family = 0;
+    expect_refused(h, StatusCode::kInvalidArgument, "ctrl_addr has address family 0");
+    h = good;
+    h.connect_addr.sin.sin_port = 0;
+    expect_refused(h, StatusCode::kInvalidArgument, "port 0");
+    h = good;
+    h.num_socks = 0;
+    expect_refused(h, StatusCode::kInvalidArgument, "num_socks 0");
+    h.num_socks = 9;
+    expect_refused(h, StatusCode::kInvalidArgument, "num_socks 9");
+    h = good;
+    h.num_threads = 17;
+    expect_refused(h, StatusCode::kInvalidArgument, "num_threads 17");
+    h.num_threads = 0;
+    expect_refused(h, StatusCode::kInvalidArgument, "num_threads 0");
+    // A peer on IPv6 loopback is another address than 127.0.0.1.
+    net::Handle copy = l.handle;
+    auto v6 = SocketAddress::parse("::1", 40000);
+    ASSERT_TRUE(v6.ok());
+    EXPECT_EQ(net->check_peer_handle(&copy, *v6).code(), StatusCode::kProtocol);
+    EXPECT_TRUE(net->close_listen(l.listen).ok());
+}
+
+TEST(PluginHandle, GarbageConnectArgsIsResetAndTheConnectionWorks) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Listening l = listen_on(net.get());
+    gt::Handle h = as_tcpx(l.handle);
+    // What a hostile peer sends: a pointer of its choosing where the plugin keeps its own
+    // connect state (followed on the first connect() if left), and junk after the struct.
+    h.connect_args = reinterpret_cast<void*>(uintptr_t{0xdeadbeef00});
+    net::Handle wire = from_tcpx(h, l.handle);
+    for (size_t i = sizeof(gt::Handle); i < wire.bytes.size(); ++i) wire.bytes[i] = 0xa5;
+    ASSERT_TRUE(net->check_peer_handle(&wire, loopback_peer()).ok());
+    EXPECT_EQ(as_tcpx(wire).connect_args, nullptr);
+    for (size_t i = sizeof(gt::Handle); i < wire.bytes.size(); ++i) {
+        ASSERT_EQ(wire.bytes[i], 0) << "byte " << i;
+    }
+
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    ASSERT_TRUE(eventually([&] {
+        if (send == nullptr && !net->connect(0, &wire, &send, nullptr).ok()) return true;
+        if (recv == nullptr && !net->accept(l.listen, &recv, &dev).ok()) return true;
+        return send != nullptr && recv != nullptr;
+    }));
+    ASSERT_NE(send, nullptr);
+    ASSERT_NE(recv, nullptr);
+    std::vector<uint8_t> src(100 * 1024), dst(src.size());
+    fill_pattern(src.data(), src.size(), 77);
+    net::MemHandle* smr = nullptr;
+    net::MemHandle* rmr = nullptr;
+    ASSERT_TRUE(net->reg_mr(send, src.data(), src.size(), net::MemType::kHost, &smr).ok());
+    ASSERT_TRUE(net->reg_mr(recv, dst.data(), dst.size(), net::MemType::kHost, &rmr).ok());
+    net::Request* rr = nullptr;
+    void* d = dst.data();
+    size_t n = dst.size();
+    int tag = 3;
+    ASSERT_TRUE(net->irecv(recv, 1, &d, &n, &tag, &rmr, &rr).ok());
+    ASSERT_NE(rr, nullptr);
+    net::Request* sr = nullptr;
+    ASSERT_TRUE(net->isend(send, src.data(), src.size(), 3, smr, &sr).ok());
+    ASSERT_NE(sr, nullptr);
+    ASSERT_TRUE(wait_request(net.get(), sr).ok());
+    ASSERT_TRUE(wait_request(net.get(), rr).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 77), -1);
+    EXPECT_TRUE(net->irecv_consumed(recv, 1, rr).ok());
+    EXPECT_TRUE(net->dereg_mr(send, smr).ok());
+    EXPECT_TRUE(net->dereg_mr(recv, rmr).ok());
+    EXPECT_TRUE(net->close_send(send).ok());
+    EXPECT_TRUE(net->close_recv(recv).ok());
+    EXPECT_TRUE(net->close_listen(l.listen).ok());
+}
+
+TEST(PluginHandle, NoWireHandlesPassTheCheck) {
+    setenv("FAKETCPX_NO_WIRE", "1", 1);
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Listening l = listen_on(net.get());
+    unsetenv("FAKETCPX_NO_WIRE");
+    ASSERT_NE(l.listen, nullptr);
+    net::Handle wire = l.handle;
+    EXPECT_TRUE(net->check_peer_handle(&wire, loopback_peer()).ok());
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    ASSERT_TRUE(eventually([&] {
+        if (send == nullptr && !net->connect(0, &wire, &send, nullptr).ok()) return true;
+        if (recv == nullptr && !net->accept(l.listen, &recv, &dev).ok()) return true;
+        return send != nullptr && recv != nullptr;
+    }));
+    ASSERT_NE(send, nullptr);
+    ASSERT_NE(recv, nullptr);
+    EXPECT_TRUE(net->close_send(send).ok());
+    EXPECT_TRUE(net->close_recv(recv).ok());
+    EXPECT_TRUE(net->close_listen(l.listen).ok());
+}
+
+TEST(PluginHandle, SocketTableHandlesAreCheckedLikeTheSocketTransport) {
+    Settings settings = loopback_settings();
+    settings.nsocks = 2;
+    auto net = make_net(Provider::kSocketV7, settings);
+    ASSERT_NE(net, nullptr);
+    EXPECT_EQ(net->name(), net::kSocketTableName);
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    net::wire::HandleBlob good;
+    std::memcpy(&good, handle.bytes.data(), sizeof(good));
+
+    auto with = [&](const net::wire::HandleBlob& b) {
+        net::Handle h = handle;
+        std::memcpy(h.bytes.data(), &b, sizeof(b));
+        return h;
+    };
+    net::wire::HandleBlob b = good;
+    b.connect_key = 0x1234567890;
+    net::Handle h = with(b);
+    h.bytes[100] = 0x77;
+    ASSERT_TRUE(net->check_peer_handle(&h, loopback_peer()).ok());
+    net::wire::HandleBlob after;
+    std::memcpy(&after, h.bytes.data(), sizeof(after));
+    EXPECT_EQ(after.connect_key, 0u);
+    EXPECT_EQ(h.bytes[100], 0);
+
+    b = good;
+    b.nsocks = 65;  // above the 64 a handle may offer (connect() would open NSOCKS of them)
+    h = with(b);
+    EXPECT_EQ(net->check_peer_handle(&h, loopback_peer()).code(), StatusCode::kInvalidArgument);
+    b = good;
+    inet_pton(AF_INET, "10.9.9.9", b.addr);
+    h = with(b);
+    Status st = net->check_peer_handle(&h, loopback_peer());
+    EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    b = good;
+    b.magic = 0;
+    h = with(b);
+    EXPECT_EQ(net->check_peer_handle(&h, loopback_peer()).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(net->close_listen(listen).ok());
+}
+
+TEST(PluginHandle, UnknownPluginsCannotCheck) {
+    set_socket_env(loopback_settings());
+    auto settings = Settings::from_env();
+    ASSERT_TRUE(settings.ok());
+    auto net =
+        net::load_net_plugin(std::string(TCPX_TEST_NET_DIR) + "/libnccl-net-testv8.so", *settings);
+    ASSERT_TRUE(net.ok()) << net.status().to_string();
+    net::Handle h;
+    EXPECT_EQ((*net)->check_peer_handle(&h, loopback_peer()).code(), StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace tcpx::testing
