@@ -58,6 +58,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/params.h"
@@ -933,6 +934,31 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
     return tcpx_ncclSuccess;
 }
 
+// Listeners with an accept in progress. The real plugin's first accept() starts a thread that
+// uses the listen comm until a connection is accepted or fails, and returns null; closeListen
+// frees the listen comm under it. The emulation's first accept() only starts likewise, and its
+// closeListen refuses a listener whose accept has not ended.
+std::mutex g_accept_mu;
+std::unordered_set<void*> g_accepting;
+
+tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
+                             tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm);
+
+bool start_accept(void* listen_comm) {
+    std::lock_guard<std::mutex> lock(g_accept_mu);
+    return g_accepting.insert(listen_comm).second;
+}
+
+void end_accept(void* listen_comm) {
+    std::lock_guard<std::mutex> lock(g_accept_mu);
+    g_accepting.erase(listen_comm);
+}
+
+bool accepting(void* listen_comm) {
+    std::lock_guard<std::mutex> lock(g_accept_mu);
+    return g_accepting.count(listen_comm) != 0;
+}
+
 tcpx_ncclResult_t fake_accept(void* listen_comm, void** recv_comm,
                               tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm) {
     *recv_comm = nullptr;
@@ -941,6 +967,14 @@ tcpx_ncclResult_t fake_accept(void* listen_comm, void** recv_comm,
             "accept without a device-handle pointer (the real plugin crashes on the first "
             "receive)");
     }
+    if (start_accept(listen_comm)) return tcpx_ncclSuccess;  // the "thread" starts
+    tcpx_ncclResult_t rc = accept_now(listen_comm, recv_comm, recv_dev_comm);
+    if (rc != tcpx_ncclSuccess || *recv_comm != nullptr) end_accept(listen_comm);
+    return rc;
+}
+
+tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
+                             tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm) {
     std::shared_ptr<Link> link;
     net::RecvComm* inner = nullptr;
     if (NoWireListen* l = as_no_wire_listen(listen_comm)) {
@@ -1219,6 +1253,10 @@ tcpx_ncclResult_t close_comm(void* c) {
 }
 
 tcpx_ncclResult_t fake_close_listen(void* listen_comm) {
+    if (accepting(listen_comm)) {
+        // The real plugin frees the listen comm its accept thread is using.
+        return fail("closeListen while an accept is in progress on the listener");
+    }
     if (NoWireListen* l = as_no_wire_listen(listen_comm)) {
         std::lock_guard<std::mutex> lock(g_mu);
         g_listens.erase(l->id);

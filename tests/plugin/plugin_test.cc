@@ -13,6 +13,7 @@
 #include "cuda/unpack.h"
 #include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
+#include "net/plugin/v7_net.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
@@ -70,6 +71,54 @@ Settings env_settings() {
     auto settings = Settings::from_env();
     EXPECT_TRUE(settings.ok()) << settings.status().to_string();
     return settings.ok() ? *settings : Settings{};
+}
+
+// Google's plugin accepts in a thread that uses the listen comm its closeListen frees. A listener
+// closed during an accept is kept until the accept ends (the emulation refuses closeListen
+// before, with a warning), then closed with the connection it yielded.
+TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    auto* v7 = dynamic_cast<net::V7Net*>(net.get());
+    ASSERT_NE(v7, nullptr);
+    LogCapture capture(LogLevel::kWarn);
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+    ASSERT_EQ(recv, nullptr);  // started, in progress
+    ASSERT_TRUE(net->close_listen(listen).ok());
+    EXPECT_EQ(v7->parked_listeners(), 1u);
+    // A peer connects after all: the accept ends, its connection and the listener are closed.
+    // (Each call of connect and listen retries the parked accept. The connection is closed as
+    // soon as it is accepted, so the connect may end either way.)
+    net::SendComm* send = nullptr;
+    bool connecting = true;
+    for (int i = 0; i < 200000 && v7->parked_listeners() != 0; ++i) {
+        if (connecting && send == nullptr) {
+            connecting = net->connect(0, &handle, &send, nullptr).ok();
+        } else {
+            net::Handle other;
+            net::ListenComm* l = nullptr;
+            ASSERT_TRUE(net->listen(0, &other, &l).ok());
+            ASSERT_TRUE(net->close_listen(l).ok());
+        }
+    }
+    EXPECT_EQ(v7->parked_listeners(), 0u);
+    if (send != nullptr) {
+        EXPECT_TRUE(net->close_send(send).ok());
+    }
+    EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
+    // No peer ever comes: the listener stays parked, and the net goes away cleanly.
+    net::Handle lonely;
+    ASSERT_TRUE(net->listen(0, &lonely, &listen).ok());
+    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+    ASSERT_TRUE(net->close_listen(listen).ok());
+    EXPECT_EQ(v7->parked_listeners(), 1u);
+    net.reset();
+    EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
 }
 
 TEST(PluginLoader, RefusesWhatIsNoPlugin) {

@@ -5,6 +5,7 @@
 #include <deque>
 #include <unordered_set>
 
+#include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "net/plugin/log_limiter.h"
@@ -16,10 +17,11 @@
 namespace tcpx::net {
 namespace {
 
-constexpr uint32_t kSendWrap = 0x56375343;     // "V7SC"
-constexpr uint32_t kRecvWrap = 0x56375243;     // "V7RC"
-constexpr uint32_t kListenWrap = 0x56374c43;   // "V7LC"
-constexpr uint32_t kRequestWrap = 0x56375251;  // "V7RQ"
+constexpr uint32_t kSendWrap = 0x56375343;      // "V7SC"
+constexpr uint32_t kRecvWrap = 0x56375243;      // "V7RC"
+constexpr uint32_t kListenWrap = 0x56374c43;    // "V7LC"
+constexpr uint32_t kRequestWrap = 0x56375251;   // "V7RQ"
+constexpr uint32_t kParkedListen = 0x5637504c;  // "V7PL": closed, its accept not yet ended
 constexpr int kMaxRecvs = kMaxRecvBuffers;
 
 Status check_size(size_t size, size_t limit, const NcclNetTable& table, const char* what) {
@@ -121,6 +123,9 @@ struct V7Net::ListenWrap {
     void* comm = nullptr;
     // Storage for the next accepted comm, kept across accept() retries for the same reason.
     std::unique_ptr<CommWrap> next;
+    // The plugin's accept() was called and has not yet yielded a comm or an error: the plugin
+    // may be using the listen comm (Google's does, in a thread).
+    bool accepting = false;
     std::mutex mu;
 };
 
@@ -202,7 +207,22 @@ V7Net::V7Net(const NcclNetTable* table, V7Options options, int ndev)
     reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
 }
 
-V7Net::~V7Net() = default;
+V7Net::~V7Net() {
+    reap_parked();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!parked_.empty()) {
+        TCPX_DEBUG("%s: %zu listeners left open: their accept never ended", name_.c_str(),
+                   parked_.size());
+    }
+    // What a parked listener's accept may still write stays allocated: the plugin is never
+    // unloaded either.
+    for (ListenWrap* l : parked_) (void)l->next.release();
+    parked_.clear();
+    for (auto& w : abandoned_) (void)w.release();
+    for (auto& [handle, w] : connecting_) {
+        if (handle_kind_ == HandleKind::kUnknown) (void)w.release();
+    }
+}
 
 void* V7Net::unwrap_comm(void* comm) {
     auto* w = static_cast<CommWrap*>(comm);
@@ -230,6 +250,7 @@ Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
         return invalid_argument("listen: null handle or comm");
     }
     *listen_comm = nullptr;
+    reap_parked();
     auto w = std::make_unique<ListenWrap>();
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
@@ -254,6 +275,7 @@ Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandl
     if (handle == nullptr || send_comm == nullptr) {
         return invalid_argument("connect: null handle or comm");
     }
+    reap_parked();
     *send_comm = nullptr;
     std::unique_ptr<CommWrap> w;
     {
@@ -284,6 +306,7 @@ Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandl
 }
 
 Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) {
+    reap_parked();
     auto* l = reinterpret_cast<ListenWrap*>(listen_comm);
     if (l == nullptr || l->magic != kListenWrap || recv_comm == nullptr) {
         return invalid_argument("accept: not a listen comm");
@@ -295,8 +318,10 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
         l->next->magic = kRecvWrap;
     }
     CommWrap* w = l->next.get();
-    TCPX_RETURN_IF_ERROR(
-        from_nccl_result(table_->accept(l->comm, &w->comm, &w->dev_ptr), name_ + ": accept"));
+    Status st =
+        from_nccl_result(table_->accept(l->comm, &w->comm, &w->dev_ptr), name_ + ": accept");
+    l->accepting = st.ok() && w->comm == nullptr;
+    if (!st.ok()) return st;
     if (w->comm == nullptr) return Status();
     if (dev_handle != nullptr) {
         *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
@@ -469,14 +494,72 @@ Status V7Net::close_recv(RecvComm* comm) {
     return st;
 }
 
-Status V7Net::close_listen(ListenComm* comm) {
-    auto* l = reinterpret_cast<ListenWrap*>(comm);
-    if (l == nullptr) return Status();
-    if (l->magic != kListenWrap) return invalid_argument("close_listen: not a listen comm");
+void V7Net::abandon_connect(Handle* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = connecting_.find(handle);
+    if (it == connecting_.end()) return;
+    if (handle_kind_ == HandleKind::kUnknown) abandoned_.push_back(std::move(it->second));
+    connecting_.erase(it);
+}
+
+Status V7Net::close_listen_now(ListenWrap* l) {
     Status st = from_nccl_result(table_->close_listen(l->comm), name_ + ": closeListen");
     l->magic = 0;
     delete l;
     return st;
+}
+
+Status V7Net::close_listen(ListenComm* comm) {
+    auto* l = reinterpret_cast<ListenWrap*>(comm);
+    if (l == nullptr) return Status();
+    if (l->magic != kListenWrap) return invalid_argument("close_listen: not a listen comm");
+    bool accepting = false;
+    {
+        std::lock_guard<std::mutex> lock(l->mu);
+        accepting = l->accepting;
+    }
+    if (!accepting) {
+        reap_parked();
+        return close_listen_now(l);
+    }
+    l->magic = kParkedListen;  // no longer the caller's: any use of it is refused
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        parked_.push_back(l);
+    }
+    TCPX_DEBUG("%s: listener closed during an accept: closed once the accept ends", name_.c_str());
+    reap_parked();
+    return Status();
+}
+
+void V7Net::reap_parked() {
+    std::vector<ListenWrap*> done;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (parked_.empty()) return;
+        for (auto it = parked_.begin(); it != parked_.end();) {
+            ListenWrap* l = *it;
+            CommWrap* w = l->next.get();
+            const tcpx_ncclResult_t rc = table_->accept(l->comm, &w->comm, &w->dev_ptr);
+            if (rc == tcpx_ncclSuccess && w->comm == nullptr) {
+                ++it;
+                continue;
+            }
+            // The accept ended: a connection nobody wants, or an error.
+            if (rc == tcpx_ncclSuccess) (void)table_->close_recv(w->comm);
+            done.push_back(l);
+            it = parked_.erase(it);
+        }
+    }
+    for (ListenWrap* l : done) {
+        Status st = close_listen_now(l);
+        if (!st.ok()) TCPX_DEBUG("%s", st.to_string().c_str());
+    }
+}
+
+size_t V7Net::parked_listeners() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return parked_.size();
 }
 
 }  // namespace tcpx::net

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/params.h"
 #include "net/ncclnet_v7.h"
@@ -55,6 +56,10 @@ class V7Net final : public Net {
     Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const override;
     Status connect(int dev, Handle* handle, SendComm** send_comm,
                    DeviceHandle* dev_handle) override;
+    // Forgets the connect in progress with `handle`. Its device-handle storage is freed when the
+    // table's layout is known (neither Google's plugin nor ours writes it outside a call), and
+    // kept until the V7Net goes otherwise.
+    void abandon_connect(Handle* handle) override;
     Status accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle* dev_handle) override;
 
     Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
@@ -70,7 +75,15 @@ class V7Net final : public Net {
 
     Status close_send(SendComm* comm) override;
     Status close_recv(RecvComm* comm) override;
+    // With an accept() in progress on the listener (a plugin such as Google's runs it in a
+    // thread that uses the listen comm, which its closeListen frees), the plugin's closeListen
+    // waits until that accept ends: the listener is parked, and later calls of listen, connect,
+    // accept and close_listen, and the destructor, try its accept again; a connection it
+    // yields is closed, then the listener. An accept that never ends (no peer connects) keeps
+    // its listener open for the life of the process: the plugin offers no way to cancel it.
     Status close_listen(ListenComm* comm) override;
+    // Listeners parked by close_listen, not yet closed.
+    size_t parked_listeners() const;
 
  private:
     struct CommWrap;
@@ -92,10 +105,19 @@ class V7Net final : public Net {
     const size_t max_transfer_;   // one isend/irecv buffer, on any device
     bool reports_sizes_ = false;  // of device 0
 
-    std::mutex mu_;
+    mutable std::mutex mu_;
     // connect() in progress, by the caller's handle: its device-handle storage must stay put
     // across retries (a plugin may write it when the connection completes).
     std::unordered_map<Handle*, std::unique_ptr<CommWrap>> connecting_;
+    // Abandoned connects' storage, for a table whose layout is unknown (it might still write it).
+    std::vector<std::unique_ptr<CommWrap>> abandoned_;
+    // Listeners closed during an accept, until the accept ends (close_listen).
+    std::vector<ListenWrap*> parked_;
+
+    // Tries the accept of each parked listener once; closes those whose accept ended. Takes mu_.
+    void reap_parked();
+    // Closes a listener with no accept in progress, and frees it.
+    Status close_listen_now(ListenWrap* l);
 };
 
 }  // namespace tcpx::net
