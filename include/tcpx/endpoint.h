@@ -128,6 +128,11 @@ class TCPX_API Endpoint {
     // Closes the connection; the peer's transfers in flight fail, here and there.
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer) const;
+    // Whether the connection to `peer` is up: OK when ready; the error it failed with (the peer
+    // closed the connection, stopped answering, ...) once failed; FAILED_PRECONDITION while it
+    // is still being made; NOT_FOUND for an id never connected or disconnected. Makes progress
+    // once where no progress thread runs, as poll() does.
+    Status peer_status(PeerId peer);
 
     // --- memory ---
     // Registers [ptr, ptr + len) for transfers. Registration ids and keys are never reused.

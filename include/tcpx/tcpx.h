@@ -163,6 +163,12 @@ TCPX_C_API tcpx_status_t tcpx_disconnect(tcpx_endpoint_t* ep, uint64_t peer);
 TCPX_C_API tcpx_status_t tcpx_peer_name(const tcpx_endpoint_t* ep, uint64_t peer, char* buf,
                                         size_t len);
 
+/* Whether the connection to the peer is up: TCPX_OK when ready; the error it failed with (e.g.
+ * TCPX_ERR_UNAVAILABLE when the peer closed it, TCPX_ERR_TIMEOUT when it stopped answering);
+ * TCPX_ERR_FAILED_PRECONDITION while it is still being made; TCPX_ERR_NOT_FOUND for an unknown
+ * id. Makes progress once where no progress thread runs. */
+TCPX_C_API tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer);
+
 /* ---------------------------------------------------------------------------------------------
  * Memory. */
 

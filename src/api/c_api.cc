@@ -342,6 +342,13 @@ tcpx_status_t tcpx_peer_name(const tcpx_endpoint_t* ep, uint64_t peer, char* buf
     });
 }
 
+tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer) {
+    return guarded("tcpx_peer_status", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        return ep->endpoint->peer_status(peer);
+    });
+}
+
 // --- memory ------------------------------------------------------------------------------------
 
 tcpx_status_t tcpx_reg(tcpx_endpoint_t* ep, void* ptr, size_t len, uint64_t* mem) {

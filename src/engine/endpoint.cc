@@ -35,6 +35,7 @@ StatusOr<PeerId> Endpoint::accept(std::chrono::milliseconds timeout) {
 }
 Status Endpoint::disconnect(PeerId peer) { return impl_->disconnect(peer); }
 StatusOr<std::string> Endpoint::peer_name(PeerId peer) const { return impl_->peer_name(peer); }
+Status Endpoint::peer_status(PeerId peer) { return impl_->peer_status(peer); }
 
 StatusOr<MemId> Endpoint::reg(void* ptr, size_t len) { return impl_->reg(ptr, len); }
 Status Endpoint::dereg(MemId mem) { return impl_->dereg(mem); }

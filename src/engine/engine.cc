@@ -331,6 +331,15 @@ StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {
     return it->second->name;
 }
 
+Status Endpoint::Impl::peer_status(PeerId peer) {
+    if (!own_progress_thread_) {
+        std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+        if (lock.owns_lock()) progress_once();
+    }
+    auto lock = api_lock();
+    return ready_peer(peer).status();
+}
+
 StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::ready_peer(PeerId id) {
     auto it = peers_.find(id);
     if (it == peers_.end()) {

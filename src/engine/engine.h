@@ -241,6 +241,7 @@ class Endpoint::Impl {
     StatusOr<PeerId> accept(std::chrono::milliseconds timeout);
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer);
+    Status peer_status(PeerId peer);
 
     StatusOr<MemId> reg(void* ptr, size_t len);
     Status dereg(MemId mem);

@@ -361,6 +361,10 @@ static void test_endpoints_and_metadata(tcpx_config_t* cfg) {
     CHECK_ERR(tcpx_peer_name(a, a_to_b, NULL, 10), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_peer_name(a, 424242, name, sizeof(name)), TCPX_ERR_NOT_FOUND);
     CHECK_ERR(tcpx_peer_name(NULL, a_to_b, name, sizeof(name)), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tcpx_peer_status(a, a_to_b));
+    CHECK_OK(tcpx_peer_status(b, b_to_a));
+    CHECK_ERR(tcpx_peer_status(a, 424242), TCPX_ERR_NOT_FOUND);
+    CHECK_ERR(tcpx_peer_status(NULL, a_to_b), TCPX_ERR_INVALID_ARGUMENT);
 }
 
 // write (with a notification), then read back what the target changed meanwhile.

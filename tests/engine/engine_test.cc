@@ -876,6 +876,32 @@ TEST(EngineEndpoints, ProgressWithoutAThreadWhenTheApplicationPolls) {
     EXPECT_TRUE(eventually([&] { return !a->get_notifications().empty(); }));
 }
 
+// peer_status says whether a connection is up, and why not, with or without a progress thread
+// (without one, asking makes progress, so a polling application learns of the loss too).
+TEST(EngineEndpoints, PeerStatusFollowsTheConnection) {
+    for (const char* progress : {"on", "off"}) {
+        SCOPED_TRACE(progress);
+        Config config = engine_test_config();
+        config.progress_thread = progress;
+        auto a = make_endpoint("status-a", config);
+        auto b = make_endpoint("status-b");
+        ASSERT_TRUE(a && b);
+        auto id = a->connect(b->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        EXPECT_TRUE(a->peer_status(*id).ok());
+        EXPECT_EQ(a->peer_status(*id + 1000).code(), StatusCode::kNotFound);
+        b.reset();  // the peer goes away
+        Status st;
+        EXPECT_TRUE(eventually([&] {
+            st = a->peer_status(*id);
+            return !st.ok();
+        }));
+        EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+        ASSERT_TRUE(a->disconnect(*id).ok());
+        EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kNotFound);
+    }
+}
+
 TEST(EngineEndpoints, AStuckPeerTimesOut) {
     // "stuck" has no progress thread and, after connecting, nobody calls into it: it stops
     // answering (and sending heartbeats) while its sockets stay open.
