@@ -80,6 +80,10 @@ class CudaBuffer final : public TestBuffer {
     void upload(uint64_t off, const void* src, size_t len) override {
         ASSERT_LE(off + len, size_);
         ASSERT_EQ(cudaMemcpy(data() + off, src, len, cudaMemcpyHostToDevice), cudaSuccess);
+        // From pageable memory cudaMemcpy may return before the bytes have landed, and the
+        // engine's copies run on a non-blocking stream, which does not wait for it: without this
+        // a test's "zero the target" could land after the engine's data.
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
     void download(uint64_t off, void* dst, size_t len) override {
         ASSERT_LE(off + len, size_);
