@@ -121,6 +121,11 @@ class TCPX_API Endpoint {
     // Connects to the endpoint described by `metadata`; returns once the connection is ready
     // (or fails after TCPX_P2P_CONNECT_TIMEOUT_MS).
     StatusOr<PeerId> connect(std::string_view metadata);
+    // Starts connecting and returns at once. Writes, reads, sends, receives and notifications may
+    // be posted to the peer right away: they wait (in order, at most 65536) until the connection
+    // is ready and then go out; if it fails, they fail with its error. peer_status() says where
+    // it stands. A failed peer stays known (with its error) until disconnect().
+    StatusOr<PeerId> connect_async(std::string_view metadata);
     // Endpoints that connect to us are served at once, without accept(): one-sided transfers,
     // notifications and sends from them work immediately. accept() returns the next such peer
     // not yet returned, waiting up to `timeout` (kTimeout if none came).

@@ -147,6 +147,13 @@ TCPX_C_API tcpx_status_t tcpx_parse_metadata(const void* md, size_t len, tcpx_en
 TCPX_C_API tcpx_status_t tcpx_connect(tcpx_endpoint_t* ep, const void* md, size_t len,
                                       uint64_t* peer);
 
+/* Starts connecting and returns at once. Transfers and notifications may be posted to the peer
+ * right away: they wait (in order, at most 65536) for the connection and then go out, or fail
+ * with its error. tcpx_peer_status() says where it stands; a failed peer stays known until
+ * tcpx_disconnect(). */
+TCPX_C_API tcpx_status_t tcpx_connect_async(tcpx_endpoint_t* ep, const void* md, size_t len,
+                                            uint64_t* peer);
+
 /* Endpoints that connect to us are served at once, without accepting them: one-sided transfers,
  * notifications and sends from them work immediately. tcpx_accept returns the next such peer not
  * yet returned, waiting up to `timeout_ms` milliseconds (negative: forever); TCPX_ERR_TIMEOUT if

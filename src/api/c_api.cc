@@ -315,6 +315,15 @@ tcpx_status_t tcpx_connect(tcpx_endpoint_t* ep, const void* md, size_t len, uint
     });
 }
 
+tcpx_status_t tcpx_connect_async(tcpx_endpoint_t* ep, const void* md, size_t len, uint64_t* peer) {
+    return guarded("tcpx_connect_async", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        TCPX_C_REQUIRE(md);
+        TCPX_C_REQUIRE(peer);
+        return deliver(ep->endpoint->connect_async(bytes_of(md, len)), peer);
+    });
+}
+
 tcpx_status_t tcpx_accept(tcpx_endpoint_t* ep, int timeout_ms, uint64_t* peer) {
     return guarded("tcpx_accept", [&]() -> Status {
         TCPX_C_REQUIRE(ep);

@@ -30,6 +30,9 @@ StatusOr<EndpointInfo> Endpoint::parse_metadata(std::string_view metadata) {
 }
 
 StatusOr<PeerId> Endpoint::connect(std::string_view metadata) { return impl_->connect(metadata); }
+StatusOr<PeerId> Endpoint::connect_async(std::string_view metadata) {
+    return impl_->connect_async(metadata);
+}
 StatusOr<PeerId> Endpoint::accept(std::chrono::milliseconds timeout) {
     return impl_->accept(timeout);
 }

@@ -340,6 +340,32 @@ Status Endpoint::Impl::peer_status(PeerId peer) {
     return ready_peer(peer).status();
 }
 
+StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::postable_peer(PeerId id) {
+    auto it = peers_.find(id);
+    if (it != peers_.end() && it->second->outbound && it->second->state != Peer::State::kReady &&
+        it->second->state != Peer::State::kFailed) {
+        return it->second.get();
+    }
+    return ready_peer(id);
+}
+
+Status Endpoint::Impl::check_deferrable(const Peer& p) const {
+    if (p.state == Peer::State::kReady || p.deferred.size() < engine::kMaxDeferred) {
+        return Status();
+    }
+    return resource_exhausted(
+        strformat("peer '%s' is still connecting and %zu requests already wait for it",
+                  p.name.c_str(), p.deferred.size()));
+}
+
+void Endpoint::Impl::issue_or_defer(Peer& p, std::function<void()> issue) {
+    if (p.state == Peer::State::kReady) {
+        issue();
+    } else {
+        p.deferred.push_back(std::move(issue));
+    }
+}
+
 StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::ready_peer(PeerId id) {
     auto it = peers_.find(id);
     if (it == peers_.end()) {
@@ -521,6 +547,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     p.awaiting.clear();
     p.posted_recvs.clear();
     p.unexpected.clear();
+    p.deferred.clear();
     if (p.ctrl.valid()) {
         ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
         p.ctrl.close();

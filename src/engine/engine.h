@@ -168,6 +168,9 @@ struct Extent {
     uint64_t done = 0;  // bytes already cut into requests
 };
 
+// Requests posted to one peer while its connection is being made (connect_async), at most.
+inline constexpr size_t kMaxDeferred = 65536;
+
 // A peer's life (engine_handshake.cc drives all but the last two):
 //   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
 //   inbound:  [kAuthInit -> kAuthProof] ->        kHello -> kChannels -> kReady
@@ -220,6 +223,10 @@ struct Peer {
     // Notifications from this peer that our application has not taken yet.
     uint64_t notif_count = 0;
     uint64_t notif_bytes = 0;
+    // Posts made while the connection was still being made (connect_async), issued in order the
+    // moment it is ready; their transfers are already in `xfers` (so failing the peer fails
+    // them). At most kMaxDeferred.
+    std::deque<std::function<void()>> deferred;
     Status error;                // why it failed
     bool known_to_user = false;  // returned by connect() or accept()
     bool in_accept_queue = false;
@@ -238,6 +245,7 @@ class Endpoint::Impl {
     std::string metadata() const;
 
     StatusOr<PeerId> connect(std::string_view metadata);
+    StatusOr<PeerId> connect_async(std::string_view metadata);
     StatusOr<PeerId> accept(std::chrono::milliseconds timeout);
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer);
@@ -299,6 +307,14 @@ class Endpoint::Impl {
 
     // --- peers ---
     StatusOr<Peer*> ready_peer(PeerId id);
+    // A peer requests may be posted to: ready, or still being made by connect_async() (the
+    // post is then deferred, see Peer::deferred). Its error once failed.
+    StatusOr<Peer*> postable_peer(PeerId id);
+    // RESOURCE_EXHAUSTED when `p` is still connecting and kMaxDeferred posts wait for it
+    // (checked before a post creates anything).
+    Status check_deferrable(const Peer& p) const;
+    // Issues `issue` now if `p` is ready, else keeps it for when it is (api lock held).
+    void issue_or_defer(Peer& p, std::function<void()> issue);
     void send_ctrl(Peer& p, std::string msg);
     void fail_peer(Peer& p, Status why);
     // Adds a peer on a control socket and watches it (for writability too while connecting).

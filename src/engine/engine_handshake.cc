@@ -119,7 +119,7 @@ void Endpoint::Impl::accept_inbound() {
     }
 }
 
-StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
+StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
     TCPX_ASSIGN_OR_RETURN(engine::EndpointAddress addr, engine::decode_metadata(metadata));
     PeerId id;
     {
@@ -133,7 +133,6 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
         id = p->id;
         p->name = p->expected_name = addr.name;
         p->known_to_user = true;
-        // Our receive channels' listeners go in our HELLO.
         Status st = start_channels(*p, static_cast<int>(config_.channels));
         if (!st.ok()) {
             fail_peer(*p, st);
@@ -142,6 +141,12 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
         }
     }
     wake();
+    return id;
+}
+
+StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
+    TCPX_ASSIGN_OR_RETURN(engine::EndpointAddress addr, engine::decode_metadata(metadata));
+    TCPX_ASSIGN_OR_RETURN(PeerId id, connect_async(metadata));
     drive(
         [&] {
             auto it = peers_.find(id);
@@ -490,6 +495,10 @@ void Endpoint::Impl::become_ready(Peer& p) {
     for (Channel& ch : p.rx) ch.last_progress = now;
     TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels%s)", name_.c_str(), p.name.c_str(),
                p.channels, p.authenticated ? ", authenticated" : "");
+    // What was posted while connecting goes out now, in order.
+    std::deque<std::function<void()>> deferred = std::move(p.deferred);
+    p.deferred.clear();
+    for (auto& issue : deferred) issue();
     if (!p.outbound) {
         p.in_accept_queue = true;
         accept_queue_.push_back(p.id);

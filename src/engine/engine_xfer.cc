@@ -242,7 +242,8 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
             notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
     }
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
+    TCPX_RETURN_IF_ERROR(check_deferrable(*p));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("write", iov));
     uint64_t total = 0;
     for (const IoVec& v : iov) total += v.len;
@@ -281,16 +282,22 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     std::string msg = wire::encode_write_req(req);
     msg.append(payload);
     wire::end_message(&msg);
-    send_ctrl(*p, std::move(msg));
-    if (!is_inline) {
-        for (const Xfer::Piece& piece : x->pieces) {
-            queue_chunks(*p, true, x, piece.region, piece.region->base + piece.offset, piece.len);
-        }
-    }
-    x->waiting = true;
-    p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false, false);  // send the request (and first chunks) from this thread
+    // (An inline write's bytes were read above: what the region holds at the post is sent.)
+    issue_or_defer(*p, [this, p, x, is_inline, msg = std::move(msg)]() mutable {
+        send_ctrl(*p, std::move(msg));
+        if (!is_inline) {
+            for (const Xfer::Piece& piece : x->pieces) {
+                queue_chunks(*p, true, x, piece.region, piece.region->base + piece.offset,
+                             piece.len);
+            }
+        }
+        x->waiting = true;
+        p->awaiting.emplace(x->wire_id, x);
+    });
+    if (p->state == Peer::State::kReady) {
+        progress_peer(*p, false, false);  // send the request (and first chunks) from here
+    }
     lock.unlock();
     wake();
     return id;
@@ -305,7 +312,8 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
             notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
     }
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
+    TCPX_RETURN_IF_ERROR(check_deferrable(*p));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
     if (64 + 24 * iov.size() > config_.max_ctrl_message) {
         return invalid_argument(
@@ -325,11 +333,13 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         x->has_notification = true;
         x->notification = std::string(*notification);
     }
-    send_ctrl(*p, wire::encode_read_req(req));
-    x->waiting = true;
-    p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false, false);
+    issue_or_defer(*p, [this, p, x, msg = wire::encode_read_req(req)]() mutable {
+        send_ctrl(*p, std::move(msg));
+        x->waiting = true;
+        p->awaiting.emplace(x->wire_id, x);
+    });
+    if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
@@ -342,9 +352,12 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
             payload.size(), static_cast<unsigned long long>(config_.max_notification_size)));
     }
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
-    send_ctrl(*p, wire::encode_notif(payload));
-    progress_peer(*p, false, false);
+    TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
+    TCPX_RETURN_IF_ERROR(check_deferrable(*p));
+    issue_or_defer(*p, [this, p, msg = wire::encode_notif(payload)]() mutable {
+        send_ctrl(*p, std::move(msg));
+    });
+    if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return Status();
@@ -418,7 +431,8 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
 StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
                                       uint64_t tag) {
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
+    TCPX_RETURN_IF_ERROR(check_deferrable(*p));
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("send");
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kSend, *p, true));
@@ -426,11 +440,15 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
     x->tag = tag;
     x->len = len;
     hold(x, *r, offset, len);
-    send_ctrl(*p, wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len}));
-    x->waiting = true;
-    p->awaiting.emplace(x->wire_id, x);
     const XferId id = x->user_id;
-    progress_peer(*p, false, false);
+    issue_or_defer(
+        *p,
+        [this, p, x, msg = wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len})]() mutable {
+            send_ctrl(*p, std::move(msg));
+            x->waiting = true;
+            p->awaiting.emplace(x->wire_id, x);
+        });
+    if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
@@ -439,7 +457,7 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
 StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
                                       uint64_t tag) {
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Peer * p, ready_peer(peer));
+    TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("recv");
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRecv, *p, true));

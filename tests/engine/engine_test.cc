@@ -1,6 +1,9 @@
 // The transfer engine between endpoints in one process, over loopback: every byte verified,
 // canaries around every registered region.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +17,7 @@
 
 #include "common/socket.h"
 #include "engine/ctrl_wire.h"
+#include "engine/metadata.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
 
@@ -900,6 +904,142 @@ TEST(EngineEndpoints, PeerStatusFollowsTheConnection) {
         ASSERT_TRUE(a->disconnect(*id).ok());
         EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kNotFound);
     }
+}
+
+// connect_async returns at once; what is posted before the connection is ready waits for it and
+// goes out in order: writes (inline-sized and chunked), reads, a send, notifications.
+TEST(EngineEndpoints, PostsRightAfterConnectAsyncWaitForTheConnection) {
+    for (const char* progress : {"on", "off"}) {
+        SCOPED_TRACE(progress);
+        Config config = engine_test_config();
+        config.progress_thread = progress;
+        auto a = make_endpoint("async-a", config);
+        auto b = make_endpoint("async-b");
+        ASSERT_TRUE(a && b);
+        constexpr size_t kSize = 3 << 20;
+        GuardedBuffer asrc(kSize), adst(kSize), bbuf(kSize);
+        fill_pattern(asrc.data(), kSize, 31);
+        fill_pattern(bbuf.data() + kSize / 2, kSize / 2, 32);
+        MemId as = *a->reg(asrc.data(), kSize);
+        MemId ad = *a->reg(adst.data(), kSize);
+        MemId bm = *b->reg(bbuf.data(), kSize);
+        const RemoteMem bd = *b->describe(bm);
+        auto id = a->connect_async(b->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        ASSERT_TRUE(a->notify(*id, "first").ok());
+        auto small = a->write(*id, as, 0, bd, 0, 100);
+        auto big = a->write(*id, as, 100, bd, 100, kSize / 2 - 100, std::string_view("written"));
+        auto rd = a->read(*id, ad, 0, bd, kSize / 2, kSize / 2);
+        auto snd = a->send(*id, as, 0, 4096, 77);
+        ASSERT_TRUE(small.ok() && big.ok() && rd.ok() && snd.ok());
+        for (XferId x : {*small, *big, *rd}) {
+            XferStatus st;
+            do {
+                st = a->poll(x);
+            } while (st.state == XferState::kInProgress);
+            EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
+        }
+        EXPECT_TRUE(a->peer_status(*id).ok());
+        EXPECT_EQ(find_pattern_mismatch(bbuf.data(), kSize / 2, 31), -1);
+        EXPECT_EQ(find_pattern_mismatch(adst.data(), kSize / 2, 32), -1);
+        auto back = b->accept(5s);
+        ASSERT_TRUE(back.ok());
+        GuardedBuffer rbuf(4096);
+        MemId rm = *b->reg(rbuf.data(), 4096);
+        auto rcv = b->recv(*back, rm, 0, 4096, 77);
+        ASSERT_TRUE(rcv.ok());
+        // (a may have no progress thread: it is polled while b waits.)
+        XferStatus sst, rst;
+        do {
+            if (sst.state == XferState::kInProgress) sst = a->poll(*snd);
+            if (rst.state == XferState::kInProgress) rst = b->poll(*rcv);
+        } while (sst.state == XferState::kInProgress || rst.state == XferState::kInProgress);
+        EXPECT_EQ(sst.state, XferState::kDone) << sst.error.to_string();
+        EXPECT_EQ(rst.state, XferState::kDone) << rst.error.to_string();
+        EXPECT_EQ(find_pattern_mismatch(rbuf.data(), 4096, 31), -1);
+        std::vector<std::string> got;
+        EXPECT_TRUE(eventually([&] {
+            for (Notification& n : b->get_notifications()) got.push_back(n.payload);
+            return got.size() >= 2;
+        }));
+        EXPECT_EQ(got, (std::vector<std::string>{"first", "written"}));
+        EXPECT_TRUE(asrc.canaries_intact() && adst.canaries_intact() && bbuf.canaries_intact());
+    }
+}
+
+// A connect_async that cannot succeed: what waited for it fails with its error, the peer's
+// status says so, and disconnect forgets it.
+TEST(EngineEndpoints, PostsWaitingForAFailedConnectFailWithItsError) {
+    auto a = make_endpoint("async-fail");
+    auto b = make_endpoint("async-gone");
+    ASSERT_TRUE(a && b);
+    const std::string md = b->metadata();
+    b.reset();  // nothing listens there any more
+    GuardedBuffer buf(1 << 20);
+    MemId m = *a->reg(buf.data(), buf.size());
+    RemoteMem nowhere;
+    nowhere.addr = 4096;
+    nowhere.len = 1 << 20;
+    nowhere.key = 12345;
+    auto id = a->connect_async(md);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    // Posted while connecting (it then fails with the connection), or after the refusal came
+    // (refused at once): the same error either way.
+    auto w = a->write(*id, m, 0, nowhere, 0, 1 << 20);
+    Status st = w.ok() ? a->wait(*w, 10s) : w.status();
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kUnavailable);
+    EXPECT_EQ(a->write(*id, m, 0, nowhere, 0, 10).status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(a->notify(*id, "x").code(), StatusCode::kUnavailable);
+    ASSERT_TRUE(a->disconnect(*id).ok());
+    EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kNotFound);
+    EXPECT_TRUE(a->dereg(m).ok());
+}
+
+// Posts made while the handshake cannot finish (the "peer" accepts TCP and says nothing) wait,
+// then fail with the connection when its deadline passes; none is lost or left hanging.
+TEST(EngineEndpoints, PostsWaitingForASilentPeerFailAtTheConnectDeadline) {
+    Fd silent(::socket(AF_INET, SOCK_STREAM, 0));
+    ASSERT_TRUE(silent.valid());
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(silent.get(), reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0);
+    ASSERT_EQ(::listen(silent.get(), 4), 0);
+    socklen_t len = sizeof(sin);
+    ASSERT_EQ(::getsockname(silent.get(), reinterpret_cast<sockaddr*>(&sin), &len), 0);
+    engine::EndpointAddress where;
+    where.name = "silent";
+    where.address = *SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&sin), len);
+    Config config = engine_test_config();
+    config.connect_timeout_ms = 300;
+    auto a = make_endpoint("async-waits", config);
+    ASSERT_TRUE(a);
+    GuardedBuffer buf(1 << 20);
+    MemId m = *a->reg(buf.data(), buf.size());
+    RemoteMem nowhere;
+    nowhere.addr = 4096;
+    nowhere.len = 1 << 20;
+    nowhere.key = 12345;
+    auto id = a->connect_async(engine::encode_metadata(where));
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kFailedPrecondition);
+    std::vector<XferId> posted;
+    for (int i = 0; i < 10; ++i) {
+        auto w =
+            i % 2 ? a->read(*id, m, 0, nowhere, 0, 1 << 20) : a->write(*id, m, 0, nowhere, 0, 1000);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        posted.push_back(*w);
+    }
+    EXPECT_TRUE(a->notify(*id, "queued").ok());
+    for (XferId x : posted) {
+        Status st = a->wait(x, 10s);
+        EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    }
+    EXPECT_EQ(a->peer_status(*id).code(), StatusCode::kTimeout);
+    ASSERT_TRUE(a->disconnect(*id).ok());
+    EXPECT_TRUE(a->dereg(m).ok());  // nothing holds the region any more
+    EXPECT_TRUE(buf.canaries_intact());
 }
 
 TEST(EngineEndpoints, AStuckPeerTimesOut) {
