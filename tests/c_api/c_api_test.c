@@ -347,6 +347,24 @@ static void test_endpoints_and_metadata(tcpx_config_t* cfg) {
     CHECK_ERR(tcpx_accept(b, 50, &peer), TCPX_ERR_TIMEOUT);
     CHECK_ERR(tcpx_accept(b, 0, NULL), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_accept(NULL, 0, &peer), TCPX_ERR_INVALID_ARGUMENT);
+    // connect_async: returns at once; the connection is up soon after.
+    uint64_t later = 0;
+    CHECK_ERR(tcpx_connect_async(a, "garbage!garbage!garbage!", 24, &later),
+              TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_connect_async(a, md, md_len, NULL), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tcpx_connect_async(a, md, md_len, &later));
+    CHECK(later != 0 && later != a_to_b);
+    tcpx_status_t st = TCPX_ERR_FAILED_PRECONDITION;
+    for (int i = 0; i < 5000 && st == TCPX_ERR_FAILED_PRECONDITION; ++i) {
+        st = tcpx_peer_status(a, later);
+        if (st == TCPX_ERR_FAILED_PRECONDITION) sleep_ms(1);
+    }
+    CHECK(st == TCPX_OK);
+    uint64_t again = 0;
+    CHECK_OK(tcpx_accept(b, 5000, &again));
+    CHECK_OK(tcpx_disconnect(a, later));
+    CHECK_ERR(tcpx_peer_status(a, later), TCPX_ERR_NOT_FOUND);
+    CHECK_OK(tcpx_disconnect(b, again));
     free(md);
 
     char name[TCPX_NAME_MAX + 1];
