@@ -214,9 +214,16 @@ V7Net::~V7Net() {
         TCPX_DEBUG("%s: %zu listeners left open: their accept never ended", name_.c_str(),
                    parked_.size());
     }
-    // What a parked listener's accept may still write stays allocated: the plugin is never
-    // unloaded either.
-    for (ListenWrap* l : parked_) (void)l->next.release();
+    // A parked listener's accept never ended, so the plugin's listen comm stays open (its
+    // accept may still use it). Our wrappers go: known plugins write them only inside calls; an
+    // unknown one might write them later, so they stay allocated (the plugin is never unloaded).
+    for (ListenWrap* l : parked_) {
+        if (handle_kind_ == HandleKind::kUnknown) {
+            (void)l->next.release();
+        } else {
+            delete l;
+        }
+    }
     parked_.clear();
     for (auto& w : abandoned_) (void)w.release();
     for (auto& [handle, w] : connecting_) {
