@@ -317,15 +317,7 @@ void SendControlConn::read_locked() {
         if (*n == 0) return;
         reply_got_ += *n;
         if (reply_got_ < sizeof(reply_)) continue;
-        if (reply_.magic != wire::kReplyMagic) {
-            return comm->fail(protocol_error("the peer is not a tcpx-p2p socket endpoint"));
-        }
-        const auto status = static_cast<wire::ReplyStatus>(reply_.status);
-        if (status != wire::ReplyStatus::kAccepted) {
-            return comm->fail(unavailable(
-                strformat("peer refused the connection: %s (peer protocol version %u, ours %u)",
-                          wire::reply_status_text(status), reply_.version, wire::kVersion)));
-        }
+        if (Status st = wire::check_hello_reply(reply_); !st.ok()) return comm->fail(std::move(st));
     }
     // After the reply the receiver sends nothing; anything readable is its close or garbage.
     uint8_t byte = 0;
@@ -862,6 +854,35 @@ const char* reply_status_text(ReplyStatus status) {
             return "malformed handshake";
     }
     return "unknown reason";
+}
+
+std::optional<ReplyStatus> check_hello(const Hello& h, uint64_t listen_nonce, uint16_t nsocks) {
+    if (h.magic != kHelloMagic) return std::nullopt;
+    if (h.version != kVersion) return ReplyStatus::kVersionMismatch;
+    if (h.listen_nonce != listen_nonce) return ReplyStatus::kWrongListener;
+    // A connector opens at most its own NSOCKS of the sockets a handle offers: any count from 1
+    // to the listener's is a comm of that many.
+    if (h.nsocks < 1 || h.nsocks > nsocks ||
+        (h.role == static_cast<uint16_t>(Role::kControl) && h.index != 0) ||
+        (h.role == static_cast<uint16_t>(Role::kData) && h.index >= h.nsocks) ||
+        (h.role != static_cast<uint16_t>(Role::kControl) &&
+         h.role != static_cast<uint16_t>(Role::kData))) {
+        return ReplyStatus::kBadHello;
+    }
+    return ReplyStatus::kAccepted;
+}
+
+Status check_hello_reply(const HelloReply& reply) {
+    if (reply.magic != kReplyMagic) {
+        return protocol_error("the peer is not a tcpx-p2p socket endpoint");
+    }
+    const auto status = static_cast<ReplyStatus>(reply.status);
+    if (status != ReplyStatus::kAccepted) {
+        return unavailable(
+            strformat("peer refused the connection: %s (peer protocol version %u, ours %u)",
+                      reply_status_text(status), reply.version, kVersion));
+    }
+    return Status();
 }
 
 }  // namespace tcpx::net::wire

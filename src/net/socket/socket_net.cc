@@ -468,24 +468,14 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             continue;
         }
         const wire::Hello& h = p.hello;
-        if (h.magic != wire::kHelloMagic) {
+        const std::optional<wire::ReplyStatus> verdict = wire::check_hello(h, l->nonce, l->nsocks);
+        if (!verdict) {
             TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
                       p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
             drop();
             continue;
         }
-        wire::ReplyStatus refuse = wire::ReplyStatus::kAccepted;
-        if (h.version != wire::kVersion) {
-            refuse = wire::ReplyStatus::kVersionMismatch;
-        } else if (h.listen_nonce != l->nonce) {
-            refuse = wire::ReplyStatus::kWrongListener;
-        } else if (h.nsocks < 1 || h.nsocks > l->nsocks ||
-                   (h.role == static_cast<uint16_t>(wire::Role::kControl) && h.index != 0) ||
-                   (h.role == static_cast<uint16_t>(wire::Role::kData) && h.index >= h.nsocks) ||
-                   (h.role != static_cast<uint16_t>(wire::Role::kControl) &&
-                    h.role != static_cast<uint16_t>(wire::Role::kData))) {
-            refuse = wire::ReplyStatus::kBadHello;
-        }
+        wire::ReplyStatus refuse = *verdict;
         Group* group = nullptr;
         if (refuse == wire::ReplyStatus::kAccepted) {
             auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);

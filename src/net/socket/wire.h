@@ -22,6 +22,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+
+#include "tcpx/status.h"
 
 namespace tcpx::net::wire {
 
@@ -103,5 +106,14 @@ struct ChunkHeader {
 static_assert(sizeof(ChunkHeader) == 40);
 
 const char* reply_status_text(ReplyStatus status);
+
+// The listener's verdict on a complete Hello: nullopt when it is not a tcpx-p2p handshake at all
+// (closed without a reply), else kAccepted or the refusal to send back. Accepted means the role is
+// kControl with index 0, or kData with index < the Hello's nsocks, which is 1 to the listener's
+// own `nsocks`.
+std::optional<ReplyStatus> check_hello(const Hello& hello, uint64_t listen_nonce, uint16_t nsocks);
+
+// The connecting side's reading of the listener's complete reply: OK when it accepted.
+Status check_hello_reply(const HelloReply& reply);
 
 }  // namespace tcpx::net::wire
