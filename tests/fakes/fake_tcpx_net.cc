@@ -937,9 +937,12 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
 // Listeners with an accept in progress. The real plugin's first accept() starts a thread that
 // uses the listen comm until a connection is accepted or fails, and returns null; closeListen
 // frees the listen comm under it. The emulation's first accept() only starts likewise, and its
-// closeListen refuses a listener whose accept has not ended.
+// closeListen refuses a listener whose accept has not ended. A listen comm whose accept never
+// ends is never closed (the engine cannot close it safely): the real plugin's thread holds it
+// until the process ends, and so does this set, which is never destroyed (LeakSanitizer, run
+// after static destructors, sees the comm still held, as it is).
 std::mutex g_accept_mu;
-std::unordered_set<void*> g_accepting;
+std::unordered_set<void*>& g_accepting = *new std::unordered_set<void*>;
 
 tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
                              tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm);
