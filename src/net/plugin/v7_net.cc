@@ -60,6 +60,17 @@ StatusOr<SocketAddress> tcpx_handle_address(const google_tcpx::SocketAddress& a,
     return addr;
 }
 
+// How a table's handles are read: by the setting, else by the table's name.
+V7Net::HandleKind handle_kind_for(const std::string& table_name, const std::string& layout) {
+    if (layout == "google-tcpx") return V7Net::HandleKind::kGoogleTcpx;
+    if (layout == "socket") return V7Net::HandleKind::kSocket;
+    if (table_name.rfind("GPUDirectTCPX", 0) == 0) return V7Net::HandleKind::kGoogleTcpx;
+    if (table_name == kSocketTableName) return V7Net::HandleKind::kSocket;
+    return V7Net::HandleKind::kUnknown;
+}
+
+}  // namespace
+
 Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
     google_tcpx::Handle h;
     std::memcpy(&h, handle->bytes.data(), sizeof(h));
@@ -93,17 +104,6 @@ Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
     std::memcpy(handle->bytes.data(), &h, sizeof(h));
     return Status();
 }
-
-// How a table's handles are read: by the setting, else by the table's name.
-V7Net::HandleKind handle_kind_for(const std::string& table_name, const std::string& layout) {
-    if (layout == "google-tcpx") return V7Net::HandleKind::kGoogleTcpx;
-    if (layout == "socket") return V7Net::HandleKind::kSocket;
-    if (table_name.rfind("GPUDirectTCPX", 0) == 0) return V7Net::HandleKind::kGoogleTcpx;
-    if (table_name == kSocketTableName) return V7Net::HandleKind::kSocket;
-    return V7Net::HandleKind::kUnknown;
-}
-
-}  // namespace
 
 // A comm of the plugin plus the device-handle storage the plugin may fill in.
 struct V7Net::CommWrap {

@@ -17,6 +17,12 @@
 
 namespace tcpx::net {
 
+// The check of one of Google's TCPX handles from a peer (its layout in tcpx_layout.h): both
+// addresses IPv4 or IPv6 with a port, naming the peer's host (names_peer_host; an empty
+// `peer_address` skips that), num_socks and num_threads within the plugin's limits; connect_args
+// (a pointer the plugin follows) reset to null and every byte after the struct zeroed.
+Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address);
+
 struct V7Options {
     // Requests in flight per comm the table is known to accept (v7 does not say). 0: derived from
     // the device type — 16 for UNPACK devices (Google's TCPX allows 16), else 8 (what NCCL itself
