@@ -1,0 +1,82 @@
+// The engine's control-connection framing (engine::CtrlConn: read + next_message) on an
+// arbitrary byte stream, each message it hands out decoded like the engine would. The stream
+// arrives through a socketpair in two writes, so messages also straddle reads.
+// Input: one byte that picks where the stream is split, then the stream.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/socket.h"
+#include "ctrl_roundtrip.h"
+#include "engine/ctrl_conn.h"
+
+namespace {
+
+namespace w = tcpx::engine::wire;
+
+// The stream is at most what libFuzzer's -max_len allows (4 KiB by default); a socketpair's
+// buffer takes that whole, so one write never blocks.
+constexpr size_t kMaxStream = 64 * 1024;
+
+void write_all(int fd, const uint8_t* p, size_t n) {
+    while (n > 0) {
+        const ssize_t k = ::write(fd, p, n);
+        FUZZ_CHECK(k > 0);
+        p += k;
+        n -= static_cast<size_t>(k);
+    }
+}
+
+// Reads what arrived, then hands out every complete message. Returns false after a protocol
+// error (the engine drops the connection then).
+bool drain(tcpx::engine::CtrlConn* conn, size_t* handed_out) {
+    bool eof = false;
+    FUZZ_CHECK(conn->read(&eof).ok());
+    while (true) {
+        w::Header h;
+        std::string_view body;
+        auto got = conn->next_message(&h, &body);
+        if (!got.ok()) {
+            FUZZ_CHECK(got.status().code() == tcpx::StatusCode::kProtocol);
+            return false;
+        }
+        if (!*got) return true;
+        FUZZ_CHECK(h.magic == w::kMagic);
+        FUZZ_CHECK(h.length <= w::kMaxBody && body.size() == h.length);
+        *handed_out += sizeof(w::Header) + body.size();
+        tcpx::fuzz::check_message(static_cast<w::MsgType>(h.type), h.flags, body);
+    }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (size < 1 || size - 1 > kMaxStream) return 0;
+    const size_t len = size - 1;
+    const size_t split = len * data[0] / 255;
+    const uint8_t* stream = data + 1;
+
+    int fds[2];
+    FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    tcpx::Fd writer(fds[1]);
+    FUZZ_CHECK(tcpx::set_nonblocking(fds[0], true).ok());
+    // One connection for the whole run, reset per input as the engine resets one per peer: a
+    // fresh one would map and zero its 256 KiB read buffer every time (100x slower).
+    static auto* conn = new tcpx::engine::CtrlConn;
+    conn->reset(tcpx::Fd(fds[0]));
+
+    size_t handed_out = 0;
+    write_all(writer.get(), stream, split);
+    bool good = drain(conn, &handed_out);
+    if (good) {
+        write_all(writer.get(), stream + split, len - split);
+        writer.reset();
+        good = drain(conn, &handed_out);
+    }
+    if (good) FUZZ_CHECK(handed_out + conn->buffered() == len);
+    FUZZ_CHECK(handed_out <= len);
+    conn->close();
+    return 0;
+}

@@ -1,0 +1,257 @@
+// Writes the seed corpora (valid inputs made by the encoders) into <dir>/<target>/:
+//   fuzz_make_corpus tests/fuzz/corpus
+// The files are committed; rerun this when a format changes (scripts/run-fuzz --make-corpus).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "engine/ctrl_wire.h"
+#include "engine/metadata.h"
+#include "net/net.h"
+#include "net/plugin/tcpx_layout.h"
+#include "net/socket/wire.h"
+#include "tcpx/endpoint.h"
+
+namespace {
+
+namespace w = tcpx::engine::wire;
+namespace sw = tcpx::net::wire;
+
+std::string g_root;
+
+void put(const std::string& target, const std::string& name, const std::string& bytes) {
+    const std::string dir = g_root + "/" + target;
+    ::mkdir(dir.c_str(), 0755);
+    const std::string path = dir + "/" + name;
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
+        std::perror(path.c_str());
+        std::exit(1);
+    }
+    std::fclose(f);
+}
+
+template <typename T>
+std::string raw(const T& v) {
+    return std::string(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+std::string body(const std::string& msg) { return msg.substr(sizeof(w::Header)); }
+std::string closed(std::string msg, const std::string& tail = "") {
+    msg += tail;
+    w::end_message(&msg);
+    return msg;
+}
+
+// The control messages, whole (header included), with the selector byte fuzz_ctrl_wire reads.
+struct Msg {
+    std::string name;
+    std::string whole;
+    uint8_t selector = 0;  // set from the header below
+};
+
+std::vector<Msg> control_messages() {
+    std::vector<Msg> out;
+    w::Hello hello;
+    hello.channels = 2;
+    hello.nonce = 0x1122334455667788;
+    hello.chunk = 512 * 1024;
+    hello.name = "node-a";
+    hello.handles.resize(2);
+    hello.handles[0].bytes[0] = 0x54;
+    hello.handles[1].bytes[0] = 0x55;
+    out.push_back({"hello", w::encode_hello(hello)});
+
+    const std::vector<w::Segment> segs = {{7, 0, 4}, {9, 16, 3}};
+    for (uint16_t flags = 0; flags < 4; ++flags) {
+        w::WriteReq req;
+        req.xfer = 42;
+        req.flags = flags;
+        req.segs = segs;
+        req.notification = "done";
+        const std::string data = (flags & w::kFlagInline) ? "abcdefg" : "";
+        out.push_back(
+            {"write_req_flags" + std::to_string(flags), closed(w::encode_write_req(req), data)});
+    }
+    out.push_back({"write_ack_ok", w::encode_write_ack(42, tcpx::Status())});
+    out.push_back(
+        {"write_ack_error",
+         w::encode_write_ack(42, tcpx::Status(tcpx::StatusCode::kOutOfRange, "past end"))});
+    w::ReadReq rreq;
+    rreq.xfer = 43;
+    rreq.segs = segs;
+    out.push_back({"read_req", w::encode_read_req(rreq)});
+    out.push_back({"read_resp_inline",
+                   closed(w::encode_read_resp(43, w::kFlagInline, tcpx::Status()), "abcdefg")});
+    out.push_back({"read_resp_chunks", closed(w::encode_read_resp(43, 0, tcpx::Status()))});
+    out.push_back(
+        {"read_resp_refused",
+         closed(w::encode_read_resp(43, 0, tcpx::Status(tcpx::StatusCode::kNotFound, "no key")))});
+    out.push_back({"notif", w::encode_notif("hello there")});
+    out.push_back({"send_rts", w::encode_send_rts({44, 5, 1 << 20})});
+    out.push_back({"recv_cts", w::encode_recv_cts(44, 45, tcpx::Status())});
+    out.push_back(
+        {"send_data_inline", closed(w::encode_send_data(45, w::kFlagInline, 5), "hello")});
+    out.push_back({"send_data_chunks", closed(w::encode_send_data(45, 0, 1 << 20))});
+    out.push_back({"ping", w::encode_empty(w::MsgType::kPing)});
+    const std::string nonce_c(w::kAuthBytes, 'c'), nonce_l(w::kAuthBytes, 'l');
+    const std::string mac1(w::kAuthBytes, '1'), mac2(w::kAuthBytes, '2');
+    w::AuthInit init;
+    init.nonce = nonce_c;
+    init.name = "node-a";
+    out.push_back({"auth_init", w::encode_auth_init(init)});
+    w::AuthChallenge ch;
+    ch.nonce = nonce_l;
+    ch.name = "node-b";
+    ch.macs = {mac1, mac2};
+    out.push_back({"auth_challenge", w::encode_auth_challenge(ch)});
+    w::AuthProof proof;
+    proof.mac = mac1;
+    out.push_back({"auth_proof", w::encode_auth_proof(proof)});
+    out.push_back({"auth_fail", w::encode_auth_fail("authentication failed")});
+    // fuzz_ctrl_wire's selector: the type's index in its table, the flags in bits 4-5.
+    for (Msg& m : out) {
+        w::Header h;
+        std::memcpy(&h, m.whole.data(), sizeof(h));
+        static const w::MsgType order[] = {
+            w::MsgType::kHello,    w::MsgType::kWriteReq,      w::MsgType::kWriteAck,
+            w::MsgType::kReadReq,  w::MsgType::kReadResp,      w::MsgType::kNotif,
+            w::MsgType::kSendRts,  w::MsgType::kRecvCts,       w::MsgType::kSendData,
+            w::MsgType::kReady,    w::MsgType::kPing,          w::MsgType::kBye,
+            w::MsgType::kAuthInit, w::MsgType::kAuthChallenge, w::MsgType::kAuthProof,
+            w::MsgType::kAuthFail};
+        for (uint8_t i = 0; i < std::size(order); ++i) {
+            if (static_cast<uint16_t>(order[i]) == h.type) {
+                m.selector = static_cast<uint8_t>(i | ((h.flags & 3) << 4));
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+        return 2;
+    }
+    g_root = argv[1];
+    ::mkdir(g_root.c_str(), 0755);
+
+    const std::vector<Msg> msgs = control_messages();
+    std::string stream;
+    for (const Msg& m : msgs) {
+        put("fuzz_ctrl_wire", m.name,
+            std::string(1, static_cast<char>(m.selector)) + body(m.whole));
+        stream += m.whole;
+    }
+    // Streams: one message, and all of them, split in the middle.
+    put("fuzz_ctrl_stream", "hello", "\x80" + msgs[0].whole);
+    put("fuzz_ctrl_stream", "all", "\x80" + stream);
+    put("fuzz_ctrl_stream", "write_then_ack", "\x40" + msgs[4].whole + msgs[5].whole);
+
+    tcpx::engine::EndpointAddress a;
+    a.name = "node-a";
+    a.gpu = 3;
+    a.nonce = 0xabcdef;
+    a.address = *tcpx::SocketAddress::parse("127.0.0.1", 5000);
+    put("fuzz_metadata", "ipv4", tcpx::engine::encode_metadata(a));
+    a.address = *tcpx::SocketAddress::parse("::1", 5001);
+    a.gpu = -1;
+    a.name = "";
+    put("fuzz_metadata", "ipv6", tcpx::engine::encode_metadata(a));
+    a.address = *tcpx::SocketAddress::parse("fe80::1%1", 5002);
+    put("fuzz_metadata", "ipv6_scoped", tcpx::engine::encode_metadata(a));
+
+    tcpx::RemoteMem m;
+    m.addr = 0x7f0000001000;
+    m.len = 1 << 20;
+    m.key = 0x0123456789abcdef;
+    put("fuzz_remote_mem", "host", m.serialize());
+    m.kind = tcpx::MemKind::kCuda;
+    m.device = 1;
+    put("fuzz_remote_mem", "cuda", m.serialize());
+
+    sw::HandleBlob blob{};
+    blob.magic = sw::kHandleMagic;
+    blob.version = sw::kVersion;
+    blob.family = AF_INET;
+    const uint8_t v4[4] = {127, 0, 0, 1};
+    std::memcpy(blob.addr, v4, 4);
+    blob.port = 5000;
+    blob.nsocks = 4;
+    blob.listen_nonce = 0x5555;
+    tcpx::net::Handle handle;
+    std::memcpy(handle.bytes.data(), &blob, sizeof(blob));
+    put("fuzz_socket_handle", "ipv4",
+        std::string(reinterpret_cast<const char*>(handle.bytes.data()), handle.bytes.size()));
+    blob.family = AF_INET6;
+    const uint8_t mapped[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+    std::memcpy(blob.addr, mapped, 16);
+    blob.connect_key = 99;  // a peer's stale key: the check clears it
+    std::memcpy(handle.bytes.data(), &blob, sizeof(blob));
+    put("fuzz_socket_handle", "ipv4_mapped",
+        std::string(reinterpret_cast<const char*>(handle.bytes.data()), handle.bytes.size()));
+
+    // Google's TCPX handle (tcpx_layout.h): IPv4 loopback, the same IPv4-mapped, and one with a
+    // pointer in connect_args (the check clears it).
+    namespace gt = tcpx::net::google_tcpx;
+    gt::Handle th{};
+    th.connect_addr.sin.sin_family = AF_INET;
+    th.connect_addr.sin.sin_port = htons(6000);
+    th.connect_addr.sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    th.ctrl_addr = th.connect_addr;
+    th.port_start = th.port_count = -1;
+    th.num_socks = 4;
+    th.num_threads = 1;
+    auto tcpx_bytes = [](const gt::Handle& h) {
+        std::string b(sizeof(tcpx::net::Handle::bytes), '\0');
+        std::memcpy(b.data(), &h, sizeof(h));
+        return b;
+    };
+    put("fuzz_tcpx_handle", "ipv4", tcpx_bytes(th));
+    th.connect_args = reinterpret_cast<void*>(0x7f0000001000);
+    put("fuzz_tcpx_handle", "ipv4_connect_args", tcpx_bytes(th));
+    gt::Handle t6{};
+    t6.connect_addr.sin6.sin6_family = AF_INET6;
+    t6.connect_addr.sin6.sin6_port = htons(6001);
+    inet_pton(AF_INET6, "::ffff:127.0.0.1", &t6.connect_addr.sin6.sin6_addr);
+    t6.ctrl_addr = t6.connect_addr;
+    t6.num_socks = 8;
+    t6.num_threads = 16;
+    t6.redirect_ctrl = true;
+    put("fuzz_tcpx_handle", "ipv4_mapped", tcpx_bytes(t6));
+
+    const uint64_t nonce = 0x1234;
+    const uint16_t nsocks = 4;
+    const sw::HelloReply accepted{sw::kReplyMagic, sw::kVersion, 0};
+    const sw::HelloReply refused{sw::kReplyMagic, sw::kVersion,
+                                 static_cast<uint16_t>(sw::ReplyStatus::kWrongListener)};
+    const sw::Hello control{sw::kHelloMagic,
+                            sw::kVersion,
+                            static_cast<uint16_t>(sw::Role::kControl),
+                            nonce,
+                            77,
+                            0,
+                            nsocks,
+                            0};
+    const sw::Hello data{sw::kHelloMagic,
+                         sw::kVersion,
+                         static_cast<uint16_t>(sw::Role::kData),
+                         nonce,
+                         77,
+                         3,
+                         nsocks,
+                         0};
+    put("fuzz_socket_hello", "control", raw(control) + raw(accepted) + raw(nonce) + raw(nsocks));
+    put("fuzz_socket_hello", "data", raw(data) + raw(refused) + raw(nonce) + raw(nsocks));
+    return 0;
+}
