@@ -1,5 +1,6 @@
 // The engine's skeleton: creation, the progress loop, peers. The handshake (authentication,
-// HELLO, data channels) is in engine_handshake.cc, transfers in engine_xfer.cc.
+// HELLO, data channels) is in engine_handshake.cc, posting and completion in engine_xfer.cc, the
+// data channels in engine_channels.cc, the control messages of ready peers in engine_dispatch.cc.
 #include "engine/engine.h"
 
 #include <netinet/in.h>

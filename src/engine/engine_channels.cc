@@ -1,0 +1,296 @@
+// The data channels: moving each chunk of a transfer through the transport (staging, the
+// requests in flight per channel, device rings and memory registrations per channel).
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "engine/ctrl_wire.h"
+#include "engine/engine.h"
+#include "engine/reg_windows.h"
+
+namespace tcpx {
+
+using engine::Clock;
+using engine::Op;
+using engine::Region;
+namespace wire = engine::wire;
+
+// --- the data channels
+// -----------------------------------------------------------------------------
+
+bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
+    using engine::OpPath;
+    const char* what = tx ? "data channel send" : "data channel receive";
+    auto failed = [&](Status st) {
+        fail_peer(p, st.with_context(what));
+        return true;
+    };
+    bool did = false;
+    // Completions, oldest first (some transports require that order).
+    while (!ch.inflight.empty()) {
+        bool done = false;
+        size_t size = 0;
+        Status st = net_->test(ch.inflight.front().req, &done, &size);
+        if (!st.ok()) {
+            // The request is gone with its error (the Net contract): it must not be tested
+            // again when the peer's channels are wound down.
+            ch.inflight.pop_front();
+            --active_ops_;
+            return failed(st);
+        }
+        if (!done) break;
+        Channel::InFlight f = ch.inflight.front();
+        ch.inflight.pop_front();
+        ch.last_progress = Clock::now();
+        did = true;
+        // Both sides cut the same chunks: a receive of any other size means the streams are out
+        // of step (or the transport is broken), and no later chunk can be trusted to land right.
+        if (!tx && props_.reports_sizes && size != f.op.len) {
+            return failed(
+                protocol_error(strformat("received %zu bytes where the chunk has %llu", size,
+                                         static_cast<unsigned long long>(f.op.len))));
+        }
+        if (tx) {
+            // The transport is done with the bytes: a staging slot can take the next chunk.
+            if (f.op.slot >= 0) ch.ring->release(f.op.slot);
+            op_done(f.op);
+            continue;
+        }
+        st = start_finishing(ch, f);
+        if (!st.ok()) return failed(st);
+        ch.finishing.push_back(f);
+    }
+    // Receives are handed back to the transport oldest first, once their bytes are where they
+    // belong (Google's TCPX recycles the pages an unpack reads at irecv_consumed()).
+    while (!ch.finishing.empty()) {
+        const Channel::InFlight f = ch.finishing.front();
+        if (f.op.slot >= 0) {
+            auto ready = ch.ring->ready(f.op.slot);
+            if (!ready.ok()) return failed(ready.status());
+            if (!*ready) break;
+            ch.ring->release(f.op.slot);
+        }
+        ch.finishing.pop_front();
+        ch.last_progress = Clock::now();
+        Status st = net_->irecv_consumed(ch.recv, 1, f.req);
+        if (!st.ok()) return failed(st);
+        if (f.op.ptr == nullptr) ch.scratch_busy = false;
+        did = true;
+        op_done(f.op);
+    }
+    // Sends from GPU memory through staging: copy chunks into free slots ahead of the wire, so
+    // the copy of one chunk overlaps the sending of the previous ones.
+    while (tx && ch.staged_ahead < ch.queued.size()) {
+        Op& op = ch.queued[ch.staged_ahead];
+        if (op.path == OpPath::kStaged) {
+            Status st = ensure_ring(ch, tx, op);
+            if (!st.ok()) return failed(st);
+            if (!ch.ring->has_free()) break;
+            op.slot = ch.ring->acquire();
+            st = ch.ring->copy_in(op.slot, op.ptr, op.len);
+            if (!st.ok()) return failed(st);
+            did = true;
+        }
+        ++ch.staged_ahead;
+    }
+    while (!ch.queued.empty() &&
+           ch.inflight.size() + ch.finishing.size() < static_cast<size_t>(window_)) {
+        Op& op = ch.queued.front();
+        uint8_t* ptr = op.ptr;
+        net::MemHandle* mh = nullptr;
+        int rx_slot = -1;
+        if (tx && ch.staged_ahead == 0) break;  // its staging slot is not free yet
+        if (op.path == OpPath::kStaged) {
+            if (tx) {
+                auto ready = ch.ring->ready(op.slot);
+                if (!ready.ok()) return failed(ready.status());
+                if (!*ready) break;  // the copy into the slot is still running
+                ptr = ch.ring->slot(op.slot);
+            } else {
+                Status st = ensure_ring(ch, tx, op);
+                if (!st.ok()) return failed(st);
+                if (!ch.ring->has_free()) break;
+                rx_slot = ch.ring->next();
+                ptr = ch.ring->slot(rx_slot);
+            }
+            mh = ch.ring_mr;
+        } else {
+            if (ptr == nullptr) {
+                // Draining a refused write: one scratch receive at a time per channel, so no two
+                // transport requests ever write the scratch buffer at once.
+                if (ch.scratch_busy) break;
+                if (!ch.scratch) ch.scratch.reset(new uint8_t[p.chunk]);
+                ptr = ch.scratch.get();
+            }
+            if (op.path == OpPath::kUnpack) {
+                // Read the plugin's unpack queue before the first receive needs it.
+                Status st = ensure_ring(ch, tx, op);
+                if (!st.ok()) return failed(st);
+            }
+            auto mr = mr_for(ch, tx, op, p.chunk);
+            if (!mr.ok()) {
+                return failed(Status(mr.status()).with_context("registering memory"));
+            }
+            mh = *mr;
+        }
+        net::Request* req = nullptr;
+        Status st;
+        if (tx) {
+            st = net_->isend(ch.send, ptr, op.len, 0, mh, &req);
+        } else {
+            void* data = ptr;
+            size_t size = op.len;
+            int tag = 0;
+            st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
+        }
+        if (!st.ok()) return failed(st);
+        if (req == nullptr) break;  // the transport is full: later
+        if (rx_slot >= 0) op.slot = ch.ring->acquire();
+        if (op.ptr == nullptr) ch.scratch_busy = true;
+        if (ch.inflight.empty()) ch.last_progress = Clock::now();
+        ch.inflight.push_back(Channel::InFlight{op, req});
+        ch.queued.pop_front();
+        if (tx) --ch.staged_ahead;
+        did = true;
+    }
+    return did;
+}
+
+Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
+    using engine::OpPath;
+    switch (f.op.path) {
+        case OpPath::kStaged:
+            return ch.ring->copy_out(f.op.slot, f.op.ptr, f.op.len);
+        case OpPath::kUnpack: {
+            // The plugin wrote the count when test() reported the receive: read it and the list
+            // here, and hand them to the GPU in one copy.
+            TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+            if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
+            f.op.slot = ch.ring->acquire();
+            return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
+                                   *q.count, ch.unpack.bounce_buf, f.op.ptr, f.op.len);
+        }
+        default:
+            return Status();
+    }
+}
+
+Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
+    using engine::OpPath;
+    const int device = op.region->device;
+    if (ch.ring) {
+        if (op.path == OpPath::kUnpack && ch.ring->device() != device) {
+            return failed_precondition(strformat(
+                "a receive into GPU %d on a channel whose receives land on GPU %d: register "
+                "memory of the GPU the endpoint serves",
+                device, ch.ring->device()));
+        }
+        return Status();
+    }
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (op.path == OpPath::kStaged) {
+        TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_));
+        Status st =
+            net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr);
+        if (!st.ok()) {
+            ch.ring.reset();
+            return st.with_context("registering the staging slots");
+        }
+        return Status();
+    }
+    // UNPACK: the device handle points to the plugin's unpack queue descriptor, in GPU memory.
+    const net::DeviceHandle& h = ch.dev_handle;
+    if (h.version != cuda::kUnpackVersion || h.handle == nullptr ||
+        h.size < sizeof(cuda::UnpackHandle)) {
+        return unimplemented(strformat(
+            "the transport hands CUDA receives over as UNPACK version %d (handle %p, %zu bytes); "
+            "tcpx-p2p reads version %d",
+            h.version, h.handle, h.size, cuda::kUnpackVersion));
+    }
+    TCPX_RETURN_IF_ERROR(cuda::device().copy(&ch.unpack, h.handle, sizeof(cuda::UnpackHandle)));
+    if (ch.unpack.meta == nullptr || ch.unpack.bounce_buf == nullptr) {
+        return protocol_error("the transport's unpack queue has no metadata or bounce buffer");
+    }
+    const cuda::PointerInfo bounce = cuda::classify(ch.unpack.bounce_buf);
+    if (bounce.kind == MemKind::kCuda && bounce.device != device) {
+        return failed_precondition(strformat(
+            "receives land on GPU %d but the registration is on GPU %d: set GPU_INDEX to the "
+            "GPU whose memory the endpoint moves",
+            bounce.device, device));
+    }
+    TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, 0, window_));
+    return Status();
+}
+
+StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op,
+                                                 uint64_t scratch_len) {
+    using engine::OpPath;
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (op.region == nullptr) {
+        if (ch.scratch_mr == nullptr) {
+            TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), scratch_len,
+                                              net::MemType::kHost, &ch.scratch_mr));
+        }
+        return ch.scratch_mr;
+    }
+    // A region larger than the transport registers at once is registered in windows, each on
+    // first use; the one chosen holds all of this request's bytes, so the handle covers them.
+    const bool page_cover = op.path == OpPath::kDevice || op.path == OpPath::kUnpack;
+    TCPX_ASSIGN_OR_RETURN(
+        const engine::RegWindows windows,
+        engine::RegWindows::make(reinterpret_cast<uintptr_t>(op.region->base), op.region->len,
+                                 props_.max_reg_size, chunk_, page_cover));
+    TCPX_ASSIGN_OR_RETURN(const size_t index,
+                          windows.find(reinterpret_cast<uintptr_t>(op.ptr), op.len));
+    auto& by_window = ch.mrs[op.region];
+    auto it = by_window.find(index);
+    if (it != by_window.end()) return it->second;
+    // Google's TCPX registers GPU memory by whole 4 KiB pages from an aligned pointer: GPU windows
+    // are cut from the page-aligned cover of the region (inside the same allocation, whose
+    // granularity is coarser). Only the region's own bytes are ever sent or received.
+    const engine::RegWindows::Window w = windows.window(index);
+    const net::MemType type = page_cover ? net::MemType::kCuda : net::MemType::kHost;
+    net::MemHandle* mh = nullptr;
+    Status st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
+    if (!st.ok()) {
+        if (by_window.empty()) ch.mrs.erase(op.region);
+        return st;
+    }
+    by_window.emplace(index, mh);
+    return mh;
+}
+
+void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (comm == nullptr) return;
+    for (auto& [region, by_window] : ch.mrs) {
+        for (auto& [index, mh] : by_window) (void)net_->dereg_mr(comm, mh);
+    }
+    ch.mrs.clear();
+    if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
+    ch.scratch_mr = nullptr;
+    if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
+    ch.ring_mr = nullptr;
+}
+
+// A region is being freed: no request uses it any more (its transfers held references), so its
+// registrations with every comm can go.
+void Endpoint::Impl::forget_region(Region* r) {
+    for (auto& [id, p] : peers_) {
+        for (bool tx : {true, false}) {
+            for (Channel& ch : tx ? p->tx : p->rx) {
+                auto it = ch.mrs.find(r);
+                if (it == ch.mrs.end()) continue;
+                void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+                if (comm != nullptr) {
+                    for (auto& [index, mh] : it->second) (void)net_->dereg_mr(comm, mh);
+                }
+                ch.mrs.erase(it);
+            }
+        }
+    }
+}
+
+}  // namespace tcpx

@@ -1,0 +1,351 @@
+// The control messages of a ready peer: one handler per message, each validating what the
+// peer sent before acting on it (the handshake's messages are in engine_handshake.cc).
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "engine/ctrl_wire.h"
+#include "engine/engine.h"
+#include "engine/reg_windows.h"
+
+namespace tcpx {
+
+using engine::Clock;
+using engine::Op;
+using engine::Region;
+namespace wire = engine::wire;
+
+// --- control messages
+// ------------------------------------------------------------------------------
+
+Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view body) {
+    // Only ready peers come here (engine_handshake.cc takes the rest).
+    const auto type = static_cast<wire::MsgType>(h.type);
+    switch (type) {
+        case wire::MsgType::kPing:
+            return Status();
+        case wire::MsgType::kBye:
+            return unavailable("peer disconnected");
+        case wire::MsgType::kWriteReq:
+            return on_write_req(p, h.flags, body);
+        case wire::MsgType::kWriteAck:
+            return on_write_ack(p, body);
+        case wire::MsgType::kReadReq:
+            return on_read_req(p, body);
+        case wire::MsgType::kReadResp:
+            return on_read_resp(p, h.flags, body);
+        case wire::MsgType::kNotif: {
+            std::string_view payload;
+            TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
+            // Nothing answers a standalone notification: one we cannot hold fails the peer.
+            TCPX_RETURN_IF_ERROR(notification_room(p, payload.size()));
+            queue_notification(p, std::string(payload), false);
+            return Status();
+        }
+        case wire::MsgType::kSendRts:
+            return on_send_rts(p, body);
+        case wire::MsgType::kRecvCts:
+            return on_recv_cts(p, body);
+        case wire::MsgType::kSendData:
+            return on_send_data(p, h.flags, body);
+        default:
+            return protocol_error(
+                strformat("unexpected %s (type %u)", wire::msg_type_name(type), h.type));
+    }
+}
+
+Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
+    if (size > config_.max_notification_size) {
+        return resource_exhausted(
+            strformat("a notification of %llu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
+                      static_cast<unsigned long long>(size),
+                      static_cast<unsigned long long>(config_.max_notification_size)));
+    }
+    if (p.notif_count + 1 > static_cast<uint64_t>(config_.max_queued_notifications) ||
+        p.notif_bytes + size > config_.max_queued_notification_bytes) {
+        return resource_exhausted(strformat(
+            "the application has not taken %llu notifications (%llu bytes) from this peer: "
+            "TCPX_P2P_MAX_QUEUED_NOTIFICATIONS / _BYTES reached",
+            static_cast<unsigned long long>(p.notif_count),
+            static_cast<unsigned long long>(p.notif_bytes)));
+    }
+    return Status();
+}
+
+void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held) {
+    if (!held) {
+        ++p.notif_count;
+        p.notif_bytes += payload.size();
+    }
+    notifications_.push_back(QueuedNotification{p.id, Notification{p.name, std::move(payload)}});
+}
+
+// A peer may not make us hold more of its requests at once than our own transfer limit.
+Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
+    if (p.xfers.size() >= static_cast<size_t>(config_.max_transfers)) {
+        return resource_exhausted(
+            strformat("the peer has more than %lld requests in flight (TCPX_P2P_MAX_TRANSFERS)",
+                      static_cast<long long>(config_.max_transfers)));
+    }
+    return Status();
+}
+
+Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view body) {
+    wire::WriteReq req;
+    TCPX_RETURN_IF_ERROR(wire::decode_write_req(body, flags, &req));
+    TCPX_RETURN_IF_ERROR(check_serving_limit(p));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
+    x->wire_id = req.xfer;
+    x->has_notification = (flags & wire::kFlagNotif) != 0;
+    x->notification = std::string(req.notification);
+    // Every segment is checked before any byte lands.
+    std::vector<Region*> regions;
+    for (const wire::Segment& s : req.segs) {
+        auto r = registry_.resolve_key(s.key, s.offset, s.len);
+        if (!r.ok()) {
+            x->result = Status(r.status()).with_context("write refused");
+            break;
+        }
+        regions.push_back(*r);
+    }
+    // Its notification must have room before any byte lands; the room is held from now on.
+    if (x->result.ok() && x->has_notification) {
+        Status room = notification_room(p, x->notification.size());
+        if (!room.ok()) {
+            x->result = room.with_context("write refused");
+        } else {
+            ++p.notif_count;
+            p.notif_bytes += x->notification.size();
+            x->notification_held = true;
+        }
+    }
+    const bool ok = x->result.ok();
+    if (ok) {
+        for (size_t i = 0; i < req.segs.size(); ++i) {
+            hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
+        }
+    } else if (!(flags & wire::kFlagInline)) {
+        // A refused write's data is on its way and must be drained to keep the channels in step;
+        // past MAX_DRAIN_BYTES that is not worth it: the peer goes instead.
+        uint64_t total = 0;
+        for (const wire::Segment& s : req.segs) total += s.len;  // no overflow: decode checked
+        if (total > config_.max_drain_bytes) {
+            Status why = x->result;
+            destroy(x);
+            return why.with_context(
+                strformat("and its %llu bytes exceed TCPX_P2P_MAX_DRAIN_BYTES (%llu)",
+                          static_cast<unsigned long long>(total),
+                          static_cast<unsigned long long>(config_.max_drain_bytes)));
+        }
+    }
+    if (flags & wire::kFlagInline) {
+        if (ok) {
+            uint64_t at = 0;
+            for (const Xfer::Piece& piece : x->pieces) {
+                Status st =
+                    write_region(piece.region, piece.offset, req.data.data() + at, piece.len);
+                if (!st.ok()) {
+                    x->result = st.with_context("write failed");
+                    break;
+                }
+                at += piece.len;
+            }
+        }
+    } else {
+        // The data is on its way whatever we think of the request: receive it where it belongs,
+        // or into scratch if refused, so the channels stay in step.
+        for (size_t i = 0; i < req.segs.size(); ++i) {
+            Region* r = ok ? regions[i] : nullptr;
+            uint8_t* dst = ok ? regions[i]->base + req.segs[i].offset : nullptr;
+            queue_chunks(p, false, x, r, dst, req.segs[i].len);
+        }
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+// The transfer of ours that a reply names: it must be waiting for exactly that kind of reply.
+StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::take_awaiting(Peer& p, uint64_t wire_id,
+                                                              Xfer::Kind kind, const char* what) {
+    auto it = p.awaiting.find(wire_id);
+    if (it == p.awaiting.end() || it->second->kind != kind) {
+        return protocol_error(strformat("%s for unknown transfer %llu", what,
+                                        static_cast<unsigned long long>(wire_id)));
+    }
+    Xfer* x = it->second;
+    p.awaiting.erase(it);
+    x->waiting = false;
+    return x;
+}
+
+Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
+    wire::WriteAck ack;
+    TCPX_RETURN_IF_ERROR(wire::decode_write_ack(body, &ack));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, ack.xfer, Xfer::Kind::kWrite, "WRITE_ACK"));
+    if (x->result.ok()) x->result = wire::to_status(ack.result, "peer '" + p.name + "'");
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
+    wire::ReadReq req;
+    TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, &req));
+    TCPX_RETURN_IF_ERROR(check_serving_limit(p));
+    std::vector<Region*> regions;
+    Status refused;
+    uint64_t total = 0;
+    for (const wire::Segment& s : req.segs) {
+        auto r = registry_.resolve_key(s.key, s.offset, s.len);
+        if (!r.ok()) {
+            refused = Status(r.status()).with_context("read refused");
+            break;
+        }
+        regions.push_back(*r);
+        total += s.len;
+    }
+    if (!refused.ok()) {
+        std::string msg = wire::encode_read_resp(req.xfer, 0, refused);
+        wire::end_message(&msg);
+        send_ctrl(p, std::move(msg));
+        return Status();
+    }
+    if (total <= inline_limit()) {
+        std::string payload;
+        Status st;
+        for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {
+            st = append_region(&payload, regions[i], req.segs[i].offset, req.segs[i].len);
+        }
+        std::string msg = st.ok()
+                              ? wire::encode_read_resp(req.xfer, wire::kFlagInline, Status())
+                              : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
+        if (st.ok()) msg.append(payload);
+        wire::end_message(&msg);
+        send_ctrl(p, std::move(msg));
+        return Status();
+    }
+    std::string msg = wire::encode_read_resp(req.xfer, 0, Status());
+    wire::end_message(&msg);
+    send_ctrl(p, std::move(msg));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
+    x->wire_id = req.xfer;
+    for (size_t i = 0; i < req.segs.size(); ++i) {
+        hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
+        queue_chunks(p, true, x, regions[i], regions[i]->base + req.segs[i].offset,
+                     req.segs[i].len);
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view body) {
+    wire::ReadResp resp;
+    TCPX_RETURN_IF_ERROR(wire::decode_read_resp(body, flags, &resp));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, resp.xfer, Xfer::Kind::kRead, "READ_RESP"));
+    Status st = wire::to_status(resp.result, "peer '" + p.name + "'");
+    if (!st.ok()) {
+        x->result = st;
+    } else if (flags & wire::kFlagInline) {
+        uint64_t total = 0;
+        for (const Xfer::Piece& piece : x->pieces) total += piece.len;
+        if (resp.data.size() != total) {
+            return protocol_error(strformat("READ_RESP carries %zu bytes for a read of %llu",
+                                            resp.data.size(),
+                                            static_cast<unsigned long long>(total)));
+        }
+        uint64_t at = 0;
+        for (const Xfer::Piece& piece : x->pieces) {
+            Status copied =
+                write_region(piece.region, piece.offset, resp.data.data() + at, piece.len);
+            if (!copied.ok()) {
+                x->result = copied.with_context("read");
+                break;
+            }
+            at += piece.len;
+        }
+    } else {
+        for (const Xfer::Piece& piece : x->pieces) {
+            queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, piece.len);
+        }
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
+    wire::SendRts rts;
+    TCPX_RETURN_IF_ERROR(wire::decode_send_rts(body, &rts));
+    auto it = std::find_if(p.posted_recvs.begin(), p.posted_recvs.end(),
+                           [&](const Xfer* x) { return x->tag == rts.tag; });
+    if (it == p.posted_recvs.end()) {
+        // Bounded: a peer cannot make us hold more unmatched sends than transfers it may have.
+        if (p.unexpected.size() >= static_cast<size_t>(config_.max_transfers)) {
+            return resource_exhausted("too many unmatched sends from the peer");
+        }
+        p.unexpected.push_back(Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+        return Status();
+    }
+    Xfer* recv = *it;
+    p.posted_recvs.erase(it);
+    match(p, recv, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+    return Status();
+}
+
+Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
+    wire::RecvCts cts;
+    TCPX_RETURN_IF_ERROR(wire::decode_recv_cts(body, &cts));
+    TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, cts.send_xfer, Xfer::Kind::kSend, "RECV_CTS"));
+    Status st = wire::to_status(cts.result, "peer '" + p.name + "'");
+    if (!st.ok()) {
+        x->result = st;
+        maybe_finish(x);
+        return Status();
+    }
+    const Xfer::Piece& piece = x->pieces.front();
+    const bool is_inline = x->len <= inline_limit();
+    std::string payload;
+    if (is_inline) {
+        Status copied = append_region(&payload, piece.region, piece.offset, x->len);
+        if (!copied.ok()) {
+            // The receiver expects SEND_DATA for this send: without its bytes the pair cannot
+            // complete, so the connection goes.
+            return copied.with_context("send");
+        }
+    }
+    std::string msg =
+        wire::encode_send_data(cts.recv_xfer, is_inline ? wire::kFlagInline : 0, x->len);
+    msg.append(payload);
+    wire::end_message(&msg);
+    send_ctrl(p, std::move(msg));
+    if (!is_inline) {
+        queue_chunks(p, true, x, piece.region, piece.region->base + piece.offset, x->len);
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view body) {
+    wire::SendData data;
+    TCPX_RETURN_IF_ERROR(wire::decode_send_data(body, flags, &data));
+    auto it = p.awaiting.find(data.recv_xfer);
+    if (it != p.awaiting.end() && it->second->kind == Xfer::Kind::kRecv &&
+        data.len != it->second->len) {
+        return protocol_error(strformat("SEND_DATA of %llu bytes for a send of %llu",
+                                        static_cast<unsigned long long>(data.len),
+                                        static_cast<unsigned long long>(it->second->len)));
+    }
+    TCPX_ASSIGN_OR_RETURN(Xfer * x,
+                          take_awaiting(p, data.recv_xfer, Xfer::Kind::kRecv, "SEND_DATA"));
+    const Xfer::Piece& piece = x->pieces.front();
+    if (flags & wire::kFlagInline) {
+        Status st = write_region(piece.region, piece.offset, data.data.data(), data.len);
+        if (!st.ok()) x->result = st.with_context("recv");
+    } else {
+        queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, data.len);
+    }
+    maybe_finish(x);
+    return Status();
+}
+
+}  // namespace tcpx
