@@ -5,7 +5,6 @@
 #include <chrono>
 #include <optional>
 #include <string_view>
-#include <system_error>
 #include <utility>
 
 #include "tcpx/config.h"
@@ -37,6 +36,7 @@ constexpr std::pair<const char*, const char*> kAliases[] = {
     {"net_plugin", "NET_PLUGIN"},
     {"gpu_index", "GPU_INDEX"},
     {"port", "PORT"},
+    {"auth_secret", "AUTH_SECRET"},
 };
 
 std::string upper(std::string s) {
@@ -72,6 +72,19 @@ std::optional<uint64_t> offset_in(uintptr_t addr, size_t len, uint64_t base, uin
     return addr - base;
 }
 
+// How long a transfer the target refused as naming memory it does not know (NOT_FOUND) waits to
+// see whether the target's connection is ending too. An agent that goes away deregisters its
+// memory before its backend closes the connection, so a transfer in flight then is refused just
+// before the connection ends: that is the target going away (NIXL_ERR_REMOTE_DISCONNECT), not a
+// bad descriptor (NIXL_ERR_NOT_FOUND).
+constexpr std::chrono::milliseconds kRefusalGrace{250};
+
+// A connection that ended is news, not an error of ours: the peer's agent went away.
+void log_lost(const char* what, const std::string& agent, const Status& st) {
+    NIXL_INFO << "TCPX: " << what << ": the connection to agent '" << agent
+              << "' is gone: " << st.to_string();
+}
+
 }  // namespace
 
 struct TcpxBackend::Request final : nixlBackendReqH {
@@ -80,12 +93,13 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     bool local = false;
     std::vector<IoVec> iov;         // remote transfers
     std::vector<LocalCopy> copies;  // local ones
+    PeerId peer = 0;                // the connection it was last posted on
     XferId xfer = 0;
     bool active = false;  // posted, completion not yet reported
-    // The rest is guarded by mu_ while `link` is set (the connecting thread issues the request).
-    std::shared_ptr<Link> link;            // posted while its connection was being made
-    nixl_status_t failure = NIXL_SUCCESS;  // why issuing it then failed
-    std::optional<std::string> notif;      // the post's notification, until issued
+    // The target refused it as naming unknown memory (reported by the engine, not yet to NIXL):
+    // the refusal and when it was seen (see kRefusalGrace).
+    std::optional<Status> refusal;
+    std::chrono::steady_clock::time_point refused_at;
 };
 
 nixl_status_t to_nixl(const Status& st) {
@@ -105,6 +119,7 @@ nixl_status_t to_nixl(const Status& st) {
         case StatusCode::kUnimplemented:
             return NIXL_ERR_NOT_SUPPORTED;
         case StatusCode::kFailedPrecondition:
+        case StatusCode::kUnauthenticated:  // a peer without our secret, or with another one
             return NIXL_ERR_NOT_ALLOWED;
         default:
             return NIXL_ERR_BACKEND;
@@ -114,7 +129,7 @@ nixl_status_t to_nixl(const Status& st) {
 nixl_b_params_t TcpxBackend::default_params() {
     return {
         {"channels", "1"},  {"nsocks", "8"},     {"chunk_size", "1MiB"}, {"interface", ""},
-        {"net_plugin", ""}, {"gpu_index", "-1"}, {"port", "0"},
+        {"net_plugin", ""}, {"gpu_index", "-1"}, {"port", "0"},          {"auth_secret", ""},
     };
 }
 
@@ -156,9 +171,6 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
 }
 
 TcpxBackend::~TcpxBackend() {
-    // Connections still being made use the endpoint: they finish first (at worst when
-    // TCPX_P2P_CONNECT_TIMEOUT_MS passes).
-    for (auto& [link, thread] : connecting_) thread.join();
     // Requests released in flight must be done before the memory they touch goes away: the
     // endpoint's destruction fails whatever is left.
     ep_.reset();
@@ -262,98 +274,89 @@ void TcpxBackend::harvest_inbound() const {
         auto name = ep_->peer_name(*peer);
         if (!name.ok()) continue;
         std::lock_guard<std::mutex> lock(mu_);
+        // A name is the peer's own claim. One that is ours, or that of an agent whose connection
+        // to us is still up, is refused: it would take over that agent's replies.
+        std::string refusal;
+        if (*name == localAgent) {
+            refusal = "it claims this agent's own name";
+        } else if (auto it = inbound_.find(*name); it != inbound_.end()) {
+            if (!connection_lost(it->second)) {
+                refusal = "agent '" + *name + "' is already connected";
+            } else {
+                (void)ep_->disconnect(it->second);
+            }
+        }
+        if (!refusal.empty()) {
+            NIXL_WARN << "TCPX: refused a connection from '" << *name << "': " << refusal;
+            (void)ep_->disconnect(*peer);
+            continue;
+        }
         inbound_[*name] = *peer;
     }
 }
 
-StatusOr<std::shared_ptr<TcpxBackend::Link>> TcpxBackend::connection_to(
-    const std::string& agent) const {
+std::optional<Status> TcpxBackend::connection_lost(PeerId peer) const {
+    Status st = ep_->peer_status(peer);
+    if (st.ok() || st.code() == StatusCode::kFailedPrecondition)
+        return std::nullopt;  // up, or
+                              // being made
+    return st;
+}
+
+StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
     std::unique_lock<std::mutex> lock(mu_);
-    auto out = outbound_.find(agent);
-    if (out != outbound_.end()) {
-        const Link& link = *out->second;
-        if (!link.peer || link.peer->ok()) return out->second;
-        outbound_.erase(out);  // the last attempt failed (and said so): try again
-    }
-    auto info = conn_info_.find(agent);
-    if (info != conn_info_.end()) {
-        auto link = connect_async(info->second);
-        outbound_.emplace(agent, link);
-        return link;
+    if (auto out = outbound_.find(agent); out != outbound_.end()) return out->second;
+    if (auto info = conn_info_.find(agent); info != conn_info_.end()) {
+        // Returns at once; what is posted on it meanwhile waits in the engine.
+        auto peer = ep_->connect_async(info->second);
+        if (!peer.ok()) return peer.status();
+        outbound_.emplace(agent, *peer);
+        return *peer;
     }
     lock.unlock();
     harvest_inbound();
     lock.lock();
-    auto in = inbound_.find(agent);
-    if (in != inbound_.end()) {
-        auto link = std::make_shared<Link>();
-        link->peer = in->second;
-        return link;
-    }
+    if (auto in = inbound_.find(agent); in != inbound_.end()) return in->second;
     return Status(StatusCode::kNotFound,
                   "TCPX: no connection to agent '" + agent + "' (its metadata was never loaded)");
-}
-
-std::shared_ptr<TcpxBackend::Link> TcpxBackend::connect_async(const std::string& md) const {
-    reap_connections();
-    auto link = std::make_shared<Link>();
-    try {
-        std::thread t([this, link, md] {
-            StatusOr<PeerId> peer = ep_->connect(md);
-            std::lock_guard<std::mutex> lock(mu_);
-            settle(*link, std::move(peer));
-        });
-        connecting_.emplace_back(link, std::move(t));
-    } catch (const std::system_error& e) {
-        link->peer = Status(StatusCode::kSystem,
-                            std::string("TCPX: no thread to connect with: ") + e.what());
-    }
-    return link;
-}
-
-void TcpxBackend::settle(Link& link, StatusOr<PeerId> peer) const {
-    if (!peer.ok()) NIXL_ERROR << "TCPX: " << peer.status().to_string();
-    for (const std::string& msg : link.notifs) {
-        Status st = peer.ok() ? ep_->notify(*peer, msg) : peer.status();
-        if (!st.ok()) NIXL_ERROR << "TCPX: genNotif: " << st.to_string();
-    }
-    for (Request* req : link.requests) {
-        req->link.reset();
-        req->failure = peer.ok() ? issue(req, *peer) : to_nixl(peer.status());
-        if (req->failure == NIXL_IN_PROG) req->failure = NIXL_SUCCESS;
-    }
-    link.notifs.clear();
-    link.requests.clear();
-    link.peer = std::move(peer);
 }
 
 void TcpxBackend::drop_outbound(const std::string& agent) const {
     auto it = outbound_.find(agent);
     if (it == outbound_.end()) return;
-    stale_.push_back(it->second);
+    (void)ep_->disconnect(it->second);  // its transfers in flight fail, here and there
     outbound_.erase(it);
-    reap_connections();
 }
 
-void TcpxBackend::reap_connections() const {
-    std::erase_if(connecting_, [](std::pair<std::shared_ptr<Link>, std::thread>& c) {
-        if (!c.first->peer) return false;
-        c.second.join();  // it has settled the link: it is returning
-        return true;
-    });
-    std::erase_if(stale_, [&](const std::shared_ptr<Link>& link) {
-        if (!link->peer) return false;
-        if (link->peer->ok()) (void)ep_->disconnect(**link->peer);
-        return true;
-    });
+nixl_status_t TcpxBackend::failed(const char* what, const std::string& agent, PeerId peer,
+                                  const Status& st) const {
+    std::optional<Status> lost = connection_lost(peer);
+    if (!lost) {
+        NIXL_ERROR << "TCPX: " << what << " (agent '" << agent << "'): " << st.to_string();
+        return to_nixl(st);
+    }
+    log_lost(what, agent, *lost);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto it = outbound_.find(agent); it != outbound_.end() && it->second == peer) {
+            drop_outbound(agent);
+        }
+        if (auto it = inbound_.find(agent); it != inbound_.end() && it->second == peer) {
+            (void)ep_->disconnect(peer);
+            inbound_.erase(it);
+        }
+    }
+    // Unless the peer was refused for its credentials, a lost connection is a disconnect.
+    const nixl_status_t code = to_nixl(*lost);
+    return code == NIXL_ERR_NOT_ALLOWED ? code : NIXL_ERR_REMOTE_DISCONNECT;
 }
 
 nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
     if (remote_agent == localAgent) return NIXL_SUCCESS;
-    // Started, not awaited (see Link): a failure shows in the first transfer.
-    auto link = connection_to(remote_agent);
-    if (!link.ok()) NIXL_ERROR << "TCPX: connect: " << link.status().to_string();
-    return link.ok() ? NIXL_SUCCESS : to_nixl(link.status());
+    // Started, not awaited: a failure shows in the first transfer.
+    auto peer = connection_to(remote_agent);
+    if (!peer.ok()) NIXL_ERROR << "TCPX: connect: " << peer.status().to_string();
+    return peer.ok() ? NIXL_SUCCESS : to_nixl(peer.status());
 }
 
 nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
@@ -430,6 +433,7 @@ nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
 
 nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args) const {
     const bool notify = opt_args != nullptr && opt_args->hasNotif;
+    req->refusal.reset();
     if (req->local) {
         Status st = ep_->copy(req->copies);
         if (!st.ok()) {
@@ -442,48 +446,22 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
         }
         return NIXL_SUCCESS;
     }
-    auto link = connection_to(req->agent);
-    if (!link.ok()) {
-        NIXL_ERROR << "TCPX: " << link.status().to_string();
-        return to_nixl(link.status());
+    auto peer = connection_to(req->agent);
+    if (!peer.ok()) {
+        NIXL_ERROR << "TCPX: postXfer: " << peer.status().to_string();
+        return to_nixl(peer.status());
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    req->notif = notify ? std::optional<std::string>(opt_args->notifMsg) : std::nullopt;
-    req->failure = NIXL_SUCCESS;
-    if (!(*link)->peer) {  // issued by the connecting thread
-        req->link = *link;
-        (*link)->requests.push_back(req);
-        req->active = true;
-        return NIXL_IN_PROG;
-    }
-    const StatusOr<PeerId> peer = *(*link)->peer;
-    lock.unlock();
-    const nixl_status_t st = peer.ok() ? issue(req, *peer) : to_nixl(peer.status());
-    if (st == NIXL_ERR_REMOTE_DISCONNECT) {
-        // The connection is gone: forget it, so the next post connects again.
-        lock.lock();
-        auto it = outbound_.find(req->agent);
-        if (it != outbound_.end() && it->second == *link) drop_outbound(req->agent);
-    }
-    req->active = st == NIXL_IN_PROG;
-    return st;
-}
-
-nixl_status_t TcpxBackend::issue(Request* req, PeerId peer) const {
     // The engine delivers the notification either way: a WRITE's once its data is in the
     // target's memory, a READ's once its data is in ours (sent by whatever makes progress here,
     // with no checkXfer needed).
     std::optional<std::string_view> notif;
-    if (req->notif) notif = *req->notif;
-    StatusOr<XferId> x = req->op == NIXL_WRITE ? ep_->writev(peer, req->iov, notif)
-                                               : ep_->readv(peer, req->iov, notif);
-    if (!x.ok()) {
-        if (x.status().code() == StatusCode::kNotFound) return NIXL_ERR_REMOTE_DISCONNECT;
-        NIXL_ERROR << "TCPX: postXfer: " << x.status().to_string();
-        return to_nixl(x.status());
-    }
+    if (notify) notif = opt_args->notifMsg;
+    StatusOr<XferId> x = req->op == NIXL_WRITE ? ep_->writev(*peer, req->iov, notif)
+                                               : ep_->readv(*peer, req->iov, notif);
+    if (!x.ok()) return failed("postXfer", req->agent, *peer, x.status());
+    req->peer = *peer;
     req->xfer = *x;
-    req->notif.reset();
+    req->active = true;
     return NIXL_IN_PROG;
 }
 
@@ -492,38 +470,34 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
     if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
     reap_abandoned();
     if (!req->active) return NIXL_SUCCESS;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (req->link) return NIXL_IN_PROG;  // its connection is being made
-        if (req->failure != NIXL_SUCCESS) {  // the connecting thread could not issue it
+    if (!req->refusal) {
+        XferStatus s = ep_->poll(req->xfer);
+        if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
+        if (s.state == XferState::kDone) {
             req->active = false;
-            return std::exchange(req->failure, NIXL_SUCCESS);
+            return NIXL_SUCCESS;
         }
+        if (s.error.code() != StatusCode::kNotFound) {
+            req->active = false;
+            return failed("transfer", req->agent, req->peer, s.error);
+        }
+        req->refusal = s.error;
+        req->refused_at = std::chrono::steady_clock::now();
     }
-    XferStatus s = ep_->poll(req->xfer);
-    if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
+    // Refused as naming unknown memory: the target going away, or a bad descriptor?
+    if (!connection_lost(req->peer) &&
+        std::chrono::steady_clock::now() - req->refused_at < kRefusalGrace) {
+        return NIXL_IN_PROG;
+    }
     req->active = false;
-    if (s.state == XferState::kFailed) {
-        NIXL_ERROR << "TCPX: transfer to " << req->agent << " failed: " << s.error.to_string();
-        return to_nixl(s.error);
-    }
-    return NIXL_SUCCESS;
+    return failed("transfer", req->agent, req->peer, *std::exchange(req->refusal, std::nullopt));
 }
 
 nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     auto* req = dynamic_cast<Request*>(handle);
     if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
-    {
-        // A request still waiting for its connection was never issued: nothing to wait for.
-        std::lock_guard<std::mutex> lock(mu_);
-        if (req->link) {
-            std::erase(req->link->requests, req);
-            req->link.reset();
-            req->active = false;
-        }
-        if (req->failure != NIXL_SUCCESS) req->active = false;
-    }
-    if (req->active && ep_->poll(req->xfer).state == XferState::kInProgress) {
+    // (A refused request has finished in the engine: nothing to wait for.)
+    if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
         // The engine cannot take back bytes already on the wire; it finishes (or fails) the
         // transfer on its own, delivering its notification if it succeeds, and we forget it
         // then.
@@ -561,21 +535,14 @@ nixl_status_t TcpxBackend::genNotif(const std::string& remote_agent, const std::
         local_notifs_.emplace_back(localAgent, msg);
         return NIXL_SUCCESS;
     }
-    auto link = connection_to(remote_agent);
-    if (!link.ok()) {
-        NIXL_ERROR << "TCPX: genNotif: " << link.status().to_string();
-        return to_nixl(link.status());
+    auto peer = connection_to(remote_agent);
+    if (!peer.ok()) {
+        NIXL_ERROR << "TCPX: genNotif: " << peer.status().to_string();
+        return to_nixl(peer.status());
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!(*link)->peer) {  // sent by the connecting thread
-        (*link)->notifs.push_back(msg);
-        return NIXL_SUCCESS;
-    }
-    const StatusOr<PeerId> peer = *(*link)->peer;
-    lock.unlock();
-    Status st = peer.ok() ? ep_->notify(*peer, msg) : peer.status();
-    if (!st.ok()) NIXL_ERROR << "TCPX: genNotif: " << st.to_string();
-    return to_nixl(st);
+    // Sent at once, or once the connection is made.
+    Status st = ep_->notify(*peer, msg);
+    return st.ok() ? NIXL_SUCCESS : failed("genNotif", remote_agent, *peer, st);
 }
 
 }  // namespace tcpx::nixl_backend

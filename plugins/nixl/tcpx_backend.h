@@ -4,8 +4,12 @@
 // registrations (their RemoteMem descriptor is the public blob), a transfer request is one
 // writev/readv, notifications (a WRITE's and a READ's included) are the engine's. What the engine
 // does not say in NIXL's terms is translated here and nowhere else: status codes, local transfers
-// (Endpoint::copy), releasing a request still in flight, and connections made in the background
-// (see Link below).
+// (Endpoint::copy), releasing a request still in flight, which agent a connection belongs to.
+//
+// No call waits for a peer: connections are Endpoint::connect_async, and what is posted or
+// notified while one is being made waits in the engine and goes out, in order, once it is made
+// (a peer whose agent has no progress thread answers only from inside that agent's calls,
+// possibly made by the very thread that would wait).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -73,45 +75,30 @@ class TcpxBackend final : public nixlBackendEngine {
  private:
     struct Request;
 
-    // A connection to an agent: ours, or the one it opened to us. Endpoint::connect returns only
-    // once the peer has answered, and a peer whose agent has no progress thread answers only
-    // from inside that agent's calls, possibly made by the very thread that would wait (two
-    // agents polled by one thread). So our connections are made on threads of their own; what
-    // is posted or notified meanwhile waits in the Link and goes out, in order, from that thread
-    // the moment the connection is made. No call waits for a peer. Guarded by mu_.
-    struct Link {
-        std::optional<StatusOr<PeerId>> peer;  // once made (or failed)
-        std::vector<std::string> notifs;       // genNotif before then
-        std::vector<Request*> requests;        // posted before then
-    };
-
-    // The link to `agent`: ours (started now from its connection info if needed, or again if
-    // the last attempt failed), else the one it opened to us. Locks mu_.
-    StatusOr<std::shared_ptr<Link>> connection_to(const std::string& agent) const;
-    // Starts connecting to the endpoint `md` on a thread of its own. mu_ held.
-    std::shared_ptr<Link> connect_async(const std::string& md) const;
-    // The connection is made (or failed): sends and issues what waited for it. mu_ held.
-    void settle(Link& link, StatusOr<PeerId> peer) const;
-    // Forgets our link to `agent`, closing its connection (once made). mu_ held.
+    // The connection to `agent`: ours (made now, asynchronously, from its connection info if we
+    // have none), else the one it opened to us. Locks mu_.
+    StatusOr<PeerId> connection_to(const std::string& agent) const;
+    // Forgets our connection to `agent` and closes it. mu_ held.
     void drop_outbound(const std::string& agent) const;
-    // Joins connecting threads that are done; closes dropped connections that are made. mu_ held.
-    void reap_connections() const;
+    // Whether the connection `peer` has ended (failed, or closed); its error then.
+    std::optional<Status> connection_lost(PeerId peer) const;
+    // `what` on `peer` (to `agent`) failed with `st`: NIXL's status for it, logged. When the
+    // connection itself is gone it is forgotten, so the next post connects again; when it stands
+    // (the request alone was refused: unknown memory, a bad argument) it is kept.
+    nixl_status_t failed(const char* what, const std::string& agent, PeerId peer,
+                         const Status& st) const;
     // Learns the names of peers that connected to us.
     void harvest_inbound() const;
     // Polls requests released while in flight, forgetting the finished ones. Locks mu_.
     void reap_abandoned() const;
     nixl_status_t start(Request* req, const nixl_opt_b_args_t* opt_args) const;
-    // Hands a remote request to the endpoint: NIXL_IN_PROG, or why not.
-    nixl_status_t issue(Request* req, PeerId peer) const;
 
     std::unique_ptr<Endpoint> ep_;
     mutable std::mutex mu_;
-    mutable std::map<std::string, std::string> conn_info_;           // agent -> endpoint metadata
-    mutable std::map<std::string, std::shared_ptr<Link>> outbound_;  // our links, by agent
-    mutable std::map<std::string, PeerId> inbound_;                  // connections to us, by agent
-    mutable std::vector<std::pair<std::shared_ptr<Link>, std::thread>> connecting_;
-    mutable std::vector<std::shared_ptr<Link>> stale_;  // dropped while being made
-    mutable std::vector<XferId> abandoned_;             // released while in flight
+    mutable std::map<std::string, std::string> conn_info_;  // agent -> endpoint metadata
+    mutable std::map<std::string, PeerId> outbound_;        // our connections, by agent
+    mutable std::map<std::string, PeerId> inbound_;         // connections to us, by agent
+    mutable std::vector<XferId> abandoned_;                 // released while in flight
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
 };
 

@@ -631,6 +631,250 @@ TEST_F(TwoAgents, InboundFromUnknownAgent) {
     EXPECT_EQ(b_->received().size(), 1u);
 }
 
+// --- 5b: refusals and peers that go away ------------------------------------------------------
+
+// b deregisters one of its two registrations; a, holding b's old metadata, transfers into it: the
+// target refuses (NIXL_ERR_NOT_FOUND, after the grace in which a vanishing target would show its
+// connection ending), nothing of b's memory changes, and the connection stays up: a transfer into
+// the registration b kept works, without a new connection.
+TEST_F(TwoAgents, RefusedByTheTargetIsNotFoundAndTheConnectionStays) {
+    constexpr size_t kSize = 2 << 20;
+    constexpr size_t kHalf = kSize / 2;
+    a_name_ = "refused-a";
+    b_name_ = "refused-b";
+    src_ = Buffer::create(DRAM_SEG, kSize);
+    dst_ = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src_ && dst_);
+    a_ = std::make_unique<TestAgent>(a_name_);
+    b_ = std::make_unique<TestAgent>(b_name_);
+    ASSERT_TRUE(a_->reg(*src_));
+    ASSERT_TRUE(b_->reg(*dst_, 0, kHalf));
+    ASSERT_TRUE(b_->reg(*dst_, kHalf, kHalf));
+    ASSERT_EQ(a_->load(*b_), b_name_);
+    src_->fill(71);
+    dst_->fill(72);
+
+    // Connected and working first.
+    nixlXferReqH* first = request(NIXL_WRITE, 0, 4096);
+    ASSERT_NE(first, nullptr);
+    ASSERT_EQ(post_and_wait(*a_, first, {b_.get()}), NIXL_SUCCESS);
+    EXPECT_EQ((*a_)->releaseXferReq(first), NIXL_SUCCESS);
+
+    ASSERT_TRUE(b_->dereg(*dst_, kHalf, kHalf));
+    const auto before = dst_->read_all();
+    for (nixl_xfer_op_t op : {NIXL_WRITE, NIXL_READ}) {
+        SCOPED_TRACE(op_name(op));
+        const nixl_opt_args_t args = with_notif("never");
+        nixlXferReqH* req = request(op, kHalf + 100, 5000, &args);
+        ASSERT_NE(req, nullptr);
+        EXPECT_EQ(post_and_wait(*a_, req, {b_.get()}), NIXL_ERR_NOT_FOUND);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    }
+    EXPECT_TRUE(same_bytes(dst_->read_all(), before));
+
+    src_->fill(73);
+    const nixl_opt_args_t args = with_notif("after the refusal");
+    nixlXferReqH* req = request(NIXL_WRITE, 4096, 64 << 10, &args);
+    ASSERT_NE(req, nullptr);
+    EXPECT_EQ(post_and_wait(*a_, req, {b_.get()}), NIXL_SUCCESS);
+    EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(*b_, 1, {a_.get()}));
+    pump_for(milliseconds(50), {a_.get(), b_.get()});
+    EXPECT_EQ(b_->received(), (std::vector<Notif>{{a_name_, "after the refusal"}}));
+    auto got = dst_->read_all();
+    auto want = src_->read_all();
+    EXPECT_TRUE(
+        same_bytes(std::vector<uint8_t>(got.begin() + 4096, got.begin() + 4096 + (64 << 10)),
+                   std::vector<uint8_t>(want.begin() + 4096, want.begin() + 4096 + (64 << 10))));
+    EXPECT_TRUE(dst_->guards_intact());
+}
+
+class TargetGoesAway : public TwoAgents, public ::testing::WithParamInterface<nixl_xfer_op_t> {};
+
+// a keeps transferring into b while b's agent is destroyed (it deregisters its memory, then its
+// backend closes the connection). Every request succeeds until the first that fails, and that one
+// fails with NIXL_ERR_REMOTE_DISCONNECT, never NIXL_ERR_NOT_FOUND for the refusals that race the
+// close (those the deregistration causes). On it NIXL forgets b's metadata, as its own
+// error-handling tests expect, so the next request cannot even be created. Several rounds, to
+// give the race its chances.
+TEST_P(TargetGoesAway, TransfersFailAsRemoteDisconnect) {
+    constexpr size_t kSize = 1 << 20;
+    for (int round = 0; round < 4; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        start(kSize, {}, {},
+              std::string("away-") + op_name(GetParam()) + "-" + std::to_string(round));
+        std::atomic<bool> stop{false};
+        std::thread killer([&] {
+            std::this_thread::sleep_for(milliseconds(50 + 20 * round));
+            b_.reset();
+            stop = true;
+        });
+        int ok = 0;
+        nixl_status_t last = NIXL_SUCCESS;
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (last == NIXL_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+            const bool gone = stop.load();
+            nixlXferReqH* req = nullptr;
+            ASSERT_EQ((*a_)->createXferReq(GetParam(), xfer_list(*src_, {{0, 64 << 10}}),
+                                           xfer_list(*dst_, {{0, 64 << 10}}), b_name_, req),
+                      NIXL_SUCCESS);
+            last = post_and_wait(*a_, req);
+            EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+            if (last == NIXL_SUCCESS) {
+                EXPECT_FALSE(gone) << "a transfer succeeded after its target was destroyed";
+                ++ok;
+            }
+        }
+        killer.join();
+        EXPECT_GT(ok, 0);
+        EXPECT_EQ(last, NIXL_ERR_REMOTE_DISCONNECT) << nixlEnumStrings::statusStr(last);
+        nixlXferReqH* req = nullptr;
+        EXPECT_EQ((*a_)->createXferReq(GetParam(), xfer_list(*src_, {{0, 4096}}),
+                                       xfer_list(*dst_, {{0, 4096}}), b_name_, req),
+                  NIXL_ERR_NOT_FOUND);
+        a_.reset();
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Op, TargetGoesAway, ::testing::Values(NIXL_WRITE, NIXL_READ),
+                         [](const ::testing::TestParamInfo<nixl_xfer_op_t>& info) {
+                             return op_name(info.param);
+                         });
+
+// --- 5c: a shared secret
+// --------------------------------------------------------------------------
+
+nixl_b_params_t with_secret(const std::string& secret) {
+    nixl_b_params_t p = loopback_params();
+    if (!secret.empty()) p["auth_secret"] = secret;
+    return p;
+}
+
+// Agents with the same auth_secret move data; an initiator with another secret, or none, and a
+// target without one, are refused with NIXL_ERR_NOT_ALLOWED and nothing reaches the target.
+TEST(NixlAuth, SameSecretWorksWrongOrMissingIsRefused) {
+    const std::string secret = "the prefill-decode secret, 2026";
+    constexpr size_t kSize = 256 << 10;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    src->fill(81);
+    dst->fill(82);
+    TestAgent target("auth-target", {.params = with_secret(secret)});
+    ASSERT_TRUE(target.reg(*dst));
+    const std::string target_md = target.metadata();
+
+    struct Case {
+        const char* name;
+        std::string initiator_secret;
+        nixl_status_t want;
+    };
+    const Case cases[] = {
+        {"auth-wrong", "another secret of enough length", NIXL_ERR_NOT_ALLOWED},
+        {"auth-none", "", NIXL_ERR_NOT_ALLOWED},
+        {"auth-same", secret, NIXL_SUCCESS},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        if (c.want != NIXL_SUCCESS) dst->fill(82);
+        const auto before = dst->read_all();
+        TestAgent a(c.name, {.params = with_secret(c.initiator_secret)});
+        ASSERT_TRUE(a.reg(*src));
+        ASSERT_EQ(a.load(target_md), "auth-target");
+        for (nixl_xfer_op_t op : {NIXL_WRITE, NIXL_READ}) {
+            SCOPED_TRACE(op_name(op));
+            const nixl_opt_args_t args = with_notif(c.name);
+            nixlXferReqH* req = nullptr;
+            ASSERT_EQ(a->createXferReq(op, xfer_list(*src, {{0, kSize}}),
+                                       xfer_list(*dst, {{0, kSize}}), "auth-target", req, &args),
+                      NIXL_SUCCESS);
+            EXPECT_EQ(post_and_wait(a, req, {&target}), c.want);
+            EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+        }
+        pump_for(milliseconds(50), {&a, &target});
+        if (c.want == NIXL_SUCCESS) {
+            EXPECT_TRUE(same_bytes(dst->read_all(), src->read_all()));
+            EXPECT_EQ(target.count({c.name, c.name}), 2u);
+        } else {
+            EXPECT_TRUE(same_bytes(dst->read_all(), before));
+            EXPECT_EQ(target.count({c.name, c.name}), 0u);
+        }
+    }
+    EXPECT_EQ(target.received().size(), 2u);
+
+    // A target without a secret refuses an initiator that has one.
+    TestAgent open_target("auth-open", {.params = with_secret("")});
+    ASSERT_TRUE(open_target.reg(*dst));
+    TestAgent a("auth-closed", {.params = with_secret(secret)});
+    ASSERT_TRUE(a.reg(*src));
+    ASSERT_EQ(a.load(open_target), "auth-open");
+    nixlXferReqH* req = nullptr;
+    ASSERT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                               xfer_list(*dst, {{0, kSize}}), "auth-open", req),
+              NIXL_SUCCESS);
+    EXPECT_EQ(post_and_wait(a, req, {&open_target}), NIXL_ERR_NOT_ALLOWED);
+    EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+
+    // A secret too short to be one fails createBackend.
+    nixlAgent agent("auth-short", nixlAgentConfig(true));
+    nixlBackendH* backend = nullptr;
+    EXPECT_NE(agent.createBackend(kBackend, with_secret("short"), backend), NIXL_SUCCESS);
+}
+
+// An inbound connection that claims the name of an agent that is connected is refused: the
+// impostor's transfers fail and the real agent's go on. (A connection claiming the target's own
+// name is refused the same way; NIXL's agent API cannot make one: it will not load metadata of
+// an agent of its own name.)
+TEST(NixlNames, AClaimedNameCannotTakeOverAConnectedAgent) {
+    constexpr size_t kSize = 64 << 10;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    src->fill(91);
+    TestAgent target("names-target");
+    ASSERT_TRUE(target.reg(*dst));
+    const std::string md = target.metadata();
+
+    auto write_from = [&](TestAgent& a) {
+        nixlXferReqH* req = nullptr;
+        const nixl_opt_args_t args = with_notif("from " + a.name());
+        EXPECT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                                   xfer_list(*dst, {{0, kSize}}), "names-target", req, &args),
+                  NIXL_SUCCESS);
+        const nixl_status_t st = post_and_wait(a, req, {&target});
+        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+        return st;
+    };
+
+    TestAgent real("names-real");
+    ASSERT_TRUE(real.reg(*src));
+    ASSERT_EQ(real.load(md), "names-target");
+    ASSERT_EQ(write_from(real), NIXL_SUCCESS);
+    // The target learns who connected only when it looks (a genNotif, a getNotifs).
+    ASSERT_TRUE(wait_notifs(target, 1, {&real}));
+
+    {
+        TestAgent impostor("names-real");
+        ASSERT_TRUE(impostor.reg(*src));
+        ASSERT_EQ(impostor.load(md), "names-target");
+        // Its connection is served until the target's backend looks at who it is (its next
+        // getNotifs): then it is closed, and what it posts fails.
+        nixl_status_t st = NIXL_SUCCESS;
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (st == NIXL_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+            st = write_from(impostor);
+            target.pump();
+        }
+        EXPECT_EQ(st, NIXL_ERR_REMOTE_DISCONNECT) << nixlEnumStrings::statusStr(st);
+    }
+    // The target still answers the real agent, by its name.
+    ASSERT_EQ(target.load(real.metadata()), "names-real");
+    EXPECT_EQ(target->genNotif("names-real", "still you"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(real, 1, {&target}));
+    EXPECT_EQ(real.received(), (std::vector<Notif>{{"names-target", "still you"}}));
+    EXPECT_EQ(write_from(real), NIXL_SUCCESS);
+}
+
 // --- 6: local transfers -------------------------------------------------------------------------
 
 struct LocalParam {

@@ -208,6 +208,23 @@ bool TestAgent::reg(const Buffer& buffer, uint64_t offset, size_t len) {
     return true;
 }
 
+bool TestAgent::dereg(const Buffer& buffer, uint64_t offset, size_t len) {
+    auto it = std::find_if(regs_.begin(), regs_.end(), [&](const auto& r) {
+        return r.first == buffer.mem() && r.second.addr == buffer.addr(offset) &&
+               r.second.len == len;
+    });
+    if (it == regs_.end()) {
+        ADD_FAILURE() << "agent '" << name_ << "': dereg of a range reg() never registered";
+        return false;
+    }
+    nixl_reg_dlist_t list(it->first);
+    list.addDesc(it->second);
+    const nixl_status_t st = agent_->deregisterMem(list);
+    EXPECT_EQ(st, NIXL_SUCCESS) << "agent '" << name_ << "': deregisterMem";
+    regs_.erase(it);
+    return st == NIXL_SUCCESS;
+}
+
 void TestAgent::dereg_all() {
     for (const auto& [mem, desc] : regs_) {
         nixl_reg_dlist_t list(mem);

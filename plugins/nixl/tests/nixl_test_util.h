@@ -114,6 +114,8 @@ class TestAgent {
     // Registers [offset, offset + len) of `buffer` with the backend; true on success.
     bool reg(const Buffer& buffer, uint64_t offset, size_t len);
     bool reg(const Buffer& buffer) { return reg(buffer, 0, buffer.size()); }
+    // Deregisters what reg(buffer, offset, len) registered; true on success.
+    bool dereg(const Buffer& buffer, uint64_t offset, size_t len);
     // Deregisters everything registered through reg().
     void dereg_all();
 
