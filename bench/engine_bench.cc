@@ -29,6 +29,8 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -91,6 +93,86 @@ Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
                        [&](uint8_t* p) { return check_pattern(p, len, seed, what); });
 }
 
+// --- the KV workload (--kv) --------------------------------------------------------------------
+//
+// Both sides derive a request's pieces from its seed (kv_offsets), so the initiator only says
+// which request it moved: the line channel never carries piece lists.
+
+// The pool offsets of a request's pieces on one side: every layer's K tensor's, then its V
+// tensor's, chosen blocks, in that order; `request_blocks` distinct blocks picked by `seed`, the
+// same for every layer (a sequence's block table).
+std::vector<uint64_t> kv_offsets(const KvShape& k, uint64_t seed) {
+    const uint64_t tensor_blocks = k.tensor_blocks();
+    std::vector<uint64_t> ids(tensor_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::mt19937_64 rng(seed);
+    for (uint64_t i = 0; i < static_cast<uint64_t>(k.request_blocks); ++i) {
+        std::uniform_int_distribution<uint64_t> pick(i, tensor_blocks - 1);
+        std::swap(ids[i], ids[pick(rng)]);
+    }
+    std::vector<uint64_t> out;
+    out.reserve(k.pieces());
+    for (uint64_t t = 0; t < static_cast<uint64_t>(k.layers) * 2; ++t) {
+        for (int b = 0; b < k.request_blocks; ++b) {
+            out.push_back((t * tensor_blocks + ids[static_cast<size_t>(b)]) * k.block_bytes());
+        }
+    }
+    return out;
+}
+
+// The request seeds: kKvRequests different requests, cycled through by the measurements; the
+// initiator's and the target's block choices differ.
+constexpr int kKvRequests = 4;
+uint64_t kv_seed(int request, Side side) {
+    return 0x6b76000ULL + static_cast<uint64_t>(request) * 2 + static_cast<uint64_t>(side);
+}
+
+// Piece i of measurement `run` gets a pattern of its own, so that a piece landing at another
+// piece's place is caught.
+uint64_t kv_piece_seed(uint64_t run, uint64_t i) {
+    return pattern_seed(run, 0) ^ ((i + 1) * 0x9e3779b97f4a7c15ULL);
+}
+
+// --verify of a KV request: the pieces at `offsets` of `b` get their patterns, or are checked.
+Status kv_fill(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
+               uint64_t run) {
+    for (size_t i = 0; i < offsets.size(); ++i) {
+        TCPX_RETURN_IF_ERROR(
+            prepare_bytes(b, offsets[i], k.block_bytes(), /*source=*/true, kv_piece_seed(run, i)));
+    }
+    return Status();
+}
+
+Status kv_check(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
+                uint64_t run, const std::string& what) {
+    for (size_t i = 0; i < offsets.size(); ++i) {
+        TCPX_RETURN_IF_ERROR(
+            check_bytes(b, offsets[i], k.block_bytes(), kv_piece_seed(run, i),
+                        strformat("%s, piece %zu of %zu (at %llu)", what.c_str(), i, offsets.size(),
+                                  static_cast<unsigned long long>(offsets[i]))));
+    }
+    return Status();
+}
+
+Status check_kv_shape(const KvShape& k) {
+    if (k.layers < 1 || k.block_tokens < 1 || k.kv_heads < 1 || k.head_dim < 1 ||
+        k.dtype_bytes < 1 || k.request_blocks < 1) {
+        return invalid_argument("--kv-shape and --kv-blocks take positive numbers");
+    }
+    if (k.layers > 4096 || k.block_tokens > 4096 || k.kv_heads > 1024 || k.head_dim > 4096 ||
+        k.dtype_bytes > 8) {
+        return invalid_argument("--kv-shape: a dimension larger than any model's");
+    }
+    if (k.pool > (64ULL << 30)) return invalid_argument("--kv-pool: at most 64 GiB");
+    if (k.tensor_blocks() < static_cast<uint64_t>(k.request_blocks)) {
+        return invalid_argument(strformat(
+            "--kv-pool %s holds %llu blocks of %s per layer's K and V; a request takes %d",
+            format_bytes(k.pool).c_str(), static_cast<unsigned long long>(k.tensor_blocks()),
+            format_bytes(k.block_bytes()).c_str(), k.request_blocks));
+    }
+    return Status();
+}
+
 // --- memory ------------------------------------------------------------------------------------
 
 bool parse_mem(const std::string& word, MemType* type) {
@@ -148,6 +230,9 @@ Status ensure_region(Endpoint* ep, Region* r, MemType type, int gpu, uint64_t le
 //                                  (write) or patterns (read) [off, off + len) of the first n
 //                                  regions of that type
 //   check <type> <run> <off> <len> <n>   after one: checks the pattern there (the data of writes)
+//   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
+//   kvfill|kvcheck <type> <run> <request>   --verify of a KV request: patterns, or checks, the
+//                                  pieces of request <request> in the first endpoint's region
 //   raw-*                          the raw TCP baseline, in the first host region's memory
 //   quit                           -> "bye"
 // GPU memory is allocated on the GPU the endpoints serve (Config::gpu_index).
@@ -188,6 +273,11 @@ class Target {
             } else if (w[0] == "check" && w.size() == 6 && parse_mem(w[1], &type)) {
                 st = check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
                            std::stoi(w[5]));
+            } else if (w[0] == "kvshape" && w.size() == 8) {
+                st = kv_shape(w);
+            } else if ((w[0] == "kvfill" || w[0] == "kvcheck") && w.size() == 4 &&
+                       parse_mem(w[1], &type)) {
+                st = kv_pieces(w[0] == "kvfill", type, std::stoull(w[2]), std::stoi(w[3]));
             } else if (!raw_.handle(w, raw_buffer, &st, &reply)) {
                 st = invalid_argument("unknown command: " + line);
             }
@@ -265,6 +355,28 @@ class Target {
         return Status();
     }
 
+    Status kv_shape(const std::vector<std::string>& w) {
+        KvShape k;
+        k.layers = std::stoi(w[1]);
+        k.block_tokens = std::stoi(w[2]);
+        k.kv_heads = std::stoi(w[3]);
+        k.head_dim = std::stoi(w[4]);
+        k.dtype_bytes = std::stoi(w[5]);
+        k.pool = std::stoull(w[6]);
+        k.request_blocks = std::stoi(w[7]);
+        TCPX_RETURN_IF_ERROR(check_kv_shape(k));
+        kv_ = k;
+        return Status();
+    }
+
+    Status kv_pieces(bool fill, MemType type, uint64_t run, int request) {
+        TCPX_RETURN_IF_ERROR(in_range(1));
+        const Buffer& b = regions_[0][type].buf;
+        if (b.size() < kv_.pool) return failed_precondition("no KV pool of that memory");
+        const std::vector<uint64_t> offsets = kv_offsets(kv_, kv_seed(request, kTargetSide));
+        return fill ? kv_fill(b, kv_, offsets, run) : kv_check(b, kv_, offsets, run, "target");
+    }
+
     void close() {
         raw_.close();
         eps_.clear();  // before the memory they may still touch
@@ -272,6 +384,7 @@ class Target {
     }
 
     Config config_;
+    KvShape kv_;
     std::vector<ByMem<Region>> regions_;  // declared before eps_: outlives them
     std::vector<std::unique_ptr<Endpoint>> eps_;
     RawTcpResponder raw_;
@@ -469,7 +582,126 @@ class EngineInitiator {
         return raw_.pingpong(peer_, out, back, count, raw_buffer());
     }
 
+    // --kv: the pools of every memory type here and there (the first peer's), and the requests.
+    Status prepare_kv() {
+        const KvShape& k = o_.kv_shape;
+        TCPX_RETURN_IF_ERROR(
+            peer_
+                ->call(strformat("kvshape %d %d %d %d %d %llu %d", k.layers, k.block_tokens,
+                                 k.kv_heads, k.head_dim, k.dtype_bytes,
+                                 static_cast<unsigned long long>(k.pool), k.request_blocks))
+                .status());
+        const int gpu = static_cast<int>(config_.gpu_index);
+        PeerState& p = peers_[0];
+        for (MemType type : mem_types(o_)) {
+            TCPX_ASSIGN_OR_RETURN(std::string reply,
+                                  peer_->call(strformat("mem %s %llu", mem_name(type),
+                                                        static_cast<unsigned long long>(k.pool))));
+            const auto w = words(reply);
+            std::string blob;
+            if (w.size() != 2 || w[0] != "mem" || !unhex_blob(w[1], &blob)) {
+                return protocol_error("peer: " + reply);
+            }
+            TCPX_ASSIGN_OR_RETURN(p.remote[type], RemoteMem::parse(blob));
+            TCPX_RETURN_IF_ERROR(ensure_region(ep_.get(), &p.local[type], type, gpu, k.pool)
+                                     .with_context("initiator"));
+            auto& requests = kv_iov_[type];
+            requests.assign(kKvRequests, {});
+            for (int r = 0; r < kKvRequests; ++r) {
+                const auto local = kv_offsets(k, kv_seed(r, kInitiatorSide));
+                const auto remote = kv_offsets(k, kv_seed(r, kTargetSide));
+                auto& iov = requests[static_cast<size_t>(r)];
+                iov.reserve(local.size());
+                for (size_t i = 0; i < local.size(); ++i) {
+                    iov.push_back(IoVec{p.local[type].mem, local[i], p.remote[type], remote[i],
+                                        k.block_bytes()});
+                }
+            }
+        }
+        return Status();
+    }
+
+    // --kv: `count` requests of memory `type`, one at a time (a decode pulling one sequence's
+    // cache): each the KV request's pieces, or with `contiguous` the same bytes as one piece.
+    StatusOr<double> kv_transfers(Op op, MemType type, bool contiguous, uint64_t count) {
+        const auto start = Clock::now();
+        for (uint64_t n = 0; n < count; ++n) {
+            TCPX_ASSIGN_OR_RETURN(XferId id,
+                                  post_kv(op, type, contiguous, static_cast<int>(n % kKvRequests)));
+            Status st = ep_->wait(id, kStallTimeout);
+            if (!st.ok()) return st.with_context(kv_what(op, type, contiguous));
+        }
+        return seconds_since(start);
+    }
+
+    // --kv --verify: one more request, its source patterned and its destination poisoned first,
+    // checked after.
+    Status verify_kv(Op op, MemType type, bool contiguous) {
+        if (!o_.verify) return Status();
+        const KvShape& k = o_.kv_shape;
+        const uint64_t total = k.request_bytes();
+        const Buffer& local = peers_[0].local[type].buf;
+        const uint64_t run = ++run_;
+        const std::string what = kv_what(op, type, contiguous);
+        const std::vector<uint64_t> offsets = kv_offsets(k, kv_seed(0, kInitiatorSide));
+        const char* mem = mem_name(type);
+        const auto ull = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+        if (op == Op::kWrite) {
+            TCPX_RETURN_IF_ERROR(contiguous
+                                     ? prepare_bytes(local, 0, total, true, pattern_seed(run, 0))
+                                     : kv_fill(local, k, offsets, run));
+            TCPX_RETURN_IF_ERROR(peer_
+                                     ->call(strformat("prep write %s %llu 0 %llu 1", mem, ull(run),
+                                                      ull(contiguous ? total : k.pool)))
+                                     .status());
+        } else {
+            TCPX_RETURN_IF_ERROR(
+                peer_
+                    ->call(contiguous
+                               ? strformat("prep read %s %llu 0 %llu 1", mem, ull(run), ull(total))
+                               : strformat("kvfill %s %llu 0", mem, ull(run)))
+                    .status());
+            TCPX_RETURN_IF_ERROR(prepare_bytes(local, 0, contiguous ? total : k.pool, false, 0));
+        }
+        TCPX_ASSIGN_OR_RETURN(XferId id, post_kv(op, type, contiguous, 0));
+        TCPX_RETURN_IF_ERROR(ep_->wait(id, kStallTimeout).with_context(what));
+        Status st;
+        if (op == Op::kWrite) {
+            st = peer_
+                     ->call(contiguous
+                                ? strformat("check %s %llu 0 %llu 1", mem, ull(run), ull(total))
+                                : strformat("kvcheck %s %llu 0", mem, ull(run)))
+                     .status();
+        } else {
+            st = contiguous ? check_bytes(local, 0, total, pattern_seed(run, 0), "initiator")
+                            : kv_check(local, k, offsets, run, "initiator");
+        }
+        if (!st.ok()) return internal_error("VERIFICATION FAILED: " + what + ": " + st.to_string());
+        return Status();
+    }
+
  private:
+    std::string kv_what(Op op, MemType type, bool contiguous) const {
+        return strformat("%s of a KV request (%s memory%s)", op_name(op), mem_name(type),
+                         contiguous ? ", contiguous" : "");
+    }
+
+    StatusOr<XferId> post_kv(Op op, MemType type, bool contiguous, int request) {
+        PeerState& ps = peers_[0];
+        StatusOr<XferId> id = Status(StatusCode::kInternal, "not posted");
+        if (contiguous) {
+            const uint64_t total = o_.kv_shape.request_bytes();
+            id = op == Op::kWrite
+                     ? ep_->write(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total)
+                     : ep_->read(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total);
+        } else {
+            const auto& iov = kv_iov_[type][static_cast<size_t>(request)];
+            id = op == Op::kWrite ? ep_->writev(ps.id, iov) : ep_->readv(ps.id, iov);
+        }
+        if (!id.ok()) return Status(id.status()).with_context(kv_what(op, type, contiguous));
+        return id;
+    }
+
     struct PeerState {
         PeerId id = 0;
         ByMem<RemoteMem> remote;
@@ -559,6 +791,7 @@ class EngineInitiator {
     std::unique_ptr<Endpoint> ep_;
     RawTcpInitiator raw_;
     std::vector<IoVec> iov_;
+    ByMem<std::vector<std::vector<IoVec>>> kv_iov_;  // --kv: the requests' pieces
     uint64_t size_ = 0;
     uint64_t slot_bytes_ = 0;
     int conc_ = 1;
@@ -796,7 +1029,109 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
 
 // --- the sweep ---------------------------------------------------------------------------------
 
+// --- the KV workload's report -------------------------------------------------------------------
+
+struct KvRow {
+    Op op = Op::kWrite;
+    MemType mem = MemType::kHost;
+    Throughput kv;          // the KV requests
+    Throughput contiguous;  // the same bytes as one piece
+    bool verified = false;
+};
+
+double ms_per(const Throughput& t) {
+    return t.iters == 0 ? 0 : t.seconds / static_cast<double>(t.iters) * 1e3;
+}
+
+void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
+                    const std::vector<KvRow>& rows) {
+    const KvShape& k = o.kv_shape;
+    std::printf(
+        "tcpx-p2p bench engine --kv: a paged KV cache, %s, %d process%s, one request at a "
+        "time\n",
+        o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es");
+    std::printf(
+        "cache: %d layers x {K,V} x %llu blocks of %s (%d tokens x %d KV heads x %d x %d B), "
+        "pool %s per side\n",
+        k.layers, static_cast<unsigned long long>(k.tensor_blocks()),
+        format_bytes(k.block_bytes()).c_str(), k.block_tokens, k.kv_heads, k.head_dim,
+        k.dtype_bytes, format_bytes(k.pool).c_str());
+    std::printf(
+        "request: %d random blocks of every layer's K and V (other blocks on each side) = %llu "
+        "pieces, %s; contiguous: the same bytes as one piece\n",
+        k.request_blocks, static_cast<unsigned long long>(k.pieces()),
+        format_bytes(k.request_bytes()).c_str());
+    if (o.mem == MemType::kVram) {
+        std::printf("memory: GPU (cudaMalloc), the initiator's on GPU %d, the target's on GPU %d\n",
+                    o.gpus[0], o.gpus[1]);
+    }
+    std::printf(
+        "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
+        "endpoint\n",
+        static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
+        static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
+        static_cast<long long>(c.window), s.io_threads);
+    if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
+    std::printf("\n%-6s %-5s %10s %12s %16s %16s %14s%s\n", "op", "mem", "KV GB/s", "KV ms/req",
+                "contiguous GB/s", "contiguous ms", "KV/contiguous", o.verify ? "  verified" : "");
+    for (const KvRow& r : rows) {
+        std::printf("%-6s %-5s %10.2f %12.2f %16.2f %16.2f %13.2fx%s\n", op_name(r.op),
+                    mem_name(r.mem), r.kv.gbps, ms_per(r.kv), r.contiguous.gbps,
+                    ms_per(r.contiguous), r.contiguous.gbps > 0 ? r.kv.gbps / r.contiguous.gbps : 0,
+                    r.verified ? "  yes" : "");
+    }
+}
+
+void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vector<KvRow>& rows) {
+    using nlohmann::json;
+    const KvShape& k = o.kv_shape;
+    auto tp = [](const Throughput& t) {
+        return json{{"gbps", t.gbps},
+                    {"requests", t.iters},
+                    {"seconds", t.seconds},
+                    {"ms_per_request", ms_per(t)}};
+    };
+    json out;
+    out["benchmark"] = "engine-kv";
+    out["config"] = {{"interface", o.interface},
+                     {"processes", o.processes},
+                     {"mem", mem_name(o.mem)},
+                     {"net_plugin", c.net_plugin},
+                     {"channels", c.channels},
+                     {"nsocks", c.nsocks},
+                     {"xfer_chunk_size", c.xfer_chunk_size},
+                     {"window", c.window}};
+    out["kv"] = {{"layers", k.layers},
+                 {"block_tokens", k.block_tokens},
+                 {"kv_heads", k.kv_heads},
+                 {"head_dim", k.head_dim},
+                 {"dtype_bytes", k.dtype_bytes},
+                 {"block_bytes", k.block_bytes()},
+                 {"pool_bytes", k.pool},
+                 {"tensor_blocks", k.tensor_blocks()},
+                 {"request_blocks", k.request_blocks},
+                 {"pieces", k.pieces()},
+                 {"request_bytes", k.request_bytes()}};
+    json results = json::array();
+    for (const KvRow& r : rows) {
+        results.push_back(
+            {{"op", op_name(r.op)},
+             {"mem", mem_name(r.mem)},
+             {"kv", tp(r.kv)},
+             {"contiguous", tp(r.contiguous)},
+             {"kv_contiguous_ratio", r.contiguous.gbps > 0 ? r.kv.gbps / r.contiguous.gbps : 0},
+             {"verified", r.verified}});
+    }
+    out["results"] = results;
+    std::printf("%s\n", out.dump(2).c_str());
+}
+
 Status check_options(const EngineBenchOptions& o) {
+    if (o.kv) {
+        if (o.peers != 1) return invalid_argument("--kv: one peer (--peers 1)");
+        if (o.batch != 1) return invalid_argument("--kv: a request is its own batch (no --batch)");
+        TCPX_RETURN_IF_ERROR(check_kv_shape(o.kv_shape));
+    }
     if (o.sizes.empty()) return invalid_argument("no sizes");
     for (uint64_t s : o.sizes) {
         if (s == 0) return invalid_argument("--sizes: a size of 0");
@@ -851,6 +1186,8 @@ std::vector<std::string> serve_args(const EngineBenchOptions& o) {
 
 Status run(const EngineBenchOptions& options) {
     EngineBenchOptions o = options;
+    // --kv: the contiguous transfer of the same bytes is the baseline.
+    if (o.kv) o.baseline = false;
     TCPX_RETURN_IF_ERROR(check_options(o));
     TCPX_RETURN_IF_ERROR(choose_gpus(&o));
     TCPX_ASSIGN_OR_RETURN(Config config, bench_config(o, kInitiatorSide));
@@ -880,6 +1217,7 @@ Status run(const EngineBenchOptions& options) {
             static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
     }
     std::vector<Row> rows;
+    std::vector<KvRow> kv_rows;
     {
         EngineInitiator init(o, config, peer.get());
         setup.raw_streams = init.raw_streams();
@@ -887,6 +1225,38 @@ Status run(const EngineBenchOptions& options) {
         std::vector<Op> ops;
         if (o.write) ops.push_back(Op::kWrite);
         if (o.read) ops.push_back(Op::kRead);
+        if (o.kv) {
+            TCPX_RETURN_IF_ERROR(init.prepare_kv().with_context("--kv: the pools"));
+            std::vector<MemType> mems = {o.mem};
+            if (host_figures(o)) mems.push_back(MemType::kHost);
+            const size_t steps = mems.size() * ops.size() * 2;
+            size_t step = 0;
+            Progress progress(o.progress && !o.json);
+            Calibration cal;
+            cal.min_seconds = o.min_seconds;
+            cal.min_iters = static_cast<uint64_t>(o.min_iters);
+            const uint64_t bytes = o.kv_shape.request_bytes();
+            for (MemType mem : mems) {
+                for (Op op : ops) {
+                    KvRow row;
+                    row.op = op;
+                    row.mem = mem;
+                    for (bool contiguous : {false, true}) {
+                        progress.show(++step, steps,
+                                      strformat("%s, %s memory, %s", op_name(op), mem_name(mem),
+                                                contiguous ? "contiguous" : "KV requests"));
+                        Throughput& out = contiguous ? row.contiguous : row.kv;
+                        TCPX_ASSIGN_OR_RETURN(out, measure_throughput(cal, bytes, [&](uint64_t n) {
+                                                  return init.kv_transfers(op, mem, contiguous, n);
+                                              }));
+                        TCPX_RETURN_IF_ERROR(init.verify_kv(op, mem, contiguous));
+                    }
+                    row.verified = o.verify;
+                    kv_rows.push_back(row);
+                }
+            }
+            progress.clear();
+        }
         const bool single = o.peers > 1 && o.single_peer;
         const bool host = host_figures(o);
         const size_t per_op = 1 + (host ? 1 : 0) + (single ? 1 : 0) + (o.baseline ? 1 : 0) +
@@ -913,7 +1283,7 @@ Status run(const EngineBenchOptions& options) {
             return Status();
         };
         const std::string ours_what = strformat("engine (%s)", mem_name(o.mem));
-        for (uint64_t size : o.sizes) {
+        for (uint64_t size : o.kv ? std::vector<uint64_t>{} : o.sizes) {
             TCPX_RETURN_IF_ERROR(init.prepare(size).with_context(format_bytes(size)));
             // At least one transfer per slot in flight.
             cal.min_iters =
@@ -968,7 +1338,13 @@ Status run(const EngineBenchOptions& options) {
         }
         progress.clear();
     }
-    if (o.json) {
+    if (o.kv) {
+        if (o.json) {
+            print_kv_json(o, config, kv_rows);
+        } else {
+            print_kv_table(o, config, setup, kv_rows);
+        }
+    } else if (o.json) {
         print_json(o, config, setup, rows);
     } else {
         print_table(o, config, setup, rows);

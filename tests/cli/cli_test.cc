@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <initializer_list>
 #include <map>
@@ -158,6 +159,62 @@ TEST(BenchEngineCli, PluginWithoutWireInOneProcess) {
         run_cli(quick({"bench", "engine", "--sizes", "64K", "--procs", "2"}), env);
     EXPECT_TRUE(exited_with(two, 1));
     EXPECT_TRUE(contains(two.output, "use --procs 1")) << two.output;
+}
+
+// --kv: the KV workload at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces),
+// every request kind verified byte for byte; then as JSON, with the target in a child process.
+TEST(BenchEngineCli, KvWorkloadIsVerifiedAndComparedWithOneContiguousTransfer) {
+    const CliResult r = run_cli(quick({"bench", "engine", "--kv", "--kv-pool", "64M", "--kv-blocks",
+                                       "16", "--procs", "1", "--verify"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"--kv: a paged KV cache", "1024 pieces, 32 MiB", "KV GB/s",
+                                   "contiguous GB/s", "WRITE  host", "READ   host", "verified"}))
+        << r.output;
+    const CliResult j =
+        run_cli(quick({"bench", "engine", "--kv", "--kv-pool", "64M", "--kv-blocks", "16",
+                       "--kv-shape", "4,16,8,128,2", "--procs", "2", "--json", "--op", "read"}));
+    ASSERT_TRUE(exited_with(j, 0));
+    EXPECT_TRUE(has_all(
+        j.output, {"\"engine-kv\"", "\"kv_contiguous_ratio\"", "\"pieces\": 128", "\"READ\""}))
+        << j.output;
+    EXPECT_FALSE(contains(j.output, "\"WRITE\"")) << j.output;
+}
+
+// Bad KV shapes are refused with the reason, never run.
+TEST(BenchEngineCli, BadKvOptionsAreRefused) {
+    struct Case {
+        std::vector<std::string> args;
+        int code;
+        const char* says;
+    };
+    const Case cases[] = {
+        {{"--kv-shape", "32,16"}, 2, "is not layers,tokens,heads,dim,dtype"},
+        {{"--kv-shape", "32,16,8,128,2,1"}, 2, "is not layers,tokens,heads,dim,dtype"},
+        {{"--kv-pool", "lots"}, 2, "--kv-pool 'lots' is not a size"},
+        {{"--kv-pool", "16M", "--kv-blocks", "64"}, 1, "a request takes 64"},
+        {{"--kv-shape", "0,16,8,128,2"}, 1, "positive numbers"},
+        {{"--kv-shape", "32,16,8,128,16"}, 1, "larger than any model"},
+        {{"--peers", "2"}, 1, "--kv: one peer"},
+        {{"--batch", "4"}, 1, "--kv: a request is its own batch"},
+    };
+    for (const Case& c : cases) {
+        std::vector<std::string> args = {"bench", "engine", "--kv", "--procs", "1"};
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        SCOPED_TRACE(c.says);
+        const CliResult r = run_cli(quick(args));
+        EXPECT_TRUE(exited_with(r, c.code));
+        EXPECT_TRUE(contains(r.output, c.says)) << r.output;
+    }
+}
+
+TEST(BenchEngineCli, KvWorkloadOnGpu) {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no usable GPU";
+    const CliResult r = run_cli(quick({"bench", "engine", "--kv", "--mem", "vram", "--kv-pool",
+                                       "256M", "--kv-blocks", "32", "--procs", "2", "--verify"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(
+        has_all(r.output, {"memory: GPU", "WRITE  vram", "READ   vram", "WRITE  host", "verified"}))
+        << r.output;
 }
 
 }  // namespace
