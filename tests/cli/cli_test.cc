@@ -163,13 +163,26 @@ TEST(BenchEngineCli, PluginWithoutWireInOneProcess) {
 
 // --kv: the KV workload at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces),
 // every request kind verified byte for byte; then as JSON, with the target in a child process.
+// Not verified under ThreadSanitizer: --verify prepares pool pieces that the measured transfers
+// used, ordered after their sends only through the loopback wire and the benchmark's channel,
+// which ThreadSanitizer does not see.
 TEST(BenchEngineCli, KvWorkloadIsVerifiedAndComparedWithOneContiguousTransfer) {
-    const CliResult r = run_cli(quick({"bench", "engine", "--kv", "--kv-pool", "64M", "--kv-blocks",
-                                       "16", "--procs", "1", "--verify"}));
+#if defined(__SANITIZE_THREAD__)
+    constexpr bool kVerify = false;
+#else
+    constexpr bool kVerify = true;
+#endif
+    std::vector<std::string> args = {"bench",       "engine", "--kv",    "--kv-pool", "64M",
+                                     "--kv-blocks", "16",     "--procs", "1"};
+    if (kVerify) args.push_back("--verify");
+    const CliResult r = run_cli(quick(args));
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_TRUE(has_all(r.output, {"--kv: a paged KV cache", "1024 pieces, 32 MiB", "KV GB/s",
-                                   "contiguous GB/s", "WRITE  host", "READ   host", "verified"}))
+                                   "contiguous GB/s", "WRITE  host", "READ   host"}))
         << r.output;
+    if (kVerify) {
+        EXPECT_TRUE(contains(r.output, "verified")) << r.output;
+    }
     const CliResult j =
         run_cli(quick({"bench", "engine", "--kv", "--kv-pool", "64M", "--kv-blocks", "16",
                        "--kv-shape", "4,16,8,128,2", "--procs", "2", "--json", "--op", "read"}));
