@@ -127,9 +127,18 @@ nixl_status_t to_nixl(const Status& st) {
 }
 
 nixl_b_params_t TcpxBackend::default_params() {
+    // The engine's own defaults, so that what the plugin advertises is what runs: applications
+    // often create the backend with exactly these (NIXL's getPluginParams).
+    const Config d;
     return {
-        {"channels", "1"},  {"nsocks", "8"},     {"chunk_size", "1MiB"}, {"interface", ""},
-        {"net_plugin", ""}, {"gpu_index", "-1"}, {"port", "0"},          {"auth_secret", ""},
+        {"channels", std::to_string(d.channels)},
+        {"nsocks", std::to_string(d.nsocks)},
+        {"chunk_size", std::to_string(d.xfer_chunk_size)},
+        {"interface", d.socket_ifname},
+        {"net_plugin", d.net_plugin},
+        {"gpu_index", std::to_string(d.gpu_index)},
+        {"port", std::to_string(d.port)},
+        {"auth_secret", d.auth_secret},
     };
 }
 

@@ -957,9 +957,36 @@ TEST(NixlParams, PluginAdvertisesItsParametersAndMemory) {
     ASSERT_EQ(agent.getPluginParams(kBackend, mems, params), NIXL_SUCCESS);
     EXPECT_NE(std::find(mems.begin(), mems.end(), DRAM_SEG), mems.end());
     EXPECT_NE(std::find(mems.begin(), mems.end(), VRAM_SEG), mems.end());
-    for (const char* key : {"channels", "nsocks", "chunk_size", "interface"}) {
+    for (const char* key : {"channels", "nsocks", "chunk_size", "interface", "auth_secret"}) {
         EXPECT_EQ(params.count(key), 1u) << key;
     }
+    // The advertised defaults are the engine's, as docs/nixl.md and configuration.md give them.
+    EXPECT_EQ(params["chunk_size"], "4194304");
+    EXPECT_EQ(params["nsocks"], "8");
+    EXPECT_EQ(params["channels"], "1");
+    EXPECT_EQ(params["gpu_index"], "-1");
+    EXPECT_EQ(params["auth_secret"], "");
+
+    // Created with exactly what it advertises (as applications do), it moves data.
+    constexpr size_t kSize = (1 << 20) + 5;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    src->fill(63);
+    nixl_b_params_t as_advertised = params;
+    as_advertised["interface"] = "=lo";
+    TestAgent a("params-adv-a", {.params = as_advertised});
+    TestAgent b("params-adv-b", {.params = as_advertised});
+    ASSERT_TRUE(a.reg(*src));
+    ASSERT_TRUE(b.reg(*dst));
+    ASSERT_EQ(a.load(b), "params-adv-b");
+    nixlXferReqH* req = nullptr;
+    ASSERT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                               xfer_list(*dst, {{0, kSize}}), "params-adv-b", req),
+              NIXL_SUCCESS);
+    EXPECT_EQ(post_and_wait(a, req, {&b}), NIXL_SUCCESS);
+    EXPECT_TRUE(same_bytes(dst->read_all(), src->read_all()));
+    EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
 }
 
 // Valid parameters, by their backend names and by engine setting names, plus keys nobody knows:
