@@ -5,8 +5,9 @@ set -euo pipefail
 
 # libssl-dev: libcrypto (HMAC-SHA-256 and random nonces for peer authentication).
 # clang + libclang-rt-dev: libFuzzer for the fuzz targets (scripts/run-fuzz).
+# pkg-config: scripts/check-install.sh builds a consumer through the installed .pc files.
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev libssl-dev clang libclang-rt-dev)
+          libcli11-dev libssl-dev clang libclang-rt-dev pkg-config)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
