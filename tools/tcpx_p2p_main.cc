@@ -11,6 +11,7 @@
 #include "bench/soak_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA
 #include "bench/unpack_bench.h"
+#include "tools/doctor.h"
 #endif
 #include "common/params.h"
 #include "common/strings.h"
@@ -26,6 +27,15 @@ int main(int argc, char** argv) {
     bool show_values = false;
     params->add_flag("--values", show_values,
                      "Print the values in effect (defaults overridden by the environment)");
+
+    // doctor
+    auto* doctor = app.add_subcommand(
+        "doctor",
+        "What this machine offers tcpx-p2p and what would stop it: kernel, limits, interfaces, "
+        "GPUs, the net plugin (probed in a child process), RxDM, the environment; exit code 1 "
+        "when something would stop a run");
+    tcpx::tools::DoctorOptions doctor_opts;
+    doctor->add_flag("--json", doctor_opts.json, "Print JSON instead of a table");
 
     // bench net
     auto* bench = app.add_subcommand("bench", "Benchmarks");
@@ -214,6 +224,7 @@ int main(int argc, char** argv) {
     if (bench_unpack->parsed()) return tcpx::bench::run_unpack_bench(unpack_opts);
 #endif
 
+    if (doctor->parsed()) return tcpx::tools::run_doctor(doctor_opts);
     if (params->parsed()) {
         if (!show_values) {
             std::fputs(tcpx::param_table_markdown().c_str(), stdout);

@@ -230,5 +230,65 @@ TEST(BenchEngineCli, KvWorkloadOnGpu) {
         << r.output;
 }
 
+// --- doctor ---------------------------------------------------------------------------------
+
+// On this machine, with nothing set: every section, loopback among the interfaces, exit 0.
+TEST(DoctorCli, ReportsTheMachineAndExitsZeroWhenNothingStopsARun) {
+    const CliResult r = run_cli({"doctor"});
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(
+        has_all(r.output, {"system", "kernel", "limits", "open files (nofile)", "interfaces", "lo ",
+                           "gpus", "usable GPUs", "plugin", "the built-in socket transport",
+                           "doctor: nothing would stop a run"}))
+        << r.output;
+    EXPECT_FALSE(contains(r.output, "PROBLEM")) << r.output;
+}
+
+// The emulated TCPX plugin is probed in a child process and its device listed; the secret in the
+// environment is never printed, only that it is set.
+TEST(DoctorCli, ProbesThePluginAndNeverPrintsASecret) {
+    const std::string secret = "do-not-print-this-secret-0123";
+    const CliResult r = run_cli({"doctor"}, {{"TCPX_P2P_NET_PLUGIN", TCPX_FAKE_TCPX_PATH},
+                                             {"TCPX_P2P_PLUGIN_PROBE_PATH", TCPX_PROBE_PATH},
+                                             {"TCPX_P2P_AUTH_SECRET", secret}});
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"table GPUDirectTCPX_v7_emulated, ncclNet v7, 1 devices",
+                                   "dev 0", "TCPX_P2P_AUTH_SECRET", "(set, 29 characters)"}))
+        << r.output;
+    EXPECT_FALSE(contains(r.output, secret)) << r.output;
+}
+
+// What would stop a run is a PROBLEM with its fix, and exit code 1: a plugin that does not load,
+// an invalid setting, an interface that does not exist. The same as JSON.
+TEST(DoctorCli, WhatWouldStopARunIsAProblemWithAFix) {
+    struct Case {
+        std::map<std::string, std::string> env;
+        const char* says;
+    };
+    const Case cases[] = {
+        {{{"TCPX_P2P_NET_PLUGIN", "/nonexistent/libnccl-net-nothing.so"},
+          {"TCPX_P2P_PLUGIN_PROBE_PATH", TCPX_PROBE_PATH}},
+         "cannot load"},
+        {{{"TCPX_P2P_NET_PLUGIN", TCPX_FAKE_TCPX_PATH},
+          {"TCPX_P2P_PLUGIN_PROBE_PATH", "/nonexistent/tcpx-p2p-probe"}},
+         "plugin probe"},
+        {{{"TCPX_P2P_NSOCKS", "0"}}, "TCPX_P2P_NSOCKS"},
+        {{{"TCPX_P2P_SOCKET_IFNAME", "=no-such-interface0"}}, "none usable"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.says);
+        const CliResult r = run_cli({"doctor"}, c.env);
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(has_all(
+            r.output, {"PROBLEM", "fix: ", c.says, "doctor: something above would stop a run"}))
+            << r.output;
+        const CliResult j = run_cli({"doctor", "--json"}, c.env);
+        EXPECT_TRUE(exited_with(j, 1));
+        EXPECT_TRUE(
+            has_all(j.output, {"\"blocked\": true", "\"blocking\": true", "\"fix\"", c.says}))
+            << j.output;
+    }
+}
+
 }  // namespace
 }  // namespace tcpx
