@@ -505,7 +505,10 @@ TEST_P(NetTest, CloseWithRequestsInFlightIsSafe) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, NetTest,
-                         ::testing::Values(Provider::kSocket, Provider::kSocketV7),
+                         ::testing::Values(Provider::kSocket, Provider::kSocketV7,
+                                           Provider::kNcclPluginV7, Provider::kNcclPluginV8,
+                                           Provider::kNcclPluginV9, Provider::kNcclPluginV10,
+                                           Provider::kNcclPluginV11),
                          [](const auto& p) { return provider_name(p.param); });
 
 // --- resources (C++ provider only: the v7 table's net lives as long as the process)

@@ -1,12 +1,15 @@
 #include "tests/support/net_test_util.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "common/status_util.h"
+#include "net/plugin/nccl_net_table.h"
 #include "net/plugin/v7_net.h"
 #include "net/socket/socket_net.h"
 #include "net/socket/socket_v7.h"
@@ -23,7 +26,28 @@ Settings loopback_settings() {
     return s;
 }
 
-std::string provider_name(Provider p) { return p == Provider::kSocket ? "Socket" : "SocketV7"; }
+int plugin_version(Provider p) {
+    switch (p) {
+        case Provider::kNcclPluginV7:
+            return 7;
+        case Provider::kNcclPluginV8:
+            return 8;
+        case Provider::kNcclPluginV9:
+            return 9;
+        case Provider::kNcclPluginV10:
+            return 10;
+        case Provider::kNcclPluginV11:
+            return 11;
+        default:
+            return 0;
+    }
+}
+
+std::string provider_name(Provider p) {
+    if (p == Provider::kSocket) return "Socket";
+    if (p == Provider::kSocketV7) return "SocketV7";
+    return "NcclPluginV" + std::to_string(plugin_version(p));
+}
 
 void set_socket_env(const Settings& settings) {
     setenv("TCPX_P2P_SOCKET_IFNAME", settings.socket_ifname.c_str(), 1);
@@ -45,6 +69,27 @@ std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings) 
     options.max_requests = static_cast<int>(settings.max_requests);
     options.reports_sizes = true;
     options.settings = settings;
+    if (const int version = plugin_version(provider); version != 0) {
+        // As NCCL loads it: the library by path, the version's table by its symbol. Never
+        // unloaded (its net lives as long as the process).
+        void* lib = ::dlopen(TCPX_NCCL_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+            ADD_FAILURE() << "cannot load " << TCPX_NCCL_PLUGIN_PATH << ": " << ::dlerror();
+            return nullptr;
+        }
+        const std::string symbol = "ncclNetPlugin_v" + std::to_string(version);
+        const void* table = ::dlsym(lib, symbol.c_str());
+        if (table == nullptr) {
+            ADD_FAILURE() << TCPX_NCCL_PLUGIN_PATH << " does not export " << symbol;
+            return nullptr;
+        }
+        auto net = net::V7Net::create(net::nccl_net_table(table, version), options);
+        if (!net.ok()) {
+            ADD_FAILURE() << symbol << ": " << net.status().to_string();
+            return nullptr;
+        }
+        return std::move(net).value();
+    }
     auto net = net::V7Net::create(net::socket_net_v7(), options);
     if (!net.ok()) return nullptr;
     return std::move(net).value();

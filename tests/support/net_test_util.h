@@ -17,9 +17,21 @@ namespace tcpx::testing {
 // Settings for tests: loopback only (tests never send traffic off the machine), a few sockets.
 Settings loopback_settings();
 
-// The two ways a test reaches the socket transport: the C++ provider directly, or its exported
-// ncclNet v7 table wrapped back into a Net (so the C ABI path is tested by the same suite).
-enum class Provider { kSocket, kSocketV7 };
+// The ways a test reaches the socket transport: the C++ provider directly; its exported ncclNet v7
+// table wrapped back into a Net (so the C ABI path is tested by the same suite); and each table
+// the NCCL plugin (plugins/nccl, libnccl-net-tcpxp2p.so) exports, dlopen()ed as NCCL does and
+// wrapped through the loader's adapter for its version.
+enum class Provider {
+    kSocket,
+    kSocketV7,
+    kNcclPluginV7,
+    kNcclPluginV8,
+    kNcclPluginV9,
+    kNcclPluginV10,
+    kNcclPluginV11,
+};
+// The ncclNet version of a kNcclPlugin* provider (0 for the others).
+int plugin_version(Provider p);
 // The socket transport behind an ncclNet table (ours, or a test plugin's) builds itself from the
 // environment at its first init(): this hands it `settings` that way.
 void set_socket_env(const Settings& settings);

@@ -1,0 +1,202 @@
+// The NCCL net plugin (plugins/nccl, libnccl-net-tcpxp2p.so) through its raw C tables, as NCCL
+// calls them: what it exports, each version's properties, v11's contexts, and bad arguments. The
+// data path of every exported table runs the whole net conformance suite (Providers/NetTest,
+// NcclPluginV7 to V11); this file checks what that suite cannot see through the adapter.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "net/ncclnet_newer.h"
+#include "tests/support/net_test_util.h"
+
+namespace tcpx {
+namespace {
+
+void* plugin() {
+    static void* lib = [] {
+        testing::set_socket_env(testing::loopback_settings());
+        return ::dlopen(TCPX_NCCL_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    }();
+    return lib;
+}
+
+template <typename Table>
+const Table* table(int version) {
+    if (plugin() == nullptr) return nullptr;
+    return static_cast<const Table*>(
+        ::dlsym(plugin(), ("ncclNetPlugin_v" + std::to_string(version)).c_str()));
+}
+
+std::atomic<int> g_log_lines{0};
+void count_logger(int, unsigned long, const char*, int, const char*, ...) { ++g_log_lines; }
+
+TEST(NcclPlugin, ExportsV7ToV11UnderItsName) {
+    ASSERT_NE(plugin(), nullptr) << ::dlerror();
+    for (int v = 1; v <= 16; ++v) {
+        const void* sym = ::dlsym(plugin(), ("ncclNetPlugin_v" + std::to_string(v)).c_str());
+        EXPECT_EQ(sym != nullptr, v >= 7 && v <= 11) << "ncclNetPlugin_v" << v;
+        // Every table starts with its name.
+        if (sym != nullptr) {
+            EXPECT_STREQ(*static_cast<const char* const*>(sym), "tcpxp2p");
+        }
+    }
+    // Nothing of the transport inside leaks out (a second copy of tcpx-p2p in NCCL's process
+    // must not bind to it): the tables are the only symbols.
+    EXPECT_EQ(::dlsym(plugin(), "_ZN4tcpx3net12socket_net_v7Ev"), nullptr);
+}
+
+// v7 and v8 through their own structs: the core's properties, v8's regIsGlobal.
+TEST(NcclPlugin, V7AndV8Properties) {
+    const auto* v7 = table<tcpx_ncclNet_v7_t>(7);
+    const auto* v8 = table<tcpx_ncclNet_v8_t>(8);
+    ASSERT_TRUE(v7 != nullptr && v8 != nullptr);
+    ASSERT_EQ(v8->init(count_logger), tcpx_ncclSuccess);
+    int ndev = 0;
+    ASSERT_EQ(v8->devices(&ndev), tcpx_ncclSuccess);
+    ASSERT_GE(ndev, 1);
+    tcpx_ncclNetProperties_v7_t p7{};
+    tcpx_ncclNetProperties_v8_t p8{};
+    ASSERT_EQ(v7->getProperties(0, &p7), tcpx_ncclSuccess);
+    ASSERT_EQ(v8->getProperties(0, &p8), tcpx_ncclSuccess);
+    EXPECT_STREQ(p8.name, p7.name);
+    EXPECT_EQ(p8.guid, p7.guid);
+    EXPECT_EQ(p8.ptrSupport, p7.ptrSupport);
+    EXPECT_NE(p8.ptrSupport & TCPX_NCCL_PTR_HOST, 0);
+    EXPECT_EQ(p8.regIsGlobal, 0);
+    EXPECT_EQ(p8.speed, p7.speed);
+    EXPECT_GT(p8.speed, 0);
+    EXPECT_EQ(p8.maxComms, p7.maxComms);
+    EXPECT_GT(p8.maxComms, 0);
+    EXPECT_EQ(p8.maxRecvs, p7.maxRecvs);
+    EXPECT_EQ(v8->getProperties(0, nullptr), tcpx_ncclInvalidArgument);
+    EXPECT_NE(v8->getProperties(ndev, &p8), tcpx_ncclSuccess);
+    EXPECT_NE(v8->getProperties(-1, &p8), tcpx_ncclSuccess);
+}
+
+// v9 on: the largest request is what the core's int sizes allow, one physical device per
+// virtual one, nothing to flush; v11 takes one request per receive.
+TEST(NcclPlugin, V9ToV11Properties) {
+    const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
+    const auto* v10 = table<tcpx_ncclNet_v10_t>(10);
+    const auto* v11 = table<tcpx_ncclNet_v11_t>(11);
+    ASSERT_TRUE(v9 != nullptr && v10 != nullptr && v11 != nullptr);
+    ASSERT_EQ(v9->init(count_logger), tcpx_ncclSuccess);
+    tcpx_ncclNetProperties_v9_t p9{};
+    tcpx_ncclNetProperties_v10_t p10{};
+    tcpx_ncclNetProperties_v11_t p11{};
+    ASSERT_EQ(v9->getProperties(0, &p9), tcpx_ncclSuccess);
+    ASSERT_EQ(v10->getProperties(0, &p10), tcpx_ncclSuccess);
+    ASSERT_EQ(v11->getProperties(0, &p11), tcpx_ncclSuccess);
+    for (const tcpx_ncclNetProperties_v9_t* p : {&p9, &p10}) {
+        EXPECT_EQ(p->maxP2pBytes, static_cast<size_t>(INT_MAX));
+        EXPECT_EQ(p->maxCollBytes, static_cast<size_t>(INT_MAX));
+        EXPECT_EQ(p->forceFlush, 0);
+        EXPECT_EQ(p->vProps.ndevs, 1);
+        EXPECT_EQ(p->vProps.devs[0], 0);
+        EXPECT_GT(p->speed, 0);
+    }
+    EXPECT_EQ(p11.maxP2pBytes, static_cast<size_t>(INT_MAX));
+    EXPECT_EQ(p11.maxMultiRequestSize, 1);
+    EXPECT_EQ(p11.vProps.ndevs, 1);
+    EXPECT_STREQ(p11.name, p9.name);
+    // No virtual NICs: NCCL then uses the devices as they are.
+    int d = -1;
+    tcpx_ncclNetVDeviceProps_v9_t vp{1, {0, 0, 0, 0}};
+    EXPECT_NE(v9->makeVDevice(&d, &vp), tcpx_ncclSuccess);
+}
+
+// v11: init makes a context per communicator; listen, connect and setNetAttr take only contexts
+// it made; finalize ends one (twice is an error, never a double free).
+TEST(NcclPlugin, V11ContextsAreCheckedAndFinalized) {
+    const auto* v11 = table<tcpx_ncclNet_v11_t>(11);
+    ASSERT_NE(v11, nullptr);
+    tcpx_ncclNetCommConfig_t config{TCPX_NCCL_NET_TRAFFIC_CLASS_UNDEF};
+    void* a = nullptr;
+    void* b = nullptr;
+    ASSERT_EQ(v11->init(&a, 1, &config, count_logger, nullptr), tcpx_ncclSuccess);
+    ASSERT_EQ(v11->init(&b, 2, nullptr, count_logger, nullptr), tcpx_ncclSuccess);
+    ASSERT_NE(a, nullptr);
+    EXPECT_NE(a, b);
+    EXPECT_EQ(v11->init(nullptr, 3, &config, count_logger, nullptr), tcpx_ncclInvalidArgument);
+
+    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listen = nullptr;
+    int foreign = 0;
+    EXPECT_EQ(v11->listen(&foreign, 0, handle, &listen), tcpx_ncclInvalidUsage);
+    EXPECT_EQ(listen, nullptr);
+    ASSERT_EQ(v11->listen(a, 0, handle, &listen), tcpx_ncclSuccess);
+    ASSERT_NE(listen, nullptr);
+    tcpx_ncclNetAttr_t attr{};
+    EXPECT_EQ(v11->setNetAttr(a, &attr), tcpx_ncclSuccess);
+    EXPECT_EQ(v11->setNetAttr(&foreign, &attr), tcpx_ncclInvalidUsage);
+    EXPECT_EQ(v11->closeListen(listen), tcpx_ncclSuccess);
+
+    EXPECT_EQ(v11->finalize(a), tcpx_ncclSuccess);
+    EXPECT_EQ(v11->finalize(a), tcpx_ncclInvalidUsage);
+    void* send = nullptr;
+    EXPECT_EQ(v11->connect(a, 0, handle, &send, nullptr), tcpx_ncclInvalidUsage);
+    EXPECT_EQ(v11->finalize(b), tcpx_ncclSuccess);
+    EXPECT_EQ(v11->finalize(&foreign), tcpx_ncclInvalidUsage);
+}
+
+// Sizes the core cannot take (its ints) are refused, not truncated: a registration of more than
+// INT_MAX bytes (v8 on), a send or receive of more (v9 on, whose sizes are size_t), more than 8
+// grouped receives.
+TEST(NcclPlugin, SizesPastTheCoresIntAreRefused) {
+    const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
+    ASSERT_NE(v9, nullptr);
+    ASSERT_EQ(v9->init(count_logger), tcpx_ncclSuccess);
+    // A connected pair over loopback, through the table itself.
+    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listen = nullptr;
+    ASSERT_EQ(v9->listen(0, handle, &listen), tcpx_ncclSuccess);
+    void* send = nullptr;
+    void* recv = nullptr;
+    tcpx_ncclNetDeviceHandle_t dev{};
+    tcpx_ncclNetDeviceHandle_t* devp = &dev;
+    for (int i = 0; i < 100000 && (send == nullptr || recv == nullptr); ++i) {
+        if (send == nullptr) {
+            ASSERT_EQ(v9->connect(0, handle, &send, &devp), tcpx_ncclSuccess);
+        }
+        if (recv == nullptr) {
+            ASSERT_EQ(v9->accept(listen, &recv, &devp), tcpx_ncclSuccess);
+        }
+    }
+    ASSERT_TRUE(send != nullptr && recv != nullptr);
+    std::vector<char> buf(4096);
+    void* mh = nullptr;
+    EXPECT_EQ(v9->regMr(send, buf.data(), size_t{INT_MAX} + 1, TCPX_NCCL_PTR_HOST, &mh),
+              tcpx_ncclInvalidArgument);
+    ASSERT_EQ(v9->regMr(send, buf.data(), buf.size(), TCPX_NCCL_PTR_HOST, &mh), tcpx_ncclSuccess);
+    void* req = nullptr;
+    EXPECT_EQ(v9->isend(send, buf.data(), size_t{INT_MAX} + 1, 0, mh, &req),
+              tcpx_ncclInvalidArgument);
+    EXPECT_EQ(req, nullptr);
+    void* data[9];
+    size_t sizes[9];
+    int tags[9];
+    void* mhs[9];
+    for (int i = 0; i < 9; ++i) {
+        data[i] = buf.data();
+        sizes[i] = 16;
+        tags[i] = i;
+        mhs[i] = nullptr;
+    }
+    EXPECT_EQ(v9->irecv(recv, 9, data, sizes, tags, mhs, &req), tcpx_ncclInvalidArgument);
+    sizes[0] = size_t{INT_MAX} + 1;
+    EXPECT_EQ(v9->irecv(recv, 1, data, sizes, tags, mhs, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(req, nullptr);
+    EXPECT_EQ(v9->deregMr(send, mh), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeSend(send), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeRecv(recv), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeListen(listen), tcpx_ncclSuccess);
+}
+
+}  // namespace
+}  // namespace tcpx
