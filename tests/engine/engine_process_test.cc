@@ -170,7 +170,10 @@ TEST(EngineProcesses, StoppedTargetFailsItsTransfersAfterThePeerTimeout) {
     Status st = ep->wait(*w, 30s);
     const auto took = std::chrono::steady_clock::now() - stopped;
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
-    EXPECT_GE(took, 4s);
+    // The timeout runs from the peer's last word, which may precede the stop by a heartbeat
+    // interval (a quarter of the timeout, 1.25 s) and a busy machine's scheduling delay: not an
+    // immediate failure, and not long after the timeout either.
+    EXPECT_GE(took, 3s);
     EXPECT_LT(took, 15s);
     GuardedBuffer dst(1 << 20);
     RemoteMem ddesc = *other->describe(*other->reg(dst.data(), dst.size()));
