@@ -32,6 +32,13 @@ class EnginePair : public ::testing::Test {
     static constexpr size_t kSize = 24 << 20;
 
     void SetUp() override { set_up(engine_test_config()); }
+    // The endpoints go before the memory registered with them: a transport may still be
+    // finishing the send of a read's last bytes (the reader has them all already) when a test
+    // ends, and an endpoint's destruction waits for its transports.
+    void TearDown() override {
+        a_.reset();
+        b_.reset();
+    }
     void set_up(const Config& config) {
         a_ = make_endpoint("alpha", config);
         b_ = make_endpoint("beta", config);
@@ -234,6 +241,11 @@ TEST_F(EnginePair, VectorTransfersOfRandomShape) {
     expect_canaries();
     for (auto& e : extra_a) EXPECT_TRUE(e->canaries_intact());
     for (auto& e : extra_b) EXPECT_TRUE(e->canaries_intact());
+    // Memory is deregistered before it is freed (the contract): b's transport may still be
+    // finishing the send of the last read's bytes (a's side has them all already), and dereg
+    // waits for it.
+    for (size_t i = 1; i < amems.size(); ++i) EXPECT_TRUE(a_->dereg(amems[i]).ok());
+    for (size_t i = 1; i < bmems.size(); ++i) EXPECT_TRUE(b_->dereg(bmems[i]).ok());
 }
 
 // The target's application, watching for notifications on its own thread while transfers land:
