@@ -1,8 +1,8 @@
 // ncclNetPlugin_v<TCPX_NCCL_PLUGIN_VERSION> (8 to 11) over the v7 core: compiled once per version
 // (CMakeLists.txt), each object exporting its one table. What a newer version adds is converted
-// here and nowhere else: size_t sizes back to the core's int with range checks (the largest
-// request is INT_MAX bytes, as maxP2pBytes says from v9), v7 properties into the version's,
-// v10's connection config and profiler, v11's per-communicator context.
+// here: size_t sizes go to the socket table's sized entry points (socket_v7.h; the largest request
+// is INT_MAX bytes, as maxP2pBytes says from v9), v7 properties into the version's, v10's
+// connection config and profiler, v11's per-communicator context.
 #include <climits>
 #include <cstdint>
 #include <mutex>
@@ -10,6 +10,7 @@
 
 #include "nccl_plugin.h"
 #include "net/ncclnet_newer.h"
+#include "net/socket/socket_v7.h"
 
 #ifndef TCPX_NCCL_PLUGIN_VERSION
 #error "TCPX_NCCL_PLUGIN_VERSION must be the ncclNet version to export (8 to 11)"
@@ -34,12 +35,6 @@ using Table = tcpx_ncclNet_v9_t;
 using Props = tcpx_ncclNetProperties_v8_t;
 using Table = tcpx_ncclNet_v8_t;
 #endif
-
-bool to_int(size_t size, int* out) {
-    if (size > static_cast<size_t>(INT_MAX)) return false;
-    *out = static_cast<int>(size);
-    return true;
-}
 
 tcpx_ncclResult_t get_properties(int dev, Props* out) {
     if (out == nullptr) return tcpx_ncclInvalidArgument;
@@ -72,39 +67,15 @@ tcpx_ncclResult_t get_properties(int dev, Props* out) {
     return tcpx_ncclSuccess;
 }
 
-tcpx_ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-    int sz = 0;
-    if (!to_int(size, &sz)) return tcpx_ncclInvalidArgument;
-    return core().regMr(comm, data, sz, type, mhandle);
-}
-
-[[maybe_unused]] tcpx_ncclResult_t isend_sized(void* comm, void* data, size_t size, int tag,
-                                               void* mhandle, void** request) {
-    int sz = 0;
-    if (!to_int(size, &sz)) return tcpx_ncclInvalidArgument;
-    return core().isend(comm, data, sz, tag, mhandle, request);
-}
-
-[[maybe_unused]] tcpx_ncclResult_t irecv_sized(void* comm, int n, void** data, size_t* sizes,
-                                               int* tags, void** mhandles, void** request) {
-    constexpr int kMaxRecvs = 8;  // the most any version's maxRecvs allows
-    if (n < 1 || n > kMaxRecvs || sizes == nullptr) return tcpx_ncclInvalidArgument;
-    int sz[kMaxRecvs];
-    for (int i = 0; i < n; ++i) {
-        if (!to_int(sizes[i], &sz[i])) return tcpx_ncclInvalidArgument;
-    }
-    return core().irecv(comm, n, data, sz, tags, mhandles, request);
-}
-
 #if TCPX_NCCL_PLUGIN_VERSION >= 10
 // The profiler handles are NCCL's to give; this transport reports no profiler events.
 tcpx_ncclResult_t isend_v10(void* comm, void* data, size_t size, int tag, void* mhandle,
                             void* /*phandle*/, void** request) {
-    return isend_sized(comm, data, size, tag, mhandle, request);
+    return net::socket_v7_isend_sized(comm, data, size, tag, mhandle, request);
 }
 tcpx_ncclResult_t irecv_v10(void* comm, int n, void** data, size_t* sizes, int* tags,
                             void** mhandles, void** /*phandles*/, void** request) {
-    return irecv_sized(comm, n, data, sizes, tags, mhandles, request);
+    return net::socket_v7_irecv_sized(comm, n, data, sizes, tags, mhandles, request);
 }
 #endif
 
@@ -180,7 +151,7 @@ Table make_table() {
     t.devices = core().devices;
     t.getProperties = get_properties;
     t.accept = core().accept;
-    t.regMr = reg_mr;
+    t.regMr = net::socket_v7_reg_mr_sized;
     t.regMrDmaBuf = nullptr;  // no DMA-BUF: host memory only
     t.deregMr = core().deregMr;
     t.iflush = core().iflush;
@@ -209,8 +180,8 @@ Table make_table() {
     t.isend = isend_v10;
     t.irecv = irecv_v10;
 #elif TCPX_NCCL_PLUGIN_VERSION == 9
-    t.isend = isend_sized;
-    t.irecv = irecv_sized;
+    t.isend = net::socket_v7_isend_sized;
+    t.irecv = net::socket_v7_irecv_sized;
 #else
     t.isend = core().isend;
     t.irecv = core().irecv;

@@ -1,10 +1,11 @@
 // A plugin that exports only ncclNetPlugin_v<TCPX_TEST_NET_VERSION> (8 to 12), built once per
 // version as libnccl-net-testv<N>.so so that the plugin tests drive the loader's adapter for each
 // newer table through a real dlopen. It moves data with tcpx-p2p's own socket transport (its v7
-// table, linked in and hidden) and converts as a vN plugin over a v7 core must: size_t sizes back
-// to int with range checks, v7 properties into vN's. It refuses what the adapter must supply for
-// the arguments v7 lacks when missing: v10's profiler callback (called for every request, as
-// NCCL's own transports do), profiler handle arrays and connection config, v11's context.
+// table, linked in and hidden) and converts as a vN plugin over a v7 core must: size_t sizes
+// through the socket table's sized entry points (socket_v7.h), v7 properties into vN's. It refuses
+// what the adapter must supply for the arguments v7 lacks when missing: v10's profiler callback
+// (called for every request, as NCCL's own transports do), profiler handle arrays and connection
+// config, v11's context.
 //
 // Built with TCPX_TEST_NET_ALSO_V7 it exports ncclNetPlugin_v7 too (the socket table, renamed
 // tcpx-test-net-v7), so that a test sees the loader prefer v7.
@@ -13,7 +14,6 @@
 // latency N/2 µs, maxComms kMaxCommsBase + N, maxP2pBytes kMaxP2pBytes (v9 on); the rest is the
 // socket transport's. TCPX_TEST_NET_CUDA=1 in the environment adds CUDA pointer support;
 // TCPX_TEST_NET_CUDA=flush adds it with forceFlush set (v9 on).
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,12 +38,6 @@ using namespace tcpx::testing::test_net;
 const tcpx_ncclNet_v7_t& inner() { return *tcpx::net::socket_net_v7(); }
 
 tcpx_ncclProfilerCallback_t g_profiler = nullptr;
-
-bool to_int(size_t size, int* out) {
-    if (size > static_cast<size_t>(INT_MAX)) return false;
-    *out = static_cast<int>(size);
-    return true;
-}
 
 tcpx_ncclResult_t init_with(tcpx_ncclDebugLogger_t logger, tcpx_ncclProfilerCallback_t profiler) {
     if (logger == nullptr) return tcpx_ncclInvalidArgument;
@@ -104,31 +98,6 @@ tcpx_ncclResult_t plugin_get_properties(int dev, Props* out) {
     return tcpx_ncclSuccess;
 }
 
-tcpx_ncclResult_t plugin_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-    int sz = 0;
-    if (!to_int(size, &sz)) return tcpx_ncclInvalidArgument;
-    return inner().regMr(comm, data, sz, type, mhandle);
-}
-
-// isend/irecv with size_t sizes (v9 on), over the core's int ones.
-[[maybe_unused]] tcpx_ncclResult_t isend_sized(void* comm, void* data, size_t size, int tag,
-                                               void* mhandle, void** request) {
-    int sz = 0;
-    if (!to_int(size, &sz)) return tcpx_ncclInvalidArgument;
-    return inner().isend(comm, data, sz, tag, mhandle, request);
-}
-
-[[maybe_unused]] tcpx_ncclResult_t irecv_sized(void* comm, int n, void** data, size_t* sizes,
-                                               int* tags, void** mhandles, void** request) {
-    constexpr int kMaxRecvs = 8;
-    if (n < 1 || n > kMaxRecvs || sizes == nullptr) return tcpx_ncclInvalidArgument;
-    int sz[kMaxRecvs];
-    for (int i = 0; i < n; ++i) {
-        if (!to_int(sizes[i], &sz[i])) return tcpx_ncclInvalidArgument;
-    }
-    return inner().irecv(comm, n, data, sz, tags, mhandles, request);
-}
-
 #if TCPX_TEST_NET_VERSION >= 11
 int g_context_token = 0;  // its address is the v11 context
 
@@ -186,7 +155,7 @@ tcpx_ncclResult_t plugin_isend(void* comm, void* data, size_t size, int tag, voi
                                void* phandle, void** request) {
     const tcpx_ncclResult_t rc = profile_request(phandle);
     if (rc != tcpx_ncclSuccess) return rc;
-    return isend_sized(comm, data, size, tag, mhandle, request);
+    return tcpx::net::socket_v7_isend_sized(comm, data, size, tag, mhandle, request);
 }
 tcpx_ncclResult_t plugin_irecv(void* comm, int n, void** data, size_t* sizes, int* tags,
                                void** mhandles, void** phandles, void** request) {
@@ -195,7 +164,7 @@ tcpx_ncclResult_t plugin_irecv(void* comm, int n, void** data, size_t* sizes, in
         const tcpx_ncclResult_t rc = profile_request(phandles[i]);
         if (rc != tcpx_ncclSuccess) return rc;
     }
-    return irecv_sized(comm, n, data, sizes, tags, mhandles, request);
+    return tcpx::net::socket_v7_irecv_sized(comm, n, data, sizes, tags, mhandles, request);
 }
 #endif
 
@@ -214,7 +183,7 @@ Table make_table() {
     t.devices = inner().devices;
     t.getProperties = plugin_get_properties;
     t.accept = inner().accept;
-    t.regMr = plugin_reg_mr;
+    t.regMr = tcpx::net::socket_v7_reg_mr_sized;
     t.regMrDmaBuf = nullptr;
     t.deregMr = inner().deregMr;
     t.iflush = inner().iflush;
@@ -240,8 +209,8 @@ Table make_table() {
     t.isend = plugin_isend;
     t.irecv = plugin_irecv;
 #elif TCPX_TEST_NET_VERSION == 9
-    t.isend = isend_sized;
-    t.irecv = irecv_sized;
+    t.isend = tcpx::net::socket_v7_isend_sized;
+    t.irecv = tcpx::net::socket_v7_irecv_sized;
 #else
     t.isend = inner().isend;
     t.irecv = inner().irecv;

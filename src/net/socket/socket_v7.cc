@@ -10,6 +10,7 @@
 
 #include "common/params.h"
 #include "common/status_util.h"
+#include "common/strings.h"
 #include "net/socket/socket_comm.h"
 #include "net/socket/socket_net.h"
 #include "net/v7_common.h"
@@ -105,13 +106,18 @@ tcpx_ncclResult_t v7_accept(void* listen_comm, void** recv_comm,
                           "accept");
 }
 
+// Every version's sizes come through here: v7's ints (checked for sign first) and the size_t
+// ones of newer tables, which are refused past INT_MAX (test() reports sizes as ints).
+Status check_size(size_t size) {
+    if (size > static_cast<size_t>(INT_MAX)) {
+        return invalid_argument(strformat("a size of %zu bytes exceeds INT_MAX", size));
+    }
+    return Status();
+}
+
 tcpx_ncclResult_t v7_reg_mr(void* comm, void* data, int size, int type, void** mhandle) {
-    if (!net()) return not_initialized("regMr");
     if (size < 0) return to_nccl_result(invalid_argument("negative size"), "regMr");
-    return to_nccl_result(
-        net()->reg_mr(comm, data, static_cast<size_t>(size), static_cast<MemType>(type),
-                      reinterpret_cast<MemHandle**>(mhandle)),
-        "regMr");
+    return socket_v7_reg_mr_sized(comm, data, static_cast<size_t>(size), type, mhandle);
 }
 
 tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
@@ -121,17 +127,12 @@ tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
 
 tcpx_ncclResult_t v7_isend(void* send_comm, void* data, int size, int tag, void* mhandle,
                            void** request) {
-    if (!net()) return not_initialized("isend");
     if (size < 0) return to_nccl_result(invalid_argument("negative size"), "isend");
-    return to_nccl_result(
-        net()->isend(static_cast<SendComm*>(send_comm), data, static_cast<size_t>(size), tag,
-                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request)),
-        "isend");
+    return socket_v7_isend_sized(send_comm, data, static_cast<size_t>(size), tag, mhandle, request);
 }
 
 tcpx_ncclResult_t v7_irecv(void* recv_comm, int n, void** data, int* sizes, int* tags,
                            void** mhandles, void** request) {
-    if (!net()) return not_initialized("irecv");
     if (n < 1 || n > kMaxRecvs || sizes == nullptr) {
         return to_nccl_result(invalid_argument("n outside [1, 8] or null sizes"), "irecv");
     }
@@ -140,10 +141,7 @@ tcpx_ncclResult_t v7_irecv(void* recv_comm, int n, void** data, int* sizes, int*
         if (sizes[i] < 0) return to_nccl_result(invalid_argument("negative size"), "irecv");
         sz[i] = static_cast<size_t>(sizes[i]);
     }
-    return to_nccl_result(net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sz, tags,
-                                       reinterpret_cast<MemHandle* const*>(mhandles),
-                                       reinterpret_cast<Request**>(request)),
-                          "irecv");
+    return socket_v7_irecv_sized(recv_comm, n, data, sz, tags, mhandles, request);
 }
 
 tcpx_ncclResult_t v7_iflush(void*, int, void**, int*, void**, void** request) {
@@ -212,5 +210,39 @@ const tcpx_ncclNet_v7_t kTable = {
 }  // namespace
 
 const tcpx_ncclNet_v7_t* socket_net_v7() { return &kTable; }
+
+tcpx_ncclResult_t socket_v7_reg_mr_sized(void* comm, void* data, size_t size, int type,
+                                         void** mhandle) {
+    if (!net()) return not_initialized("regMr");
+    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "regMr");
+    return to_nccl_result(net()->reg_mr(comm, data, size, static_cast<MemType>(type),
+                                        reinterpret_cast<MemHandle**>(mhandle)),
+                          "regMr");
+}
+
+tcpx_ncclResult_t socket_v7_isend_sized(void* send_comm, void* data, size_t size, int tag,
+                                        void* mhandle, void** request) {
+    if (!net()) return not_initialized("isend");
+    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
+    return to_nccl_result(
+        net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
+                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request)),
+        "isend");
+}
+
+tcpx_ncclResult_t socket_v7_irecv_sized(void* recv_comm, int n, void** data, size_t* sizes,
+                                        int* tags, void** mhandles, void** request) {
+    if (!net()) return not_initialized("irecv");
+    if (n < 1 || n > kMaxRecvs || sizes == nullptr) {
+        return to_nccl_result(invalid_argument("n outside [1, 8] or null sizes"), "irecv");
+    }
+    for (int i = 0; i < n; ++i) {
+        if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
+    }
+    return to_nccl_result(net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
+                                       reinterpret_cast<MemHandle* const*>(mhandles),
+                                       reinterpret_cast<Request**>(request)),
+                          "irecv");
+}
 
 }  // namespace tcpx::net
