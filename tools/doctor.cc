@@ -189,6 +189,7 @@ void check_plugin(Report& r, const Config& c) {
     std::vector<std::string> lines = split_trimmed(*out, '\n');
     std::string table;
     bool loaded = false;
+    bool refused = false;
     for (const std::string& line : lines) {
         if (line.rfind("plugin ", 0) == 0) {
             loaded = true;
@@ -200,14 +201,13 @@ void check_plugin(Report& r, const Config& c) {
         } else if (line.rfind("dev ", 0) == 0 && line.find(": ") != std::string::npos) {
             r.add("plugin", line.substr(0, line.find(':')), line.substr(line.find(": ") + 2));
         } else if (!loaded && line.rfind("tcpx-p2p-probe: ", 0) == 0) {
+            refused = true;
             r.problem("plugin", "loads", "no", line.substr(16),
                       "check the path, the plugin's dependencies (ldd) and its environment", true);
         }
     }
     if (!loaded) {
-        bool said = false;
-        for (const Finding& f : r.findings()) said |= f.section == "plugin" && f.blocking;
-        if (!said) {
+        if (!refused) {
             r.problem("plugin", "loads", "no", "the probe said: " + *out,
                       "check the path and the plugin's dependencies (ldd)", true);
         }
@@ -245,9 +245,8 @@ void print_table(const Report& r) {
     int problems = 0;
     for (const Finding& f : r.findings()) {
         if (f.section != section) {
+            std::printf("%s%s\n", section.empty() ? "" : "\n", f.section.c_str());
             section = f.section;
-            std::printf("%s%s\n", problems == 0 && &f == &r.findings().front() ? "" : "\n",
-                        section.c_str());
         }
         std::printf("  %-34s %s\n", f.item.c_str(), f.value.c_str());
         if (!f.problem.empty()) {
