@@ -1,6 +1,7 @@
 // The device layer over the CUDA runtime.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -8,6 +9,7 @@
 
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "cuda/copy_segments.h"
 #include "cuda/device.h"
 #include "cuda/unpack.h"
 #include "cuda/unpack_kernel.h"
@@ -51,6 +53,9 @@ class CudaCopyRing final : public CopyRing {
         }
         if (stream_ != nullptr) cudaStreamDestroy(stream_);
         if (flags_ != nullptr) cudaFreeHost(flags_);
+        if (host_copies_ != nullptr) cudaFreeHost(host_copies_);
+        if (device_copies_ != nullptr) cudaFree(device_copies_);
+        if (device_slots_ != nullptr) cudaFree(device_slots_);
         if (host_lists_ != nullptr) cudaFreeHost(host_lists_);
         if (device_lists_ != nullptr) cudaFree(device_lists_);
         if (base() != nullptr) cudaFreeHost(base());
@@ -97,6 +102,14 @@ class CudaCopyRing final : public CopyRing {
         TCPX_RETURN_IF_ERROR(cuda_status(err, "launching the unpack kernel"));
         unpacked_[static_cast<size_t>(i)] = true;
         return record(i);
+    }
+
+    Status gather(int i, std::span<const Seg> segs) override {
+        return move_segments(i, segs, /*gather=*/true);
+    }
+
+    Status scatter(int i, std::span<const Seg> segs) override {
+        return move_segments(i, segs, /*gather=*/false);
     }
 
     StatusOr<bool> ready(int i) override {
@@ -174,6 +187,101 @@ class CudaCopyRing final : public CopyRing {
         return Status();
     }
 
+    // Entries of one slot's copy list: every segment, cut into tiles of at most kCopyTile.
+    size_t copy_capacity() const { return kMaxKernelSegs + slot_bytes() / kCopyTile + 1; }
+
+    // GPU staging slots and copy lists for kernel gathers and scatters, made on first use.
+    Status ensure_copy_lists() {
+        if (device_slots_ != nullptr) return Status();
+        const size_t list_bytes =
+            copy_capacity() * sizeof(CopyEntry) * static_cast<size_t>(slots());
+        void* h = nullptr;
+        void* d = nullptr;
+        void* slots_mem = nullptr;
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, list_bytes, cudaHostAllocDefault),
+                                         "allocating gather lists"));
+        if (cudaMalloc(&d, list_bytes) != cudaSuccess ||
+            cudaMalloc(&slots_mem, bytes()) != cudaSuccess) {
+            cudaGetLastError();
+            cudaFreeHost(h);
+            if (d != nullptr) cudaFree(d);
+            return Status(StatusCode::kCuda,
+                          strformat("allocating %zu bytes of GPU staging memory", bytes()));
+        }
+        host_copies_ = static_cast<CopyEntry*>(h);
+        device_copies_ = static_cast<CopyEntry*>(d);
+        device_slots_ = static_cast<uint8_t*>(slots_mem);
+        return Status();
+    }
+
+    // Gather (segments -> slot i) or scatter (slot i -> segments). Several segments all on this
+    // GPU go by one kernel between them and the slot's GPU twin, and one copy engine transfer
+    // between the twin and the pinned slot; otherwise segment by segment.
+    Status move_segments(int i, std::span<const Seg> segs, bool gather) {
+        uint64_t total = 0;
+        bool all_here = segs.size() > 1 && segs.size() <= kMaxKernelSegs;
+        for (const Seg& seg : segs) {
+            if (seg.len > slot_bytes() - total) {
+                return internal_error("gather or scatter larger than a staging slot");
+            }
+            total += seg.len;
+            all_here = all_here && seg.device == device();
+        }
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        uint8_t* pinned = slot(i);
+        if (!all_here) {
+            uint64_t at = 0;
+            for (const Seg& seg : segs) {
+                if (seg.len == 0) continue;
+                uint8_t* dst = gather ? pinned + at : seg.ptr;
+                const uint8_t* src = gather ? seg.ptr : pinned + at;
+                if (seg.device < 0) {
+                    std::memcpy(dst, src, seg.len);  // host memory: the slot is ours right now
+                } else {
+                    TCPX_RETURN_IF_ERROR(
+                        cuda_status(cudaMemcpyAsync(dst, src, seg.len, cudaMemcpyDefault, stream_),
+                                    gather ? "gathering a chunk out of GPU memory"
+                                           : "scattering a chunk into GPU memory"));
+                }
+                at += seg.len;
+            }
+            return record(i);
+        }
+        TCPX_RETURN_IF_ERROR(ensure_copy_lists());
+        uint8_t* twin = device_slots_ + static_cast<size_t>(i) * slot_bytes();
+        // The slot's previous work finished before it was given back: its list is free.
+        CopyEntry* host = host_copies_ + static_cast<size_t>(i) * copy_capacity();
+        CopyEntry* dev = device_copies_ + static_cast<size_t>(i) * copy_capacity();
+        uint32_t n = 0;
+        uint64_t at = 0;
+        for (const Seg& seg : segs) {
+            for (uint64_t done = 0; done < seg.len; done += kCopyTile) {
+                const uint64_t len = std::min<uint64_t>(kCopyTile, seg.len - done);
+                const uint64_t piece = reinterpret_cast<uint64_t>(seg.ptr + done);
+                const uint64_t staged = reinterpret_cast<uint64_t>(twin + at + done);
+                host[n++] = CopyEntry{gather ? piece : staged, gather ? staged : piece, len, 0};
+            }
+            at += seg.len;
+        }
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(dev, host, n * sizeof(CopyEntry), cudaMemcpyHostToDevice, stream_),
+            "copying a gather list to the GPU"));
+        if (!gather) {
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaMemcpyAsync(twin, pinned, total, cudaMemcpyHostToDevice, stream_),
+                            "staging a chunk into GPU memory"));
+        }
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(launch_copy_segments(dev, n, stream_),
+                        gather ? "launching the gather kernel" : "launching the scatter kernel"));
+        if (gather) {
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaMemcpyAsync(pinned, twin, total, cudaMemcpyDeviceToHost, stream_),
+                            "staging a chunk out of GPU memory"));
+        }
+        return record(i);
+    }
+
     Status record(int i) {
         return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream_),
                            "cudaEventRecord");
@@ -186,6 +294,9 @@ class CudaCopyRing final : public CopyRing {
     uint32_t* device_flags_ = nullptr;
     SlotList* host_lists_ = nullptr;
     SlotList* device_lists_ = nullptr;
+    CopyEntry* host_copies_ = nullptr;  // per slot, copy_capacity() entries
+    CopyEntry* device_copies_ = nullptr;
+    uint8_t* device_slots_ = nullptr;  // each slot's GPU twin, for kernel gathers and scatters
 };
 
 class CudaDevice final : public Device {

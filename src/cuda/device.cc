@@ -11,19 +11,6 @@ namespace {
 std::atomic<Device*> g_override{nullptr};
 }  // namespace
 
-int CopyRing::acquire() {
-    const int i = next();
-    ++used_;
-    return i;
-}
-
-bool CopyRing::release(int i) {
-    if (used_ == 0 || i != head_) return false;
-    head_ = (head_ + 1) % slots_;
-    --used_;
-    return true;
-}
-
 Device& device() {
     Device* d = g_override.load(std::memory_order_acquire);
     return d != nullptr ? *d : runtime_device();

@@ -11,12 +11,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
+#include "common/slot_fifo.h"
 #include "cuda/unpack_defs.h"
 #include "tcpx/endpoint.h"
 #include "tcpx/status.h"
 
 namespace tcpx::cuda {
+
+// One piece of a gather or scatter: `len` bytes at `ptr`, memory of GPU `device`, or host memory
+// when `device` is -1.
+struct Seg {
+    uint8_t* ptr = nullptr;
+    uint64_t len = 0;
+    int device = -1;
+};
+
+// Most pieces a gather or scatter takes with one kernel (more are copied one by one).
+inline constexpr size_t kMaxKernelSegs = 1024;
 
 struct PointerInfo {
     MemKind kind = MemKind::kHost;
@@ -27,14 +40,13 @@ struct PointerInfo {
 // enqueued for it and may own a pinned host buffer of slot_bytes() (a staging slot). Slots are
 // taken and given back in FIFO order, which is the order in which the engine's channels complete
 // their requests.
-class CopyRing {
+class CopyRing : public SlotFifo {
  public:
     virtual ~CopyRing() = default;
     CopyRing(const CopyRing&) = delete;
     CopyRing& operator=(const CopyRing&) = delete;
 
     int device() const { return device_; }
-    int slots() const { return slots_; }
     size_t slot_bytes() const { return slot_bytes_; }
     // Slot i's pinned buffer (null when the ring has none), and the whole area (to register it
     // with a transport once).
@@ -42,15 +54,7 @@ class CopyRing {
         return base_ == nullptr ? nullptr : base_ + static_cast<size_t>(i) * slot_bytes_;
     }
     uint8_t* base() const { return base_; }
-    size_t bytes() const { return slot_bytes_ * static_cast<size_t>(slots_); }
-
-    bool has_free() const { return used_ < slots_; }
-    int in_use() const { return used_; }
-    // The slot acquire() will return.
-    int next() const { return (head_ + used_) % slots_; }
-    int acquire();
-    // Gives back slot i, which must be the oldest taken. False (and nothing changes) otherwise.
-    bool release(int i);
+    size_t bytes() const { return slot_bytes_ * static_cast<size_t>(slots()); }
 
     // Enqueues `len` bytes of device memory at `src` -> slot i's buffer (len <= slot_bytes()).
     virtual Status copy_in(int i, const void* src, size_t len) = 0;
@@ -62,6 +66,13 @@ class CopyRing {
     // destination are not followed, and ready(i) then reports the receive as failed.
     virtual Status unpack(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                           uint8_t* dst, uint64_t dst_len) = 0;
+    // Enqueues the gather of `segs`, back to back, into slot i's pinned buffer (their total at
+    // most slot_bytes()): host segments are copied before this returns, GPU ones on the ring's
+    // stream (several segments of the ring's GPU by one kernel, through GPU staging memory and
+    // one copy engine transfer).
+    virtual Status gather(int i, std::span<const Seg> segs) = 0;
+    // Enqueues the scatter of slot i's pinned buffer, back to back, into `segs` (the reverse).
+    virtual Status scatter(int i, std::span<const Seg> segs) = 0;
     // Whether the work last enqueued for slot i has finished; an error if it failed.
     virtual StatusOr<bool> ready(int i) = 0;
     // Waits for all enqueued work (before buffers it touches may be released).
@@ -69,15 +80,12 @@ class CopyRing {
 
  protected:
     CopyRing(int device, size_t slot_bytes, int slots, uint8_t* base)
-        : device_(device), slots_(slots), slot_bytes_(slot_bytes), base_(base) {}
+        : SlotFifo(slots), device_(device), slot_bytes_(slot_bytes), base_(base) {}
 
  private:
     const int device_;
-    const int slots_;
     const size_t slot_bytes_;
     uint8_t* const base_;
-    int head_ = 0;  // oldest slot taken
-    int used_ = 0;
 };
 
 class Device {

@@ -1,4 +1,4 @@
-// The engine's control protocol (version 1): framed messages on one TCP connection per peer pair.
+// The engine's control protocol (version 2): framed messages on one TCP connection per peer pair.
 //
 // Every message is a 16-byte header (magic, type, flags, body length) and a body of little-endian
 // fields. Decoding checks every length against what arrived, so a malformed message is a
@@ -33,7 +33,8 @@
 namespace tcpx::engine::wire {
 
 inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
-inline constexpr uint16_t kVersion = 1;
+// 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
+inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 // Before a peer is ready (authenticated, HELLO exchanged) no message may be larger than this: a
 // HELLO with 16 handles is under 3 KiB.

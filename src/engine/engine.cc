@@ -509,6 +509,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             if (ch.ring) ch.ring->synchronize();
+            if (ch.gring) ch.gring->synchronize();
             while (!ch.inflight.empty() && Clock::now() < grace) {
                 bool done = false;
                 if (!net_->test(ch.inflight.front().req, &done, nullptr).ok() || done) {
@@ -524,19 +525,25 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
             ch.mrs.clear();
             ch.scratch_mr = nullptr;
             ch.ring_mr = nullptr;
+            ch.hslots_mr = nullptr;
+            ch.gring_mr = nullptr;
             active_ops_ -= ch.queued.size() + ch.inflight.size() + ch.finishing.size();
             ch.queued.clear();
             ch.inflight.clear();
             ch.finishing.clear();
             ch.staged_ahead = 0;
             ch.ring.reset();
+            ch.gring.reset();
+            ch.hslots.reset();
         }
     }
     for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
     p.listens.clear();
     for (auto* pending : {&p.tx_pending, &p.rx_pending}) {
         for (const engine::Extent& e : *pending) {
-            active_ops_ -= (e.len - e.done + p.chunk - 1) / p.chunk;
+            const Xfer* x = e.xfer;
+            const auto len_at = [x](size_t i) { return x->pieces[i].len; };
+            active_ops_ -= engine::packer::count(len_at, x->pieces.size(), p.chunk, e.at);
         }
         pending->clear();
     }

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -42,10 +43,12 @@
 #include <vector>
 
 #include "common/params.h"
+#include "common/slot_fifo.h"
 #include "common/socket.h"
 #include "cuda/device.h"
 #include "engine/auth.h"
 #include "engine/ctrl_conn.h"
+#include "engine/packer.h"
 #include "engine/registry.h"
 #include "engine/xfer_table.h"
 #include "net/net.h"
@@ -103,16 +106,37 @@ enum class OpPath : uint8_t {
     kDevice,  // GPU memory the transport takes itself (a send, or a receive without UNPACK)
     kStaged,  // GPU memory through the channel's pinned staging slots (host-only transports)
     kUnpack,  // a receive into GPU memory on an UNPACK comm: gathered by the unpack kernel
+    // A chunk of several pieces (packer.h), through a staging slot of the channel: gathered
+    // there by its sender, scattered from there by its receiver.
+    kGather,        // all in host memory: the channel's host slots, copied by the CPU
+    kStagedGather,  // some in GPU memory: the channel's pinned gather ring (GPU copies, kernels)
 };
 
 // One chunk request: queued on a channel, in flight there, or (receives) finishing.
 struct Op {
     Xfer* xfer;
-    Region* region;  // the registration it reads or writes; null for a scratch receive
-    uint8_t* ptr;    // null for a scratch receive (a refused write being drained)
+    // The registration it reads or writes (its first piece's); null for a scratch receive (a
+    // refused write being drained).
+    Region* region;
+    uint8_t* ptr;  // one piece: where its bytes are; null for several pieces and for scratch
     uint64_t len;
     OpPath path = OpPath::kHost;
-    int slot = -1;  // the channel ring's slot it holds (staging buffer, or unpack completion)
+    int slot = -1;  // the slot it holds (staging buffer, or unpack completion)
+    // The transfer's pieces it covers, [first, end) of xfer->pieces (kGather, kStagedGather).
+    uint32_t first = 0;
+    uint32_t end = 0;
+};
+
+// Host staging slots of one channel and direction, for chunks of several host pieces.
+struct HostSlots : SlotFifo {
+    HostSlots(size_t bytes, int slots)
+        : SlotFifo(slots),
+          slot_bytes(bytes),
+          mem(new uint8_t[bytes * static_cast<size_t>(slots)]) {}
+    uint8_t* slot(int i) const { return mem.get() + static_cast<size_t>(i) * slot_bytes; }
+    size_t bytes() const { return slot_bytes * static_cast<size_t>(slots()); }
+    size_t slot_bytes;
+    std::unique_ptr<uint8_t[]> mem;
 };
 
 // A data channel: one transport comm and the requests on it. Sends and receives move through the
@@ -144,6 +168,12 @@ struct Channel {
     // Made on the first GPU op: staging slots (kStaged) or unpack completions (kUnpack).
     std::unique_ptr<cuda::CopyRing> ring;
     net::MemHandle* ring_mr = nullptr;  // the staging slots' registration with the comm
+    // Made on the first chunk of several pieces: host slots (kGather), a pinned ring with
+    // GPU gathers (kStagedGather); each registered with the comm as host memory.
+    std::unique_ptr<HostSlots> hslots;
+    net::MemHandle* hslots_mr = nullptr;
+    std::unique_ptr<cuda::CopyRing> gring;
+    net::MemHandle* gring_mr = nullptr;
     // rx: the device handle accept() gave, and for UNPACK comms the plugin's unpack queue (device
     // addresses), read on first use.
     net::DeviceHandle dev_handle;
@@ -158,14 +188,12 @@ struct Channel {
     bool busy() const { return !queued.empty() || !inflight.empty() || !finishing.empty(); }
 };
 
-// A piece of a transfer whose chunk requests are not made yet: chunks are cut from it as the
-// channels' windows take them, so memory per transfer grows with the window, not its length.
+// A transfer whose chunk requests are not all made yet: chunks are cut from its pieces
+// (packer.h) as the channels' windows take them, so memory per transfer grows with the window,
+// not its length.
 struct Extent {
     Xfer* xfer;
-    Region* region;  // null: drain into scratch
-    uint8_t* ptr;    // null with region
-    uint64_t len;
-    uint64_t done = 0;  // bytes already cut into requests
+    packer::Cursor at;  // where the next chunk starts
 };
 
 // Requests posted to one peer while its connection is being made (connect_async), at most.
@@ -346,13 +374,23 @@ class Endpoint::Impl {
                                                           std::span<const IoVec> iov);
     StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
-    // Cuts [ptr, ptr + len) of `region` into chunk requests on p's channels; a null region (and
-    // ptr) drains into scratch.
-    void queue_chunks(Peer& p, bool tx, Xfer* x, engine::Region* region, uint8_t* ptr,
-                      uint64_t len);
+    // Queues x's pieces, cut into chunk requests on p's channels (packer.h); pieces with no
+    // region drain into scratch.
+    void queue_chunks(Peer& p, bool tx, Xfer* x);
     // Cuts pending extents into chunk requests while the direction's channels have room.
     void refill(Peer& p, bool tx);
+    engine::Op make_op(const Channel& ch, bool tx, Xfer* x, const engine::packer::Cut& cut) const;
     engine::OpPath path_for(const Channel& ch, bool tx, const engine::Region* region) const;
+    // The pieces of a chunk of several (seg_buf_ holds them until the next call).
+    std::span<const cuda::Seg> segments(const engine::Op& op);
+    // A chunk of several host pieces: gathered into, or scattered from, a host slot.
+    void copy_host_segments(const engine::Op& op, uint8_t* slot, bool gather);
+    // The channel's host slots or gather ring, made (and registered) on first need.
+    Status ensure_host_slots(Channel& ch, bool tx);
+    Status ensure_gather_ring(Channel& ch, bool tx, const engine::Op& op);
+    // The staging slot an op holds: whether its GPU work is done, and giving it back.
+    StatusOr<bool> slot_ready(Channel& ch, const engine::Op& op);
+    void release_slot(Channel& ch, const engine::Op& op);
     StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
                                      uint64_t scratch_len);
     // The channel's copy ring for `op` (a GPU op), made on first need.
@@ -413,6 +451,7 @@ class Endpoint::Impl {
     Clock::time_point next_tick_{};
     uint64_t next_wire_id_ = 1;
     uint64_t active_ops_ = 0;  // chunk requests queued or in flight, all peers
+    std::vector<cuda::Seg> seg_buf_;
 
     int epfd_ = -1;
     Fd wake_fd_;

@@ -54,7 +54,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         if (tx) {
             // The transport is done with the bytes: a staging slot can take the next chunk.
-            if (f.op.slot >= 0) ch.ring->release(f.op.slot);
+            if (f.op.slot >= 0) release_slot(ch, f.op);
             op_done(f.op);
             continue;
         }
@@ -67,21 +67,21 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
     while (!ch.finishing.empty()) {
         const Channel::InFlight f = ch.finishing.front();
         if (f.op.slot >= 0) {
-            auto ready = ch.ring->ready(f.op.slot);
+            auto ready = slot_ready(ch, f.op);
             if (!ready.ok()) return failed(ready.status());
             if (!*ready) break;
-            ch.ring->release(f.op.slot);
+            release_slot(ch, f.op);
         }
         ch.finishing.pop_front();
         ch.last_progress = Clock::now();
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
         if (!st.ok()) return failed(st);
-        if (f.op.ptr == nullptr) ch.scratch_busy = false;
+        if (f.op.region == nullptr) ch.scratch_busy = false;
         did = true;
         op_done(f.op);
     }
-    // Sends from GPU memory through staging: copy chunks into free slots ahead of the wire, so
-    // the copy of one chunk overlaps the sending of the previous ones.
+    // Sends through staging: copy chunks into free slots ahead of the wire, so the copy of one
+    // chunk overlaps the sending of the previous ones.
     while (tx && ch.staged_ahead < ch.queued.size()) {
         Op& op = ch.queued[ch.staged_ahead];
         if (op.path == OpPath::kStaged) {
@@ -90,6 +90,21 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             if (!ch.ring->has_free()) break;
             op.slot = ch.ring->acquire();
             st = ch.ring->copy_in(op.slot, op.ptr, op.len);
+            if (!st.ok()) return failed(st);
+            did = true;
+        } else if (op.path == OpPath::kGather) {
+            Status st = ensure_host_slots(ch, tx);
+            if (!st.ok()) return failed(st);
+            if (!ch.hslots->has_free()) break;
+            op.slot = ch.hslots->acquire();
+            copy_host_segments(op, ch.hslots->slot(op.slot), /*gather=*/true);
+            did = true;
+        } else if (op.path == OpPath::kStagedGather) {
+            Status st = ensure_gather_ring(ch, tx, op);
+            if (!st.ok()) return failed(st);
+            if (!ch.gring->has_free()) break;
+            op.slot = ch.gring->acquire();
+            st = ch.gring->gather(op.slot, segments(op));
             if (!st.ok()) return failed(st);
             did = true;
         }
@@ -102,22 +117,34 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         net::MemHandle* mh = nullptr;
         int rx_slot = -1;
         if (tx && ch.staged_ahead == 0) break;  // its staging slot is not free yet
-        if (op.path == OpPath::kStaged) {
+        if (op.path == OpPath::kStaged || op.path == OpPath::kStagedGather) {
+            const bool gather = op.path == OpPath::kStagedGather;
             if (tx) {
-                auto ready = ch.ring->ready(op.slot);
+                auto ready = slot_ready(ch, op);
                 if (!ready.ok()) return failed(ready.status());
                 if (!*ready) break;  // the copy into the slot is still running
-                ptr = ch.ring->slot(op.slot);
             } else {
-                Status st = ensure_ring(ch, tx, op);
+                Status st = gather ? ensure_gather_ring(ch, tx, op) : ensure_ring(ch, tx, op);
                 if (!st.ok()) return failed(st);
-                if (!ch.ring->has_free()) break;
-                rx_slot = ch.ring->next();
-                ptr = ch.ring->slot(rx_slot);
             }
-            mh = ch.ring_mr;
+            cuda::CopyRing& ring = gather ? *ch.gring : *ch.ring;
+            if (!tx) {
+                if (!ring.has_free()) break;
+                rx_slot = ring.next();
+            }
+            ptr = ring.slot(tx ? op.slot : rx_slot);
+            mh = gather ? ch.gring_mr : ch.ring_mr;
+        } else if (op.path == OpPath::kGather) {
+            if (!tx) {
+                Status st = ensure_host_slots(ch, tx);
+                if (!st.ok()) return failed(st);
+                if (!ch.hslots->has_free()) break;
+                rx_slot = ch.hslots->next();
+            }
+            ptr = ch.hslots->slot(tx ? op.slot : rx_slot);
+            mh = ch.hslots_mr;
         } else {
-            if (ptr == nullptr) {
+            if (op.region == nullptr) {
                 // Draining a refused write: one scratch receive at a time per channel, so no two
                 // transport requests ever write the scratch buffer at once.
                 if (ch.scratch_busy) break;
@@ -147,8 +174,16 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         if (!st.ok()) return failed(st);
         if (req == nullptr) break;  // the transport is full: later
-        if (rx_slot >= 0) op.slot = ch.ring->acquire();
-        if (op.ptr == nullptr) ch.scratch_busy = true;
+        if (rx_slot >= 0) {
+            if (op.path == OpPath::kGather) {
+                op.slot = ch.hslots->acquire();
+            } else if (op.path == OpPath::kStagedGather) {
+                op.slot = ch.gring->acquire();
+            } else {
+                op.slot = ch.ring->acquire();
+            }
+        }
+        if (op.region == nullptr) ch.scratch_busy = true;
         if (ch.inflight.empty()) ch.last_progress = Clock::now();
         ch.inflight.push_back(Channel::InFlight{op, req});
         ch.queued.pop_front();
@@ -163,6 +198,11 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
     switch (f.op.path) {
         case OpPath::kStaged:
             return ch.ring->copy_out(f.op.slot, f.op.ptr, f.op.len);
+        case OpPath::kGather:
+            copy_host_segments(f.op, ch.hslots->slot(f.op.slot), /*gather=*/false);
+            return Status();
+        case OpPath::kStagedGather:
+            return ch.gring->scatter(f.op.slot, segments(f.op));
         case OpPath::kUnpack: {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
@@ -174,6 +214,95 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         }
         default:
             return Status();
+    }
+}
+
+std::span<const cuda::Seg> Endpoint::Impl::segments(const Op& op) {
+    seg_buf_.clear();
+    for (uint32_t i = op.first; i < op.end; ++i) {
+        const Xfer::Piece& piece = op.xfer->pieces[i];
+        if (piece.len == 0) continue;
+        const bool gpu = piece.region->kind == MemKind::kCuda;
+        seg_buf_.push_back(cuda::Seg{piece.region->base + piece.offset, piece.len,
+                                     gpu ? piece.region->device : -1});
+    }
+    return seg_buf_;
+}
+
+void Endpoint::Impl::copy_host_segments(const Op& op, uint8_t* slot, bool gather) {
+    uint64_t at = 0;
+    for (uint32_t i = op.first; i < op.end; ++i) {
+        const Xfer::Piece& piece = op.xfer->pieces[i];
+        uint8_t* mem = piece.region->base + piece.offset;
+        if (gather) {
+            std::memcpy(slot + at, mem, piece.len);
+        } else {
+            std::memcpy(mem, slot + at, piece.len);
+        }
+        at += piece.len;
+    }
+}
+
+Status Endpoint::Impl::ensure_host_slots(Channel& ch, bool tx) {
+    if (ch.hslots) return Status();
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    auto slots = std::make_unique<engine::HostSlots>(chunk_, staging_slots_);
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, slots->mem.get(), slots->bytes(), net::MemType::kHost, &ch.hslots_mr)
+            .with_context("registering the host staging slots"));
+    ch.hslots = std::move(slots);
+    return Status();
+}
+
+Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
+    if (ch.gring) return Status();
+    if ((props_.ptr_support & static_cast<int>(net::MemType::kHost)) == 0) {
+        return unimplemented(
+            "chunks of several GPU pieces are staged through host memory, which this transport "
+            "does not take");
+    }
+    // On the GPU of the chunk's first GPU piece (others are copied piece by piece).
+    int device = 0;
+    for (uint32_t i = op.first; i < op.end; ++i) {
+        const Xfer::Piece& piece = op.xfer->pieces[i];
+        if (piece.len > 0 && piece.region->kind == MemKind::kCuda) {
+            device = piece.region->device;
+            break;
+        }
+    }
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    TCPX_ASSIGN_OR_RETURN(auto ring, cuda::device().make_ring(device, chunk_, staging_slots_));
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr)
+            .with_context("registering the gather slots"));
+    ch.gring = std::move(ring);
+    return Status();
+}
+
+StatusOr<bool> Endpoint::Impl::slot_ready(Channel& ch, const Op& op) {
+    using engine::OpPath;
+    switch (op.path) {
+        case OpPath::kGather:
+            return true;  // copied by the CPU
+        case OpPath::kStagedGather:
+            return ch.gring->ready(op.slot);
+        default:
+            return ch.ring->ready(op.slot);
+    }
+}
+
+void Endpoint::Impl::release_slot(Channel& ch, const Op& op) {
+    using engine::OpPath;
+    switch (op.path) {
+        case OpPath::kGather:
+            ch.hslots->release(op.slot);
+            break;
+        case OpPath::kStagedGather:
+            ch.gring->release(op.slot);
+            break;
+        default:
+            ch.ring->release(op.slot);
+            break;
     }
 }
 
@@ -273,6 +402,10 @@ void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
     ch.scratch_mr = nullptr;
     if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
     ch.ring_mr = nullptr;
+    if (ch.hslots_mr != nullptr) (void)net_->dereg_mr(comm, ch.hslots_mr);
+    ch.hslots_mr = nullptr;
+    if (ch.gring_mr != nullptr) (void)net_->dereg_mr(comm, ch.gring_mr);
+    ch.gring_mr = nullptr;
 }
 
 // A region is being freed: no request uses it any more (its transfers held references), so its

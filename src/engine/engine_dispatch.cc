@@ -102,10 +102,11 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     x->notification = std::string(req.notification);
     // Every segment is checked before any byte lands.
     std::vector<Region*> regions;
-    for (const wire::Segment& s : req.segs) {
+    for (size_t i = 0; i < req.segs.size(); ++i) {
+        const wire::Segment& s = req.segs[i];
         auto r = registry_.resolve_key(s.key, s.offset, s.len);
         if (!r.ok()) {
-            x->result = Status(r.status()).with_context("write refused");
+            x->result = Status(r.status()).with_context(strformat("write refused: piece %zu", i));
             break;
         }
         regions.push_back(*r);
@@ -156,11 +157,13 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     } else {
         // The data is on its way whatever we think of the request: receive it where it belongs,
         // or into scratch if refused, so the channels stay in step.
-        for (size_t i = 0; i < req.segs.size(); ++i) {
-            Region* r = ok ? regions[i] : nullptr;
-            uint8_t* dst = ok ? regions[i]->base + req.segs[i].offset : nullptr;
-            queue_chunks(p, false, x, r, dst, req.segs[i].len);
+        if (!ok) {
+            // Pieces without a region: the same lengths, so the same chunks, into scratch.
+            for (const wire::Segment& seg : req.segs) {
+                x->pieces.push_back(Xfer::Piece{nullptr, 0, seg.len});
+            }
         }
+        queue_chunks(p, false, x);
     }
     maybe_finish(x);
     return Status();
@@ -196,10 +199,11 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     std::vector<Region*> regions;
     Status refused;
     uint64_t total = 0;
-    for (const wire::Segment& s : req.segs) {
+    for (size_t i = 0; i < req.segs.size(); ++i) {
+        const wire::Segment& s = req.segs[i];
         auto r = registry_.resolve_key(s.key, s.offset, s.len);
         if (!r.ok()) {
-            refused = Status(r.status()).with_context("read refused");
+            refused = Status(r.status()).with_context(strformat("read refused: piece %zu", i));
             break;
         }
         regions.push_back(*r);
@@ -232,9 +236,8 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     x->wire_id = req.xfer;
     for (size_t i = 0; i < req.segs.size(); ++i) {
         hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
-        queue_chunks(p, true, x, regions[i], regions[i]->base + req.segs[i].offset,
-                     req.segs[i].len);
     }
+    queue_chunks(p, true, x);
     maybe_finish(x);
     return Status();
 }
@@ -265,9 +268,7 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
             at += piece.len;
         }
     } else {
-        for (const Xfer::Piece& piece : x->pieces) {
-            queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, piece.len);
-        }
+        queue_chunks(p, false, x);
     }
     maybe_finish(x);
     return Status();
@@ -319,7 +320,7 @@ Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
     wire::end_message(&msg);
     send_ctrl(p, std::move(msg));
     if (!is_inline) {
-        queue_chunks(p, true, x, piece.region, piece.region->base + piece.offset, x->len);
+        queue_chunks(p, true, x);
     }
     maybe_finish(x);
     return Status();
@@ -342,7 +343,7 @@ Status Endpoint::Impl::on_send_data(Peer& p, uint16_t flags, std::string_view bo
         Status st = write_region(piece.region, piece.offset, data.data.data(), data.len);
         if (!st.ok()) x->result = st.with_context("recv");
     } else {
-        queue_chunks(p, false, x, piece.region, piece.region->base + piece.offset, data.len);
+        queue_chunks(p, false, x);
     }
     maybe_finish(x);
     return Status();

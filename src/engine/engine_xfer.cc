@@ -100,7 +100,9 @@ void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
 }
 
 void Endpoint::Impl::destroy(Xfer* x) {
-    for (const Xfer::Piece& piece : x->pieces) registry_.unref(piece.region);
+    for (const Xfer::Piece& piece : x->pieces) {
+        if (piece.region != nullptr) registry_.unref(piece.region);  // (a drain's are null)
+    }
     if (x->notification_held && x->peer != nullptr) {
         --x->peer->notif_count;
         x->peer->notif_bytes -= x->notification.size();
@@ -109,14 +111,14 @@ void Endpoint::Impl::destroy(Xfer* x) {
     delete x;
 }
 
-void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x, Region* region, uint8_t* ptr,
-                                  uint64_t len) {
+void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x) {
     // Counted now, cut later (refill): what a transfer costs up front does not grow with its
     // length, whatever length a peer names.
-    const uint64_t chunks = (len + p.chunk - 1) / p.chunk;
+    const auto len_at = [x](size_t i) { return x->pieces[i].len; };
+    const uint64_t chunks = engine::packer::count(len_at, x->pieces.size(), p.chunk);
     x->ops_left += chunks;
     active_ops_ += chunks;
-    if (len > 0) (tx ? p.tx_pending : p.rx_pending).push_back(engine::Extent{x, region, ptr, len});
+    if (chunks > 0) (tx ? p.tx_pending : p.rx_pending).push_back(engine::Extent{x, {}});
     refill(p, tx);
 }
 
@@ -132,13 +134,38 @@ void Endpoint::Impl::refill(Peer& p, bool tx) {
         Channel& ch = channels[seq % channels.size()];
         if (ch.queued.size() >= depth) break;
         engine::Extent& e = pending.front();
-        const uint64_t n = std::min(p.chunk, e.len - e.done);
-        ch.queued.push_back(Op{e.xfer, e.region, e.ptr == nullptr ? nullptr : e.ptr + e.done, n,
-                               path_for(ch, tx, e.region), -1});
+        Xfer* x = e.xfer;
+        engine::packer::Cut cut;
+        const auto len_at = [x](size_t i) { return x->pieces[i].len; };
+        if (!engine::packer::next(len_at, x->pieces.size(), p.chunk, &e.at, &cut)) {
+            pending.pop_front();  // (counted by the same rule: no chunk is missing)
+            continue;
+        }
+        ch.queued.push_back(make_op(ch, tx, x, cut));
         ++seq;
-        e.done += n;
-        if (e.done == e.len) pending.pop_front();
+        if (e.at.piece >= x->pieces.size()) pending.pop_front();
     }
+}
+
+Op Endpoint::Impl::make_op(const Channel& ch, bool tx, Xfer* x,
+                           const engine::packer::Cut& cut) const {
+    using engine::OpPath;
+    const Xfer::Piece& first = x->pieces[cut.first];
+    Op op{x, first.region, nullptr, cut.len};
+    op.first = static_cast<uint32_t>(cut.first);
+    op.end = static_cast<uint32_t>(cut.end);
+    if (first.region == nullptr) return op;  // a drain: into scratch, however many pieces
+    if (cut.pieces == 1) {
+        op.ptr = first.region->base + first.offset + cut.offset;
+        op.path = path_for(ch, tx, first.region);
+        return op;
+    }
+    op.path = OpPath::kGather;
+    for (size_t i = cut.first; i < cut.end; ++i) {
+        const Region* r = x->pieces[i].region;
+        if (x->pieces[i].len > 0 && r->kind == MemKind::kCuda) op.path = OpPath::kStagedGather;
+    }
+    return op;
 }
 
 engine::OpPath Endpoint::Impl::path_for(const Channel& ch, bool tx, const Region* region) const {
@@ -218,17 +245,23 @@ StatusOr<std::vector<Region*>> Endpoint::Impl::resolve_pieces(const char* op,
     }
     std::vector<Region*> regions;
     regions.reserve(iov.size());
-    for (const IoVec& v : iov) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < iov.size(); ++i) {
+        const IoVec& v = iov[i];
         auto r = registry_.resolve(v.mem, v.offset, v.len);
-        if (!r.ok()) return Status(r.status()).with_context(op);
+        if (!r.ok()) return Status(r.status()).with_context(strformat("%s: piece %zu", op, i));
         if (v.remote_offset > v.remote.len || v.len > v.remote.len - v.remote_offset) {
             return out_of_range(
-                strformat("%s: [%llu, +%llu) is outside the remote region of %llu "
+                strformat("%s: piece %zu: [%llu, +%llu) is outside the remote region of %llu "
                           "bytes",
-                          op, static_cast<unsigned long long>(v.remote_offset),
+                          op, i, static_cast<unsigned long long>(v.remote_offset),
                           static_cast<unsigned long long>(v.len),
                           static_cast<unsigned long long>(v.remote.len)));
         }
+        if (v.len > ~uint64_t{0} - total) {
+            return out_of_range(strformat("%s: piece %zu: the lengths add up past 2^64", op, i));
+        }
+        total += v.len;
         regions.push_back(*r);
     }
     return regions;
@@ -286,12 +319,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     // (An inline write's bytes were read above: what the region holds at the post is sent.)
     issue_or_defer(*p, [this, p, x, is_inline, msg = std::move(msg)]() mutable {
         send_ctrl(*p, std::move(msg));
-        if (!is_inline) {
-            for (const Xfer::Piece& piece : x->pieces) {
-                queue_chunks(*p, true, x, piece.region, piece.region->base + piece.offset,
-                             piece.len);
-            }
-        }
+        if (!is_inline) queue_chunks(*p, true, x);
         x->waiting = true;
         p->awaiting.emplace(x->wire_id, x);
     });
@@ -496,6 +524,7 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
         return;
     }
     recv->len = rts.len;
+    recv->pieces.front().len = rts.len;  // what arrives, and so what is cut into chunks
     p.awaiting.emplace(recv->wire_id, recv);
     send_ctrl(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, Status()));
 }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "common/socket.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
+#include "engine/packer.h"
 #include "net/socket/socket_net.h"
 #include "net/socket/wire.h"
 #include "tests/support/engine_test_util.h"
@@ -350,13 +352,19 @@ class RawPeer {
     int fd() const { return fd_; }
     // Sends `len` bytes on the data channel, in chunks, as a write's data.
     bool send_data(uint64_t len) {
+        std::vector<uint64_t> lens;
+        for (uint64_t off = 0; off < len; off += kChunk)
+            lens.push_back(std::min(kChunk, len - off));
+        return send_chunks(lens);
+    }
+    // Sends one data-channel message of each length (at most kChunk), filled with 'x'.
+    bool send_chunks(const std::vector<uint64_t>& lens) {
         std::vector<char> buf(kChunk, 'x');
         net::MemHandle* mh = nullptr;
         if (!net_->reg_mr(send_, buf.data(), buf.size(), net::MemType::kHost, &mh).ok())
             return false;
-        for (uint64_t off = 0; off < len; off += kChunk) {
+        for (const uint64_t n : lens) {
             net::Request* req = nullptr;
-            const size_t n = std::min<uint64_t>(kChunk, len - off);
             while (req == nullptr) {
                 if (!net_->isend(send_, buf.data(), n, 0, mh, &req).ok()) return false;
             }
@@ -429,6 +437,74 @@ TEST(EngineHostile, ARefusedWriteWithinTheDrainBoundIsDrainedAndAnswered) {
     EXPECT_EQ(ack.xfer, 7u);
     EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kNotFound);
     EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a drained refusal failed the peer";
+    expect_serves(ep.get());
+}
+
+// A write of many small pieces: the chunk lengths the packing rule gives for 1000 pieces of
+// 1000 bytes with the raw peer's chunk size.
+std::vector<uint64_t> packed_chunk_lengths(const std::vector<wire::Segment>& segs) {
+    const auto len_at = [&](size_t i) { return segs[i].len; };
+    std::vector<uint64_t> lens;
+    engine::packer::Cursor at;
+    engine::packer::Cut cut;
+    while (engine::packer::next(len_at, segs.size(), RawPeer::kChunk, &at, &cut)) {
+        lens.push_back(cut.len);
+    }
+    return lens;
+}
+
+TEST(EngineHostile, ARefusedWriteOfManyPiecesIsDrainedByThePackingRule) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::WriteReq req;
+    req.xfer = 8;
+    for (uint64_t k = 0; k < 1000; ++k) req.segs.push_back(wire::Segment{0x1234, 1000 * k, 1000});
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    send_all(raw.fd(), msg);
+    const std::vector<uint64_t> lens = packed_chunk_lengths(req.segs);
+    ASSERT_EQ(lens.size(), 4u);  // 262 pieces to a 256 KiB chunk
+    ASSERT_TRUE(raw.send_chunks(lens));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+    while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
+        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+    }
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
+    wire::WriteAck ack;
+    ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+    EXPECT_EQ(ack.xfer, 8u);
+    EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kNotFound);
+    EXPECT_NE(std::string(ack.result.message).find("piece 0"), std::string::npos);
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a drained refusal failed the peer";
+    expect_serves(ep.get());
+}
+
+TEST(EngineHostile, DataNotCutByThePackingRuleFailsThePeerAndLandsNowhere) {
+    // A peer cutting a write of small pieces one chunk per piece (protocol version 1) sends
+    // chunks shorter than the receives: the peer is failed, and not a byte reaches the memory.
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    std::vector<uint8_t> mem(1 << 20, 0x5a);
+    auto id = ep->reg(mem.data(), mem.size());
+    ASSERT_TRUE(id.ok());
+    const uint64_t key = ep->describe(*id)->key;
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::WriteReq req;
+    req.xfer = 9;
+    for (uint64_t k = 0; k < 1000; ++k) req.segs.push_back(wire::Segment{key, 1000 * k, 1000});
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    send_all(raw.fd(), msg);
+    ASSERT_TRUE(raw.send_chunks(std::vector<uint64_t>(1000, 1000)));
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer was not failed";
+    EXPECT_EQ(std::count(mem.begin(), mem.end(), 0x5a), static_cast<long>(mem.size()))
+        << "bytes of a chunk of the wrong size were scattered";
+    EXPECT_TRUE(ep->dereg(*id).ok());
     expect_serves(ep.get());
 }
 

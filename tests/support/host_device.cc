@@ -63,6 +63,14 @@ class HostCopyRing final : public cuda::CopyRing {
         return Status();
     }
 
+    // As CUDA's ring: host segments now, "device" ones when the work runs.
+    Status gather(int i, std::span<const cuda::Seg> segs) override {
+        return move_segments(i, segs, true);
+    }
+    Status scatter(int i, std::span<const cuda::Seg> segs) override {
+        return move_segments(i, segs, false);
+    }
+
     StatusOr<bool> ready(int i) override {
         if (i < 0 || i >= slots()) return internal_error("ready: bad slot");
         // The newest work for slot i.
@@ -106,6 +114,45 @@ class HostCopyRing final : public cuda::CopyRing {
         if (i < 0 || i >= slots()) return internal_error("copy: bad slot");
         if (slot(i) == nullptr || len > slot_bytes())
             return internal_error("copy: larger than a slot");
+        return Status();
+    }
+
+    Status move_segments(int i, std::span<const cuda::Seg> segs, bool gather) {
+        uint64_t total = 0;
+        for (const cuda::Seg& seg : segs) {
+            if (seg.device >= 0 && !dev_->is_device_range(seg.ptr, seg.len)) {
+                return internal_error("gather or scatter outside device memory");
+            }
+            total += seg.len;
+        }
+        TCPX_RETURN_IF_ERROR(check_slot(i, total));
+        uint8_t* pinned = slot(i);
+        std::vector<cuda::Seg> later;
+        uint64_t at = 0;
+        for (const cuda::Seg& seg : segs) {
+            uint8_t* dst = gather ? pinned + at : seg.ptr;
+            const uint8_t* src = gather ? seg.ptr : pinned + at;
+            if (seg.device < 0) {
+                std::memcpy(dst, src, seg.len);
+            } else {
+                later.push_back(cuda::Seg{pinned + at, seg.len, seg.device});
+                later.push_back(seg);
+            }
+            at += seg.len;
+        }
+        enqueue(i, [later = std::move(later), gather]() {
+            for (size_t k = 0; k + 1 < later.size(); k += 2) {
+                const cuda::Seg& staged = later[k];
+                const cuda::Seg& piece = later[k + 1];
+                if (gather) {
+                    std::memcpy(staged.ptr, piece.ptr, piece.len);
+                } else {
+                    std::memcpy(piece.ptr, staged.ptr, piece.len);
+                }
+            }
+            return true;
+        });
+        dev_->count_ring_work(false);
         return Status();
     }
 
