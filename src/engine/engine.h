@@ -108,7 +108,9 @@ enum class OpPath : uint8_t {
     kUnpack,  // a receive into GPU memory on an UNPACK comm: gathered by the unpack kernel
     // A chunk of several pieces (packer.h), through a staging slot of the channel: gathered
     // there by its sender, scattered from there by its receiver.
-    kGather,        // all in host memory: the channel's host slots, copied by the CPU
+    // all in host memory: as a segment list where the transport takes one (scatter-gather I/O),
+    // else through the channel's host slots, copied by the CPU
+    kGather,
     kStagedGather,  // some in GPU memory: the channel's pinned gather ring (GPU copies, kernels)
 };
 
@@ -383,6 +385,8 @@ class Endpoint::Impl {
     engine::OpPath path_for(const Channel& ch, bool tx, const engine::Region* region) const;
     // The pieces of a chunk of several (seg_buf_ holds them until the next call).
     std::span<const cuda::Seg> segments(const engine::Op& op);
+    // The same as a transport's segment list (ioseg_buf_ holds it until the next call).
+    std::span<const net::IoSeg> io_segments(const engine::Op& op);
     // A chunk of several host pieces: gathered into, or scattered from, a host slot.
     void copy_host_segments(const engine::Op& op, uint8_t* slot, bool gather);
     // The channel's host slots or gather ring, made (and registered) on first need.
@@ -452,6 +456,7 @@ class Endpoint::Impl {
     uint64_t next_wire_id_ = 1;
     uint64_t active_ops_ = 0;  // chunk requests queued or in flight, all peers
     std::vector<cuda::Seg> seg_buf_;
+    std::vector<net::IoSeg> ioseg_buf_;
 
     int epfd_ = -1;
     Fd wake_fd_;

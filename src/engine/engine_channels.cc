@@ -92,7 +92,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             st = ch.ring->copy_in(op.slot, op.ptr, op.len);
             if (!st.ok()) return failed(st);
             did = true;
-        } else if (op.path == OpPath::kGather) {
+        } else if (op.path == OpPath::kGather && !props_.segments) {
             Status st = ensure_host_slots(ch, tx);
             if (!st.ok()) return failed(st);
             if (!ch.hslots->has_free()) break;
@@ -116,6 +116,9 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         uint8_t* ptr = op.ptr;
         net::MemHandle* mh = nullptr;
         int rx_slot = -1;
+        // Several host pieces to a transport that takes segment lists: straight from and into
+        // the pieces, no staging.
+        const bool segments = op.path == OpPath::kGather && props_.segments;
         if (tx && ch.staged_ahead == 0) break;  // its staging slot is not free yet
         if (op.path == OpPath::kStaged || op.path == OpPath::kStagedGather) {
             const bool gather = op.path == OpPath::kStagedGather;
@@ -134,6 +137,8 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             }
             ptr = ring.slot(tx ? op.slot : rx_slot);
             mh = gather ? ch.gring_mr : ch.ring_mr;
+        } else if (segments) {
+            // (no memory handle: the transport needs none for segment lists)
         } else if (op.path == OpPath::kGather) {
             if (!tx) {
                 Status st = ensure_host_slots(ch, tx);
@@ -164,7 +169,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         net::Request* req = nullptr;
         Status st;
-        if (tx) {
+        if (segments) {
+            st = tx ? net_->isendv(ch.send, io_segments(op), 0, &req)
+                    : net_->irecvv(ch.recv, io_segments(op), 0, &req);
+        } else if (tx) {
             st = net_->isend(ch.send, ptr, op.len, 0, mh, &req);
         } else {
             void* data = ptr;
@@ -199,7 +207,10 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         case OpPath::kStaged:
             return ch.ring->copy_out(f.op.slot, f.op.ptr, f.op.len);
         case OpPath::kGather:
-            copy_host_segments(f.op, ch.hslots->slot(f.op.slot), /*gather=*/false);
+            // (received straight into the pieces when the transport took a segment list)
+            if (f.op.slot >= 0) {
+                copy_host_segments(f.op, ch.hslots->slot(f.op.slot), /*gather=*/false);
+            }
             return Status();
         case OpPath::kStagedGather:
             return ch.gring->scatter(f.op.slot, segments(f.op));
@@ -227,6 +238,17 @@ std::span<const cuda::Seg> Endpoint::Impl::segments(const Op& op) {
                                      gpu ? piece.region->device : -1});
     }
     return seg_buf_;
+}
+
+std::span<const net::IoSeg> Endpoint::Impl::io_segments(const Op& op) {
+    ioseg_buf_.clear();
+    for (uint32_t i = op.first; i < op.end; ++i) {
+        const Xfer::Piece& piece = op.xfer->pieces[i];
+        if (piece.len > 0) {
+            ioseg_buf_.push_back(net::IoSeg{piece.region->base + piece.offset, piece.len});
+        }
+    }
+    return ioseg_buf_;
 }
 
 void Endpoint::Impl::copy_host_segments(const Op& op, uint8_t* slot, bool gather) {

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -73,6 +74,15 @@ struct Properties {
     // regMr takes an int size (and NCCL refuses 2 GiB and more through it), newer tables say
     // their own maxRegSize. The engine registers larger regions as windows of this size.
     uint64_t max_reg_size = 0;
+    // Not in v7: whether isendv()/irecvv() take a message as a list of segments (the socket
+    // transport writes and reads them with scatter-gather I/O, without a copy).
+    bool segments = false;
+};
+
+// One segment of a message sent or received with isendv()/irecvv().
+struct IoSeg {
+    void* data = nullptr;
+    size_t size = 0;
 };
 
 // What accept()/connect() return for device-side consumption of received data
@@ -149,6 +159,15 @@ class Net {
                          Request** request) = 0;
     virtual Status irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
                          const int* tags, MemHandle* const* mhandles, Request** request) = 0;
+    // One message made of `segs`, back to back (Properties::segments): a send, or a receive of
+    // up to their total into them, in order. The list is copied; the memory must stay until the
+    // request completes. Host memory; no registration needed.
+    virtual Status isendv(SendComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
+        return Status(StatusCode::kUnimplemented, "this transport takes no segment lists");
+    }
+    virtual Status irecvv(RecvComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
+        return Status(StatusCode::kUnimplemented, "this transport takes no segment lists");
+    }
     // *done set; when done and `sizes` is not null and the provider reports sizes, sizes[i] is the
     // size received into buffer i (the size sent, for a send). An error means the request failed;
     // either way a finished request is released.

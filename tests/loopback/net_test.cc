@@ -558,6 +558,140 @@ TEST(NetResources, ThreadCountDoesNotGrowWithComms) {
     for (auto& p : pairs) close_pair(net.get(), p);
 }
 
+// --- segment lists (isendv/irecvv; the socket transport only) -----------------------------------
+
+// Cuts [0, size) of a message into segments placed in `arena` with gaps between them (the gaps
+// keep their canary); at most `max_segs` segments, some of them empty.
+std::vector<net::IoSeg> scatter_over(std::mt19937_64& rng, uint8_t* arena, size_t arena_size,
+                                     size_t size, size_t max_segs) {
+    std::vector<net::IoSeg> segs;
+    size_t at = 0, placed = 0;
+    while (placed < size) {
+        const size_t left = size - placed;
+        size_t len = segs.size() + 1 >= max_segs ? left
+                     : rng() % 8 == 0            ? 0
+                     : rng() % 3 == 0            ? 1 + rng() % 64
+                                                 : 1 + rng() % 100000;
+        len = std::min(len, left);
+        at += rng() % 40;
+        if (at + len > arena_size) return {};
+        segs.push_back(net::IoSeg{arena + at, len});
+        at += len;
+        placed += len;
+    }
+    return segs;
+}
+
+template <typename Post>
+net::Request* post_until_taken(Post post) {
+    net::Request* req = nullptr;
+    while (req == nullptr) {
+        if (!post(&req).ok()) return nullptr;
+    }
+    return req;
+}
+
+TEST(NetSegments, SegmentListsLandExactlyAndNowhereElse) {
+    for (const bool chunked : {false, true}) {
+        SCOPED_TRACE(chunked ? "small chunks, nothing inline" : "default settings");
+        Settings s = loopback_settings();
+        if (chunked) {
+            s.inline_threshold = 0;
+            s.min_chunk_size = 4096;
+            s.chunk_size = 64 * 1024;
+            s.nsocks = 4;
+        }
+        auto net = make_net(Provider::kSocket, s);
+        ASSERT_NE(net, nullptr);
+        net::Properties props;
+        ASSERT_TRUE(net->get_properties(0, &props).ok());
+        ASSERT_TRUE(props.segments);
+        CommPair p = connect_pair(net.get());
+        ASSERT_NE(p.send, nullptr);
+        std::mt19937_64 rng(chunked ? 17 : 18);
+        constexpr size_t kArena = 24 << 20;
+        std::vector<uint8_t> src(kArena), dst(kArena);
+        for (int round = 0; round < 40; ++round) {
+            SCOPED_TRACE("round " + std::to_string(round));
+            const size_t size = round % 5 == 0 ? rng() % 200 : rng() % (8 << 20);
+            const size_t max_segs = round % 4 == 0 ? 1 : 1 + rng() % 3000;
+            auto ssegs = scatter_over(rng, src.data(), kArena, size, max_segs);
+            auto rsegs = scatter_over(rng, dst.data(), kArena, size, 1 + rng() % 3000);
+            ASSERT_TRUE(size == 0 || (!ssegs.empty() && !rsegs.empty()));
+            std::vector<uint8_t> message(size);
+            fill_pattern(message.data(), size, round);
+            size_t at = 0;
+            for (const net::IoSeg& seg : ssegs) {
+                std::memcpy(seg.data, message.data() + at, seg.size);
+                at += seg.size;
+            }
+            std::fill(dst.begin(), dst.end(), 0xcd);
+            // A single buffer on one side now and then.
+            const bool plain_send = rng() % 4 == 0, plain_recv = rng() % 4 == 0;
+            std::vector<uint8_t> plain(size + 1);
+            Request* r = post_until_taken([&](Request** req) {
+                if (plain_recv) {
+                    void* data = plain.data();
+                    const size_t cap = size;
+                    const int tag = 3;
+                    return net->irecv(p.recv, 1, &data, &cap, &tag, nullptr, req);
+                }
+                return net->irecvv(p.recv, rsegs, 3, req);
+            });
+            Request* q = post_until_taken([&](Request** req) {
+                if (plain_send) return net->isend(p.send, message.data(), size, 3, nullptr, req);
+                return net->isendv(p.send, ssegs, 3, req);
+            });
+            ASSERT_NE(r, nullptr);
+            ASSERT_NE(q, nullptr);
+            size_t sent = 0, received = 0;
+            ASSERT_TRUE(wait_request(net.get(), q, &sent).ok());
+            ASSERT_TRUE(wait_request(net.get(), r, &received).ok());
+            EXPECT_EQ(sent, size);
+            EXPECT_EQ(received, size);
+            ASSERT_TRUE(net->irecv_consumed(p.recv, 1, r).ok());
+            if (plain_recv) {
+                ASSERT_EQ(std::memcmp(plain.data(), message.data(), size), 0);
+                continue;
+            }
+            // Every segment holds its part; every byte between them kept its canary.
+            std::vector<uint8_t> expect(kArena, 0xcd);
+            at = 0;
+            for (const net::IoSeg& seg : rsegs) {
+                const size_t off = static_cast<uint8_t*>(seg.data) - dst.data();
+                std::memcpy(expect.data() + off, message.data() + at, seg.size);
+                at += seg.size;
+            }
+            ASSERT_EQ(std::memcmp(dst.data(), expect.data(), kArena), 0);
+        }
+        close_pair(net.get(), p);
+    }
+}
+
+TEST(NetSegments, BadListsAreRefusedAndShortReceivesFail) {
+    auto net = make_net(Provider::kSocket, loopback_settings());
+    ASSERT_NE(net, nullptr);
+    CommPair p = connect_pair(net.get());
+    ASSERT_NE(p.send, nullptr);
+    std::vector<uint8_t> a(1 << 20, 1), b(1 << 20, 0xcd);
+    Request* req = nullptr;
+    const net::IoSeg null_seg[] = {{a.data(), 10}, {nullptr, 10}};
+    EXPECT_EQ(net->isendv(p.send, null_seg, 0, &req).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(net->irecvv(p.recv, null_seg, 0, &req).code(), StatusCode::kInvalidArgument);
+    const net::IoSeg huge[] = {{a.data(), SIZE_MAX}, {a.data(), 2}};
+    EXPECT_EQ(net->isendv(p.send, huge, 0, &req).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(net->irecvv(p.recv, huge, 0, &req).code(), StatusCode::kInvalidArgument);
+    // A message larger than the receive's segments: that receive fails, nothing is written.
+    const net::IoSeg small[] = {{b.data(), 1000}, {b.data() + 5000, 1000}};
+    const net::IoSeg big[] = {{a.data(), 600000}};
+    Request* r = post_until_taken([&](Request** x) { return net->irecvv(p.recv, small, 0, x); });
+    Request* q = post_until_taken([&](Request** x) { return net->isendv(p.send, big, 0, x); });
+    EXPECT_TRUE(wait_request(net.get(), q).ok());
+    EXPECT_FALSE(wait_request(net.get(), r).ok());
+    EXPECT_EQ(std::count(b.begin(), b.end(), 0xcd), static_cast<long>(b.size()));
+    close_pair(net.get(), p);
+}
+
 TEST(NetSettings, OneDataSocketAndManySocketsBothWork) {
     for (int nsocks : {1, 16}) {
         Settings s = loopback_settings();

@@ -264,7 +264,10 @@ class FaultNet final : public Net {
     std::string_view name() const override { return inner_->name(); }
     int device_count() const override { return inner_->device_count(); }
     Status get_properties(int dev, Properties* props) const override {
-        return inner_->get_properties(dev, props);
+        TCPX_RETURN_IF_ERROR(inner_->get_properties(dev, props));
+        // Faults act on single-buffer requests: segment lists go through the caller's staging.
+        props->segments = false;
+        return Status();
     }
     Status check_peer_handle(Handle* handle, const SocketAddress& peer_address) const override {
         return inner_->check_peer_handle(handle, peer_address);

@@ -156,10 +156,21 @@ uint64_t SendComm::chunk_size_for(uint64_t size) const {
 }
 
 Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) {
+    const IoSeg seg{const_cast<void*>(data), size};
+    return send_impl(std::span<const IoSeg>(&seg, 1), tag, out);
+}
+
+Status SendComm::isendv(std::span<const IoSeg> segs, int tag, SendReq** out) {
+    return send_impl(segs, tag, out);
+}
+
+Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) {
     *out = nullptr;
-    if (data == nullptr && size > 0) {
-        return invalid_argument(
-            strformat("isend: null buffer of %llu bytes", static_cast<unsigned long long>(size)));
+    for (size_t i = 0; i < segs.size(); ++i) {
+        if (segs[i].data == nullptr && segs[i].size > 0) {
+            return invalid_argument(
+                strformat("isend: null buffer of %zu bytes (segment %zu)", segs[i].size, i));
+        }
     }
     bool fast = false;
     SendDataConn* direct = nullptr;
@@ -169,10 +180,14 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
         if (closing_) return error_locked("isend");
         req = reqs_.take();
         if (req == nullptr) return Status();  // no room: the caller posts again later
+        if (!req->mem.set(segs)) {
+            reqs_.give(req);
+            return invalid_argument("isend: the segments' sizes add up past 2^64");
+        }
+        const uint64_t size = req->mem.size();
         // Small messages (and empty ones) travel whole on the control socket; larger ones are
         // cut into chunks for the data sockets.
         const bool is_inline = size <= config_.inline_threshold || size == 0;
-        req->data = static_cast<const uint8_t*>(data);
         req->size = size;
         req->seq = next_seq_++;
         req->tag = tag;
@@ -215,7 +230,6 @@ Status SendComm::isend(const void* data, uint64_t size, int tag, SendReq** out) 
         } else {
             OutMsg msg{};
             msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
-            msg.payload = req->data;
             msg.total = sizeof(wire::MsgHeader) + size;
             msg.req = req;
             out_.push_back(msg);
@@ -278,7 +292,6 @@ bool SendComm::next_chunk_locked(SendDataConn* conn) {
                                    chunk_offset_,
                                    req->tag,
                                    0};
-    conn->payload_ = req->data + chunk_offset_;
     conn->sent_ = 0;
     conn->idle_ = false;
     chunk_offset_ += len;
@@ -346,9 +359,14 @@ void SendControlConn::flush_locked() {
                     iov[cnt++] = {reinterpret_cast<uint8_t*>(&it->hdr) + it->sent, kHdr - it->sent};
                 }
                 const uint64_t payload_sent = it->sent > kHdr ? it->sent - kHdr : 0;
-                if (it->total > kHdr && payload_sent < it->total - kHdr) {
-                    iov[cnt++] = {const_cast<uint8_t*>(it->payload) + payload_sent,
-                                  it->total - kHdr - payload_sent};
+                const uint64_t left = it->total - kHdr - payload_sent;
+                if (left > 0) {
+                    const int k = it->req->mem.iov(payload_sent, left, iov + cnt, kMaxIov - cnt);
+                    uint64_t covered = 0;
+                    for (int j = 0; j < k; ++j) covered += iov[cnt + j].iov_len;
+                    cnt += k;
+                    // The stream is in order: no later message before this one's last byte.
+                    if (covered < left) break;
                 }
             }
         }
@@ -416,11 +434,13 @@ void SendDataConn::write_locked(bool one_chunk) {
         }
         constexpr uint64_t kHdr = sizeof(wire::ChunkHeader);
         const uint64_t total = kHdr + hdr_.length;
-        iovec iov[2];
+        constexpr int kMaxIov = 64;
+        iovec iov[kMaxIov];
         int cnt = 0;
         if (sent_ < kHdr) iov[cnt++] = {reinterpret_cast<uint8_t*>(&hdr_) + sent_, kHdr - sent_};
         const uint64_t payload_sent = sent_ > kHdr ? sent_ - kHdr : 0;
-        iov[cnt++] = {const_cast<uint8_t*>(payload_) + payload_sent, hdr_.length - payload_sent};
+        cnt += req_->mem.iov(hdr_.offset + payload_sent, hdr_.length - payload_sent, iov + cnt,
+                             kMaxIov - cnt);
         auto n = send_some(fd(), iov, cnt);
         if (!n.ok()) return comm->fail(n.status());
         if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us on the I/O thread
@@ -456,16 +476,45 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
     if (data == nullptr || sizes == nullptr || tags == nullptr) {
         return invalid_argument("irecv: null data, sizes or tags array");
     }
+    IoSeg one[kMaxRecvs];
+    std::span<const IoSeg> msgs[kMaxRecvs];
     for (int i = 0; i < n; ++i) {
-        if (data[i] == nullptr && sizes[i] > 0) {
-            return invalid_argument(
-                strformat("irecv: buffer %d is null but has %zu bytes", i, sizes[i]));
+        one[i] = IoSeg{data[i], sizes[i]};
+        msgs[i] = std::span<const IoSeg>(&one[i], 1);
+    }
+    return recv_impl(n, msgs, tags, out);
+}
+
+Status RecvComm::irecvv(std::span<const IoSeg> segs, int tag, RecvReq** out) {
+    *out = nullptr;
+    return recv_impl(1, &segs, &tag, out);
+}
+
+Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags,
+                           RecvReq** out) {
+    for (int i = 0; i < n; ++i) {
+        for (size_t k = 0; k < msgs[i].size(); ++k) {
+            if (msgs[i][k].data == nullptr && msgs[i][k].size > 0) {
+                return invalid_argument(
+                    strformat("irecv: buffer %d is null but has %zu bytes", i, msgs[i][k].size));
+            }
         }
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return error_locked("irecv");
     RecvReq* req = reqs_.take();
     if (req == nullptr) return Status();  // no room: the caller posts again later
+    for (int i = 0; i < n; ++i) {
+        RecvReq::Slot& slot = req->slots[i];
+        if (!slot.mem.set(msgs[i])) {
+            reqs_.give(req);
+            return invalid_argument("irecv: the segments' sizes add up past 2^64");
+        }
+        slot.capacity = slot.mem.size();
+        slot.tag = tags[i];
+        slot.used = false;
+        slot.size = 0;
+    }
     outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
     req->n = n;
     req->first_seq = next_post_seq_;
@@ -473,9 +522,6 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
     req->unmatched = n;
     req->incomplete = n;
     req->error = Status();
-    for (int i = 0; i < n; ++i) {
-        req->slots[i] = RecvReq::Slot{static_cast<uint8_t*>(data[i]), sizes[i], tags[i], false, 0};
-    }
     req->state.store(ReqState::kPending, std::memory_order_relaxed);
     posted_.push_back(req);
     wake_parked_locked();
@@ -561,7 +607,7 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
             }
         } else {
             s.size = size;
-            msg->dest = s.data;
+            msg->dest = &s.mem;
         }
     }
     ++bound_upto_;
@@ -604,6 +650,52 @@ void RecvComm::complete_locked(const RecvMsg& msg) {
 void RecvComm::eof_locked() {
     if (++eofs_ == static_cast<int>(conns_.size())) {
         fail_locked(unavailable("peer closed the connection"));
+    }
+}
+
+// --- MsgMemory ---------------------------------------------------------------------------------
+
+bool MsgMemory::set(std::span<const IoSeg> segs) {
+    segs_.assign(segs.begin(), segs.end());
+    ends_.resize(segs.size());
+    uint64_t at = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        if (segs[i].size > UINT64_MAX - at) return false;
+        at += segs[i].size;
+        ends_[i] = at;
+    }
+    return true;
+}
+
+int MsgMemory::iov(uint64_t off, uint64_t len, iovec* out, int max) const {
+    // The first segment ending past `off` (segments of no bytes end where the last one did).
+    size_t i =
+        static_cast<size_t>(std::upper_bound(ends_.begin(), ends_.end(), off) - ends_.begin());
+    int n = 0;
+    while (len > 0 && n < max && i < segs_.size()) {
+        const uint64_t start = ends_[i] - segs_[i].size;
+        const uint64_t in = off - start;
+        const uint64_t take = std::min<uint64_t>(segs_[i].size - in, len);
+        out[n++] = {static_cast<uint8_t*>(segs_[i].data) + in, take};
+        off += take;
+        len -= take;
+        ++i;
+    }
+    return n;
+}
+
+void MsgMemory::copy_in(uint64_t off, const uint8_t* src, uint64_t len) const {
+    constexpr int kMaxIov = 16;
+    iovec to[kMaxIov];
+    while (len > 0) {
+        const int n = iov(off, len, to, kMaxIov);
+        if (n == 0) return;
+        for (int j = 0; j < n; ++j) {
+            std::memcpy(to[j].iov_base, src, to[j].iov_len);
+            src += to[j].iov_len;
+            off += to[j].iov_len;
+            len -= to[j].iov_len;
+        }
     }
 }
 
@@ -685,7 +777,10 @@ void RecvControlConn::service_locked() {
             if (avail() == 0) {
                 if (msg_.dest != nullptr && want >= kDirectInlineRecv) {
                     bool eof = false;
-                    auto n = recv_some(fd(), msg_.dest + got_, want, &eof);
+                    constexpr int kMaxIov = 64;
+                    iovec iov[kMaxIov];
+                    const int cnt = msg_.dest->iov(got_, want, iov, kMaxIov);
+                    auto n = recv_some_iov(fd(), iov, cnt, &eof);
                     if (!n.ok()) return comm->fail(n.status());
                     if (eof) {
                         return comm->fail(
@@ -699,7 +794,7 @@ void RecvControlConn::service_locked() {
                 continue;
             }
             const uint64_t take = std::min<uint64_t>(want, avail());
-            if (msg_.dest != nullptr) std::memcpy(msg_.dest + got_, buf_.get() + begin_, take);
+            if (msg_.dest != nullptr) msg_.dest->copy_in(got_, buf_.get() + begin_, take);
             begin_ += take;
             got_ += take;
         }
@@ -783,7 +878,7 @@ void RecvDataConn::service(uint32_t events) {
                     static_cast<unsigned long long>(hdr_.seq))));
                 return;
             }
-            dest_ = it->second.dest != nullptr ? it->second.dest + hdr_.offset : nullptr;
+            dest_ = it->second.dest;
             bound_ = true;
         }
         size_t lookahead = 0;  // bytes of the next chunk's header read with this payload
@@ -794,8 +889,14 @@ void RecvDataConn::service(uint32_t events) {
             if (dest_ != nullptr) {
                 // The payload's tail and the next header in one call: one syscall per chunk
                 // saved while chunks stream in.
-                const iovec iov[2] = {{dest_ + got_, want}, {next_hdr_, sizeof(next_hdr_)}};
-                n = recv_some_iov(fd(), iov, 2, &eof);
+                constexpr int kMaxIov = 64;
+                iovec iov[kMaxIov];
+                int cnt = dest_->iov(hdr_.offset + got_, want, iov, kMaxIov - 1);
+                uint64_t covered = 0;
+                for (int j = 0; j < cnt; ++j) covered += iov[j].iov_len;
+                // The next header only right behind this payload's last byte.
+                if (covered == want) iov[cnt++] = {next_hdr_, sizeof(next_hdr_)};
+                n = recv_some_iov(fd(), iov, cnt, &eof);
             } else {
                 n = recv_some(fd(), scratch_buffer(), std::min<uint64_t>(want, kScratchSize), &eof);
             }

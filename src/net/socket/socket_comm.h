@@ -21,12 +21,15 @@
 //   nothing touches the comm when it is deleted.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,6 +47,28 @@ namespace tcpx::net::socket_internal {
 inline constexpr int kMaxRecvs = 8;
 
 enum class ReqState : int { kFree = 0, kPending, kDone, kFailed };
+
+// A message's memory: one buffer (isend/irecv) or segments back to back (isendv/irecvv). Owned
+// by a request and reused with it, so steady traffic allocates nothing.
+class MsgMemory {
+ public:
+    void set(uint8_t* data, uint64_t size) {
+        segs_.assign(1, IoSeg{data, size});
+        ends_.assign(1, size);
+    }
+    // False when the segments' total overflows.
+    bool set(std::span<const IoSeg> segs);
+    uint64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
+    // Up to `max` iovecs covering [off, off + len) (within size()); how many were filled. They
+    // cover less than `len` when the range spans more than `max` segments.
+    int iov(uint64_t off, uint64_t len, iovec* out, int max) const;
+    // Copies `len` bytes from `src` to [off, off + len).
+    void copy_in(uint64_t off, const uint8_t* src, uint64_t len) const;
+
+ private:
+    std::vector<IoSeg> segs_;
+    std::vector<uint64_t> ends_;  // where each segment ends in the message
+};
 
 // What a net::Request* points to: a SendReq or a RecvReq, told apart by `kind`.
 struct ReqBase {
@@ -193,7 +218,7 @@ struct SendReq : ReqBase {
     explicit SendReq(SendComm* c) : ReqBase(kSend), comm(c) {}
     SendComm* const comm;
     std::atomic<ReqState> state{ReqState::kFree};
-    const uint8_t* data = nullptr;
+    MsgMemory mem;
     uint64_t size = 0;
     uint64_t seq = 0;
     uint64_t chunk = 0;  // chunk length for data sockets; 0 when inline
@@ -230,8 +255,8 @@ class SendDataConn final : public Conn {
     // The chunk being written.
     SendReq* req_ = nullptr;
     wire::ChunkHeader hdr_{};
-    const uint8_t* payload_ = nullptr;
-    uint64_t sent_ = 0;  // bytes of header + payload written
+    uint64_t sent_ = 0;  // bytes of header + payload written (the payload is req_'s at
+                         // hdr_.offset)
     bool idle_ = true;   // under Comm::mu_: waiting for chunks, needs a kick when some arrive
 };
 
@@ -240,6 +265,7 @@ class SendComm final : public Comm {
     SendComm(IoPool* pool, CommConfig config, std::string peer, Fd control, std::vector<Fd> data);
 
     Status isend(const void* data, uint64_t size, int tag, SendReq** out);
+    Status isendv(std::span<const IoSeg> segs, int tag, SendReq** out);
     Status test(SendReq* req, bool* done, size_t* size);
 
  private:
@@ -248,13 +274,14 @@ class SendComm final : public Comm {
 
     struct OutMsg {
         wire::MsgHeader hdr;
-        const uint8_t* payload;
-        uint64_t total;  // header + payload bytes
+        uint64_t total;  // header + payload bytes (the payload is req's memory)
         uint64_t sent;
         SendReq* req;
     };
 
     void fail_pending_locked() override;
+    // isend and isendv: one message of `segs`.
+    Status send_impl(std::span<const IoSeg> segs, int tag, SendReq** out);
     uint64_t chunk_size_for(uint64_t size) const;
     // Under mu_: gives `conn` its next chunk; false when there is none (conn goes idle).
     bool next_chunk_locked(SendDataConn* conn);
@@ -283,7 +310,7 @@ struct RecvReq : ReqBase {
     int unmatched = 0;   // under mu_: messages not yet bound
     int incomplete = 0;  // under mu_: messages not yet fully received
     struct Slot {
-        uint8_t* data = nullptr;
+        MsgMemory mem;
         uint64_t capacity = 0;
         int tag = 0;
         bool used = false;
@@ -295,7 +322,7 @@ struct RecvReq : ReqBase {
 // A message bound to a receive, whose payload is still arriving.
 struct RecvMsg {
     RecvReq* req = nullptr;
-    uint8_t* dest = nullptr;  // null: discard (the receive failed for this message)
+    const MsgMemory* dest = nullptr;  // null: discard (the receive failed for this message)
     uint64_t size = 0;
     uint64_t received = 0;
 };
@@ -337,7 +364,7 @@ class RecvDataConn final : public Conn {
     uint8_t next_hdr_[sizeof(wire::ChunkHeader)];  // read ahead with a payload's tail
     bool have_hdr_ = false;                        // hdr_ is complete and checked
     bool bound_ = false;
-    uint8_t* dest_ = nullptr;  // null: discard
+    const MsgMemory* dest_ = nullptr;  // null: discard (else the chunk lands at hdr_.offset)
     uint64_t got_ = 0;
 };
 
@@ -346,6 +373,7 @@ class RecvComm final : public Comm {
     RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control, std::vector<Fd> data);
 
     Status irecv(int n, void* const* data, const size_t* sizes, const int* tags, RecvReq** out);
+    Status irecvv(std::span<const IoSeg> segs, int tag, RecvReq** out);
     Status test(RecvReq* req, bool* done, size_t* sizes);
 
  private:
@@ -354,6 +382,8 @@ class RecvComm final : public Comm {
 
     enum class Bind { kBound, kPark, kError };
     void fail_pending_locked() override;
+    // irecv and irecvv: `n` messages, message i into the segments msgs[i].
+    Status recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags, RecvReq** out);
     // Under mu_: binds message `seq` to the oldest posted receive. kPark when an earlier message is
     // not bound yet or no receive is posted: `conn` is parked and kicked when that changes.
     Bind bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg, Status* error);

@@ -197,6 +197,7 @@ Status SocketNet::get_properties(int dev, Properties* props) const {
     props->latency_us = 0;
     props->max_comms = 65536;
     props->max_recvs = socket_internal::kMaxRecvs;
+    props->segments = true;
     props->device_type = DeviceType::kHost;
     props->device_version = 0;
     props->max_requests = static_cast<int>(settings_.max_requests);
@@ -639,6 +640,26 @@ Status SocketNet::irecv(RecvComm* comm, int n, void* const* data, const size_t* 
     if (c->kind() != Comm::kRecvKind) return invalid_argument("irecv: not a receive comm");
     socket_internal::RecvReq* req = nullptr;
     Status st = c->irecv(n, data, sizes, tags, &req);
+    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
+    return st;
+}
+
+Status SocketNet::isendv(SendComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
+    auto* c = reinterpret_cast<socket_internal::SendComm*>(comm);
+    if (c == nullptr || request == nullptr) return invalid_argument("isendv: null comm or request");
+    if (c->kind() != Comm::kSendKind) return invalid_argument("isendv: not a send comm");
+    socket_internal::SendReq* req = nullptr;
+    Status st = c->isendv(segs, tag, &req);
+    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
+    return st;
+}
+
+Status SocketNet::irecvv(RecvComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
+    auto* c = reinterpret_cast<socket_internal::RecvComm*>(comm);
+    if (c == nullptr || request == nullptr) return invalid_argument("irecvv: null comm or request");
+    if (c->kind() != Comm::kRecvKind) return invalid_argument("irecvv: not a receive comm");
+    socket_internal::RecvReq* req = nullptr;
+    Status st = c->irecvv(segs, tag, &req);
     *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
     return st;
 }

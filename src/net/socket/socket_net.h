@@ -47,6 +47,8 @@ class SocketNet final : public Net {
                  Request** request) override;
     Status irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes, const int* tags,
                  MemHandle* const* mhandles, Request** request) override;
+    Status isendv(SendComm* comm, std::span<const IoSeg> segs, int tag, Request** request) override;
+    Status irecvv(RecvComm* comm, std::span<const IoSeg> segs, int tag, Request** request) override;
     Status test(Request* request, bool* done, size_t* sizes) override;
     Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
 
