@@ -47,11 +47,15 @@ class CudaCopyRing final : public CopyRing {
 
     ~CudaCopyRing() override {
         cudaSetDevice(device());
-        if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+        for (cudaStream_t st : streams_) {
+            if (st != nullptr) cudaStreamSynchronize(st);
+        }
         for (cudaEvent_t ev : events_) {
             if (ev != nullptr) cudaEventDestroy(ev);
         }
-        if (stream_ != nullptr) cudaStreamDestroy(stream_);
+        for (cudaStream_t st : streams_) {
+            if (st != nullptr) cudaStreamDestroy(st);
+        }
         if (flags_ != nullptr) cudaFreeHost(flags_);
         if (host_copies_ != nullptr) cudaFreeHost(host_copies_);
         if (device_copies_ != nullptr) cudaFree(device_copies_);
@@ -64,7 +68,7 @@ class CudaCopyRing final : public CopyRing {
     Status copy_in(int i, const void* src, size_t len) override {
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
         TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaMemcpyAsync(slot(i), src, len, cudaMemcpyDefault, stream_),
+            cuda_status(cudaMemcpyAsync(slot(i), src, len, cudaMemcpyDefault, stream(i)),
                         "staging a chunk out of GPU memory"));
         return record(i);
     }
@@ -72,7 +76,7 @@ class CudaCopyRing final : public CopyRing {
     Status copy_out(int i, void* dst, size_t len) override {
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
         TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaMemcpyAsync(dst, slot(i), len, cudaMemcpyDefault, stream_),
+            cuda_status(cudaMemcpyAsync(dst, slot(i), len, cudaMemcpyDefault, stream(i)),
                         "staging a chunk into GPU memory"));
         return record(i);
     }
@@ -95,10 +99,10 @@ class CudaCopyRing final : public CopyRing {
         std::memcpy(host->entries, entries, count * sizeof(LoadMeta));
         TCPX_RETURN_IF_ERROR(cuda_status(
             cudaMemcpyAsync(dev, host, offsetof(SlotList, entries) + count * sizeof(LoadMeta),
-                            cudaMemcpyHostToDevice, stream_),
+                            cudaMemcpyHostToDevice, stream(i)),
             "copying an unpack list to the GPU"));
         const cudaError_t err = launch_unpack_kernel(dev->entries, &dev->count, bounce, dst,
-                                                     dst_len, device_flags_ + i, stream_, count);
+                                                     dst_len, device_flags_ + i, stream(i), count);
         TCPX_RETURN_IF_ERROR(cuda_status(err, "launching the unpack kernel"));
         unpacked_[static_cast<size_t>(i)] = true;
         return record(i);
@@ -132,7 +136,7 @@ class CudaCopyRing final : public CopyRing {
 
     void synchronize() override {
         cudaSetDevice(device());
-        cudaStreamSynchronize(stream_);
+        for (cudaStream_t st : streams_) cudaStreamSynchronize(st);
     }
 
  private:
@@ -142,8 +146,10 @@ class CudaCopyRing final : public CopyRing {
           unpacked_(static_cast<size_t>(slots), false) {}
 
     Status init() {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                         "cudaStreamCreate"));
+        for (cudaStream_t& st : streams_) {
+            TCPX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking),
+                                             "cudaStreamCreate"));
+        }
         for (cudaEvent_t& ev : events_) {
             TCPX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
                                              "cudaEventCreate"));
@@ -238,10 +244,10 @@ class CudaCopyRing final : public CopyRing {
                 if (seg.device < 0) {
                     std::memcpy(dst, src, seg.len);  // host memory: the slot is ours right now
                 } else {
-                    TCPX_RETURN_IF_ERROR(
-                        cuda_status(cudaMemcpyAsync(dst, src, seg.len, cudaMemcpyDefault, stream_),
-                                    gather ? "gathering a chunk out of GPU memory"
-                                           : "scattering a chunk into GPU memory"));
+                    TCPX_RETURN_IF_ERROR(cuda_status(
+                        cudaMemcpyAsync(dst, src, seg.len, cudaMemcpyDefault, stream(i)),
+                        gather ? "gathering a chunk out of GPU memory"
+                               : "scattering a chunk into GPU memory"));
                 }
                 at += seg.len;
             }
@@ -264,30 +270,33 @@ class CudaCopyRing final : public CopyRing {
             at += seg.len;
         }
         TCPX_RETURN_IF_ERROR(cuda_status(
-            cudaMemcpyAsync(dev, host, n * sizeof(CopyEntry), cudaMemcpyHostToDevice, stream_),
+            cudaMemcpyAsync(dev, host, n * sizeof(CopyEntry), cudaMemcpyHostToDevice, stream(i)),
             "copying a gather list to the GPU"));
         if (!gather) {
             TCPX_RETURN_IF_ERROR(
-                cuda_status(cudaMemcpyAsync(twin, pinned, total, cudaMemcpyHostToDevice, stream_),
+                cuda_status(cudaMemcpyAsync(twin, pinned, total, cudaMemcpyHostToDevice, stream(i)),
                             "staging a chunk into GPU memory"));
         }
         TCPX_RETURN_IF_ERROR(
-            cuda_status(launch_copy_segments(dev, n, stream_),
+            cuda_status(launch_copy_segments(dev, n, stream(i)),
                         gather ? "launching the gather kernel" : "launching the scatter kernel"));
         if (gather) {
             TCPX_RETURN_IF_ERROR(
-                cuda_status(cudaMemcpyAsync(pinned, twin, total, cudaMemcpyDeviceToHost, stream_),
+                cuda_status(cudaMemcpyAsync(pinned, twin, total, cudaMemcpyDeviceToHost, stream(i)),
                             "staging a chunk out of GPU memory"));
         }
         return record(i);
     }
 
     Status record(int i) {
-        return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream_),
+        return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream(i)),
                            "cudaEventRecord");
     }
 
-    cudaStream_t stream_ = nullptr;
+    // Slots alternate between two streams, so that one slot's copies (and kernels) overlap the
+    // next one's: a chunk's work on one stream runs in order, consecutive chunks need not.
+    cudaStream_t streams_[2] = {nullptr, nullptr};
+    cudaStream_t stream(int i) const { return streams_[i & 1]; }
     std::vector<cudaEvent_t> events_;
     std::vector<bool> unpacked_;  // slot i's last work was an unpack (check its flag)
     uint32_t* flags_ = nullptr;   // host view

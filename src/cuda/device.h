@@ -1,5 +1,5 @@
 // The engine's view of GPU memory: what a pointer points to, synchronous copies, and copy rings
-// (asynchronous copies and unpack kernels on one stream, their completion tracked per slot by an
+// (asynchronous copies and kernels on the ring's streams, their completion tracked per slot by an
 // event, never by device-wide synchronization).
 //
 // device() is the CUDA runtime when the CUDA parts are built and a GPU is usable; otherwise every
@@ -36,10 +36,10 @@ struct PointerInfo {
     int32_t device = -1;  // for kCuda
 };
 
-// A ring of `slots` slots on one GPU stream. Each slot tracks the completion of the last work
-// enqueued for it and may own a pinned host buffer of slot_bytes() (a staging slot). Slots are
-// taken and given back in FIFO order, which is the order in which the engine's channels complete
-// their requests.
+// A ring of `slots` slots on GPU streams (a slot's work in order). Each slot tracks the completion
+// of the last work enqueued for it and may own a pinned host buffer of slot_bytes() (a staging
+// slot). Slots are taken and given back in FIFO order, which is the order in which the engine's
+// channels complete their requests.
 class CopyRing : public SlotFifo {
  public:
     virtual ~CopyRing() = default;
