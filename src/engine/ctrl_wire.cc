@@ -178,9 +178,15 @@ std::string encode_write_req(const WriteReq& m) {
     std::string msg = begin_message(MsgType::kWriteReq, m.flags);
     Writer w(&msg);
     w.u64(m.xfer);
+    w.u64(m.chunk);
     put_segments(&w, m.segs);
     if (m.flags & kFlagNotif) w.str(m.notification);
     return msg;  // inline data, if any, follows; the caller ends the message
+}
+
+void set_request_chunk(std::string* msg, uint64_t chunk) {
+    constexpr size_t at = sizeof(Header) + sizeof(uint64_t);
+    if (msg->size() >= at + sizeof(chunk)) std::memcpy(msg->data() + at, &chunk, sizeof(chunk));
 }
 
 std::string encode_write_ack(uint64_t xfer, const Status& st) {
@@ -195,6 +201,7 @@ std::string encode_read_req(const ReadReq& m) {
     std::string msg = begin_message(MsgType::kReadReq, 0);
     Writer w(&msg);
     w.u64(m.xfer);
+    w.u64(m.chunk);
     put_segments(&w, m.segs);
     return finish(std::move(msg));
 }
@@ -307,6 +314,8 @@ Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m) {
     Reader r(body);
     m->flags = flags;
     m->xfer = r.u64();
+    m->chunk = r.u64();
+    if (m->chunk != 0 && m->chunk < kMinChunk) return malformed(MsgType::kWriteReq);
     if (!get_segments(&r, &m->segs)) return malformed(MsgType::kWriteReq);
     if (flags & kFlagNotif) m->notification = r.str(kMaxBody);
     if (r.failed()) return malformed(MsgType::kWriteReq);
@@ -335,6 +344,8 @@ Status decode_write_ack(std::string_view body, WriteAck* m) {
 Status decode_read_req(std::string_view body, ReadReq* m) {
     Reader r(body);
     m->xfer = r.u64();
+    m->chunk = r.u64();
+    if (m->chunk != 0 && m->chunk < kMinChunk) return malformed(MsgType::kReadReq);
     if (!get_segments(&r, &m->segs) || r.left() != 0) return malformed(MsgType::kReadReq);
     return Status();
 }

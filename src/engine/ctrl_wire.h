@@ -10,10 +10,10 @@
 //              size, the sender's listen handles
 //   READY      both ways: the sender's data channels are all up
 //   PING       heartbeat; BYE: the sender is disconnecting
-//   WRITE_REQ  initiator -> target: segments (key, offset, len), optional notification, and
-//              either the data inline or "chunks follow on the data channels"
+//   WRITE_REQ  initiator -> target: the chunk size, segments (key, offset, len), optional
+//              notification, and either the data inline or "chunks follow on the data channels"
 //   WRITE_ACK  target -> initiator: the write's data is in place (or why it was refused)
-//   READ_REQ   initiator -> target: segments to read
+//   READ_REQ   initiator -> target: the chunk size, segments to read
 //   READ_RESP  target -> initiator: accepted (data inline, or chunks follow) or refused
 //   NOTIF      a standalone notification
 //   SEND_RTS / RECV_CTS / SEND_DATA   two-sided: ready to send; matched by a receive; the data
@@ -41,6 +41,8 @@ inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 inline constexpr uint32_t kHandshakeMessage = 64u << 10;
 inline constexpr size_t kMaxName = 256;
 inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
+// The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
+inline constexpr uint64_t kMinChunk = 4096;
 
 enum class MsgType : uint16_t {
     kHello = 1,
@@ -160,6 +162,9 @@ inline constexpr uint16_t kFlagInline = 0x2;  // the data follows in this messag
 struct WriteReq {
     uint64_t xfer = 0;
     uint16_t flags = 0;
+    // The chunk size this transfer's data is cut by (packer.h): 0 for the size agreed in HELLO,
+    // else kMinChunk up to it (smaller chunks pipeline a short GPU transfer's staging).
+    uint64_t chunk = 0;
     std::vector<Segment> segs;
     std::string_view notification;  // with kFlagNotif
     std::string_view data;          // with kFlagInline: every segment's bytes, in order
@@ -178,6 +183,7 @@ struct WriteAck {
 
 struct ReadReq {
     uint64_t xfer = 0;
+    uint64_t chunk = 0;  // as WriteReq::chunk
     std::vector<Segment> segs;
 };
 
@@ -221,6 +227,9 @@ std::string encode_hello(const Hello& m);
 std::string encode_empty(MsgType type);
 // WRITE_REQ without its inline data: append it, then end_message().
 std::string encode_write_req(const WriteReq& m);
+// Sets the chunk field of an encoded WRITE_REQ or READ_REQ (it follows the transfer id), for a
+// request encoded before the peer's chunk size was known.
+void set_request_chunk(std::string* msg, uint64_t chunk);
 std::string encode_write_ack(uint64_t xfer, const Status& st);
 std::string encode_read_req(const ReadReq& m);
 // READ_RESP without its inline data: append it, then end_message().

@@ -543,7 +543,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         for (const engine::Extent& e : *pending) {
             const Xfer* x = e.xfer;
             const auto len_at = [x](size_t i) { return x->pieces[i].len; };
-            active_ops_ -= engine::packer::count(len_at, x->pieces.size(), p.chunk, e.at);
+            active_ops_ -= engine::packer::count(len_at, x->pieces.size(), x->chunk, e.at);
         }
         pending->clear();
     }

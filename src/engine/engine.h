@@ -78,6 +78,7 @@ struct Xfer {
     XferId user_id = 0;     // slot in the XferTable; 0 for served requests
     uint64_t wire_id = 0;   // ours (initiator, receiver of a send) or the initiator's (served)
     uint64_t ops_left = 0;  // chunk requests not yet complete
+    uint64_t chunk = 0;     // bytes per chunk of its data (the peer's agreed size, or less)
     bool waiting = false;   // for the peer's WRITE_ACK / READ_RESP / RECV_CTS / SEND_DATA
     Status result;          // the first failure
     // Local places, in transfer order: where a read/recv lands, where a write/send comes from,
@@ -375,6 +376,9 @@ class Endpoint::Impl {
     StatusOr<std::vector<engine::Region*>> resolve_pieces(const char* op,
                                                           std::span<const IoVec> iov);
     StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
+    // Whether a one-sided transfer touches GPU memory on either side (remote: by its descriptor).
+    static bool touches_gpu(std::span<const IoVec> iov,
+                            const std::vector<engine::Region*>& regions);
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
     // Queues x's pieces, cut into chunk requests on p's channels (packer.h); pieces with no
     // region drain into scratch.
@@ -414,6 +418,8 @@ class Endpoint::Impl {
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
 
     Status check_serving_limit(const Peer& p) const;
+    // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
+    Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;
     // Whether a notification of `size` bytes from `p` fits what we hold for the application.
     Status notification_room(const Peer& p, uint64_t size) const;
     // `held`: its room was taken already (a served write's).

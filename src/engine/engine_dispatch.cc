@@ -92,12 +92,24 @@ Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
     return Status();
 }
 
+Status Endpoint::Impl::check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const {
+    // Larger chunks than agreed would overrun the staging and scratch buffers sized by it.
+    if (chunk > p.chunk) {
+        return protocol_error(strformat("%s asks for chunks of %llu bytes; %llu were agreed", what,
+                                        static_cast<unsigned long long>(chunk),
+                                        static_cast<unsigned long long>(p.chunk)));
+    }
+    return Status();
+}
+
 Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view body) {
     wire::WriteReq req;
     TCPX_RETURN_IF_ERROR(wire::decode_write_req(body, flags, &req));
     TCPX_RETURN_IF_ERROR(check_serving_limit(p));
+    TCPX_RETURN_IF_ERROR(check_request_chunk(p, req.chunk, "WRITE_REQ"));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
     x->wire_id = req.xfer;
+    if (req.chunk != 0) x->chunk = req.chunk;
     x->has_notification = (flags & wire::kFlagNotif) != 0;
     x->notification = std::string(req.notification);
     // Every segment is checked before any byte lands.
@@ -195,6 +207,7 @@ Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
 Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     wire::ReadReq req;
     TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, &req));
+    TCPX_RETURN_IF_ERROR(check_request_chunk(p, req.chunk, "READ_REQ"));
     TCPX_RETURN_IF_ERROR(check_serving_limit(p));
     std::vector<Region*> regions;
     Status refused;
@@ -234,6 +247,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
     send_ctrl(p, std::move(msg));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
     x->wire_id = req.xfer;
+    if (req.chunk != 0) x->chunk = req.chunk;
     for (size_t i = 0; i < req.segs.size(); ++i) {
         hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
     }

@@ -89,6 +89,7 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
     auto* x = new Xfer();
     x->kind = kind;
     x->peer = &p;
+    x->chunk = p.chunk;  // (0 while connecting: set when a deferred post is issued)
     x->user_id = user_id;
     p.xfers.insert(x);
     return x;
@@ -115,7 +116,7 @@ void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x) {
     // Counted now, cut later (refill): what a transfer costs up front does not grow with its
     // length, whatever length a peer names.
     const auto len_at = [x](size_t i) { return x->pieces[i].len; };
-    const uint64_t chunks = engine::packer::count(len_at, x->pieces.size(), p.chunk);
+    const uint64_t chunks = engine::packer::count(len_at, x->pieces.size(), x->chunk);
     x->ops_left += chunks;
     active_ops_ += chunks;
     if (chunks > 0) (tx ? p.tx_pending : p.rx_pending).push_back(engine::Extent{x, {}});
@@ -137,7 +138,7 @@ void Endpoint::Impl::refill(Peer& p, bool tx) {
         Xfer* x = e.xfer;
         engine::packer::Cut cut;
         const auto len_at = [x](size_t i) { return x->pieces[i].len; };
-        if (!engine::packer::next(len_at, x->pieces.size(), p.chunk, &e.at, &cut)) {
+        if (!engine::packer::next(len_at, x->pieces.size(), x->chunk, &e.at, &cut)) {
             pending.pop_front();  // (counted by the same rule: no chunk is missing)
             continue;
         }
@@ -267,6 +268,13 @@ StatusOr<std::vector<Region*>> Endpoint::Impl::resolve_pieces(const char* op,
     return regions;
 }
 
+bool Endpoint::Impl::touches_gpu(std::span<const IoVec> iov, const std::vector<Region*>& regions) {
+    for (size_t i = 0; i < iov.size(); ++i) {
+        if (regions[i]->kind == MemKind::kCuda || iov[i].remote.kind == MemKind::kCuda) return true;
+    }
+    return false;
+}
+
 StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
                                        std::optional<std::string_view> notification) {
     if (notification && notification->size() > config_.max_notification_size) {
@@ -317,7 +325,11 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     wire::end_message(&msg);
     const XferId id = x->user_id;
     // (An inline write's bytes were read above: what the region holds at the post is sent.)
-    issue_or_defer(*p, [this, p, x, is_inline, msg = std::move(msg)]() mutable {
+    const bool gpu = touches_gpu(iov, regions);
+    issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg)]() mutable {
+        // The chunk size is the peer's (known once connected), or less for a short GPU transfer.
+        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu);
+        wire::set_request_chunk(&msg, x->chunk);
         send_ctrl(*p, std::move(msg));
         if (!is_inline) queue_chunks(*p, true, x);
         x->waiting = true;
@@ -362,7 +374,12 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         x->notification = std::string(*notification);
     }
     const XferId id = x->user_id;
-    issue_or_defer(*p, [this, p, x, msg = wire::encode_read_req(req)]() mutable {
+    uint64_t total = 0;
+    for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
+    const bool gpu = touches_gpu(iov, regions);
+    issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
+        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu);
+        wire::set_request_chunk(&msg, x->chunk);
         send_ctrl(*p, std::move(msg));
         x->waiting = true;
         p->awaiting.emplace(x->wire_id, x);

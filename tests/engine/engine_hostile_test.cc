@@ -513,6 +513,54 @@ TEST(EngineHostile, DataNotCutByThePackingRuleFailsThePeerAndStaysInItsPieces) {
     expect_serves(ep.get());
 }
 
+TEST(EngineHostile, AWriteCutByItsOwnChunkSizeLandsAndALargerOneFailsThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    std::vector<uint8_t> mem(1 << 20, 0);
+    auto id = ep->reg(mem.data(), mem.size());
+    ASSERT_TRUE(id.ok());
+    const uint64_t key = ep->describe(*id)->key;
+    {
+        // 64 KiB chunks, below the 256 KiB agreed: the target cuts by the request's size.
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        wire::WriteReq req;
+        req.xfer = 10;
+        req.chunk = 64 * 1024;
+        req.segs = {wire::Segment{key, 0, 1 << 20}};
+        std::string msg = wire::encode_write_req(req);
+        wire::end_message(&msg);
+        send_all(raw.fd(), msg);
+        ASSERT_TRUE(raw.send_chunks(std::vector<uint64_t>(16, 64 * 1024)));
+        wire::Header h;
+        std::string body;
+        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+        while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
+            ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+        }
+        ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
+        wire::WriteAck ack;
+        ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+        EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kOk) << ack.result.message;
+        EXPECT_EQ(std::count(mem.begin(), mem.end(), 'x'), static_cast<long>(mem.size()));
+    }
+    {
+        // Chunks larger than agreed would overrun buffers sized by the agreed size.
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        wire::WriteReq req;
+        req.xfer = 11;
+        req.chunk = 2 * RawPeer::kChunk;
+        req.segs = {wire::Segment{key, 0, 1 << 20}};
+        std::string msg = wire::encode_write_req(req);
+        wire::end_message(&msg);
+        send_all(raw.fd(), msg);
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer was not failed";
+    }
+    EXPECT_TRUE(ep->dereg(*id).ok());
+    expect_serves(ep.get());
+}
+
 TEST(EngineHostile, ANotificationLargerThanTheLimitFailsThePeer) {
     auto ep = make_endpoint("target", engine_test_config());
     ASSERT_NE(ep, nullptr);

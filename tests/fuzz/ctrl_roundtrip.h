@@ -75,6 +75,7 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             w::WriteReq m;
             if (!w::decode_write_req(body, flags, &m).ok()) return false;
             FUZZ_CHECK(m.segs.size() <= w::kMaxSegments);
+            FUZZ_CHECK(m.chunk == 0 || m.chunk >= w::kMinChunk);
             FUZZ_CHECK(m.data.empty() || (flags & w::kFlagInline));
             FUZZ_CHECK(m.notification.empty() || (flags & w::kFlagNotif));
             if (flags & w::kFlagInline) {
@@ -104,11 +105,13 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             w::ReadReq m;
             if (!w::decode_read_req(body, &m).ok()) return false;
             FUZZ_CHECK(m.segs.size() <= w::kMaxSegments);
+            FUZZ_CHECK(m.chunk == 0 || m.chunk >= w::kMinChunk);
             const std::string msg = w::encode_read_req(m);
             FUZZ_CHECK(body_of(msg, type, 0) == body);
             w::ReadReq again;
             FUZZ_CHECK(w::decode_read_req(body_of(msg, type, 0), &again).ok());
-            FUZZ_CHECK(again.xfer == m.xfer && same_segments(again.segs, m.segs));
+            FUZZ_CHECK(again.xfer == m.xfer && again.chunk == m.chunk &&
+                       same_segments(again.segs, m.segs));
             return true;
         }
         case w::MsgType::kReadResp: {

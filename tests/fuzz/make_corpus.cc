@@ -73,6 +73,7 @@ std::vector<Msg> control_messages() {
     for (uint16_t flags = 0; flags < 4; ++flags) {
         w::WriteReq req;
         req.xfer = 42;
+        req.chunk = flags == 1 ? 256 * 1024 : 0;
         req.flags = flags;
         req.segs = segs;
         req.notification = "done";
@@ -86,6 +87,7 @@ std::vector<Msg> control_messages() {
          w::encode_write_ack(42, tcpx::Status(tcpx::StatusCode::kOutOfRange, "past end"))});
     w::ReadReq rreq;
     rreq.xfer = 43;
+    rreq.chunk = 128 * 1024;
     rreq.segs = segs;
     out.push_back({"read_req", w::encode_read_req(rreq)});
     out.push_back({"read_resp_inline",

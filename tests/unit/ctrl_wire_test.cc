@@ -45,6 +45,35 @@ TEST(CtrlWire, WriteRequestRoundTrip) {
     EXPECT_EQ(out.segs[2].len, 2u);
     EXPECT_EQ(out.notification, std::string_view("n\0t", 3));
     EXPECT_EQ(out.data, "abcde");
+    EXPECT_EQ(out.chunk, 0u);
+}
+
+TEST(CtrlWire, RequestsCarryTheirChunkSize) {
+    WriteReq w;
+    w.xfer = 5;
+    w.segs = {{1, 0, 1 << 20}};
+    std::string msg = encode_write_req(w);
+    end_message(&msg);
+    set_request_chunk(&msg, 256 * 1024);
+    WriteReq wout;
+    ASSERT_TRUE(decode_write_req(body_of(msg), flags_of(msg), &wout).ok());
+    EXPECT_EQ(wout.chunk, 256u * 1024);
+    EXPECT_EQ(wout.xfer, 5u);
+    ReadReq r;
+    r.xfer = 6;
+    r.chunk = kMinChunk;
+    r.segs = {{1, 0, 10}};
+    ReadReq rout;
+    msg = encode_read_req(r);
+    ASSERT_TRUE(decode_read_req(body_of(msg), &rout).ok());
+    EXPECT_EQ(rout.chunk, kMinChunk);
+    // Below the smallest chunk (but not 0, "the agreed one"): malformed.
+    set_request_chunk(&msg, kMinChunk - 1);
+    EXPECT_EQ(decode_read_req(body_of(msg), &rout).code(), StatusCode::kProtocol);
+    msg = encode_write_req(w);
+    end_message(&msg);
+    set_request_chunk(&msg, 1);
+    EXPECT_EQ(decode_write_req(body_of(msg), flags_of(msg), &wout).code(), StatusCode::kProtocol);
 }
 
 TEST(CtrlWire, EveryTruncationIsRefused) {
@@ -59,7 +88,7 @@ TEST(CtrlWire, EveryTruncationIsRefused) {
     const std::string messages[] = {
         w,
         encode_write_ack(5, Status(StatusCode::kNotFound, "nope")),
-        encode_read_req(ReadReq{9, {{1, 2, 3}}}),
+        encode_read_req(ReadReq{9, 0, {{1, 2, 3}}}),
         encode_recv_cts(1, 2, Status()),
         encode_send_rts(SendRts{1, 2, 3}),
         encode_notif("payload"),
@@ -133,12 +162,12 @@ TEST(CtrlWire, ForgedCountsAndLengthsAreRefused) {
     end_message(&msg);
     EXPECT_EQ(decode_write_req(body_of(msg), kFlagInline, &m).code(), StatusCode::kProtocol);
     // Trailing bytes without the inline flag.
-    msg = encode_write_req(WriteReq{1, 0, {{1, 0, 10}}, {}, {}});
+    msg = encode_write_req(WriteReq{1, 0, 0, {{1, 0, 10}}, {}, {}});
     msg += "junk";
     end_message(&msg);
     EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
     // Segment lengths that overflow when summed.
-    msg = encode_write_req(WriteReq{1, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}, {}, {}});
+    msg = encode_write_req(WriteReq{1, 0, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}, {}, {}});
     end_message(&msg);
     EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
     // SEND_DATA whose inline bytes disagree with its length.

@@ -155,5 +155,17 @@ TEST(Packer, RandomListsFollowTheRule) {
     }
 }
 
+TEST(Packer, TransferChunkPipelinesShortGpuTransfersOnly) {
+    constexpr uint64_t kAgreed = 4 << 20;
+    EXPECT_EQ(transfer_chunk(kAgreed, 1 << 20, false), kAgreed);
+    EXPECT_EQ(transfer_chunk(kAgreed, 1 << 20, true), 256u * 1024);
+    EXPECT_EQ(transfer_chunk(kAgreed, 4 << 20, true), 1u << 20);
+    EXPECT_EQ(transfer_chunk(kAgreed, 16 << 20, true), kAgreed);
+    EXPECT_EQ(transfer_chunk(kAgreed, 64 << 20, true), kAgreed);
+    EXPECT_EQ(transfer_chunk(kAgreed, 100000, true), 128u * 1024);   // never below 128 KiB
+    EXPECT_EQ(transfer_chunk(64 * 1024, 200000, true), 64u * 1024);  // never above the agreed
+    EXPECT_EQ(transfer_chunk(kAgreed, (1 << 20) + 1, true) % 4096, 0u);
+}
+
 }  // namespace
 }  // namespace tcpx::engine::packer
