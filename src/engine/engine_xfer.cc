@@ -327,8 +327,10 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     // (An inline write's bytes were read above: what the region holds at the post is sent.)
     const bool gpu = touches_gpu(iov, regions);
     issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg)]() mutable {
-        // The chunk size is the peer's (known once connected), or less for a short GPU transfer.
-        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu);
+        // The chunk size is the peer's (known once connected), or less for a short GPU transfer
+        // that has the peer to itself (under load, smaller chunks would only hold staging slots
+        // with fewer bytes each).
+        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
         wire::set_request_chunk(&msg, x->chunk);
         send_ctrl(*p, std::move(msg));
         if (!is_inline) queue_chunks(*p, true, x);
@@ -378,7 +380,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
     const bool gpu = touches_gpu(iov, regions);
     issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
-        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu);
+        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
         wire::set_request_chunk(&msg, x->chunk);
         send_ctrl(*p, std::move(msg));
         x->waiting = true;

@@ -22,10 +22,10 @@ namespace tcpx::engine::packer {
 inline constexpr uint32_t kMaxChunkPieces = 1024;
 
 // The chunk size an initiator asks a transfer of `total` bytes to be cut by, given the size
-// agreed with the peer: the agreed one, except that a transfer touching GPU memory on either side
-// and shorter than four agreed chunks is cut in about four (at least 128 KiB each), so that its
-// staging copies overlap the wire instead of preceding and following it. The request carries it:
-// the target cuts by the same.
+// agreed with the peer: the agreed one, except that a transfer to pipeline (`gpu`: it touches GPU
+// memory on either side, and is alone with its peer) shorter than four agreed chunks is cut in
+// about four (at least 128 KiB each), so that its staging copies overlap the wire instead of
+// preceding and following it. The request carries it: the target cuts by the same.
 inline uint64_t transfer_chunk(uint64_t agreed, uint64_t total, bool gpu) {
     constexpr uint64_t kMinPipelined = 128 * 1024;
     if (!gpu || total / 4 >= agreed) return agreed;
