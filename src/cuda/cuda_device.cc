@@ -23,12 +23,14 @@ Status cuda_status(cudaError_t err, const char* what) {
     return Status(StatusCode::kCuda, strformat("%s: %s", what, cudaGetErrorString(err)));
 }
 
-// Slots of one stream: each slot's completion is an event recorded after its last work; pinned
-// staging buffers when slot_bytes > 0; a mapped flag per slot for unpacks the kernel found bad.
+// Slots on two streams: each slot's completion is an event recorded after its last work; a pinned
+// staging buffer when slot_bytes > 0; a mapped flag per slot for unpacks the kernel found bad.
 class CudaCopyRing final : public CopyRing {
  public:
-    static StatusOr<std::unique_ptr<CopyRing>> create(int device, size_t slot_bytes, int slots) {
+    static StatusOr<std::unique_ptr<CopyRing>> create(int device, size_t slot_bytes, int slots,
+                                                      int records) {
         if (slots < 1) return invalid_argument("copy ring: no slots");
+        if (records < 1) records = slots;
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
         void* base = nullptr;
         if (slot_bytes > 0) {
@@ -40,7 +42,7 @@ class CudaCopyRing final : public CopyRing {
                                 .c_str()));
         }
         std::unique_ptr<CudaCopyRing> r(
-            new CudaCopyRing(device, slot_bytes, slots, static_cast<uint8_t*>(base)));
+            new CudaCopyRing(device, slot_bytes, slots, records, static_cast<uint8_t*>(base)));
         TCPX_RETURN_IF_ERROR(r->init());
         return std::unique_ptr<CopyRing>(std::move(r));
     }
@@ -140,10 +142,10 @@ class CudaCopyRing final : public CopyRing {
     }
 
  private:
-    CudaCopyRing(int device, size_t slot_bytes, int slots, uint8_t* base)
-        : CopyRing(device, slot_bytes, slots, base),
-          events_(static_cast<size_t>(slots), nullptr),
-          unpacked_(static_cast<size_t>(slots), false) {}
+    CudaCopyRing(int device, size_t slot_bytes, int buffer_slots, int records, uint8_t* base)
+        : CopyRing(device, slot_bytes, buffer_slots, records, base),
+          events_(static_cast<size_t>(records), nullptr),
+          unpacked_(static_cast<size_t>(records), false) {}
 
     Status init() {
         for (cudaStream_t& st : streams_) {
@@ -227,7 +229,7 @@ class CudaCopyRing final : public CopyRing {
         uint64_t total = 0;
         bool all_here = segs.size() > 1 && segs.size() <= kMaxKernelSegs;
         for (const Seg& seg : segs) {
-            if (seg.len > slot_bytes() - total) {
+            if (seg.len > length(i) - total) {
                 return internal_error("gather or scatter larger than a staging slot");
             }
             total += seg.len;
@@ -254,7 +256,7 @@ class CudaCopyRing final : public CopyRing {
             return record(i);
         }
         TCPX_RETURN_IF_ERROR(ensure_copy_lists());
-        uint8_t* twin = device_slots_ + static_cast<size_t>(i) * slot_bytes();
+        uint8_t* twin = device_slots_ + offset(i);
         // The slot's previous work finished before it was given back: its list is free.
         CopyEntry* host = host_copies_ + static_cast<size_t>(i) * copy_capacity();
         CopyEntry* dev = device_copies_ + static_cast<size_t>(i) * copy_capacity();
@@ -347,10 +349,10 @@ class CudaDevice final : public Device {
         return cuda_status(cudaStreamSynchronize(cudaStreamPerThread), "copying GPU memory");
     }
 
-    StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,
-                                                  int slots) override {
+    StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
+                                                  int records) override {
         if (count() == 0) return unavailable("GPU memory: no usable GPU");
-        return CudaCopyRing::create(device, slot_bytes, slots);
+        return CudaCopyRing::create(device, slot_bytes, slots, records);
     }
 
     Status select(int device) override {

@@ -36,10 +36,11 @@ struct PointerInfo {
     int32_t device = -1;  // for kCuda
 };
 
-// A ring of `slots` slots on GPU streams (a slot's work in order). Each slot tracks the completion
-// of the last work enqueued for it and may own a pinned host buffer of slot_bytes() (a staging
-// slot). Slots are taken and given back in FIFO order, which is the order in which the engine's
-// channels complete their requests.
+// A ring of slots on GPU streams (a slot's work in order). Each slot tracks the completion of the
+// last work enqueued for it and, in a staging ring, holds an allocation of up to slot_bytes() of
+// the ring's pinned host buffer (slot_fifo.h: small chunks hold only what they need). Slots are
+// taken and given back in FIFO order, which is the order in which the engine's channels complete
+// their requests.
 class CopyRing : public SlotFifo {
  public:
     virtual ~CopyRing() = default;
@@ -47,16 +48,18 @@ class CopyRing : public SlotFifo {
     CopyRing& operator=(const CopyRing&) = delete;
 
     int device() const { return device_; }
+    // The largest allocation a slot takes.
     size_t slot_bytes() const { return slot_bytes_; }
-    // Slot i's pinned buffer (null when the ring has none), and the whole area (to register it
-    // with a transport once).
-    uint8_t* slot(int i) const {
-        return base_ == nullptr ? nullptr : base_ + static_cast<size_t>(i) * slot_bytes_;
+    // Slot i's allocation of the pinned buffer (null when the ring has none), where the next
+    // acquire(len) would place one, and the whole area (to register it with a transport once).
+    uint8_t* slot(int i) const { return base_ == nullptr ? nullptr : base_ + offset(i); }
+    uint8_t* next_slot(uint64_t len) const {
+        return base_ == nullptr ? nullptr : base_ + next_offset(len);
     }
     uint8_t* base() const { return base_; }
-    size_t bytes() const { return slot_bytes_ * static_cast<size_t>(slots()); }
+    size_t bytes() const { return arena(); }
 
-    // Enqueues `len` bytes of device memory at `src` -> slot i's buffer (len <= slot_bytes()).
+    // Enqueues `len` bytes of device memory at `src` -> slot i's buffer (len <= its allocation).
     virtual Status copy_in(int i, const void* src, size_t len) = 0;
     // Enqueues slot i's buffer -> `len` bytes of device memory at `dst`.
     virtual Status copy_out(int i, void* dst, size_t len) = 0;
@@ -79,8 +82,12 @@ class CopyRing : public SlotFifo {
     virtual void synchronize() = 0;
 
  protected:
-    CopyRing(int device, size_t slot_bytes, int slots, uint8_t* base)
-        : SlotFifo(slots), device_(device), slot_bytes_(slot_bytes), base_(base) {}
+    // `slots` records, and a pinned buffer (`base`, or none) of `buffer_slots` × slot_bytes.
+    CopyRing(int device, size_t slot_bytes, int buffer_slots, int slots, uint8_t* base)
+        : SlotFifo(slots, base == nullptr ? 0 : slot_bytes * static_cast<size_t>(buffer_slots)),
+          device_(device),
+          slot_bytes_(slot_bytes),
+          base_(base) {}
 
  private:
     const int device_;
@@ -98,10 +105,11 @@ class Device {
     virtual PointerInfo classify(const void* ptr) = 0;
     // A synchronous copy of `len` bytes between any two of host and device memory.
     virtual Status copy(void* dst, const void* src, size_t len) = 0;
-    // A ring on GPU `device`; slot_bytes 0 makes one without pinned buffers (completion tracking
-    // only, for unpacks).
-    virtual StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes,
-                                                          int slots) = 0;
+    // A ring on GPU `device` of `records` slots (0: `slots`), with a pinned buffer of `slots`
+    // allocations of slot_bytes; slot_bytes 0 makes one without (completion tracking only, for
+    // unpacks).
+    virtual StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
+                                                          int records = 0) = 0;
     // Makes GPU `device` the calling thread's current one: what a transport allocates for the
     // caller then lands there (Google's TCPX plugin puts a receive comm's bounce buffer on it).
     virtual Status select(int device) = 0;

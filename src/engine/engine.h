@@ -130,15 +130,19 @@ struct Op {
     uint32_t end = 0;
 };
 
-// Host staging slots of one channel and direction, for chunks of several host pieces.
+// Staging buffers take up to this many chunks per chunk of their size (slot_fifo.h): chunks
+// smaller than the agreed size hold only their bytes.
+inline constexpr int kStagingRecordsPerSlot = 4;
+
+// Host staging slots of one channel and direction, for chunks of several host pieces: `slots`
+// chunks of `bytes`, or more smaller ones.
 struct HostSlots : SlotFifo {
     HostSlots(size_t bytes, int slots)
-        : SlotFifo(slots),
-          slot_bytes(bytes),
+        : SlotFifo(slots * kStagingRecordsPerSlot, bytes * static_cast<size_t>(slots)),
           mem(new uint8_t[bytes * static_cast<size_t>(slots)]) {}
-    uint8_t* slot(int i) const { return mem.get() + static_cast<size_t>(i) * slot_bytes; }
-    size_t bytes() const { return slot_bytes * static_cast<size_t>(slots()); }
-    size_t slot_bytes;
+    uint8_t* slot(int i) const { return mem.get() + offset(i); }
+    uint8_t* next_slot(uint64_t len) const { return mem.get() + next_offset(len); }
+    size_t bytes() const { return arena(); }
     std::unique_ptr<uint8_t[]> mem;
 };
 

@@ -87,23 +87,23 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (op.path == OpPath::kStaged) {
             Status st = ensure_ring(ch, tx, op);
             if (!st.ok()) return failed(st);
-            if (!ch.ring->has_free()) break;
-            op.slot = ch.ring->acquire();
+            if (!ch.ring->has_free(op.len)) break;
+            op.slot = ch.ring->acquire(op.len);
             st = ch.ring->copy_in(op.slot, op.ptr, op.len);
             if (!st.ok()) return failed(st);
             did = true;
         } else if (op.path == OpPath::kGather && !props_.segments) {
             Status st = ensure_host_slots(ch, tx);
             if (!st.ok()) return failed(st);
-            if (!ch.hslots->has_free()) break;
-            op.slot = ch.hslots->acquire();
+            if (!ch.hslots->has_free(op.len)) break;
+            op.slot = ch.hslots->acquire(op.len);
             copy_host_segments(op, ch.hslots->slot(op.slot), /*gather=*/true);
             did = true;
         } else if (op.path == OpPath::kStagedGather) {
             Status st = ensure_gather_ring(ch, tx, op);
             if (!st.ok()) return failed(st);
-            if (!ch.gring->has_free()) break;
-            op.slot = ch.gring->acquire();
+            if (!ch.gring->has_free(op.len)) break;
+            op.slot = ch.gring->acquire(op.len);
             st = ch.gring->gather(op.slot, segments(op));
             if (!st.ok()) return failed(st);
             did = true;
@@ -132,10 +132,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             }
             cuda::CopyRing& ring = gather ? *ch.gring : *ch.ring;
             if (!tx) {
-                if (!ring.has_free()) break;
+                if (!ring.has_free(op.len)) break;
                 rx_slot = ring.next();
             }
-            ptr = ring.slot(tx ? op.slot : rx_slot);
+            ptr = tx ? ring.slot(op.slot) : ring.next_slot(op.len);
             mh = gather ? ch.gring_mr : ch.ring_mr;
         } else if (segments) {
             // (no memory handle: the transport needs none for segment lists)
@@ -143,10 +143,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             if (!tx) {
                 Status st = ensure_host_slots(ch, tx);
                 if (!st.ok()) return failed(st);
-                if (!ch.hslots->has_free()) break;
+                if (!ch.hslots->has_free(op.len)) break;
                 rx_slot = ch.hslots->next();
             }
-            ptr = ch.hslots->slot(tx ? op.slot : rx_slot);
+            ptr = tx ? ch.hslots->slot(op.slot) : ch.hslots->next_slot(op.len);
             mh = ch.hslots_mr;
         } else {
             if (op.region == nullptr) {
@@ -183,12 +183,13 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (!st.ok()) return failed(st);
         if (req == nullptr) break;  // the transport is full: later
         if (rx_slot >= 0) {
+            // (where next_slot() said: nothing was taken in between)
             if (op.path == OpPath::kGather) {
-                op.slot = ch.hslots->acquire();
+                op.slot = ch.hslots->acquire(op.len);
             } else if (op.path == OpPath::kStagedGather) {
-                op.slot = ch.gring->acquire();
+                op.slot = ch.gring->acquire(op.len);
             } else {
-                op.slot = ch.ring->acquire();
+                op.slot = ch.ring->acquire(op.len);
             }
         }
         if (op.region == nullptr) ch.scratch_busy = true;
@@ -293,7 +294,9 @@ Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
         }
     }
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    TCPX_ASSIGN_OR_RETURN(auto ring, cuda::device().make_ring(device, chunk_, staging_slots_));
+    TCPX_ASSIGN_OR_RETURN(
+        auto ring, cuda::device().make_ring(device, chunk_, staging_slots_,
+                                            staging_slots_ * engine::kStagingRecordsPerSlot));
     TCPX_RETURN_IF_ERROR(
         net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr)
             .with_context("registering the gather slots"));
@@ -342,7 +345,9 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
     }
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.path == OpPath::kStaged) {
-        TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_));
+        TCPX_ASSIGN_OR_RETURN(
+            ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_,
+                                              staging_slots_ * engine::kStagingRecordsPerSlot));
         Status st =
             net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr);
         if (!st.ok()) {

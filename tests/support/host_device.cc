@@ -13,10 +13,10 @@ namespace {
 // Ring work waits in one queue, in stream order, until the engine has asked about it twice.
 class HostCopyRing final : public cuda::CopyRing {
  public:
-    HostCopyRing(HostDevice* dev, int device, size_t slot_bytes, int slots)
-        : CopyRing(device, slot_bytes, slots, alloc(slot_bytes, slots)),
+    HostCopyRing(HostDevice* dev, int device, size_t slot_bytes, int slots, int records)
+        : CopyRing(device, slot_bytes, slots, records, alloc(slot_bytes, slots)),
           dev_(dev),
-          failed_(static_cast<size_t>(slots)) {}
+          failed_(static_cast<size_t>(records)) {}
     ~HostCopyRing() override { delete[] base(); }
 
     Status copy_in(int i, const void* src, size_t len) override {
@@ -112,7 +112,7 @@ class HostCopyRing final : public cuda::CopyRing {
 
     Status check_slot(int i, size_t len) const {
         if (i < 0 || i >= slots()) return internal_error("copy: bad slot");
-        if (slot(i) == nullptr || len > slot_bytes())
+        if (slot(i) == nullptr || len > length(i))
             return internal_error("copy: larger than a slot");
         return Status();
     }
@@ -217,13 +217,15 @@ Status HostDevice::copy(void* dst, const void* src, size_t len) {
 }
 
 StatusOr<std::unique_ptr<cuda::CopyRing>> HostDevice::make_ring(int device, size_t slot_bytes,
-                                                                int slots) {
+                                                                int slots, int records) {
     if (device < 0 || device >= gpus_ || slots < 1) return invalid_argument("make_ring: bad args");
+    if (records < 1) records = slots;
     {
         std::lock_guard<std::mutex> lock(mu_);
         ++rings_made_;
     }
-    return std::unique_ptr<cuda::CopyRing>(new HostCopyRing(this, device, slot_bytes, slots));
+    return std::unique_ptr<cuda::CopyRing>(
+        new HostCopyRing(this, device, slot_bytes, slots, records));
 }
 
 Status HostDevice::select(int device) {

@@ -30,8 +30,8 @@ class HostDevice final : public cuda::Device {
     int count() override { return gpus_; }
     cuda::PointerInfo classify(const void* ptr) override;
     Status copy(void* dst, const void* src, size_t len) override;
-    StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes,
-                                                        int slots) override;
+    StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
+                                                        int records) override;
     Status select(int device) override;
 
     // Whether [ptr, ptr + len) lies inside one declared region.
