@@ -110,12 +110,18 @@ class CudaCopyRing final : public CopyRing {
         return record(i);
     }
 
-    Status gather(int i, std::span<const Seg> segs) override {
-        return move_segments(i, segs, /*gather=*/true);
+    Status gather(int i, std::span<const Seg> segs, bool twin_only) override {
+        return move_segments(i, segs, /*gather=*/true, twin_only);
     }
 
-    Status scatter(int i, std::span<const Seg> segs) override {
-        return move_segments(i, segs, /*gather=*/false);
+    Status scatter(int i, std::span<const Seg> segs, bool twin_only) override {
+        return move_segments(i, segs, /*gather=*/false, twin_only);
+    }
+
+    StatusOr<uint8_t*> twin() override {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        TCPX_RETURN_IF_ERROR(ensure_copy_lists());
+        return device_slots_;
     }
 
     StatusOr<bool> ready(int i) override {
@@ -225,7 +231,7 @@ class CudaCopyRing final : public CopyRing {
     // Gather (segments -> slot i) or scatter (slot i -> segments). Several segments all on this
     // GPU go by one kernel between them and the slot's GPU twin, and one copy engine transfer
     // between the twin and the pinned slot; otherwise segment by segment.
-    Status move_segments(int i, std::span<const Seg> segs, bool gather) {
+    Status move_segments(int i, std::span<const Seg> segs, bool gather, bool twin_only) {
         uint64_t total = 0;
         bool all_here = segs.size() > 1 && segs.size() <= kMaxKernelSegs;
         for (const Seg& seg : segs) {
@@ -236,14 +242,16 @@ class CudaCopyRing final : public CopyRing {
             all_here = all_here && seg.device == device();
         }
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
-        uint8_t* pinned = slot(i);
+        if (twin_only) TCPX_RETURN_IF_ERROR(ensure_copy_lists());
+        // The staged side: the pinned buffer, or the GPU twin.
+        uint8_t* pinned = twin_only ? device_slots_ + offset(i) : slot(i);
         if (!all_here) {
             uint64_t at = 0;
             for (const Seg& seg : segs) {
                 if (seg.len == 0) continue;
                 uint8_t* dst = gather ? pinned + at : seg.ptr;
                 const uint8_t* src = gather ? seg.ptr : pinned + at;
-                if (seg.device < 0) {
+                if (seg.device < 0 && !twin_only) {
                     std::memcpy(dst, src, seg.len);  // host memory: the slot is ours right now
                 } else {
                     TCPX_RETURN_IF_ERROR(cuda_status(
@@ -274,7 +282,7 @@ class CudaCopyRing final : public CopyRing {
         TCPX_RETURN_IF_ERROR(cuda_status(
             cudaMemcpyAsync(dev, host, n * sizeof(CopyEntry), cudaMemcpyHostToDevice, stream(i)),
             "copying a gather list to the GPU"));
-        if (!gather) {
+        if (!gather && !twin_only) {
             TCPX_RETURN_IF_ERROR(
                 cuda_status(cudaMemcpyAsync(twin, pinned, total, cudaMemcpyHostToDevice, stream(i)),
                             "staging a chunk into GPU memory"));
@@ -282,7 +290,7 @@ class CudaCopyRing final : public CopyRing {
         TCPX_RETURN_IF_ERROR(
             cuda_status(launch_copy_segments(dev, n, stream(i)),
                         gather ? "launching the gather kernel" : "launching the scatter kernel"));
-        if (gather) {
+        if (gather && !twin_only) {
             TCPX_RETURN_IF_ERROR(
                 cuda_status(cudaMemcpyAsync(pinned, twin, total, cudaMemcpyDeviceToHost, stream(i)),
                             "staging a chunk out of GPU memory"));

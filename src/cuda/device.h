@@ -70,12 +70,17 @@ class CopyRing : public SlotFifo {
     virtual Status unpack(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                           uint8_t* dst, uint64_t dst_len) = 0;
     // Enqueues the gather of `segs`, back to back, into slot i's pinned buffer (their total at
-    // most slot_bytes()): host segments are copied before this returns, GPU ones on the ring's
-    // stream (several segments of the ring's GPU by one kernel, through GPU staging memory and
-    // one copy engine transfer).
-    virtual Status gather(int i, std::span<const Seg> segs) = 0;
-    // Enqueues the scatter of slot i's pinned buffer, back to back, into `segs` (the reverse).
-    virtual Status scatter(int i, std::span<const Seg> segs) = 0;
+    // most its allocation): host segments are copied before this returns, GPU ones on the ring's
+    // stream (several segments of the ring's GPU by one kernel, through the slot's GPU twin and
+    // one copy engine transfer). With `twin_only`, into the GPU twin, and no further.
+    virtual Status gather(int i, std::span<const Seg> segs, bool twin_only = false) = 0;
+    // Enqueues the scatter of slot i's pinned buffer (or with `twin_only`, its GPU twin), back
+    // to back, into `segs` (the reverse).
+    virtual Status scatter(int i, std::span<const Seg> segs, bool twin_only = false) = 0;
+    // The GPU twin of the pinned buffer (the same size; each slot's allocation at the same
+    // offset), made on first call: where a transport that takes GPU memory sends a gathered chunk
+    // from and receives one to be scattered into.
+    virtual StatusOr<uint8_t*> twin() = 0;
     // Whether the work last enqueued for slot i has finished; an error if it failed.
     virtual StatusOr<bool> ready(int i) = 0;
     // Waits for all enqueued work (before buffers it touches may be released).

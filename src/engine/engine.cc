@@ -527,6 +527,8 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
             ch.ring_mr = nullptr;
             ch.hslots_mr = nullptr;
             ch.gring_mr = nullptr;
+            ch.gtwin_mr = nullptr;
+            ch.gtwin = nullptr;
             active_ops_ -= ch.queued.size() + ch.inflight.size() + ch.finishing.size();
             ch.queued.clear();
             ch.inflight.clear();

@@ -113,6 +113,10 @@ enum class OpPath : uint8_t {
     // else through the channel's host slots, copied by the CPU
     kGather,
     kStagedGather,  // some in GPU memory: the channel's pinned gather ring (GPU copies, kernels)
+    // all in GPU memory, to a transport that takes GPU memory: gathered into (scattered from) the
+    // gather ring's GPU twin by one kernel, sent from (received into) there; over UNPACK comms
+    // the unpack kernel lands the chunk in the twin first
+    kDeviceGather,
 };
 
 // One chunk request: queued on a channel, in flight there, or (receives) finishing.
@@ -181,6 +185,8 @@ struct Channel {
     net::MemHandle* hslots_mr = nullptr;
     std::unique_ptr<cuda::CopyRing> gring;
     net::MemHandle* gring_mr = nullptr;
+    uint8_t* gtwin = nullptr;            // the gather ring's GPU twin (kDeviceGather)
+    net::MemHandle* gtwin_mr = nullptr;  // its registration with the comm, as GPU memory
     // rx: the device handle accept() gave, and for UNPACK comms the plugin's unpack queue (device
     // addresses), read on first use.
     net::DeviceHandle dev_handle;
@@ -400,6 +406,9 @@ class Endpoint::Impl {
     // The channel's host slots or gather ring, made (and registered) on first need.
     Status ensure_host_slots(Channel& ch, bool tx);
     Status ensure_gather_ring(Channel& ch, bool tx, const engine::Op& op);
+    // The gather ring with its GPU twin registered (kDeviceGather), and for receives on an
+    // UNPACK comm the plugin's unpack queue read.
+    Status ensure_gather_twin(Channel& ch, bool tx, const engine::Op& op);
     // The staging slot an op holds: whether its GPU work is done, and giving it back.
     StatusOr<bool> slot_ready(Channel& ch, const engine::Op& op);
     void release_slot(Channel& ch, const engine::Op& op);

@@ -99,12 +99,13 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             op.slot = ch.hslots->acquire(op.len);
             copy_host_segments(op, ch.hslots->slot(op.slot), /*gather=*/true);
             did = true;
-        } else if (op.path == OpPath::kStagedGather) {
-            Status st = ensure_gather_ring(ch, tx, op);
+        } else if (op.path == OpPath::kStagedGather || op.path == OpPath::kDeviceGather) {
+            const bool twin = op.path == OpPath::kDeviceGather;
+            Status st = twin ? ensure_gather_twin(ch, tx, op) : ensure_gather_ring(ch, tx, op);
             if (!st.ok()) return failed(st);
             if (!ch.gring->has_free(op.len)) break;
             op.slot = ch.gring->acquire(op.len);
-            st = ch.gring->gather(op.slot, segments(op));
+            st = ch.gring->gather(op.slot, segments(op), twin);
             if (!st.ok()) return failed(st);
             did = true;
         }
@@ -120,14 +121,18 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         // the pieces, no staging.
         const bool segments = op.path == OpPath::kGather && props_.segments;
         if (tx && ch.staged_ahead == 0) break;  // its staging slot is not free yet
-        if (op.path == OpPath::kStaged || op.path == OpPath::kStagedGather) {
-            const bool gather = op.path == OpPath::kStagedGather;
+        if (op.path == OpPath::kStaged || op.path == OpPath::kStagedGather ||
+            op.path == OpPath::kDeviceGather) {
+            const bool gather = op.path != OpPath::kStaged;
+            const bool twin = op.path == OpPath::kDeviceGather;
             if (tx) {
                 auto ready = slot_ready(ch, op);
                 if (!ready.ok()) return failed(ready.status());
                 if (!*ready) break;  // the copy into the slot is still running
             } else {
-                Status st = gather ? ensure_gather_ring(ch, tx, op) : ensure_ring(ch, tx, op);
+                Status st = twin     ? ensure_gather_twin(ch, tx, op)
+                            : gather ? ensure_gather_ring(ch, tx, op)
+                                     : ensure_ring(ch, tx, op);
                 if (!st.ok()) return failed(st);
             }
             cuda::CopyRing& ring = gather ? *ch.gring : *ch.ring;
@@ -135,8 +140,9 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 if (!ring.has_free(op.len)) break;
                 rx_slot = ring.next();
             }
-            ptr = tx ? ring.slot(op.slot) : ring.next_slot(op.len);
-            mh = gather ? ch.gring_mr : ch.ring_mr;
+            const uint64_t at = tx ? ring.offset(op.slot) : ring.next_offset(op.len);
+            ptr = twin ? ch.gtwin + at : ring.base() + at;
+            mh = twin ? ch.gtwin_mr : gather ? ch.gring_mr : ch.ring_mr;
         } else if (segments) {
             // (no memory handle: the transport needs none for segment lists)
         } else if (op.path == OpPath::kGather) {
@@ -186,7 +192,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             // (where next_slot() said: nothing was taken in between)
             if (op.path == OpPath::kGather) {
                 op.slot = ch.hslots->acquire(op.len);
-            } else if (op.path == OpPath::kStagedGather) {
+            } else if (op.path == OpPath::kStagedGather || op.path == OpPath::kDeviceGather) {
                 op.slot = ch.gring->acquire(op.len);
             } else {
                 op.slot = ch.ring->acquire(op.len);
@@ -215,6 +221,18 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             return Status();
         case OpPath::kStagedGather:
             return ch.gring->scatter(f.op.slot, segments(f.op));
+        case OpPath::kDeviceGather: {
+            uint8_t* staged = ch.gtwin + ch.gring->offset(f.op.slot);
+            if (ch.dev_handle.type == net::DeviceType::kUnpack) {
+                // The plugin's pages land in the twin first (the unpack kernel), then the scatter
+                // kernel places them: both on the slot's stream, in that order.
+                TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+                TCPX_RETURN_IF_ERROR(
+                    ch.gring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
+                                     *q.count, ch.unpack.bounce_buf, staged, f.op.len));
+            }
+            return ch.gring->scatter(f.op.slot, segments(f.op), /*twin_only=*/true);
+        }
         case OpPath::kUnpack: {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
@@ -277,12 +295,31 @@ Status Endpoint::Impl::ensure_host_slots(Channel& ch, bool tx) {
     return Status();
 }
 
+Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
+    using engine::OpPath;
+    if (ch.gtwin_mr != nullptr) return Status();
+    if (!tx && ch.dev_handle.type == net::DeviceType::kUnpack) {
+        Op probe = op;  // reads the plugin's unpack queue (and checks its GPU)
+        probe.path = OpPath::kUnpack;
+        TCPX_RETURN_IF_ERROR(ensure_ring(ch, tx, probe));
+    }
+    TCPX_RETURN_IF_ERROR(ensure_gather_ring(ch, tx, op));
+    TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, twin, ch.gring->bytes(), net::MemType::kCuda, &ch.gtwin_mr)
+            .with_context("registering the GPU gather buffer"));
+    ch.gtwin = twin;
+    return Status();
+}
+
 Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
     if (ch.gring) return Status();
-    if ((props_.ptr_support & static_cast<int>(net::MemType::kHost)) == 0) {
+    const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
+    if (op.path == engine::OpPath::kStagedGather && !takes_host) {
         return unimplemented(
-            "chunks of several GPU pieces are staged through host memory, which this transport "
-            "does not take");
+            "chunks of several pieces mixing host and GPU memory are staged through host memory, "
+            "which this transport does not take");
     }
     // On the GPU of the chunk's first GPU piece (others are copied piece by piece).
     int device = 0;
@@ -297,9 +334,11 @@ Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
     TCPX_ASSIGN_OR_RETURN(
         auto ring, cuda::device().make_ring(device, chunk_, staging_slots_,
                                             staging_slots_ * engine::kStagingRecordsPerSlot));
-    TCPX_RETURN_IF_ERROR(
-        net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr)
-            .with_context("registering the gather slots"));
+    if (takes_host) {
+        TCPX_RETURN_IF_ERROR(
+            net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr)
+                .with_context("registering the gather slots"));
+    }
     ch.gring = std::move(ring);
     return Status();
 }
@@ -310,6 +349,7 @@ StatusOr<bool> Endpoint::Impl::slot_ready(Channel& ch, const Op& op) {
         case OpPath::kGather:
             return true;  // copied by the CPU
         case OpPath::kStagedGather:
+        case OpPath::kDeviceGather:
             return ch.gring->ready(op.slot);
         default:
             return ch.ring->ready(op.slot);
@@ -323,6 +363,7 @@ void Endpoint::Impl::release_slot(Channel& ch, const Op& op) {
             ch.hslots->release(op.slot);
             break;
         case OpPath::kStagedGather:
+        case OpPath::kDeviceGather:
             ch.gring->release(op.slot);
             break;
         default:
@@ -433,6 +474,8 @@ void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
     ch.hslots_mr = nullptr;
     if (ch.gring_mr != nullptr) (void)net_->dereg_mr(comm, ch.gring_mr);
     ch.gring_mr = nullptr;
+    if (ch.gtwin_mr != nullptr) (void)net_->dereg_mr(comm, ch.gtwin_mr);
+    ch.gtwin_mr = nullptr;
 }
 
 // A region is being freed: no request uses it any more (its transfers held references), so its

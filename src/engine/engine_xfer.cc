@@ -161,11 +161,17 @@ Op Endpoint::Impl::make_op(const Channel& ch, bool tx, Xfer* x,
         op.path = path_for(ch, tx, first.region);
         return op;
     }
-    op.path = OpPath::kGather;
+    bool any_gpu = false, all_gpu = true;
     for (size_t i = cut.first; i < cut.end; ++i) {
-        const Region* r = x->pieces[i].region;
-        if (x->pieces[i].len > 0 && r->kind == MemKind::kCuda) op.path = OpPath::kStagedGather;
+        if (x->pieces[i].len == 0) continue;
+        const bool gpu = x->pieces[i].region->kind == MemKind::kCuda;
+        any_gpu = any_gpu || gpu;
+        all_gpu = all_gpu && gpu;
     }
+    const bool takes_gpu = (props_.ptr_support & static_cast<int>(net::MemType::kCuda)) != 0;
+    op.path = !any_gpu               ? OpPath::kGather
+              : all_gpu && takes_gpu ? OpPath::kDeviceGather
+                                     : OpPath::kStagedGather;
     return op;
 }
 

@@ -1,5 +1,6 @@
 #include "tests/support/host_device.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -17,7 +18,13 @@ class HostCopyRing final : public cuda::CopyRing {
         : CopyRing(device, slot_bytes, slots, records, alloc(slot_bytes, slots)),
           dev_(dev),
           failed_(static_cast<size_t>(records)) {}
-    ~HostCopyRing() override { delete[] base(); }
+    ~HostCopyRing() override {
+        delete[] base();
+        if (twin_ != nullptr) {
+            dev_->forget(twin_);
+            std::free(twin_);
+        }
+    }
 
     Status copy_in(int i, const void* src, size_t len) override {
         TCPX_RETURN_IF_ERROR(check_slot(i, len));
@@ -64,11 +71,23 @@ class HostCopyRing final : public cuda::CopyRing {
     }
 
     // As CUDA's ring: host segments now, "device" ones when the work runs.
-    Status gather(int i, std::span<const cuda::Seg> segs) override {
-        return move_segments(i, segs, true);
+    Status gather(int i, std::span<const cuda::Seg> segs, bool twin_only) override {
+        return move_segments(i, segs, true, twin_only);
     }
-    Status scatter(int i, std::span<const cuda::Seg> segs) override {
-        return move_segments(i, segs, false);
+    Status scatter(int i, std::span<const cuda::Seg> segs, bool twin_only) override {
+        return move_segments(i, segs, false, twin_only);
+    }
+    // "Device" memory of the ring's GPU, declared as such, poisoned like the pinned buffer.
+    StatusOr<uint8_t*> twin() override {
+        if (twin_ == nullptr) {
+            if (bytes() == 0) return internal_error("twin of a ring without a buffer");
+            const size_t n = (bytes() + 4095) & ~size_t{4095};
+            twin_ = static_cast<uint8_t*>(std::aligned_alloc(4096, n));
+            if (twin_ == nullptr) return internal_error("twin: out of memory");
+            std::memset(twin_, 0xdb, n);
+            dev_->declare(twin_, n, device());
+        }
+        return twin_;
     }
 
     StatusOr<bool> ready(int i) override {
@@ -117,7 +136,7 @@ class HostCopyRing final : public cuda::CopyRing {
         return Status();
     }
 
-    Status move_segments(int i, std::span<const cuda::Seg> segs, bool gather) {
+    Status move_segments(int i, std::span<const cuda::Seg> segs, bool gather, bool twin_only) {
         uint64_t total = 0;
         for (const cuda::Seg& seg : segs) {
             if (seg.device >= 0 && !dev_->is_device_range(seg.ptr, seg.len)) {
@@ -126,13 +145,14 @@ class HostCopyRing final : public cuda::CopyRing {
             total += seg.len;
         }
         TCPX_RETURN_IF_ERROR(check_slot(i, total));
-        uint8_t* pinned = slot(i);
+        if (twin_only && twin_ == nullptr) return internal_error("twin used before it was made");
+        uint8_t* pinned = twin_only ? twin_ + offset(i) : slot(i);
         std::vector<cuda::Seg> later;
         uint64_t at = 0;
         for (const cuda::Seg& seg : segs) {
             uint8_t* dst = gather ? pinned + at : seg.ptr;
             const uint8_t* src = gather ? seg.ptr : pinned + at;
-            if (seg.device < 0) {
+            if (seg.device < 0 && !twin_only) {
                 std::memcpy(dst, src, seg.len);
             } else {
                 later.push_back(cuda::Seg{pinned + at, seg.len, seg.device});
@@ -170,6 +190,7 @@ class HostCopyRing final : public cuda::CopyRing {
     }
 
     HostDevice* const dev_;
+    uint8_t* twin_ = nullptr;
     std::deque<Work> queue_;
     std::vector<bool> failed_;
 };
