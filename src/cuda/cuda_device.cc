@@ -61,7 +61,7 @@ class CudaCopyRing final : public CopyRing {
         if (flags_ != nullptr) cudaFreeHost(flags_);
         if (host_copies_ != nullptr) cudaFreeHost(host_copies_);
         if (device_copies_ != nullptr) cudaFree(device_copies_);
-        if (device_slots_ != nullptr) cudaFree(device_slots_);
+        if (device_slots_raw_ != nullptr) cudaFree(device_slots_raw_);
         if (host_lists_ != nullptr) cudaFreeHost(host_lists_);
         if (device_lists_ != nullptr) cudaFree(device_lists_);
         if (base() != nullptr) cudaFreeHost(base());
@@ -214,8 +214,11 @@ class CudaCopyRing final : public CopyRing {
         void* slots_mem = nullptr;
         TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, list_bytes, cudaHostAllocDefault),
                                          "allocating gather lists"));
+        // The twin starts on a 4 KiB page: transports register GPU memory by whole pages
+        // (Google's TCPX refuses another start), and cudaMalloc aligns small blocks less.
+        constexpr size_t kPage = 4096;
         if (cudaMalloc(&d, list_bytes) != cudaSuccess ||
-            cudaMalloc(&slots_mem, bytes()) != cudaSuccess) {
+            cudaMalloc(&slots_mem, ((bytes() + kPage - 1) & ~(kPage - 1)) + kPage) != cudaSuccess) {
             cudaGetLastError();
             cudaFreeHost(h);
             if (d != nullptr) cudaFree(d);
@@ -224,7 +227,9 @@ class CudaCopyRing final : public CopyRing {
         }
         host_copies_ = static_cast<CopyEntry*>(h);
         device_copies_ = static_cast<CopyEntry*>(d);
-        device_slots_ = static_cast<uint8_t*>(slots_mem);
+        device_slots_raw_ = slots_mem;
+        device_slots_ = reinterpret_cast<uint8_t*>(
+            (reinterpret_cast<uintptr_t>(slots_mem) + kPage - 1) & ~uintptr_t{kPage - 1});
         return Status();
     }
 
@@ -315,7 +320,8 @@ class CudaCopyRing final : public CopyRing {
     SlotList* device_lists_ = nullptr;
     CopyEntry* host_copies_ = nullptr;  // per slot, copy_capacity() entries
     CopyEntry* device_copies_ = nullptr;
-    uint8_t* device_slots_ = nullptr;  // each slot's GPU twin, for kernel gathers and scatters
+    uint8_t* device_slots_ = nullptr;   // each slot's GPU twin, for kernel gathers and scatters
+    void* device_slots_raw_ = nullptr;  // as allocated (device_slots_ is page-aligned in it)
 };
 
 class CudaDevice final : public Device {

@@ -77,9 +77,9 @@ class CopyRing : public SlotFifo {
     // Enqueues the scatter of slot i's pinned buffer (or with `twin_only`, its GPU twin), back
     // to back, into `segs` (the reverse).
     virtual Status scatter(int i, std::span<const Seg> segs, bool twin_only = false) = 0;
-    // The GPU twin of the pinned buffer (the same size; each slot's allocation at the same
-    // offset), made on first call: where a transport that takes GPU memory sends a gathered chunk
-    // from and receives one to be scattered into.
+    // The GPU twin of the pinned buffer (the same size rounded up to whole 4 KiB pages, starting
+    // on one; each slot's allocation at the same offset), made on first call: where a transport
+    // that takes GPU memory sends a gathered chunk from and receives one to be scattered into.
     virtual StatusOr<uint8_t*> twin() = 0;
     // Whether the work last enqueued for slot i has finished; an error if it failed.
     virtual StatusOr<bool> ready(int i) = 0;

@@ -306,9 +306,9 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(ensure_gather_ring(ch, tx, op));
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    TCPX_RETURN_IF_ERROR(
-        net_->reg_mr(comm, twin, ch.gring->bytes(), net::MemType::kCuda, &ch.gtwin_mr)
-            .with_context("registering the GPU gather buffer"));
+    TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, twin, (ch.gring->bytes() + 4095) & ~size_t{4095},
+                                      net::MemType::kCuda, &ch.gtwin_mr)
+                             .with_context("registering the GPU gather buffer"));
     ch.gtwin = twin;
     return Status();
 }
