@@ -253,6 +253,18 @@ int main(int argc, char** argv) {
                          3,
                          nsocks,
                          0};
+    // Piece lists: a chunk size, then lengths (KV blocks; large and small mixed with empties).
+    {
+        std::string kv = raw(uint64_t{4} << 20);
+        for (int i = 0; i < 300; ++i) kv += raw(uint64_t{32} << 10);
+        put("fuzz_packer", "kv_blocks", kv);
+        std::string mixed = raw(uint64_t{65536});
+        for (uint64_t len : {uint64_t{0}, uint64_t{1}, uint64_t{65535}, uint64_t{65536},
+                             uint64_t{65537}, uint64_t{0}, uint64_t{300000}, uint64_t{7}}) {
+            mixed += raw(len);
+        }
+        put("fuzz_packer", "mixed", mixed);
+    }
     put("fuzz_socket_hello", "control", raw(control) + raw(accepted) + raw(nonce) + raw(nsocks));
     put("fuzz_socket_hello", "data", raw(data) + raw(refused) + raw(nonce) + raw(nsocks));
     return 0;
