@@ -409,9 +409,11 @@ class Endpoint::Impl {
     // The gather ring with its GPU twin registered (kDeviceGather), and for receives on an
     // UNPACK comm the plugin's unpack queue read.
     Status ensure_gather_twin(Channel& ch, bool tx, const engine::Op& op);
-    // The staging slot an op holds: whether its GPU work is done, and giving it back.
+    // The staging an op's path uses (made already): its GPU ring, its slots (host or ring), and
+    // whether the work on the slot the op holds is done.
+    cuda::CopyRing& ring_for(Channel& ch, const engine::Op& op);
+    SlotFifo& slots_for(Channel& ch, const engine::Op& op);
     StatusOr<bool> slot_ready(Channel& ch, const engine::Op& op);
-    void release_slot(Channel& ch, const engine::Op& op);
     StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
                                      uint64_t scratch_len);
     // The channel's copy ring for `op` (a GPU op), made on first need.

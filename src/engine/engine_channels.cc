@@ -54,7 +54,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         if (tx) {
             // The transport is done with the bytes: a staging slot can take the next chunk.
-            if (f.op.slot >= 0) release_slot(ch, f.op);
+            if (f.op.slot >= 0) slots_for(ch, f.op).release(f.op.slot);
             op_done(f.op);
             continue;
         }
@@ -70,7 +70,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             auto ready = slot_ready(ch, f.op);
             if (!ready.ok()) return failed(ready.status());
             if (!*ready) break;
-            release_slot(ch, f.op);
+            slots_for(ch, f.op).release(f.op.slot);
         }
         ch.finishing.pop_front();
         ch.last_progress = Clock::now();
@@ -135,7 +135,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                                      : ensure_ring(ch, tx, op);
                 if (!st.ok()) return failed(st);
             }
-            cuda::CopyRing& ring = gather ? *ch.gring : *ch.ring;
+            cuda::CopyRing& ring = ring_for(ch, op);
             if (!tx) {
                 if (!ring.has_free(op.len)) break;
                 rx_slot = ring.next();
@@ -188,16 +188,8 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         if (!st.ok()) return failed(st);
         if (req == nullptr) break;  // the transport is full: later
-        if (rx_slot >= 0) {
-            // (where next_slot() said: nothing was taken in between)
-            if (op.path == OpPath::kGather) {
-                op.slot = ch.hslots->acquire(op.len);
-            } else if (op.path == OpPath::kStagedGather || op.path == OpPath::kDeviceGather) {
-                op.slot = ch.gring->acquire(op.len);
-            } else {
-                op.slot = ch.ring->acquire(op.len);
-            }
-        }
+        // (where next_offset() said: nothing was taken in between)
+        if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(op.len);
         if (op.region == nullptr) ch.scratch_busy = true;
         if (ch.inflight.empty()) ch.last_progress = Clock::now();
         ch.inflight.push_back(Channel::InFlight{op, req});
@@ -314,13 +306,15 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
 }
 
 Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
-    if (ch.gring) return Status();
+    // Checked for every such chunk, not only the first: the ring may have been made for chunks
+    // of GPU pieces only (kDeviceGather), with its pinned buffer left unregistered.
     const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
     if (op.path == engine::OpPath::kStagedGather && !takes_host) {
         return unimplemented(
             "chunks of several pieces mixing host and GPU memory are staged through host memory, "
             "which this transport does not take");
     }
+    if (ch.gring) return Status();
     // On the GPU of the chunk's first GPU piece (others are copied piece by piece).
     int device = 0;
     for (uint32_t i = op.first; i < op.end; ++i) {
@@ -343,33 +337,20 @@ Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
     return Status();
 }
 
-StatusOr<bool> Endpoint::Impl::slot_ready(Channel& ch, const Op& op) {
+cuda::CopyRing& Endpoint::Impl::ring_for(Channel& ch, const Op& op) {
     using engine::OpPath;
-    switch (op.path) {
-        case OpPath::kGather:
-            return true;  // copied by the CPU
-        case OpPath::kStagedGather:
-        case OpPath::kDeviceGather:
-            return ch.gring->ready(op.slot);
-        default:
-            return ch.ring->ready(op.slot);
-    }
+    const bool gather = op.path == OpPath::kStagedGather || op.path == OpPath::kDeviceGather;
+    return gather ? *ch.gring : *ch.ring;
 }
 
-void Endpoint::Impl::release_slot(Channel& ch, const Op& op) {
-    using engine::OpPath;
-    switch (op.path) {
-        case OpPath::kGather:
-            ch.hslots->release(op.slot);
-            break;
-        case OpPath::kStagedGather:
-        case OpPath::kDeviceGather:
-            ch.gring->release(op.slot);
-            break;
-        default:
-            ch.ring->release(op.slot);
-            break;
-    }
+SlotFifo& Endpoint::Impl::slots_for(Channel& ch, const Op& op) {
+    if (op.path == engine::OpPath::kGather) return *ch.hslots;
+    return ring_for(ch, op);
+}
+
+StatusOr<bool> Endpoint::Impl::slot_ready(Channel& ch, const Op& op) {
+    if (op.path == engine::OpPath::kGather) return true;  // copied by the CPU
+    return ring_for(ch, op).ready(op.slot);
 }
 
 Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {

@@ -89,6 +89,17 @@ bool read_message(int fd, wire::Header* h, std::string* body,
     return true;
 }
 
+// Reads messages until the peer's WRITE_ACK (heartbeats skipped) and decodes it; `ack` views
+// into `body`. False on EOF, timeout, another message or a malformed acknowledgement.
+bool read_write_ack(int fd, std::string* body, wire::WriteAck* ack) {
+    wire::Header h;
+    do {
+        if (!read_message(fd, &h, body)) return false;
+    } while (h.type == static_cast<uint16_t>(wire::MsgType::kPing));
+    return h.type == static_cast<uint16_t>(wire::MsgType::kWriteAck) &&
+           wire::decode_write_ack(*body, ack).ok();
+}
+
 // A socket-transport handle naming `host:port` (what a peer's HELLO carries).
 net::Handle socket_handle(const char* host, uint16_t port, uint16_t nsocks = 2) {
     net::wire::HandleBlob blob{};
@@ -425,15 +436,9 @@ TEST(EngineHostile, ARefusedWriteWithinTheDrainBoundIsDrainedAndAnswered) {
     wire::end_message(&msg);
     send_all(raw.fd(), msg);
     ASSERT_TRUE(raw.send_data(1 << 20));
-    wire::Header h;
     std::string body;
-    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-    while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
-        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-    }
-    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
     wire::WriteAck ack;
-    ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+    ASSERT_TRUE(read_write_ack(raw.fd(), &body, &ack));
     EXPECT_EQ(ack.xfer, 7u);
     EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kNotFound);
     EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a drained refusal failed the peer";
@@ -467,15 +472,9 @@ TEST(EngineHostile, ARefusedWriteOfManyPiecesIsDrainedByThePackingRule) {
     const std::vector<uint64_t> lens = packed_chunk_lengths(req.segs);
     ASSERT_EQ(lens.size(), 4u);  // 262 pieces to a 256 KiB chunk
     ASSERT_TRUE(raw.send_chunks(lens));
-    wire::Header h;
     std::string body;
-    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-    while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
-        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-    }
-    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
     wire::WriteAck ack;
-    ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+    ASSERT_TRUE(read_write_ack(raw.fd(), &body, &ack));
     EXPECT_EQ(ack.xfer, 8u);
     EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kNotFound);
     EXPECT_NE(std::string(ack.result.message).find("piece 0"), std::string::npos);
@@ -534,15 +533,9 @@ TEST(EngineHostile, AWriteCutByItsOwnChunkSizeLandsAndALargerOneFailsThePeer) {
         wire::end_message(&msg);
         send_all(raw.fd(), msg);
         ASSERT_TRUE(raw.send_chunks(std::vector<uint64_t>(16, 64 * 1024)));
-        wire::Header h;
         std::string body;
-        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-        while (h.type == static_cast<uint16_t>(wire::MsgType::kPing)) {
-            ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-        }
-        ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kWriteAck));
         wire::WriteAck ack;
-        ASSERT_TRUE(wire::decode_write_ack(body, &ack).ok());
+        ASSERT_TRUE(read_write_ack(raw.fd(), &body, &ack));
         EXPECT_EQ(static_cast<StatusCode>(ack.result.code), StatusCode::kOk) << ack.result.message;
         EXPECT_EQ(std::count(mem.begin(), mem.end(), 'x'), static_cast<long>(mem.size()));
     }

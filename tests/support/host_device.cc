@@ -147,29 +147,25 @@ class HostCopyRing final : public cuda::CopyRing {
         TCPX_RETURN_IF_ERROR(check_slot(i, total));
         if (twin_only && twin_ == nullptr) return internal_error("twin used before it was made");
         uint8_t* pinned = twin_only ? twin_ + offset(i) : slot(i);
-        std::vector<cuda::Seg> later;
+        // Host pieces now; "device" copies (every copy into or out of the twin) when the work runs.
+        struct Copy {
+            uint8_t* dst;
+            const uint8_t* src;
+            uint64_t len;
+        };
+        std::vector<Copy> later;
         uint64_t at = 0;
         for (const cuda::Seg& seg : segs) {
-            uint8_t* dst = gather ? pinned + at : seg.ptr;
-            const uint8_t* src = gather ? seg.ptr : pinned + at;
+            const Copy c{gather ? pinned + at : seg.ptr, gather ? seg.ptr : pinned + at, seg.len};
             if (seg.device < 0 && !twin_only) {
-                std::memcpy(dst, src, seg.len);
+                std::memcpy(c.dst, c.src, c.len);
             } else {
-                later.push_back(cuda::Seg{pinned + at, seg.len, seg.device});
-                later.push_back(seg);
+                later.push_back(c);
             }
             at += seg.len;
         }
-        enqueue(i, [later = std::move(later), gather]() {
-            for (size_t k = 0; k + 1 < later.size(); k += 2) {
-                const cuda::Seg& staged = later[k];
-                const cuda::Seg& piece = later[k + 1];
-                if (gather) {
-                    std::memcpy(staged.ptr, piece.ptr, piece.len);
-                } else {
-                    std::memcpy(piece.ptr, staged.ptr, piece.len);
-                }
-            }
+        enqueue(i, [later = std::move(later)]() {
+            for (const Copy& c : later) std::memcpy(c.dst, c.src, c.len);
             return true;
         });
         dev_->count_ring_work(false);

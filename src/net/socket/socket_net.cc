@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <type_traits>
 
 #include "common/log.h"
 #include "common/random.h"
@@ -622,46 +623,57 @@ Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
 
 // --- data path -----------------------------------------------------------------------------------
 
-Status SocketNet::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
-                        Request** request) {
-    auto* c = reinterpret_cast<socket_internal::SendComm*>(comm);
-    if (c == nullptr || request == nullptr) return invalid_argument("isend: null comm or request");
-    if (c->kind() != Comm::kSendKind) return invalid_argument("isend: not a send comm");
-    socket_internal::SendReq* req = nullptr;
-    Status st = c->isend(data, size, tag, &req);
+namespace {
+
+// What every posting entry point checks before `post` runs on the comm, and the request it made
+// (none: no room) handed out as a net::Request.
+template <typename CommT, typename ReqT, typename Post>
+Status post_on(void* comm, const char* what, Request** request, Post post) {
+    auto* c = reinterpret_cast<CommT*>(comm);
+    if (c == nullptr || request == nullptr) {
+        return invalid_argument(strformat("%s: null comm or request", what));
+    }
+    constexpr bool kSend = std::is_same_v<CommT, socket_internal::SendComm>;
+    if (c->kind() != (kSend ? Comm::kSendKind : Comm::kRecvKind)) {
+        return invalid_argument(strformat("%s: not a %s comm", what, kSend ? "send" : "receive"));
+    }
+    ReqT* req = nullptr;
+    Status st = post(c, &req);
     *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
     return st;
+}
+
+using socket_internal::RecvReq;
+using socket_internal::SendReq;
+using SendC = socket_internal::SendComm;
+using RecvC = socket_internal::RecvComm;
+
+}  // namespace
+
+Status SocketNet::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
+                        Request** request) {
+    return post_on<SendC, SendReq>(comm, "isend", request, [&](SendC* c, SendReq** req) {
+        return c->isend(data, size, tag, req);
+    });
 }
 
 Status SocketNet::irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
                         const int* tags, MemHandle* const* mhandles, Request** request) {
-    auto* c = reinterpret_cast<socket_internal::RecvComm*>(comm);
-    if (c == nullptr || request == nullptr) return invalid_argument("irecv: null comm or request");
-    if (c->kind() != Comm::kRecvKind) return invalid_argument("irecv: not a receive comm");
-    socket_internal::RecvReq* req = nullptr;
-    Status st = c->irecv(n, data, sizes, tags, &req);
-    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
-    return st;
+    return post_on<RecvC, RecvReq>(comm, "irecv", request, [&](RecvC* c, RecvReq** req) {
+        return c->irecv(n, data, sizes, tags, req);
+    });
 }
 
 Status SocketNet::isendv(SendComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
-    auto* c = reinterpret_cast<socket_internal::SendComm*>(comm);
-    if (c == nullptr || request == nullptr) return invalid_argument("isendv: null comm or request");
-    if (c->kind() != Comm::kSendKind) return invalid_argument("isendv: not a send comm");
-    socket_internal::SendReq* req = nullptr;
-    Status st = c->isendv(segs, tag, &req);
-    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
-    return st;
+    return post_on<SendC, SendReq>(comm, "isendv", request, [&](SendC* c, SendReq** req) {
+        return c->isendv(segs, tag, req);
+    });
 }
 
 Status SocketNet::irecvv(RecvComm* comm, std::span<const IoSeg> segs, int tag, Request** request) {
-    auto* c = reinterpret_cast<socket_internal::RecvComm*>(comm);
-    if (c == nullptr || request == nullptr) return invalid_argument("irecvv: null comm or request");
-    if (c->kind() != Comm::kRecvKind) return invalid_argument("irecvv: not a receive comm");
-    socket_internal::RecvReq* req = nullptr;
-    Status st = c->irecvv(segs, tag, &req);
-    *request = req ? reinterpret_cast<Request*>(static_cast<ReqBase*>(req)) : nullptr;
-    return st;
+    return post_on<RecvC, RecvReq>(comm, "irecvv", request, [&](RecvC* c, RecvReq** req) {
+        return c->irecvv(segs, tag, req);
+    });
 }
 
 Status SocketNet::test(Request* request, bool* done, size_t* sizes) {
