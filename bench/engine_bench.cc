@@ -69,7 +69,7 @@ StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
     if (!o.chunk.empty()) TCPX_RETURN_IF_ERROR(c.set("XFER_CHUNK_SIZE", o.chunk));
     if (!o.window.empty()) TCPX_RETURN_IF_ERROR(c.set("WINDOW", o.window));
     TCPX_RETURN_IF_ERROR(c.validate());
-    return c;
+    return c.effective();  // what runs, so that the header and the raw baseline match it
 }
 
 // --- patterns for --verify ---------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/machine.h"
 #include "common/params.h"
 #include "common/socket.h"
 #include "common/strings.h"
@@ -292,7 +293,12 @@ int run_doctor(const DoctorOptions& options) {
     } else {
         r.add("settings", "TCPX_P2P_*", "valid");
     }
-    const Config c = config.ok() ? *config : Config();
+    // As the endpoints will run: automatic values chosen for this machine's cores.
+    const Config c = (config.ok() ? *config : Config()).effective();
+    r.add("settings", "as run here",
+          strformat("%d usable cores: NSOCKS %lld, IO_THREADS %lld, CHANNELS %lld", usable_cores(),
+                    static_cast<long long>(c.nsocks), static_cast<long long>(c.io_threads),
+                    static_cast<long long>(c.channels)));
     check_limits(r, c);
     check_interfaces(r, c);
     check_gpus(r);

@@ -127,9 +127,10 @@ nixl_status_t to_nixl(const Status& st) {
 }
 
 nixl_b_params_t TcpxBackend::default_params() {
-    // The engine's own defaults, so that what the plugin advertises is what runs: applications
-    // often create the backend with exactly these (NIXL's getPluginParams).
-    const Config d;
+    // The engine's own defaults as this machine runs them (automatic values resolved), so that
+    // what the plugin advertises is what runs: applications often create the backend with
+    // exactly these (NIXL's getPluginParams).
+    const Config d = Config{}.effective();
     return {
         {"channels", std::to_string(d.channels)},
         {"nsocks", std::to_string(d.nsocks)},

@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/machine.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 
@@ -220,6 +222,22 @@ Status Settings::validate() const {
     }
     return Status();
 }
+
+Settings with_machine_defaults(Settings s, int64_t cores) {
+    cores = std::max<int64_t>(cores, 1);
+    // One I/O thread per core, up to 16: past that, more threads only add wakeups.
+    if (s.io_threads == 0) s.io_threads = std::min<int64_t>(cores, 16);
+    // Half the cores, 2 to 8 sockets: 8 streams are what a 200 Gb/s NIC needs over one
+    // connection, and on a small machine each socket is one more flow the cores must serve
+    // (measured in docs/benchmarking.md, "Defaults that fit the machine").
+    if (s.nsocks == 0) s.nsocks = std::clamp<int64_t>(cores / 2, 2, 8);
+    // A second channel gives GPU staging copies and the wire two independent pipelines, which
+    // pays where there are cores to drive them.
+    if (s.channels == 0) s.channels = cores >= 16 ? 2 : 1;
+    return s;
+}
+
+Settings Settings::effective() const { return with_machine_defaults(*this, usable_cores()); }
 
 StatusOr<Settings> Settings::from_env() {
     Settings settings;

@@ -34,6 +34,11 @@ struct ParamInfo {
     std::string_view doc;
 };
 
+// `s` with its automatic values (0 for NSOCKS, IO_THREADS, CHANNELS) chosen for a machine of
+// `cores` usable CPUs; explicit values are kept. Config::effective() applies it with this
+// machine's count (usable_cores()).
+Settings with_machine_defaults(Settings s, int64_t cores);
+
 // The table, in declaration order.
 std::span<const ParamInfo> param_table();
 

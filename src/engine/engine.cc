@@ -49,9 +49,10 @@ StatusOr<std::unique_ptr<Endpoint::Impl>> Endpoint::Impl::create(const Config& c
     return impl;
 }
 
-Status Endpoint::Impl::init(const Config& config, std::string name) {
-    TCPX_RETURN_IF_ERROR(config.validate());
-    config_ = config;
+Status Endpoint::Impl::init(const Config& requested, std::string name) {
+    TCPX_RETURN_IF_ERROR(requested.validate());
+    config_ = requested.effective();
+    const Config& config = config_;
     if (name.size() > wire::kMaxName) {
         return invalid_argument(
             strformat("endpoint name of %zu bytes exceeds %zu", name.size(), wire::kMaxName));

@@ -272,7 +272,7 @@ TEST(DoctorCli, WhatWouldStopARunIsAProblemWithAFix) {
         {{{"TCPX_P2P_NET_PLUGIN", TCPX_FAKE_TCPX_PATH},
           {"TCPX_P2P_PLUGIN_PROBE_PATH", "/nonexistent/tcpx-p2p-probe"}},
          "plugin probe"},
-        {{{"TCPX_P2P_NSOCKS", "0"}}, "TCPX_P2P_NSOCKS"},
+        {{{"TCPX_P2P_NSOCKS", "65"}}, "TCPX_P2P_NSOCKS"},
         {{{"TCPX_P2P_SOCKET_IFNAME", "=no-such-interface0"}}, "none usable"},
     };
     for (const Case& c : cases) {

@@ -752,7 +752,7 @@ TEST(NetSettings, InvalidSettingsAreErrors) {
     EXPECT_NE(net.status().message().find("no-such-interface0"), std::string::npos)
         << net.status().to_string();
     s = loopback_settings();
-    s.nsocks = 0;
+    s.nsocks = 65;  // (0 is automatic: Config::effective)
     EXPECT_FALSE(net::SocketNet::create(s).ok());
     s = loopback_settings();
     s.min_chunk_size = 1 << 20;

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/machine.h"
+
 #ifndef TCPX_SOURCE_DIR
 #error "TCPX_SOURCE_DIR must be defined"
 #endif
@@ -41,9 +43,44 @@ class ScopedEnv {
 TEST(Params, DefaultsAreValid) {
     Settings s;
     EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
-    EXPECT_EQ(s.nsocks, 8);
+    EXPECT_EQ(s.nsocks, 0);  // automatic: effective() chooses
+    EXPECT_EQ(s.channels, 0);
+    EXPECT_EQ(s.io_threads, 0);
     EXPECT_EQ(s.chunk_size, 512u * 1024);
     EXPECT_EQ(s.log_level, "warn");
+}
+
+// The automatic values follow the machine's cores, stay in their ranges, and never replace an
+// explicit value.
+TEST(Params, AutomaticValuesFollowTheCores) {
+    struct Want {
+        int64_t cores, io_threads, nsocks, channels;
+    };
+    for (const Want& w : {Want{1, 1, 2, 1}, Want{2, 2, 2, 1}, Want{4, 4, 2, 1}, Want{8, 8, 4, 1},
+                          Want{16, 16, 8, 2}, Want{208, 16, 8, 2}, Want{0, 1, 2, 1}}) {
+        const Settings s = with_machine_defaults(Settings{}, w.cores);
+        EXPECT_EQ(s.io_threads, w.io_threads) << w.cores << " cores";
+        EXPECT_EQ(s.nsocks, w.nsocks) << w.cores << " cores";
+        EXPECT_EQ(s.channels, w.channels) << w.cores << " cores";
+        EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+    }
+    Settings mine;
+    mine.io_threads = 3;
+    mine.nsocks = 5;
+    mine.channels = 7;
+    for (int64_t cores : {1, 2, 64}) {
+        const Settings s = with_machine_defaults(mine, cores);
+        EXPECT_EQ(s.io_threads, 3);
+        EXPECT_EQ(s.nsocks, 5);
+        EXPECT_EQ(s.channels, 7);
+    }
+    // effective() is the rule applied to this process's usable cores.
+    const Settings here = Settings{}.effective();
+    const Settings rule = with_machine_defaults(Settings{}, usable_cores());
+    EXPECT_EQ(here.nsocks, rule.nsocks);
+    EXPECT_EQ(here.io_threads, rule.io_threads);
+    EXPECT_EQ(here.channels, rule.channels);
+    EXPECT_GE(usable_cores(), 1);
 }
 
 TEST(Params, SizesAcceptUnits) {
@@ -70,7 +107,7 @@ TEST(Params, SetByNameParsesAndChecksRanges) {
     EXPECT_EQ(s.nsocks, 5);
     EXPECT_TRUE(s.set("nsocks", "6").ok());
     EXPECT_EQ(s.nsocks, 6);
-    Status st = s.set("NSOCKS", "0");
+    Status st = s.set("NSOCKS", "65");
     EXPECT_EQ(st.code(), StatusCode::kOutOfRange);
     EXPECT_NE(st.message().find("TCPX_P2P_NSOCKS"), std::string::npos) << st.to_string();
     EXPECT_EQ(s.nsocks, 6) << "a rejected value must not be stored";

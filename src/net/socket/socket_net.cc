@@ -147,8 +147,9 @@ struct SocketNet::ConnectState {
     Clock::time_point deadline;
 };
 
-StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& settings) {
-    TCPX_RETURN_IF_ERROR(settings.validate());
+StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& requested) {
+    TCPX_RETURN_IF_ERROR(requested.validate());
+    const Settings settings = requested.effective();
     AddressFamily family = AddressFamily::kAny;
     if (!parse_address_family(settings.socket_family, &family)) {
         return invalid_argument("TCPX_P2P_SOCKET_FAMILY: '" + settings.socket_family +
@@ -158,10 +159,7 @@ StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& settings)
     if (!devices.ok()) {
         return Status(devices.status()).with_context("socket transport: choosing interfaces");
     }
-    int threads = static_cast<int>(settings.io_threads);
-    if (threads == 0) {
-        threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
-    }
+    const int threads = static_cast<int>(settings.io_threads);
     TCPX_ASSIGN_OR_RETURN(auto pool, IoPool::create(threads));
     std::string names;
     for (const auto& d : *devices) names += " " + d.name + "=" + d.address.host_string();
