@@ -496,16 +496,16 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
                                         const std::function<StatusOr<double>(uint64_t)>& timed,
                                         const CpuClock& cpu) {
     // Every run between two readings of both sides' CPU clocks: the last run's is the figure.
-    double cpu_seconds = 0;
+    CpuTimes used;
     auto run = [&](uint64_t count) -> StatusOr<double> {
-        double before = 0;
+        CpuTimes before;
         if (cpu) {
             TCPX_ASSIGN_OR_RETURN(before, cpu());
         }
         TCPX_ASSIGN_OR_RETURN(double seconds, timed(count));
         if (cpu) {
-            TCPX_ASSIGN_OR_RETURN(double after, cpu());
-            cpu_seconds = after - before;
+            TCPX_ASSIGN_OR_RETURN(CpuTimes after, cpu());
+            used = CpuTimes{after.here - before.here, after.peer - before.peer};
         }
         return seconds;
     };
@@ -534,7 +534,8 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
     out.iters = count;
     out.seconds = seconds;
     out.gbps = static_cast<double>(bytes_per_iter) * static_cast<double>(count) / seconds / 1e9;
-    out.cpu_seconds = cpu_seconds;
+    out.cpu_seconds = used.here + used.peer;
+    out.peer_cpu_seconds = used.peer;
     return out;
 }
 

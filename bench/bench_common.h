@@ -227,8 +227,10 @@ struct Throughput {
     uint64_t iters = 0;
     double seconds = 0;
     // CPU seconds (user + system, every thread) that both sides, initiator and target, spent in
-    // the measured run; 0 where not measured.
+    // the measured run; 0 where not measured. peer_cpu_seconds: the part of it spent by the
+    // target's process when that is another process (0 when both sides share one).
     double cpu_seconds = 0;
+    double peer_cpu_seconds = 0;
 };
 
 // CPU seconds per GB (10^9 bytes) moved; 0 where not measured.
@@ -255,9 +257,13 @@ struct Calibration {
 // (CLOCK_PROCESS_CPUTIME_ID).
 double process_cpu_seconds();
 
-// Both sides' CPU seconds so far: this process's, plus the peer's when it is another process
-// (which reports its own over the command channel, "cpu" -> "cpu <seconds>").
-using CpuClock = std::function<StatusOr<double>()>;
+// CPU seconds so far of this process and of the peer's process (0 when the peer is a thread
+// here: this process's time covers it).
+struct CpuTimes {
+    double here = 0;
+    double peer = 0;
+};
+using CpuClock = std::function<StatusOr<CpuTimes>()>;
 
 // The peer process's CPU seconds so far ("cpu" -> "cpu <seconds>").
 StatusOr<double> peer_cpu_seconds(Peer* peer);

@@ -295,11 +295,12 @@ class EngineInitiator {
 
     // Both sides' CPU seconds so far: the targets are threads of this process (--procs 1) or
     // another process, which reports its own.
-    StatusOr<double> cpu_seconds() {
-        const double mine = process_cpu_seconds();
-        if (o_.processes == 1) return mine;
-        TCPX_ASSIGN_OR_RETURN(double theirs, peer_cpu_seconds(peer_));
-        return mine + theirs;
+    StatusOr<CpuTimes> cpu_seconds() {
+        CpuTimes t;
+        t.here = process_cpu_seconds();
+        if (o_.processes == 1) return t;
+        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
+        return t;
     }
 
     Status setup() {
@@ -853,6 +854,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
                   {"transfers", t.iters * static_cast<uint64_t>(npeers)},
                   {"seconds", t.seconds},
                   {"cpu_seconds", t.cpu_seconds},
+                  {"cpu_seconds_target_process", t.peer_cpu_seconds},
                   {"cpu_s_per_gb", cpu_per_gb(t)}};
         if (npeers > 1) j["transfers_per_peer"] = t.iters;
         return j;

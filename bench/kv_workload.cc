@@ -241,6 +241,7 @@ nlohmann::json kv_row_json(const KvRow& r) {
                     {"seconds", t.seconds},
                     {"ms_per_request", ms_per(t)},
                     {"cpu_seconds", t.cpu_seconds},
+                    {"cpu_seconds_target_process", t.peer_cpu_seconds},
                     {"cpu_s_per_gb", cpu_per_gb(t)}};
     };
     json j = {{"op", r.op}, {"mem", r.mem}};

@@ -551,10 +551,11 @@ class Initiator {
     }
 
     // Both sides' CPU seconds so far (the target is the other process: it reports its own).
-    StatusOr<double> cpu_seconds() {
-        const double mine = process_cpu_seconds();
-        TCPX_ASSIGN_OR_RETURN(double theirs, peer_cpu_seconds(peer_));
-        return mine + theirs;
+    StatusOr<CpuTimes> cpu_seconds() {
+        CpuTimes t;
+        t.here = process_cpu_seconds();
+        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
+        return t;
     }
 
     // --kv: one request per KV request of the workload (its every piece a descriptor, local
@@ -932,6 +933,7 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
             j["requests"] = r.tp.iters * static_cast<uint64_t>(r.depth);
             j["seconds"] = r.tp.seconds;
             j["cpu_seconds"] = r.tp.cpu_seconds;
+            j["cpu_seconds_target_process"] = r.tp.peer_cpu_seconds;
             j["cpu_s_per_gb"] = cpu_per_gb(r.tp);
             if (o.latency) {
                 j["latency"] = {{"p50_us", r.lat.p50_us},
