@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -461,8 +462,53 @@ Latency summarize(std::vector<double> samples_us) {
     return out;
 }
 
+double process_cpu_seconds() {
+    timespec ts{};
+    if (::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+StatusOr<double> peer_cpu_seconds(Peer* peer) {
+    TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call("cpu"));
+    const auto w = words(reply);
+    double seconds = -1;
+    if (w.size() == 2 && w[0] == "cpu") {
+        const char* end = w[1].c_str();
+        char* parsed = nullptr;
+        seconds = std::strtod(end, &parsed);
+        if (parsed == end || *parsed != '\0') seconds = -1;
+    }
+    if (seconds < 0) return protocol_error("peer: expected \"cpu <seconds>\", got: " + reply);
+    return seconds;
+}
+
+double cpu_per_gb(const Throughput& t) {
+    const double gb = t.gbps * t.seconds;  // GB moved in the measured run
+    return t.cpu_seconds > 0 && gb > 0 ? t.cpu_seconds / gb : 0;
+}
+
+std::string cpu_cell(const Throughput& t) {
+    const double v = cpu_per_gb(t);
+    return v > 0 ? strformat("%.3f", v) : std::string("-");
+}
+
 StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_per_iter,
-                                        const std::function<StatusOr<double>(uint64_t)>& run) {
+                                        const std::function<StatusOr<double>(uint64_t)>& timed,
+                                        const CpuClock& cpu) {
+    // Every run between two readings of both sides' CPU clocks: the last run's is the figure.
+    CpuTimes used;
+    auto run = [&](uint64_t count) -> StatusOr<double> {
+        CpuTimes before;
+        if (cpu) {
+            TCPX_ASSIGN_OR_RETURN(before, cpu());
+        }
+        TCPX_ASSIGN_OR_RETURN(double seconds, timed(count));
+        if (cpu) {
+            TCPX_ASSIGN_OR_RETURN(CpuTimes after, cpu());
+            used = CpuTimes{after.here - before.here, after.peer - before.peer};
+        }
+        return seconds;
+    };
     constexpr uint64_t kMaxCount = 5'000'000;
     uint64_t count =
         std::clamp<uint64_t>((32ULL << 20) / std::max<uint64_t>(bytes_per_iter, 1), 4, 2000);
@@ -488,6 +534,8 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
     out.iters = count;
     out.seconds = seconds;
     out.gbps = static_cast<double>(bytes_per_iter) * static_cast<double>(count) / seconds / 1e9;
+    out.cpu_seconds = used.here + used.peer;
+    out.peer_cpu_seconds = used.peer;
     return out;
 }
 

@@ -226,7 +226,17 @@ struct Throughput {
     double gbps = 0;
     uint64_t iters = 0;
     double seconds = 0;
+    // CPU seconds (user + system, every thread) that both sides, initiator and target, spent in
+    // the measured run; 0 where not measured. peer_cpu_seconds: the part of it spent by the
+    // target's process when that is another process (0 when both sides share one).
+    double cpu_seconds = 0;
+    double peer_cpu_seconds = 0;
 };
+
+// CPU seconds per GB (10^9 bytes) moved; 0 where not measured.
+double cpu_per_gb(const Throughput& t);
+// "0.123", or "-" where not measured.
+std::string cpu_cell(const Throughput& t);
 
 struct Latency {
     double p50_us = 0;
@@ -243,12 +253,29 @@ struct Calibration {
     uint64_t min_iters = 5;
 };
 
+// CPU seconds (user + system) every thread of this process has used so far
+// (CLOCK_PROCESS_CPUTIME_ID).
+double process_cpu_seconds();
+
+// CPU seconds so far of this process and of the peer's process (0 when the peer is a thread
+// here: this process's time covers it).
+struct CpuTimes {
+    double here = 0;
+    double peer = 0;
+};
+using CpuClock = std::function<StatusOr<CpuTimes>()>;
+
+// The peer process's CPU seconds so far ("cpu" -> "cpu <seconds>").
+StatusOr<double> peer_cpu_seconds(Peer* peer);
+
 // Warms up with growing runs until one lasts an eighth of min_seconds (connections and buffers
 // are warm then, and the rate is known), then measures for about min_seconds. A measurement that
 // ends up shorter than half of min_seconds (the rate rose after the warm-up) is taken again at the
 // new rate. run(count) does `count` iterations of `bytes_per_iter` bytes and returns its seconds.
+// With `cpu`, read before and after every run, the measured run's CPU seconds too.
 StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_per_iter,
-                                        const std::function<StatusOr<double>(uint64_t)>& run);
+                                        const std::function<StatusOr<double>(uint64_t)>& run,
+                                        const CpuClock& cpu = nullptr);
 
 // Warms up with 20 iterations, then measures for about min_seconds (at most 200000 iterations);
 // samples adding up to less than half of min_seconds (the warm-up was slow) are topped up at the

@@ -29,8 +29,6 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -70,107 +68,6 @@ StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
     if (!o.window.empty()) TCPX_RETURN_IF_ERROR(c.set("WINDOW", o.window));
     TCPX_RETURN_IF_ERROR(c.validate());
     return c.effective();  // what runs, so that the header and the raw baseline match it
-}
-
-// --- patterns for --verify ---------------------------------------------------------------------
-
-// --verify before a transfer: its source gets the pattern `seed`, its destination is poisoned.
-Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed) {
-    return b.host_view(off, len, /*load=*/false, /*store=*/true, [&](uint8_t* p) {
-        if (source) {
-            fill_pattern(p, len, seed);
-        } else {
-            std::memset(p, kPoison, len);
-        }
-        return Status();
-    });
-}
-
-// --verify after it: the destination must hold the pattern.
-Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
-                   const std::string& what) {
-    return b.host_view(off, len, /*load=*/true, /*store=*/false,
-                       [&](uint8_t* p) { return check_pattern(p, len, seed, what); });
-}
-
-// --- the KV workload (--kv) --------------------------------------------------------------------
-//
-// Both sides derive a request's pieces from its seed (kv_offsets), so the initiator only says
-// which request it moved: the line channel never carries piece lists.
-
-// The pool offsets of a request's pieces on one side: every layer's K tensor's, then its V
-// tensor's, chosen blocks, in that order; `request_blocks` distinct blocks picked by `seed`, the
-// same for every layer (a sequence's block table).
-std::vector<uint64_t> kv_offsets(const KvShape& k, uint64_t seed) {
-    const uint64_t tensor_blocks = k.tensor_blocks();
-    std::vector<uint64_t> ids(tensor_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::mt19937_64 rng(seed);
-    for (uint64_t i = 0; i < static_cast<uint64_t>(k.request_blocks); ++i) {
-        std::uniform_int_distribution<uint64_t> pick(i, tensor_blocks - 1);
-        std::swap(ids[i], ids[pick(rng)]);
-    }
-    std::vector<uint64_t> out;
-    out.reserve(k.pieces());
-    for (uint64_t t = 0; t < static_cast<uint64_t>(k.layers) * 2; ++t) {
-        for (int b = 0; b < k.request_blocks; ++b) {
-            out.push_back((t * tensor_blocks + ids[static_cast<size_t>(b)]) * k.block_bytes());
-        }
-    }
-    return out;
-}
-
-// The request seeds: kKvRequests different requests, cycled through by the measurements; the
-// initiator's and the target's block choices differ.
-constexpr int kKvRequests = 4;
-uint64_t kv_seed(int request, Side side) {
-    return 0x6b76000ULL + static_cast<uint64_t>(request) * 2 + static_cast<uint64_t>(side);
-}
-
-// Piece i of measurement `run` gets a pattern of its own, so that a piece landing at another
-// piece's place is caught.
-uint64_t kv_piece_seed(uint64_t run, uint64_t i) {
-    return pattern_seed(run, 0) ^ ((i + 1) * 0x9e3779b97f4a7c15ULL);
-}
-
-// --verify of a KV request: the pieces at `offsets` of `b` get their patterns, or are checked.
-Status kv_fill(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
-               uint64_t run) {
-    for (size_t i = 0; i < offsets.size(); ++i) {
-        TCPX_RETURN_IF_ERROR(
-            prepare_bytes(b, offsets[i], k.block_bytes(), /*source=*/true, kv_piece_seed(run, i)));
-    }
-    return Status();
-}
-
-Status kv_check(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
-                uint64_t run, const std::string& what) {
-    for (size_t i = 0; i < offsets.size(); ++i) {
-        TCPX_RETURN_IF_ERROR(
-            check_bytes(b, offsets[i], k.block_bytes(), kv_piece_seed(run, i),
-                        strformat("%s, piece %zu of %zu (at %llu)", what.c_str(), i, offsets.size(),
-                                  static_cast<unsigned long long>(offsets[i]))));
-    }
-    return Status();
-}
-
-Status check_kv_shape(const KvShape& k) {
-    if (k.layers < 1 || k.block_tokens < 1 || k.kv_heads < 1 || k.head_dim < 1 ||
-        k.dtype_bytes < 1 || k.request_blocks < 1) {
-        return invalid_argument("--kv-shape and --kv-blocks take positive numbers");
-    }
-    if (k.layers > 4096 || k.block_tokens > 4096 || k.kv_heads > 1024 || k.head_dim > 4096 ||
-        k.dtype_bytes > 8) {
-        return invalid_argument("--kv-shape: a dimension larger than any model's");
-    }
-    if (k.pool > (64ULL << 30)) return invalid_argument("--kv-pool: at most 64 GiB");
-    if (k.tensor_blocks() < static_cast<uint64_t>(k.request_blocks)) {
-        return invalid_argument(strformat(
-            "--kv-pool %s holds %llu blocks of %s per layer's K and V; a request takes %d",
-            format_bytes(k.pool).c_str(), static_cast<unsigned long long>(k.tensor_blocks()),
-            format_bytes(k.block_bytes()).c_str(), k.request_blocks));
-    }
-    return Status();
 }
 
 // --- memory ------------------------------------------------------------------------------------
@@ -231,6 +128,7 @@ Status ensure_region(Endpoint* ep, Region* r, MemType type, int gpu, uint64_t le
 //                                  regions of that type
 //   check <type> <run> <off> <len> <n>   after one: checks the pattern there (the data of writes)
 //   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
+//   cpu                            -> "cpu <seconds>": this process's CPU time so far
 //   kvfill|kvcheck <type> <run> <request>   --verify of a KV request: patterns, or checks, the
 //                                  pieces of request <request> in the first endpoint's region
 //   raw-*                          the raw TCP baseline, in the first host region's memory
@@ -273,6 +171,8 @@ class Target {
             } else if (w[0] == "check" && w.size() == 6 && parse_mem(w[1], &type)) {
                 st = check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
                            std::stoi(w[5]));
+            } else if (w[0] == "cpu" && w.size() == 1) {
+                reply = strformat("cpu %.9f", process_cpu_seconds());
             } else if (w[0] == "kvshape" && w.size() == 8) {
                 st = kv_shape(w);
             } else if ((w[0] == "kvfill" || w[0] == "kvcheck") && w.size() == 4 &&
@@ -355,25 +255,13 @@ class Target {
         return Status();
     }
 
-    Status kv_shape(const std::vector<std::string>& w) {
-        KvShape k;
-        k.layers = std::stoi(w[1]);
-        k.block_tokens = std::stoi(w[2]);
-        k.kv_heads = std::stoi(w[3]);
-        k.head_dim = std::stoi(w[4]);
-        k.dtype_bytes = std::stoi(w[5]);
-        k.pool = std::stoull(w[6]);
-        k.request_blocks = std::stoi(w[7]);
-        TCPX_RETURN_IF_ERROR(check_kv_shape(k));
-        kv_ = k;
-        return Status();
-    }
+    Status kv_shape(const std::vector<std::string>& w) { return parse_kv_shape_words(w, 1, &kv_); }
 
     Status kv_pieces(bool fill, MemType type, uint64_t run, int request) {
         TCPX_RETURN_IF_ERROR(in_range(1));
         const Buffer& b = regions_[0][type].buf;
         if (b.size() < kv_.pool) return failed_precondition("no KV pool of that memory");
-        const std::vector<uint64_t> offsets = kv_offsets(kv_, kv_seed(request, kTargetSide));
+        const std::vector<uint64_t> offsets = kv_offsets(kv_, kv_seed(request, KvSide::kTarget));
         return fill ? kv_fill(b, kv_, offsets, run) : kv_check(b, kv_, offsets, run, "target");
     }
 
@@ -403,6 +291,16 @@ class EngineInitiator {
 
     int raw_streams() const {
         return static_cast<int>(config_.nsocks) * static_cast<int>(config_.channels);
+    }
+
+    // Both sides' CPU seconds so far: the targets are threads of this process (--procs 1) or
+    // another process, which reports its own.
+    StatusOr<CpuTimes> cpu_seconds() {
+        CpuTimes t;
+        t.here = process_cpu_seconds();
+        if (o_.processes == 1) return t;
+        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
+        return t;
     }
 
     Status setup() {
@@ -585,12 +483,7 @@ class EngineInitiator {
     // --kv: the pools of every memory type here and there (the first peer's), and the requests.
     Status prepare_kv() {
         const KvShape& k = o_.kv_shape;
-        TCPX_RETURN_IF_ERROR(
-            peer_
-                ->call(strformat("kvshape %d %d %d %d %d %llu %d", k.layers, k.block_tokens,
-                                 k.kv_heads, k.head_dim, k.dtype_bytes,
-                                 static_cast<unsigned long long>(k.pool), k.request_blocks))
-                .status());
+        TCPX_RETURN_IF_ERROR(peer_->call("kvshape " + kv_shape_words(k)).status());
         const int gpu = static_cast<int>(config_.gpu_index);
         PeerState& p = peers_[0];
         for (MemType type : mem_types(o_)) {
@@ -608,8 +501,8 @@ class EngineInitiator {
             auto& requests = kv_iov_[type];
             requests.assign(kKvRequests, {});
             for (int r = 0; r < kKvRequests; ++r) {
-                const auto local = kv_offsets(k, kv_seed(r, kInitiatorSide));
-                const auto remote = kv_offsets(k, kv_seed(r, kTargetSide));
+                const auto local = kv_offsets(k, kv_seed(r, KvSide::kInitiator));
+                const auto remote = kv_offsets(k, kv_seed(r, KvSide::kTarget));
                 auto& iov = requests[static_cast<size_t>(r)];
                 iov.reserve(local.size());
                 for (size_t i = 0; i < local.size(); ++i) {
@@ -643,7 +536,7 @@ class EngineInitiator {
         const Buffer& local = peers_[0].local[type].buf;
         const uint64_t run = ++run_;
         const std::string what = kv_what(op, type, contiguous);
-        const std::vector<uint64_t> offsets = kv_offsets(k, kv_seed(0, kInitiatorSide));
+        const std::vector<uint64_t> offsets = kv_offsets(k, kv_seed(0, KvSide::kInitiator));
         const char* mem = mem_name(type);
         const auto ull = [](uint64_t v) { return static_cast<unsigned long long>(v); };
         if (op == Op::kWrite) {
@@ -851,6 +744,11 @@ std::vector<Column> table_columns(const EngineBenchOptions& o) {
     }
     cols.push_back({1, 8, "raw", [](const Row& r) { return gbps(r.raw); }});
     cols.push_back({1, 8, "ours/raw", [](const Row& r) { return ratio(r.ours.gbps, r.raw.gbps); }});
+    cols.push_back({2, 8, "CPU s/GB", [](const Row& r) { return cpu_cell(r.ours); }});
+    if (host) cols.push_back({1, 8, "host CPU", [](const Row& r) { return cpu_cell(r.host); }});
+    cols.push_back({1, 8, "raw CPU", [](const Row& r) { return cpu_cell(r.raw); }});
+    cols.push_back({1, 10, "CPU vs TCP",
+                    [](const Row& r) { return ratio(cpu_per_gb(r.ours), cpu_per_gb(r.raw)); }});
     if (multi) {
         cols.push_back({2, 8, "1 peer", [](const Row& r) { return gbps(r.single); }});
         cols.push_back({1, 7, strformat("%d/1", o.peers),
@@ -900,6 +798,10 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
         "throughput: GB/s (10^9 B/s) of all peers together; raw: %d TCP streams, each "
         "transfer's bytes split evenly, same %sbuffers\n",
         s.raw_streams, o.mem == MemType::kVram ? "host " : "");
+    std::printf(
+        "CPU s/GB: CPU seconds (user + system, every thread) of both sides, initiator and "
+        "targets, per GB moved by the throughput run;\n  raw CPU: the raw TCP baseline's; CPU vs "
+        "TCP: the engine's over raw TCP's\n");
     if (multi) {
         std::printf("1 peer: the same with one peer; %d/1: all %d peers over one peer\n", o.peers,
                     o.peers);
@@ -950,7 +852,10 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
     auto tp = [](const Throughput& t, int npeers) {
         json j = {{"gbps", t.gbps},
                   {"transfers", t.iters * static_cast<uint64_t>(npeers)},
-                  {"seconds", t.seconds}};
+                  {"seconds", t.seconds},
+                  {"cpu_seconds", t.cpu_seconds},
+                  {"cpu_seconds_target_process", t.peer_cpu_seconds},
+                  {"cpu_s_per_gb", cpu_per_gb(t)}};
         if (npeers > 1) j["transfers_per_peer"] = t.iters;
         return j;
     };
@@ -1006,6 +911,9 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         }
         if (r.raw.iters) row["raw"] = tp(r.raw, 1);
         if (r.ours.iters && r.raw.iters) row["throughput_ratio"] = r.ours.gbps / r.raw.gbps;
+        if (cpu_per_gb(r.ours) > 0 && cpu_per_gb(r.raw) > 0) {
+            row["cpu_vs_tcp"] = cpu_per_gb(r.ours) / cpu_per_gb(r.raw);
+        }
         if (r.ours_lat.iters) row["ours_latency"] = lat(r.ours_lat);
         if (r.host_lat.iters) {
             row["host_latency"] = lat(r.host_lat);
@@ -1029,38 +937,15 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
 
 // --- the sweep ---------------------------------------------------------------------------------
 
-// --- the KV workload's report -------------------------------------------------------------------
-
-struct KvRow {
-    Op op = Op::kWrite;
-    MemType mem = MemType::kHost;
-    Throughput kv;          // the KV requests
-    Throughput contiguous;  // the same bytes as one piece
-    bool verified = false;
-};
-
-double ms_per(const Throughput& t) {
-    return t.iters == 0 ? 0 : t.seconds / static_cast<double>(t.iters) * 1e3;
-}
+// --- the KV workload's report (the rows' layout is bench/kv_workload's) --------------------------
 
 void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
                     const std::vector<KvRow>& rows) {
-    const KvShape& k = o.kv_shape;
     std::printf(
         "tcpx-p2p bench engine --kv: a paged KV cache, %s, %d process%s, one request at a "
         "time\n",
         o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es");
-    std::printf(
-        "cache: %d layers x {K,V} x %llu blocks of %s (%d tokens x %d KV heads x %d x %d B), "
-        "pool %s per side\n",
-        k.layers, static_cast<unsigned long long>(k.tensor_blocks()),
-        format_bytes(k.block_bytes()).c_str(), k.block_tokens, k.kv_heads, k.head_dim,
-        k.dtype_bytes, format_bytes(k.pool).c_str());
-    std::printf(
-        "request: %d random blocks of every layer's K and V (other blocks on each side) = %llu "
-        "pieces, %s; contiguous: the same bytes as one piece\n",
-        k.request_blocks, static_cast<unsigned long long>(k.pieces()),
-        format_bytes(k.request_bytes()).c_str());
+    print_kv_shape(o.kv_shape);
     if (o.mem == MemType::kVram) {
         std::printf("memory: GPU (cudaMalloc), the initiator's on GPU %d, the target's on GPU %d\n",
                     o.gpus[0], o.gpus[1]);
@@ -1072,25 +957,11 @@ void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s
         static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
         static_cast<long long>(c.window), s.io_threads);
     if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
-    std::printf("\n%-6s %-5s %10s %12s %16s %16s %14s%s\n", "op", "mem", "KV GB/s", "KV ms/req",
-                "contiguous GB/s", "contiguous ms", "KV/contiguous", o.verify ? "  verified" : "");
-    for (const KvRow& r : rows) {
-        std::printf("%-6s %-5s %10.2f %12.2f %16.2f %16.2f %13.2fx%s\n", op_name(r.op),
-                    mem_name(r.mem), r.kv.gbps, ms_per(r.kv), r.contiguous.gbps,
-                    ms_per(r.contiguous), r.contiguous.gbps > 0 ? r.kv.gbps / r.contiguous.gbps : 0,
-                    r.verified ? "  yes" : "");
-    }
+    print_kv_rows(rows, o.verify);
 }
 
 void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vector<KvRow>& rows) {
     using nlohmann::json;
-    const KvShape& k = o.kv_shape;
-    auto tp = [](const Throughput& t) {
-        return json{{"gbps", t.gbps},
-                    {"requests", t.iters},
-                    {"seconds", t.seconds},
-                    {"ms_per_request", ms_per(t)}};
-    };
     json out;
     out["benchmark"] = "engine-kv";
     out["config"] = {{"interface", o.interface},
@@ -1101,27 +972,9 @@ void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vect
                      {"nsocks", c.nsocks},
                      {"xfer_chunk_size", c.xfer_chunk_size},
                      {"window", c.window}};
-    out["kv"] = {{"layers", k.layers},
-                 {"block_tokens", k.block_tokens},
-                 {"kv_heads", k.kv_heads},
-                 {"head_dim", k.head_dim},
-                 {"dtype_bytes", k.dtype_bytes},
-                 {"block_bytes", k.block_bytes()},
-                 {"pool_bytes", k.pool},
-                 {"tensor_blocks", k.tensor_blocks()},
-                 {"request_blocks", k.request_blocks},
-                 {"pieces", k.pieces()},
-                 {"request_bytes", k.request_bytes()}};
+    out["kv"] = kv_shape_json(o.kv_shape);
     json results = json::array();
-    for (const KvRow& r : rows) {
-        results.push_back(
-            {{"op", op_name(r.op)},
-             {"mem", mem_name(r.mem)},
-             {"kv", tp(r.kv)},
-             {"contiguous", tp(r.contiguous)},
-             {"kv_contiguous_ratio", r.contiguous.gbps > 0 ? r.kv.gbps / r.contiguous.gbps : 0},
-             {"verified", r.verified}});
-    }
+    for (const KvRow& r : rows) results.push_back(kv_row_json(r));
     out["results"] = results;
     std::printf("%s\n", out.dump(2).c_str());
 }
@@ -1220,6 +1073,7 @@ Status run(const EngineBenchOptions& options) {
     std::vector<KvRow> kv_rows;
     {
         EngineInitiator init(o, config, peer.get());
+        const CpuClock cpu = [&] { return init.cpu_seconds(); };
         setup.raw_streams = init.raw_streams();
         TCPX_RETURN_IF_ERROR(init.setup().with_context("setting up"));
         std::vector<Op> ops;
@@ -1239,16 +1093,20 @@ Status run(const EngineBenchOptions& options) {
             for (MemType mem : mems) {
                 for (Op op : ops) {
                     KvRow row;
-                    row.op = op;
-                    row.mem = mem;
+                    row.op = op_name(op);
+                    row.mem = mem_name(mem);
                     for (bool contiguous : {false, true}) {
                         progress.show(++step, steps,
                                       strformat("%s, %s memory, %s", op_name(op), mem_name(mem),
                                                 contiguous ? "contiguous" : "KV requests"));
                         Throughput& out = contiguous ? row.contiguous : row.kv;
-                        TCPX_ASSIGN_OR_RETURN(out, measure_throughput(cal, bytes, [&](uint64_t n) {
-                                                  return init.kv_transfers(op, mem, contiguous, n);
-                                              }));
+                        TCPX_ASSIGN_OR_RETURN(out, measure_throughput(
+                                                       cal, bytes,
+                                                       [&](uint64_t n) {
+                                                           return init.kv_transfers(op, mem,
+                                                                                    contiguous, n);
+                                                       },
+                                                       cpu));
                         TCPX_RETURN_IF_ERROR(init.verify_kv(op, mem, contiguous));
                     }
                     row.verified = o.verify;
@@ -1272,7 +1130,7 @@ Status run(const EngineBenchOptions& options) {
         auto throughput = [&](const std::string& what, uint64_t bytes_per_iter, Throughput* out,
                               const std::function<StatusOr<double>(uint64_t)>& fn) -> Status {
             progress.show(++step, steps, what);
-            TCPX_ASSIGN_OR_RETURN(*out, measure_throughput(cal, bytes_per_iter, fn));
+            TCPX_ASSIGN_OR_RETURN(*out, measure_throughput(cal, bytes_per_iter, fn, cpu));
             return Status();
         };
         auto latency =

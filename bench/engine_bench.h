@@ -9,37 +9,9 @@
 #include <vector>
 
 #include "bench/bench_memory.h"
+#include "bench/kv_workload.h"
 
 namespace tcpx::bench {
-
-// The KV workload (--kv): a paged KV cache modelled on vLLM's. Each side has a pool of `pool`
-// bytes holding, per layer, a K and a V tensor of blocks; a block is block_tokens x kv_heads x
-// head_dim x dtype_bytes (16 x 8 x 128 x 2 B = 32 KiB, Llama-3-8B's). A request moves
-// `request_blocks` blocks of every layer's K and V, chosen at random on each side (the two sides'
-// block ids differ, as a prefill's and a decode's do): layers x 2 x request_blocks pieces, one
-// vector transfer.
-struct KvShape {
-    int layers = 32;
-    int block_tokens = 16;
-    int kv_heads = 8;
-    int head_dim = 128;
-    int dtype_bytes = 2;
-    uint64_t pool = 4ULL << 30;  // bytes per side (at least the tensors' blocks)
-    int request_blocks = 256;    // 4096 tokens
-
-    uint64_t block_bytes() const {
-        return static_cast<uint64_t>(block_tokens) * static_cast<uint64_t>(kv_heads) *
-               static_cast<uint64_t>(head_dim) * static_cast<uint64_t>(dtype_bytes);
-    }
-    // Blocks per tensor (a layer's K or V) that fit the pool.
-    uint64_t tensor_blocks() const {
-        return pool / (static_cast<uint64_t>(layers) * 2 * block_bytes());
-    }
-    uint64_t pieces() const {
-        return static_cast<uint64_t>(layers) * 2 * static_cast<uint64_t>(request_blocks);
-    }
-    uint64_t request_bytes() const { return pieces() * block_bytes(); }
-};
 
 struct EngineBenchOptions {
     std::vector<uint64_t> sizes;  // bytes per piece; a transfer moves batch pieces
@@ -67,7 +39,7 @@ struct EngineBenchOptions {
     bool latency = true;       // also measure single transfers (concurrency 1)
     bool single_peer = true;   // with peers > 1: also measure one peer with the same settings
     bool verify = false;       // check the bytes of every measurement's last transfer
-    bool kv = false;           // the KV workload instead of the size sweep
+    bool kv = false;           // the KV workload instead of the size sweep (bench/kv_workload.h)
     KvShape kv_shape;
     bool json = false;
     bool progress = true;  // on stderr, when it is a terminal

@@ -42,6 +42,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/bench_memory.h"
+#include "bench/kv_workload.h"
 #include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -80,6 +81,8 @@ struct Options {
     bool json = false;
     bool progress = true;
     double stall_seconds = 60;  // no completion for this long: the backend is stuck
+    bool kv = false;            // the KV workload (bench/kv_workload.h) instead of the sweep
+    KvShape kv_shape;
 };
 
 const char* mem_name(const Options& o) { return o.vram ? "VRAM" : "DRAM"; }
@@ -131,6 +134,7 @@ class Memory {
 
     uint8_t* data() const { return buf_.data(); }
     uint64_t size() const { return buf_.size(); }
+    const Buffer& buffer() const { return buf_; }
     nixl_mem_t segment() const { return gpu_ >= 0 ? VRAM_SEG : DRAM_SEG; }
     uint64_t dev_id() const { return gpu_ >= 0 ? static_cast<uint64_t>(gpu_) : 0; }
 
@@ -256,6 +260,11 @@ nixl_reg_dlist_t region_dlist(const Memory& m) {
 //                                          after it: waits for the round's notifications and
 //                                          (data) checks the written pattern
 //   end                                    the agent goes away
+//   cpu                                    -> "cpu <seconds>": this process's CPU time so far
+//   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
+//   kvfill <run> <request>                 --kv --verify: patterns the pieces of the request;
+//                                          forgets notifications
+//   kvcheck <run> <request> <notifs>       waits for the notifications, checks the pieces
 //   quit                                   -> "bye"; the process exits
 // Between commands the target only polls getNotifs.
 class Target {
@@ -306,6 +315,27 @@ class Target {
             end();
             return Status();
         }
+        if (w.size() == 1 && w[0] == "cpu") {
+            *reply = strformat("cpu %.9f", process_cpu_seconds());
+            return Status();
+        }
+        if (w.size() == 8 && w[0] == "kvshape") return parse_kv_shape_words(w, 1, &kv_);
+        if (w.size() == 3 && w[0] == "kvfill") {
+            TCPX_RETURN_IF_ERROR(kv_ready());
+            notifs_ = 0;
+            return kv_fill(memory_->buffer(), kv_, target_offsets(std::stoi(w[2])),
+                           std::stoull(w[1]));
+        }
+        if (w.size() == 4 && w[0] == "kvcheck") {
+            TCPX_RETURN_IF_ERROR(kv_ready());
+            TCPX_RETURN_IF_ERROR(wait_notifs(std::stoi(w[3])));
+            Status st = kv_check(memory_->buffer(), kv_, target_offsets(std::stoi(w[2])),
+                                 std::stoull(w[1]), "target memory");
+            if (!st.ok()) {
+                return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
+            }
+            return Status();
+        }
         return invalid_argument("unknown command");
     }
 
@@ -327,20 +357,36 @@ class Target {
 
     Status check(uint64_t run, uint64_t slot_bytes, int slots, int want_notifs, bool data) {
         if (!agent_.agent || !memory_) return failed_precondition("check outside begin/end");
-        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(o_.stall_seconds));
-        while (notifs_ < want_notifs && Clock::now() < deadline) {
-            poll_notifs();
-            if (notifs_ < want_notifs) std::this_thread::sleep_for(std::chrono::microseconds(100));
-        }
-        if (notifs_ < want_notifs) {
-            return internal_error(strformat("VERIFICATION FAILED: %d of %d notifications arrived",
-                                            notifs_, want_notifs));
-        }
+        TCPX_RETURN_IF_ERROR(wait_notifs(want_notifs));
         if (!data) return Status();
         Status st = memory_->check(run, slot_bytes, slots, "target memory");
         if (!st.ok()) return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
         return Status();
+    }
+
+    // Until `want` verify notifications arrived since the last prepare (or --timeout passed).
+    Status wait_notifs(int want) {
+        if (!agent_.agent) return failed_precondition("notifications outside begin/end");
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(o_.stall_seconds));
+        while (notifs_ < want && Clock::now() < deadline) {
+            poll_notifs();
+            if (notifs_ < want) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        if (notifs_ < want) {
+            return internal_error(
+                strformat("VERIFICATION FAILED: %d of %d notifications arrived", notifs_, want));
+        }
+        return Status();
+    }
+
+    Status kv_ready() const {
+        if (!memory_ || memory_->size() < kv_.pool) return failed_precondition("no KV pool");
+        return Status();
+    }
+
+    std::vector<uint64_t> target_offsets(int request) const {
+        return kv_offsets(kv_, kv_seed(request, KvSide::kTarget));
     }
 
     void poll_notifs() {
@@ -366,6 +412,7 @@ class Target {
     Agent agent_;  // after memory_: goes first
     bool registered_ = false;
     int notifs_ = 0;  // verify notifications since the last prepare
+    KvShape kv_;      // --kv
 };
 
 // --- the initiator (this process) ----------------------------------------------------------------
@@ -503,6 +550,102 @@ class Initiator {
         return seconds_since(start);
     }
 
+    // Both sides' CPU seconds so far (the target is the other process: it reports its own).
+    StatusOr<CpuTimes> cpu_seconds() {
+        CpuTimes t;
+        t.here = process_cpu_seconds();
+        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
+        return t;
+    }
+
+    // --kv: one request per KV request of the workload (its every piece a descriptor, local
+    // and remote blocks chosen by the two sides' seeds), then one of the same bytes as one
+    // descriptor (the contiguous baseline), for `op`.
+    Status prepare_kv(Op op) {
+        release();
+        op_ = op;
+        const KvShape& k = o_.kv_shape;
+        const uintptr_t local = reinterpret_cast<uintptr_t>(memory_->data());
+        auto create = [&](const std::vector<uint64_t>& here, const std::vector<uint64_t>& there,
+                          uint64_t len) -> Status {
+            nixl_xfer_dlist_t l(memory_->segment());
+            nixl_xfer_dlist_t r(memory_->segment());
+            for (size_t i = 0; i < here.size(); ++i) {
+                l.addDesc(nixlBasicDesc(local + here[i], len, memory_->dev_id()));
+                r.addDesc(nixlBasicDesc(remote_addr_ + there[i], len, remote_dev_));
+            }
+            nixl_opt_args_t args;
+            args.backends = {agent_.backend};
+            handles_.push_back(nullptr);
+            return from_nixl(
+                agent_.agent->createXferReq(nixl_op(op), l, r, target_, handles_.back(), &args),
+                "createXferReq");
+        };
+        for (int r = 0; r < kKvRequests; ++r) {
+            TCPX_RETURN_IF_ERROR(create(kv_offsets(k, kv_seed(r, KvSide::kInitiator)),
+                                        kv_offsets(k, kv_seed(r, KvSide::kTarget)),
+                                        k.block_bytes()));
+        }
+        TCPX_RETURN_IF_ERROR(create({0}, {0}, k.request_bytes()));
+        return Status();
+    }
+
+    // --kv: `count` requests one at a time (a decode pulling one sequence's cache), cycling
+    // through the KV requests, or with `contiguous` the contiguous one. The seconds they took.
+    StatusOr<double> kv_requests(bool contiguous, uint64_t count,
+                                 const nixl_opt_args_t* args = nullptr) {
+        nixl_opt_args_t plain;
+        if (args == nullptr) args = &plain;
+        const auto start = Clock::now();
+        for (uint64_t n = 0; n < count; ++n) {
+            const size_t h = contiguous ? kKvRequests : static_cast<size_t>(n % kKvRequests);
+            TCPX_RETURN_IF_ERROR(post(h, args));
+            TCPX_RETURN_IF_ERROR(wait(h).with_context(kv_what(contiguous)));
+        }
+        return seconds_since(start);
+    }
+
+    // --kv --verify: one request (the first KV request, or the contiguous one) with a
+    // notification, its source patterned and its destination pool poisoned first; after it,
+    // every byte of the destination's pieces must hold its pattern.
+    Status verify_kv(uint64_t run, bool contiguous) {
+        const KvShape& k = o_.kv_shape;
+        const Buffer& local = memory_->buffer();
+        const uint64_t total = k.request_bytes();
+        const std::vector<uint64_t> offsets = kv_offsets(k, kv_seed(0, KvSide::kInitiator));
+        const auto ull = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+        const bool write = op_ == Op::kWrite;
+        if (write) {
+            TCPX_RETURN_IF_ERROR(contiguous ? memory_->prepare(run, total, 1, /*pattern=*/true)
+                                            : kv_fill(local, k, offsets, run));
+            TCPX_RETURN_IF_ERROR(peer_
+                                     ->call(strformat("prepare %llu %llu 1 poison", ull(run),
+                                                      ull(contiguous ? total : k.pool)))
+                                     .status());
+        } else {
+            TCPX_RETURN_IF_ERROR(
+                peer_
+                    ->call(contiguous ? strformat("prepare %llu %llu 1 fill", ull(run), ull(total))
+                                      : strformat("kvfill %llu 0", ull(run)))
+                    .status());
+            TCPX_RETURN_IF_ERROR(
+                memory_->prepare(run, contiguous ? total : k.pool, 1, /*pattern=*/false));
+        }
+        nixl_opt_args_t notif;
+        notif.notif = kVerifyNotif;
+        TCPX_RETURN_IF_ERROR(kv_requests(contiguous, 1, &notif).status());  // request 0
+        if (write) {
+            return peer_
+                ->call(contiguous ? strformat("check %llu %llu 1 1 data", ull(run), ull(total))
+                                  : strformat("kvcheck %llu 0 1", ull(run)))
+                .status();
+        }
+        Status st = contiguous ? memory_->check(run, total, 1, "initiator memory")
+                               : kv_check(local, k, offsets, run, "initiator memory");
+        if (!st.ok()) return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
+        return peer_->call(strformat("check %llu 0 0 1 nodata", ull(run))).status();
+    }
+
     // `count` requests one at a time (slot 0): microseconds from post to completion each.
     StatusOr<std::vector<double>> singles(uint64_t count) {
         std::vector<double> us;
@@ -536,6 +679,24 @@ class Initiator {
     }
 
  private:
+    std::string kv_what(bool contiguous) const {
+        return strformat("%s of a KV request%s", op_name(op_), contiguous ? " (contiguous)" : "");
+    }
+
+    // Until the request of `slot` completes (or --timeout passes without it).
+    Status wait(size_t slot) {
+        const auto start = Clock::now();
+        nixl_status_t st;
+        uint64_t spins = 0;
+        while ((st = agent_.agent->getXferStatus(handles_[slot])) == NIXL_IN_PROG) {
+            if (++spins % 1024 == 0 && seconds_since(start) > o_.stall_seconds) {
+                return timeout_error(
+                    strformat("a request did not complete in %.0f s", o_.stall_seconds));
+            }
+        }
+        return from_nixl(st, "transfer");
+    }
+
     Status post(size_t slot, const nixl_opt_args_t* args) {
         const nixl_status_t st = agent_.agent->postXferReq(handles_[slot], args);
         if (st == NIXL_SUCCESS || st == NIXL_IN_PROG) return Status();
@@ -637,10 +798,10 @@ std::string usecs(double v) {
     return v >= 10000 ? strformat("%.2f ms", v / 1000) : strformat("%.1f us", v);
 }
 
-void print_table(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
-                 const std::vector<Row>& rows) {
-    std::printf("%s: NIXL backends through nixlAgent, 2 processes on this host, %s\n", kProgram,
-                mem_name(o));
+// The machine, the environment and every backend's parameters.
+void print_header(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends) {
+    std::printf("%s: NIXL backends through nixlAgent, 2 processes on this host, %s%s\n", kProgram,
+                mem_name(o), o.kv ? ", a paged KV cache (--kv), one request at a time" : "");
     std::printf("machine: %ld cores, %s, %s\n", m.cores, m.cpu.empty() ? "?" : m.cpu.c_str(),
                 m.kernel.c_str());
     std::printf("UCX_TLS=%s%s", m.ucx_tls.c_str(),
@@ -655,14 +816,22 @@ void print_table(const Options& o, const Machine& m, const std::vector<BackendIn
         std::printf("%s params: %s\n", b.name.c_str(), sorted_params(b.params).c_str());
         if (!b.error.empty()) std::printf("%s: FAILED: %s\n", b.name.c_str(), b.error.c_str());
     }
+}
+
+void print_table(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
+                 const std::vector<Row>& rows) {
+    print_header(o, m, backends);
     const std::string gpus =
         o.vram ? strformat(", GPU %d -> GPU %d", o.initiator_gpu, o.target_gpu) : "";
     std::printf(
         "throughput: GB/s (10^9 B/s), `depth` requests of %d descriptor%s in flight, reposted as "
-        "they complete\nlatency: one request at a time, post to completion%s\n\n",
+        "they complete\nlatency: one request at a time, post to completion%s\n"
+        "CPU s/GB: CPU seconds (user + system, every thread) of both processes, initiator and "
+        "target, per GB moved by the throughput run\n\n",
         o.batch, o.batch == 1 ? "" : "s", gpus.c_str());
-    std::printf("%-7s %-5s %-4s %10s %5s %8s %10s %10s  %13s %13s\n", "backend", "op", "mem",
-                "size", "depth", "GB/s", "lat p50", "lat p99", "TCPX/UCX GB/s", "TCPX/UCX p50");
+    std::printf("%-7s %-5s %-4s %10s %5s %8s %9s %10s %10s  %13s %13s\n", "backend", "op", "mem",
+                "size", "depth", "GB/s", "CPU s/GB", "lat p50", "lat p99", "TCPX/UCX GB/s",
+                "TCPX/UCX p50");
     // Grouped by case, the backends of one case next to each other.
     for (Op op : o.ops) {
         for (uint64_t size : o.sizes) {
@@ -685,9 +854,9 @@ void print_table(const Options& o, const Machine& m, const std::vector<BackendIn
                         }
                     }
                     std::string line = strformat(
-                        "%-7s %-5s %-4s %10s %5d %8.2f %10s %10s  %13s %13s", r.backend.c_str(),
+                        "%-7s %-5s %-4s %10s %5d %8.2f %9s %10s %10s  %13s %13s", r.backend.c_str(),
                         op_name(r.op), mem_name(o), size_label(o, size).c_str(), r.depth, r.tp.gbps,
-                        o.latency ? usecs(r.lat.p50_us).c_str() : "-",
+                        cpu_cell(r.tp).c_str(), o.latency ? usecs(r.lat.p50_us).c_str() : "-",
                         o.latency ? usecs(r.lat.p99_us).c_str() : "-", tp_ratio.c_str(),
                         lat_ratio.c_str());
                     line.erase(line.find_last_not_of(' ') + 1);
@@ -702,11 +871,28 @@ void print_table(const Options& o, const Machine& m, const std::vector<BackendIn
     }
 }
 
+// --kv: the rows' layout is bench/kv_workload's, as in `tcpx-p2p bench engine --kv`.
+void print_kv_table(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
+                    const std::vector<KvRow>& rows) {
+    print_header(o, m, backends);
+    print_kv_shape(o.kv_shape);
+    std::printf(
+        "KV: one NIXL request per KV request, its pieces the descriptors; contiguous: one "
+        "request of one descriptor%s\n",
+        o.vram ? strformat(", GPU %d -> GPU %d", o.initiator_gpu, o.target_gpu).c_str() : "");
+    print_kv_rows(rows, o.verify);
+    if (o.verify) {
+        std::printf(
+            "\nverified: one request of every kind, every byte of its pieces (with a "
+            "notification)\n");
+    }
+}
+
 void print_json(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends,
-                const std::vector<Row>& rows) {
+                const std::vector<Row>& rows, const std::vector<KvRow>& kv_rows) {
     using nlohmann::json;
     json out;
-    out["benchmark"] = "nixl";
+    out["benchmark"] = o.kv ? "nixl-kv" : "nixl";
     out["machine"] = {{"cores", m.cores}, {"cpu", m.cpu}, {"kernel", m.kernel}};
     out["env"] = {{"UCX_TLS", m.ucx_tls},
                   {"UCX_TLS_set_by_benchmark", m.ucx_tls_set_here},
@@ -729,6 +915,10 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
         out["backends"].push_back(j);
     }
     out["results"] = json::array();
+    if (o.kv) {
+        out["kv"] = kv_shape_json(o.kv_shape);
+        for (const KvRow& r : kv_rows) out["results"].push_back(kv_row_json(r));
+    }
     for (const Row& r : rows) {
         json j = {{"backend", r.backend},
                   {"op", r.op == Op::kWrite ? "write" : "read"},
@@ -742,6 +932,9 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
             j["gbps"] = r.tp.gbps;
             j["requests"] = r.tp.iters * static_cast<uint64_t>(r.depth);
             j["seconds"] = r.tp.seconds;
+            j["cpu_seconds"] = r.tp.cpu_seconds;
+            j["cpu_seconds_target_process"] = r.tp.peer_cpu_seconds;
+            j["cpu_s_per_gb"] = cpu_per_gb(r.tp);
             if (o.latency) {
                 j["latency"] = {{"p50_us", r.lat.p50_us},
                                 {"p99_us", r.lat.p99_us},
@@ -794,9 +987,13 @@ Status sweep_backend(const Options& o, const std::string& backend, Initiator* in
                 }
                 // An iteration is a round: every slot once.
                 TCPX_ASSIGN_OR_RETURN(
-                    row.tp, measure_throughput(cal, init->round_bytes(), [&](uint64_t count) {
-                        return init->requests(count * static_cast<uint64_t>(init->depth()));
-                    }));
+                    row.tp,
+                    measure_throughput(
+                        cal, init->round_bytes(),
+                        [&](uint64_t count) {
+                            return init->requests(count * static_cast<uint64_t>(init->depth()));
+                        },
+                        [&] { return init->cpu_seconds(); }));
                 if (o.latency) {
                     progress->show(++*step, steps, what + ": latency");
                     TCPX_ASSIGN_OR_RETURN(row.lat, measure_latency(cal, [&](uint64_t count) {
@@ -816,17 +1013,71 @@ Status sweep_backend(const Options& o, const std::string& backend, Initiator* in
     return Status();
 }
 
+// --kv: every op of one backend (its agent already begun), KV requests and the contiguous
+// request; appends rows. As sweep_backend for failures.
+Status sweep_kv(const Options& o, const std::string& backend, Initiator* init, Progress* progress,
+                size_t* step, size_t steps, uint64_t* run, std::vector<KvRow>* rows,
+                bool* verify_failed) {
+    Calibration cal;
+    cal.min_seconds = o.min_seconds;
+    cal.min_iters = static_cast<uint64_t>(o.min_iters);
+    const uint64_t bytes = o.kv_shape.request_bytes();
+    for (Op op : o.ops) {
+        KvRow row;
+        row.backend = backend;
+        row.op = op_name(op);
+        row.mem = mem_name(o);
+        Status st = [&]() -> Status {
+            TCPX_RETURN_IF_ERROR(init->prepare_kv(op));
+            for (bool contiguous : {false, true}) {
+                const std::string what = strformat("%s %s, %s", backend.c_str(), op_name(op),
+                                                   contiguous ? "contiguous" : "KV requests");
+                progress->show(++*step, steps, what);
+                Throughput& out = contiguous ? row.contiguous : row.kv;
+                TCPX_ASSIGN_OR_RETURN(
+                    out,
+                    measure_throughput(
+                        cal, bytes, [&](uint64_t n) { return init->kv_requests(contiguous, n); },
+                        [&] { return init->cpu_seconds(); }));
+                if (o.verify) {
+                    Status v = init->verify_kv(++*run, contiguous).with_context(what);
+                    if (!v.ok() && v.message().find("VERIFICATION FAILED") != std::string::npos) {
+                        *verify_failed = true;
+                    }
+                    TCPX_RETURN_IF_ERROR(v);
+                }
+            }
+            row.verified = o.verify;
+            return Status();
+        }();
+        if (!st.ok()) {
+            row.error = st.to_string();
+            rows->push_back(row);
+            return st;
+        }
+        rows->push_back(row);
+    }
+    return Status();
+}
+
 int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
     SocketPeer peer(fd);
     int rc = 0;
     std::vector<BackendInfo> backends;
     std::vector<Row> rows;
+    std::vector<KvRow> kv_rows;
     {
         std::unique_ptr<Memory> memory;
-        const uint64_t bytes = region_bytes(o);
+        // --kv: the pool, the same for the KV requests and the contiguous one.
+        const uint64_t bytes = o.kv ? o.kv_shape.pool : region_bytes(o);
         Status st = [&]() -> Status {
             TCPX_ASSIGN_OR_RETURN(memory, Memory::allocate(o.vram, o.initiator_gpu, bytes));
-            return peer.call("alloc " + std::to_string(bytes)).status().with_context("target");
+            TCPX_RETURN_IF_ERROR(
+                peer.call("alloc " + std::to_string(bytes)).status().with_context("target"));
+            if (!o.kv) return Status();
+            return peer.call("kvshape " + kv_shape_words(o.kv_shape))
+                .status()
+                .with_context("target");
         }();
         if (!st.ok()) {
             std::fprintf(stderr, "%s: %s\n", kProgram, st.to_string().c_str());
@@ -836,8 +1087,10 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
         }
         Initiator init(o, &peer, memory.get());
         Progress progress(o.progress && !o.json);
-        const size_t steps =
-            o.backends.size() * o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
+        // Measurements per backend.
+        const size_t per_backend =
+            o.kv ? o.ops.size() * 2 : o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
+        const size_t steps = o.backends.size() * per_backend;
         size_t step = 0;
         uint64_t run = 0;
         bool verify_failed = false;
@@ -853,11 +1106,13 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
                              info.error.c_str());
                 init.end();
                 backends.push_back(info);
-                step += o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
+                step += per_backend;
                 continue;
             }
-            Status swept = sweep_backend(o, backend, &init, &progress, &step, steps, &run, &rows,
-                                         &verify_failed);
+            Status swept = o.kv ? sweep_kv(o, backend, &init, &progress, &step, steps, &run,
+                                           &kv_rows, &verify_failed)
+                                : sweep_backend(o, backend, &init, &progress, &step, steps, &run,
+                                                &rows, &verify_failed);
             if (!swept.ok()) {
                 info.error = swept.to_string();
                 progress.clear();
@@ -870,7 +1125,7 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
         progress.clear();
         if (verify_failed) rc = 1;
         // Nothing measured at all (every backend skipped) is a failure too.
-        if (rows.empty()) rc = 1;
+        if (rows.empty() && kv_rows.empty()) rc = 1;
     }
     (void)peer.call("quit");
     int status = 0;
@@ -882,7 +1137,9 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
         }
     }
     if (o.json) {
-        print_json(o, machine, backends, rows);
+        print_json(o, machine, backends, rows, kv_rows);
+    } else if (o.kv) {
+        print_kv_table(o, machine, backends, kv_rows);
     } else {
         print_table(o, machine, backends, rows);
     }
@@ -953,6 +1210,8 @@ int nixl_bench_main(int argc, char** argv) {
                    "Seconds without a completion before a backend counts as stuck")
         ->capture_default_str()
         ->check(CLI::Range(1.0, 3600.0));
+    KvCommandLine kv;
+    add_kv_options(&app, &kv, &o.kv_shape);
     app.add_flag("--json", o.json, "Print JSON instead of a table");
     app.add_flag("--no-progress", no_progress, "No progress display on stderr");
     CLI11_PARSE(app, argc, argv);
@@ -964,6 +1223,19 @@ int nixl_bench_main(int argc, char** argv) {
         return 2;
     };
     if (!split_list(backends, &o.backends)) return usage("--backends: no backend");
+    o.kv = kv.kv;
+    if (Status st = parse_kv_options(kv, &o.kv_shape); !st.ok()) {
+        return usage(std::string(st.message()));
+    }
+    // As `tcpx-p2p bench engine --kv`: well-formed options that make no KV workload fail (1).
+    if (o.kv) {
+        Status st = o.batch != 1 ? invalid_argument("--kv: a request is its own batch (no --batch)")
+                                 : check_kv_shape(o.kv_shape);
+        if (!st.ok()) {
+            std::fprintf(stderr, "%s: %s\n", kProgram, std::string(st.message()).c_str());
+            return 1;
+        }
+    }
     std::vector<std::string> op_words;
     if (!split_list(ops, &op_words)) return usage("--ops: no operation");
     o.ops.clear();

@@ -155,23 +155,8 @@ int main(int argc, char** argv) {
     bench_engine->add_option("--iters", eng_opts.min_iters, "Minimum iterations per measurement")
         ->capture_default_str()
         ->check(CLI::Range(1, 1000000));
-    std::string eng_kv_shape;
-    std::string eng_kv_pool;
-    bench_engine->add_flag(
-        "--kv", eng_opts.kv,
-        "The KV workload instead of the size sweep: a paged KV cache (layers x {K,V} x blocks), "
-        "requests of random blocks pulled one at a time, beside one contiguous transfer of the "
-        "same bytes");
-    bench_engine->add_option("--kv-shape", eng_kv_shape,
-                             "With --kv: layers,tokens-per-block,kv-heads,head-dim,dtype-bytes "
-                             "(default 32,16,8,128,2: Llama-3-8B, 32 KiB blocks)");
-    bench_engine->add_option("--kv-pool", eng_kv_pool,
-                             "With --kv: the cache's bytes per side (default 4G)");
-    bench_engine
-        ->add_option("--kv-blocks", eng_opts.kv_shape.request_blocks,
-                     "With --kv: blocks of every layer's K and V per request (default 256: 4096 "
-                     "tokens)")
-        ->check(CLI::Range(1, 1 << 20));
+    tcpx::bench::KvCommandLine eng_kv;
+    tcpx::bench::add_kv_options(bench_engine, &eng_kv, &eng_opts.kv_shape);
     bench_engine->add_flag("--verify", eng_opts.verify,
                            "Check the bytes of every measurement's last transfer");
     bench_engine->add_flag("--no-baseline", eng_no_baseline, "Skip the raw TCP baseline");
@@ -299,22 +284,9 @@ int main(int argc, char** argv) {
                          eng_sizes.c_str());
             return 2;
         }
-        if (!eng_kv_shape.empty()) {
-            tcpx::bench::KvShape& k = eng_opts.kv_shape;
-            char tail = 0;
-            if (std::sscanf(eng_kv_shape.c_str(), "%d,%d,%d,%d,%d%c", &k.layers, &k.block_tokens,
-                            &k.kv_heads, &k.head_dim, &k.dtype_bytes, &tail) != 5) {
-                std::fprintf(stderr,
-                             "tcpx-p2p bench engine: --kv-shape '%s' is not "
-                             "layers,tokens,heads,dim,dtype (e.g. 32,16,8,128,2)\n",
-                             eng_kv_shape.c_str());
-                return 2;
-            }
-        }
-        if (!eng_kv_pool.empty() && (!tcpx::parse_size(eng_kv_pool, &eng_opts.kv_shape.pool) ||
-                                     eng_opts.kv_shape.pool == 0)) {
-            std::fprintf(stderr, "tcpx-p2p bench engine: --kv-pool '%s' is not a size\n",
-                         eng_kv_pool.c_str());
+        eng_opts.kv = eng_kv.kv;
+        if (auto st = tcpx::bench::parse_kv_options(eng_kv, &eng_opts.kv_shape); !st.ok()) {
+            std::fprintf(stderr, "tcpx-p2p bench engine: %s\n", std::string(st.message()).c_str());
             return 2;
         }
         eng_opts.write = eng_op != "read";

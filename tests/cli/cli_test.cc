@@ -10,60 +10,24 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cuda/device.h"
-#include "tests/support/subprocess.h"
+#include "tests/cli/cli_run.h"
 
 namespace tcpx {
 namespace {
 
-struct CliResult {
-    int status = -1;     // as from waitpid; -1: it did not exit in time
-    std::string output;  // stdout and stderr together
-};
+using testing::CliResult;
+using testing::contains;
+using testing::exited_with;
+using testing::has_all;
+using testing::json_of;
+using testing::positive_under;
 
-// Runs tcpx-p2p with `args` (and `env` added to the environment) to completion.
 CliResult run_cli(std::vector<std::string> args,
                   const std::map<std::string, std::string>& env = {}) {
-    args.insert(args.begin(), TCPX_P2P_CLI_PATH);
-    testing::Subprocess p;
-    CliResult r;
-    if (!p.start(args, env, /*merge_stderr=*/true)) {
-        ADD_FAILURE() << "could not start " << TCPX_P2P_CLI_PATH;
-        return r;
-    }
-    for (std::string line; p.read_line(&line, std::chrono::seconds(120));) r.output += line + "\n";
-    r.status = p.wait(std::chrono::seconds(30));
-    return r;
-}
-
-// Exited by itself with `code` (not killed by a signal).
-::testing::AssertionResult exited_with(const CliResult& r, int code) {
-    if (r.status == -1) return ::testing::AssertionFailure() << "did not exit\n" << r.output;
-    if (!WIFEXITED(r.status)) {
-        return ::testing::AssertionFailure() << "killed by signal " << WTERMSIG(r.status) << "\n"
-                                             << r.output;
-    }
-    if (WEXITSTATUS(r.status) != code) {
-        return ::testing::AssertionFailure()
-               << "exit code " << WEXITSTATUS(r.status) << ", expected " << code << "\n"
-               << r.output;
-    }
-    return ::testing::AssertionSuccess();
-}
-
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
-
-// Every one of `parts` is in `text`.
-::testing::AssertionResult has_all(const std::string& text,
-                                   std::initializer_list<const char*> parts) {
-    for (const char* part : parts) {
-        if (!contains(text, part)) {
-            return ::testing::AssertionFailure() << "no '" << part << "' in:\n" << text;
-        }
-    }
-    return ::testing::AssertionSuccess();
+    return testing::run_program(TCPX_P2P_CLI_PATH, std::move(args), env);
 }
 
 // Short measurements: these tests check behaviour, not speed.
@@ -183,6 +147,8 @@ TEST(BenchEngineCli, KvWorkloadIsVerifiedAndComparedWithOneContiguousTransfer) {
     if (kVerify) {
         EXPECT_TRUE(contains(r.output, "verified")) << r.output;
     }
+    EXPECT_TRUE(positive_under(r.output, "op     mem",
+                               {"KV GB/s", "contiguous GB/s", "KV CPU s/GB", "cont CPU s/GB"}));
     const CliResult j =
         run_cli(quick({"bench", "engine", "--kv", "--kv-pool", "64M", "--kv-blocks", "16",
                        "--kv-shape", "4,16,8,128,2", "--procs", "2", "--json", "--op", "read"}));
@@ -191,6 +157,57 @@ TEST(BenchEngineCli, KvWorkloadIsVerifiedAndComparedWithOneContiguousTransfer) {
         j.output, {"\"engine-kv\"", "\"kv_contiguous_ratio\"", "\"pieces\": 128", "\"READ\""}))
         << j.output;
     EXPECT_FALSE(contains(j.output, "\"WRITE\"")) << j.output;
+    // The target is the child process: its CPU time is part of the figure.
+    const nlohmann::json doc = json_of(j.output);
+    ASSERT_TRUE(doc.is_object()) << j.output;
+    for (const char* kind : {"kv", "contiguous"}) {
+        const nlohmann::json& t = doc["results"][0][kind];
+        EXPECT_GT(t.value("cpu_s_per_gb", 0.0), 0) << kind << "\n" << j.output;
+        EXPECT_GT(t.value("cpu_seconds_target_process", 0.0), 0) << kind << "\n" << j.output;
+        EXPECT_LT(t.value("cpu_seconds_target_process", 0.0), t.value("cpu_seconds", 0.0))
+            << kind << "\n"
+            << j.output;
+    }
+}
+
+// CPU s/GB: both sides' CPU seconds per GB, for the engine and for the raw TCP baseline, and
+// the engine's over raw TCP's, in the table and in the JSON, with the targets in this process
+// and in a child (whose CPU time must be reported back and counted).
+TEST(BenchEngineCli, CpuSecondsPerGbOfBothSidesAgainstRawTcp) {
+    for (const char* procs : {"1", "2"}) {
+        SCOPED_TRACE(std::string("--procs ") + procs);
+        const CliResult r = run_cli(
+            quick({"bench", "engine", "--sizes", "256K", "--procs", procs, "--no-latency"}));
+        ASSERT_TRUE(exited_with(r, 0));
+        EXPECT_TRUE(has_all(r.output, {"CPU s/GB: CPU seconds", "CPU vs TCP"}));
+        EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "CPU s/GB", "raw CPU", "CPU vs TCP"}));
+
+        const CliResult j = run_cli(quick({"bench", "engine", "--sizes", "256K", "--procs", procs,
+                                           "--no-latency", "--op", "write", "--json"}));
+        ASSERT_TRUE(exited_with(j, 0));
+        const nlohmann::json doc = json_of(j.output);
+        ASSERT_TRUE(doc.is_object()) << j.output;
+        ASSERT_EQ(doc["results"].size(), 1u) << j.output;
+        const nlohmann::json& row = doc["results"][0];
+        for (const char* which : {"ours", "raw"}) {
+            SCOPED_TRACE(which);
+            const nlohmann::json& t = row[which];
+            const double all = t.value("cpu_seconds", 0.0);
+            const double target = t.value("cpu_seconds_target_process", -1.0);
+            EXPECT_GT(t.value("cpu_s_per_gb", 0.0), 0) << j.output;
+            EXPECT_GT(all, 0) << j.output;
+            if (std::string(procs) == "2") {
+                EXPECT_GT(target, 0) << j.output;
+                EXPECT_LT(target, all) << j.output;
+            } else {
+                EXPECT_EQ(target, 0) << j.output;
+            }
+        }
+        EXPECT_NEAR(row.value("cpu_vs_tcp", 0.0),
+                    row["ours"].value("cpu_s_per_gb", 0.0) / row["raw"].value("cpu_s_per_gb", 1.0),
+                    1e-9)
+            << j.output;
+    }
 }
 
 // Bad KV shapes are refused with the reason, never run.
