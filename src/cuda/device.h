@@ -77,6 +77,13 @@ class CopyRing : public SlotFifo {
     // Enqueues the scatter of slot i's pinned buffer (or with `twin_only`, its GPU twin), back
     // to back, into `segs` (the reverse).
     virtual Status scatter(int i, std::span<const Seg> segs, bool twin_only = false) = 0;
+    // Enqueues the unpack of one devmem-TCP receive straight into `segs` (the chunk's pieces,
+    // back to back): one copy kernel over the receive's entries composed with the pieces
+    // (unpack_plan.h), when the pieces are all on the ring's GPU and the copies fit a slot's
+    // list; otherwise the unpack into slot i's GPU twin and the scatter out of it. Entries are
+    // checked as unpack() checks them (ready(i) reports a bad receive).
+    virtual Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
+                                  const uint8_t* bounce, std::span<const Seg> segs) = 0;
     // The GPU twin of the pinned buffer (the same size rounded up to whole 4 KiB pages, starting
     // on one; each slot's allocation at the same offset), made on first call: where a transport
     // that takes GPU memory sends a gathered chunk from and receives one to be scattered into.

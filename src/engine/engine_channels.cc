@@ -214,14 +214,14 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         case OpPath::kStagedGather:
             return ch.gring->scatter(f.op.slot, segments(f.op));
         case OpPath::kDeviceGather: {
-            uint8_t* staged = ch.gtwin + ch.gring->offset(f.op.slot);
             if (ch.dev_handle.type == net::DeviceType::kUnpack) {
-                // The plugin's pages land in the twin first (the unpack kernel), then the scatter
-                // kernel places them: both on the slot's stream, in that order.
+                // The plugin's pages go straight to the pieces: its entries composed with the
+                // pieces' places, one kernel (the ring falls back to the twin when they don't
+                // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-                TCPX_RETURN_IF_ERROR(
-                    ch.gring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
-                                     *q.count, ch.unpack.bounce_buf, staged, f.op.len));
+                return ch.gring->unpack_scatter(f.op.slot,
+                                                static_cast<const cuda::LoadMeta*>(q.entries),
+                                                *q.count, ch.unpack.bounce_buf, segments(f.op));
             }
             return ch.gring->scatter(f.op.slot, segments(f.op), /*twin_only=*/true);
         }

@@ -317,6 +317,7 @@ TEST_P(EngineDevice, ManySmallPiecesOfEveryKindPackedIntoChunks) {
             local += len + rng() % 9;
             remote += len + rng() % 9;
         }
+        const uint64_t direct_before = emulation() ? emulation()->direct_unpacks() : 0;
         auto w = a_->writev(link_.a_to_b, iov);
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         Status st = a_->wait(*w, 60s);
@@ -324,6 +325,10 @@ TEST_P(EngineDevice, ManySmallPiecesOfEveryKindPackedIntoChunks) {
         for (size_t k = 0; k < iov.size(); ++k) {
             TestBuffer* to = b_bufs_[iov[k].remote.kind == MemKind::kCuda ? 1 : 0].buf.get();
             ASSERT_EQ(mismatch(to, iov[k].remote_offset, iov[k].len, seeds[k]), -1) << k;
+        }
+        if (emulation() != nullptr && GetParam() == Transport::kFakeTcpx && round == 0) {
+            // Over UNPACK, chunks of several GPU pieces were unpacked straight into them.
+            EXPECT_GT(emulation()->direct_unpacks(), direct_before);
         }
         // Read them back into the other kind on a's side, at the same offsets.
         for (IoVec& v : iov) v.mem = a_bufs_[v.mem == a_bufs_[1].mem ? 0 : 1].mem;

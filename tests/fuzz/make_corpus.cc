@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -264,6 +265,25 @@ int main(int argc, char** argv) {
             mixed += raw(len);
         }
         put("fuzz_packer", "mixed", mixed);
+    }
+    // Unpacks into pieces: piece lengths, then a devmem receive's entries (4 KiB pages, out of
+    // order), and one with an entry past the chunk.
+    {
+        auto u16 = [](uint16_t v) { return raw(v); };
+        std::string pieces = u16(5);
+        for (uint16_t len :
+             {uint16_t{100}, uint16_t{0}, uint16_t{9000}, uint16_t{4096}, uint16_t{3}}) {
+            pieces += u16(len);
+        }
+        const uint64_t total = 100 + 9000 + 4096 + 3;
+        std::string entries;
+        for (uint64_t at = 0, page = 3; at < total; at += 4096, page = (page + 5) % 7) {
+            const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(4096, total - at));
+            entries += raw(static_cast<uint32_t>(page * 4096)) + raw(len) + raw(at);
+        }
+        put("fuzz_unpack_plan", "pages", pieces + entries);
+        put("fuzz_unpack_plan", "past_end",
+            pieces + entries + raw(uint32_t{0}) + raw(uint32_t{16}) + raw(total - 8));
     }
     put("fuzz_socket_hello", "control", raw(control) + raw(accepted) + raw(nonce) + raw(nsocks));
     put("fuzz_socket_hello", "data", raw(data) + raw(refused) + raw(nonce) + raw(nsocks));

@@ -7,6 +7,7 @@
 
 #include "common/status_util.h"
 #include "cuda/unpack.h"
+#include "cuda/unpack_plan.h"
 
 namespace tcpx::testing {
 namespace {
@@ -77,6 +78,48 @@ class HostCopyRing final : public cuda::CopyRing {
     Status scatter(int i, std::span<const cuda::Seg> segs, bool twin_only) override {
         return move_segments(i, segs, false, twin_only);
     }
+    // As CUDA's ring: one list of copies planned now (the pieces all "device" memory of the
+    // ring's GPU, the list within a slot's), run when the work runs; otherwise the unpack into
+    // the twin and the scatter out of it.
+    Status unpack_scatter(int i, const cuda::LoadMeta* entries, uint64_t count,
+                          const uint8_t* bounce, std::span<const cuda::Seg> segs) override {
+        if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
+        if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
+            return protocol_error("emulated unpack: more pieces than a slot holds");
+        }
+        uint64_t total = 0;
+        bool all_here = segs.size() <= cuda::kMaxKernelSegs;
+        for (const cuda::Seg& seg : segs) {
+            if (seg.device >= 0 && !dev_->is_device_range(seg.ptr, seg.len)) {
+                return internal_error("unpack into memory outside device memory");
+            }
+            total += seg.len;
+            all_here = all_here && seg.device == device();
+        }
+        TCPX_RETURN_IF_ERROR(check_slot(i, total));
+        constexpr size_t kCapacity = cuda::kUnpackMaxEntries + cuda::kMaxKernelSegs + 65;
+        std::vector<cuda::CopyEntry> list(kCapacity);
+        std::vector<uint64_t> starts;
+        cuda::UnpackPlan plan;
+        if (all_here) {
+            plan = cuda::plan_unpack_scatter(entries, count, bounce, segs, list.data(), list.size(),
+                                             &starts);
+        }
+        if (!all_here || !plan.fits) {
+            TCPX_ASSIGN_OR_RETURN(uint8_t * twin, twin());
+            TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, twin + offset(i), total));
+            return move_segments(i, segs, /*gather=*/false, /*twin_only=*/true);
+        }
+        list.resize(plan.count);
+        enqueue(i, [list = std::move(list), good = !plan.bad]() {
+            cuda::run_copy_entries(list.data(), list.size());
+            return good;
+        });
+        dev_->count_ring_work(true);
+        dev_->count_direct_unpack();
+        return Status();
+    }
+
     // "Device" memory of the ring's GPU, declared as such, poisoned like the pinned buffer.
     StatusOr<uint8_t*> twin() override {
         if (twin_ == nullptr) {
@@ -262,9 +305,17 @@ uint64_t HostDevice::unpacks() const {
     std::lock_guard<std::mutex> lock(mu_);
     return unpacks_;
 }
+uint64_t HostDevice::direct_unpacks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return direct_unpacks_;
+}
 void HostDevice::count_ring_work(bool unpack) {
     std::lock_guard<std::mutex> lock(mu_);
     ++(unpack ? unpacks_ : ring_copies_);
+}
+void HostDevice::count_direct_unpack() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++direct_unpacks_;
 }
 
 ScopedHostDevice::ScopedHostDevice(int gpus) : device_(gpus) {

@@ -40,7 +40,10 @@ class HostDevice final : public cuda::Device {
     int rings_made() const;
     uint64_t ring_copies() const;
     uint64_t unpacks() const;
+    // Unpacks that went straight into a chunk's pieces (CopyRing::unpack_scatter, one list).
+    uint64_t direct_unpacks() const;
     void count_ring_work(bool unpack);
+    void count_direct_unpack();
 
  private:
     struct Region {
@@ -53,6 +56,7 @@ class HostDevice final : public cuda::Device {
     int rings_made_ = 0;
     uint64_t ring_copies_ = 0;
     uint64_t unpacks_ = 0;
+    uint64_t direct_unpacks_ = 0;
 };
 
 // Installs a HostDevice for its lifetime (create it before any endpoint, destroy it after).
