@@ -19,6 +19,7 @@ UnpackPlan plan_unpack_scatter(const LoadMeta* entries, uint64_t count, const ui
         starts->push_back(total);
         total += s.len;
     }
+    size_t k = 0;
     for (uint64_t e = 0; e < count; ++e) {
         // One read of the entry: the transport may still be writing the list it handed over.
         LoadMeta m;
@@ -30,13 +31,16 @@ UnpackPlan plan_unpack_scatter(const LoadMeta* entries, uint64_t count, const ui
         uint64_t at = m.dst_off;
         uint64_t src = m.src_off;
         uint64_t left = m.len;
-        // The piece holding `at`: the last one starting at or before it with bytes past it
-        // (zero-length pieces hold nothing).
-        size_t k = static_cast<size_t>(std::upper_bound(starts->begin(), starts->end(), at) -
-                                       starts->begin());
+        if (left == 0) continue;
+        // The piece holding `at` (1-based k): a devmem receive lists its pages in order, so
+        // usually the piece the last entry ended in or the next one; otherwise the last piece
+        // starting at or before `at` (zero-length pieces hold nothing and are stepped over).
+        if (k == 0 || at < (*starts)[k - 1] || at > (*starts)[k - 1] + segs[k - 1].len) {
+            k = static_cast<size_t>(std::upper_bound(starts->begin(), starts->end(), at) -
+                                    starts->begin());
+        }
         while (left > 0) {
             while (k > 0 && (*starts)[k - 1] + segs[k - 1].len <= at) ++k;  // past empty ones
-            if (k == 0) k = 1;
             const Seg& s = segs[k - 1];
             const uint64_t in_piece = at - (*starts)[k - 1];
             const uint64_t len = std::min({left, s.len - in_piece, kCopyTile});
