@@ -99,6 +99,20 @@ struct TCPX_API XferStatus {
     Status error;  // why it failed, when state is kFailed (INVALID_ARGUMENT for an unknown id)
 };
 
+// Counters of an endpoint (all its peers, past and present, since it was created) or of one peer
+// (since it connected). Monotonic; read with Endpoint::stats() and peer_stats().
+struct TCPX_API Stats {
+    uint64_t bytes_sent = 0;      // bytes of completed transfers that left this endpoint's memory
+    uint64_t bytes_received = 0;  // bytes of completed transfers that landed in its memory
+    uint64_t transfers_started = 0;    // posted here (write, read, send, recv and vectors)
+    uint64_t transfers_completed = 0;  // of those, done
+    uint64_t transfers_failed = 0;     // of those, failed (their peer's failure included)
+    uint64_t requests_served = 0;      // the peers' reads and writes served here
+    uint64_t errors = 0;               // peers failed: connection lost, protocol errors, timeouts
+    uint64_t retries = 0;  // transport requests the transport had no room for yet (posted later)
+    uint64_t window_blocked_ns = 0;  // time data channels had chunks waiting on a full window
+};
+
 class TcpxSession;
 class TcpxTransfer;
 
@@ -138,6 +152,9 @@ class TCPX_API Endpoint {
     // is still being made; NOT_FOUND for an id never connected or disconnected. Makes progress
     // once where no progress thread runs, as poll() does.
     Status peer_status(PeerId peer);
+    // The endpoint's counters, and one peer's (NOT_FOUND once it is gone).
+    Stats stats() const;
+    StatusOr<Stats> peer_stats(PeerId peer) const;
 
     // --- memory ---
     // Registers [ptr, ptr + len) for transfers. Registration ids and keys are never reused.

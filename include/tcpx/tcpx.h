@@ -176,6 +176,26 @@ TCPX_C_API tcpx_status_t tcpx_peer_name(const tcpx_endpoint_t* ep, uint64_t peer
  * id. Makes progress once where no progress thread runs. */
 TCPX_C_API tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer);
 
+/* Counters of an endpoint (all its peers, gone ones included, since it was created) or of one
+ * peer (since it connected); monotonic. As tcpx::Stats in tcpx/endpoint.h. */
+typedef struct tcpx_stats_t {
+    uint64_t bytes_sent;          /* bytes of completed transfers that left our memory */
+    uint64_t bytes_received;      /* bytes of completed transfers that landed in our memory */
+    uint64_t transfers_started;   /* posted here */
+    uint64_t transfers_completed; /* of those, done */
+    uint64_t transfers_failed;    /* of those, failed */
+    uint64_t requests_served;     /* the peers' reads and writes served here */
+    uint64_t errors;              /* peers failed */
+    uint64_t retries;             /* transport requests posted later for lack of room */
+    uint64_t window_blocked_ns;   /* time data channels had chunks waiting on a full window */
+} tcpx_stats_t;
+
+/* The endpoint's counters. */
+TCPX_C_API tcpx_status_t tcpx_endpoint_stats(const tcpx_endpoint_t* ep, tcpx_stats_t* out);
+/* One peer's counters; TCPX_ERR_NOT_FOUND for an unknown id. */
+TCPX_C_API tcpx_status_t tcpx_peer_stats(const tcpx_endpoint_t* ep, uint64_t peer,
+                                         tcpx_stats_t* out);
+
 /* ---------------------------------------------------------------------------------------------
  * Memory. */
 

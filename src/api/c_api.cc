@@ -42,6 +42,7 @@ using tcpx::Config;
 using tcpx::Endpoint;
 using tcpx::IoVec;
 using tcpx::RemoteMem;
+using tcpx::Stats;
 using tcpx::Status;
 using tcpx::StatusCode;
 using tcpx::StatusOr;
@@ -355,6 +356,39 @@ tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer) {
     return guarded("tcpx_peer_status", [&]() -> Status {
         TCPX_C_REQUIRE(ep);
         return ep->endpoint->peer_status(peer);
+    });
+}
+
+namespace {
+void to_c(const Stats& s, tcpx_stats_t* out) {
+    *out = tcpx_stats_t{s.bytes_sent,
+                        s.bytes_received,
+                        s.transfers_started,
+                        s.transfers_completed,
+                        s.transfers_failed,
+                        s.requests_served,
+                        s.errors,
+                        s.retries,
+                        s.window_blocked_ns};
+}
+}  // namespace
+
+tcpx_status_t tcpx_endpoint_stats(const tcpx_endpoint_t* ep, tcpx_stats_t* out) {
+    return guarded("tcpx_endpoint_stats", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        TCPX_C_REQUIRE(out);
+        to_c(ep->endpoint->stats(), out);
+        return Status();
+    });
+}
+
+tcpx_status_t tcpx_peer_stats(const tcpx_endpoint_t* ep, uint64_t peer, tcpx_stats_t* out) {
+    return guarded("tcpx_peer_stats", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        TCPX_C_REQUIRE(out);
+        TCPX_ASSIGN_OR_RETURN(Stats s, ep->endpoint->peer_stats(peer));
+        to_c(s, out);
+        return Status();
     });
 }
 

@@ -39,6 +39,8 @@ StatusOr<PeerId> Endpoint::accept(std::chrono::milliseconds timeout) {
 Status Endpoint::disconnect(PeerId peer) { return impl_->disconnect(peer); }
 StatusOr<std::string> Endpoint::peer_name(PeerId peer) const { return impl_->peer_name(peer); }
 Status Endpoint::peer_status(PeerId peer) { return impl_->peer_status(peer); }
+Stats Endpoint::stats() const { return impl_->stats(); }
+StatusOr<Stats> Endpoint::peer_stats(PeerId peer) const { return impl_->peer_stats(peer); }
 
 StatusOr<MemId> Endpoint::reg(void* ptr, size_t len) { return impl_->reg(ptr, len); }
 Status Endpoint::dereg(MemId mem) { return impl_->dereg(mem); }

@@ -333,6 +333,20 @@ StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {
     return it->second->name;
 }
 
+Stats Endpoint::Impl::stats() {
+    auto lock = api_lock();
+    return totals_;
+}
+
+StatusOr<Stats> Endpoint::Impl::peer_stats(PeerId peer) {
+    auto lock = api_lock();
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+        return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));
+    }
+    return it->second->stats;
+}
+
 Status Endpoint::Impl::peer_status(PeerId peer) {
     if (!own_progress_thread_) {
         std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
@@ -496,6 +510,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         TCPX_DEBUG("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
     }
     p.state = Peer::State::kFailed;
+    count(p, &Stats::errors);
     // The channels go first: their requests end (complete, or are abandoned by closing the comm,
     // after which the transport touches none of their buffers), then the transfers can be failed
     // and their regions released. GPU work goes first (it may be writing into the transfers'
@@ -552,7 +567,10 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     }
     std::vector<Xfer*> xfers(p.xfers.begin(), p.xfers.end());
     for (Xfer* x : xfers) {
-        if (x->user_id != 0) xfers_->finish(x->user_id, p.error);
+        if (x->user_id != 0) {
+            count(p, &Stats::transfers_failed);
+            xfers_->finish(x->user_id, p.error);
+        }
         destroy(x);
     }
     p.awaiting.clear();

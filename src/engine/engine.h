@@ -196,6 +196,8 @@ struct Channel {
     // flight that makes no progress for the peer timeout fails its peer (a lost chunk would
     // otherwise leave its transfer waiting forever while heartbeats keep the peer alive).
     Clock::time_point last_progress{};
+    // Since when chunks have waited with the window full (the epoch when they are not).
+    Clock::time_point blocked_since{};
 
     // Whether anything waits for this channel's progress.
     bool busy() const { return !queued.empty() || !inflight.empty() || !finishing.empty(); }
@@ -269,6 +271,7 @@ struct Peer {
     // them). At most kMaxDeferred.
     std::deque<std::function<void()>> deferred;
     Status error;                // why it failed
+    Stats stats;                 // its counters (Impl::count adds to the endpoint's too)
     bool known_to_user = false;  // returned by connect() or accept()
     bool in_accept_queue = false;
 };
@@ -291,6 +294,8 @@ class Endpoint::Impl {
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer);
     Status peer_status(PeerId peer);
+    Stats stats();
+    StatusOr<Stats> peer_stats(PeerId peer);
 
     StatusOr<MemId> reg(void* ptr, size_t len);
     Status dereg(MemId mem);
@@ -476,6 +481,14 @@ class Endpoint::Impl {
     Clock::time_point next_tick_{};
     uint64_t next_wire_id_ = 1;
     uint64_t active_ops_ = 0;  // chunk requests queued or in flight, all peers
+    Stats totals_;             // the endpoint's counters (every peer's, gone ones included)
+    // Adds `n` to a counter of peer `p` and of the endpoint (under mu_).
+    void count(Peer& p, uint64_t Stats::*field, uint64_t n = 1) {
+        p.stats.*field += n;
+        totals_.*field += n;
+    }
+    // Bytes a finished transfer moved, by its direction, and its outcome.
+    void count_finished(const Xfer& x);
     std::vector<cuda::Seg> seg_buf_;
     std::vector<net::IoSeg> ioseg_buf_;
 

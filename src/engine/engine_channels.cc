@@ -187,7 +187,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
         }
         if (!st.ok()) return failed(st);
-        if (req == nullptr) break;  // the transport is full: later
+        if (req == nullptr) {  // the transport is full: later
+            count(p, &Stats::retries);
+            break;
+        }
         // (where next_offset() said: nothing was taken in between)
         if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(op.len);
         if (op.region == nullptr) ch.scratch_busy = true;
@@ -196,6 +199,18 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         ch.queued.pop_front();
         if (tx) --ch.staged_ahead;
         did = true;
+    }
+    // Time with chunks waiting on a full window (a slow peer or wire), for the counters.
+    const bool blocked = !ch.queued.empty() &&
+                         ch.inflight.size() + ch.finishing.size() >= static_cast<size_t>(window_);
+    if (blocked && ch.blocked_since == Clock::time_point{}) {
+        ch.blocked_since = Clock::now();
+    } else if (!blocked && ch.blocked_since != Clock::time_point{}) {
+        const auto waited = Clock::now() - ch.blocked_since;
+        count(p, &Stats::window_blocked_ns,
+              static_cast<uint64_t>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count()));
+        ch.blocked_since = Clock::time_point{};
     }
     return did;
 }

@@ -226,6 +226,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
         std::string msg = wire::encode_read_resp(req.xfer, 0, refused);
         wire::end_message(&msg);
         send_ctrl(p, std::move(msg));
+        count(p, &Stats::requests_served);
         return Status();
     }
     if (total <= inline_limit()) {
@@ -240,6 +241,8 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
         if (st.ok()) msg.append(payload);
         wire::end_message(&msg);
         send_ctrl(p, std::move(msg));
+        count(p, &Stats::requests_served);
+        if (st.ok()) count(p, &Stats::bytes_sent, total);
         return Status();
     }
     std::string msg = wire::encode_read_resp(req.xfer, 0, Status());

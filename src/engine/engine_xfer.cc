@@ -92,6 +92,7 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
     x->chunk = p.chunk;  // (0 while connecting: set when a deferred post is issued)
     x->user_id = user_id;
     p.xfers.insert(x);
+    if (user_visible) count(p, &Stats::transfers_started);
     return x;
 }
 
@@ -209,9 +210,26 @@ void Endpoint::Impl::op_done(const Op& op) {
     if (--op.xfer->ops_left == 0) maybe_finish(op.xfer);
 }
 
+void Endpoint::Impl::count_finished(const Xfer& x) {
+    Peer& p = *x.peer;
+    const bool served = x.kind == Xfer::Kind::kServeWrite || x.kind == Xfer::Kind::kServeRead;
+    if (served) {
+        count(p, &Stats::requests_served);
+    } else {
+        count(p, x.result.ok() ? &Stats::transfers_completed : &Stats::transfers_failed);
+    }
+    if (!x.result.ok()) return;
+    uint64_t bytes = 0;
+    for (const Xfer::Piece& piece : x.pieces) bytes += piece.len;
+    const bool outgoing = x.kind == Xfer::Kind::kWrite || x.kind == Xfer::Kind::kSend ||
+                          x.kind == Xfer::Kind::kServeRead;
+    count(p, outgoing ? &Stats::bytes_sent : &Stats::bytes_received, bytes);
+}
+
 void Endpoint::Impl::maybe_finish(Xfer* x) {
     if (x->ops_left > 0 || x->waiting) return;
     Peer& p = *x->peer;
+    count_finished(*x);
     switch (x->kind) {
         case Xfer::Kind::kServeWrite:
             // The data is in place (or the write was refused): notify, then acknowledge, so the

@@ -909,6 +909,47 @@ static void test_disconnect(void) {
     CHECK(memcmp(payload, "again", 5) == 0 && strcmp(name, "a") == 0);
 }
 
+// Counters: a write moves them by exactly its bytes and one transfer here, one served there; a
+// peer's are the endpoint's when it is the only one; bad arguments are refused.
+static void test_stats(void) {
+    const uint64_t size = 4096;
+    guarded_buf src = buf_new(size), dst = buf_new(size);
+    uint64_t ms = 0, md = 0;
+    CHECK_OK(tcpx_reg(a, src.data, size, &ms));
+    CHECK_OK(tcpx_reg(b, dst.data, size, &md));
+    desc_t rd = describe(b, md);
+    tcpx_stats_t a0, b0, a1, b1, ap;
+    CHECK_OK(tcpx_endpoint_stats(a, &a0));
+    CHECK_OK(tcpx_endpoint_stats(b, &b0));
+    uint64_t x = 0;
+    CHECK_OK(tcpx_write(a, a_to_b, ms, 0, rd.bytes, rd.len, 0, size, NULL, 0, 0, &x));
+    CHECK_OK(tcpx_wait(a, x, kTimeoutMs));
+    CHECK_OK(tcpx_endpoint_stats(a, &a1));
+    CHECK(a1.transfers_started == a0.transfers_started + 1);
+    CHECK(a1.transfers_completed == a0.transfers_completed + 1);
+    CHECK(a1.transfers_failed == a0.transfers_failed);
+    CHECK(a1.bytes_sent == a0.bytes_sent + size);
+    CHECK(a1.bytes_received == a0.bytes_received);
+    const double deadline = now_s() + kTimeoutMs / 1000.0;
+    do {
+        CHECK_OK(tcpx_endpoint_stats(b, &b1));
+        if (b1.requests_served == b0.requests_served + 1) break;
+        sleep_ms(1);
+    } while (now_s() < deadline);
+    CHECK(b1.requests_served == b0.requests_served + 1);
+    CHECK(b1.bytes_received == b0.bytes_received + size);
+    CHECK_OK(tcpx_peer_stats(a, a_to_b, &ap));
+    CHECK(ap.bytes_sent == a1.bytes_sent && ap.transfers_started == a1.transfers_started);
+    CHECK_ERR(tcpx_peer_stats(a, 987654, &ap), TCPX_ERR_NOT_FOUND);
+    CHECK_ERR(tcpx_endpoint_stats(a, NULL), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_endpoint_stats(NULL, &ap), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_peer_stats(a, a_to_b, NULL), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_OK(tcpx_dereg(a, ms));
+    CHECK_OK(tcpx_dereg(b, md));
+    buf_free(&src);
+    buf_free(&dst);
+}
+
 int main(void) {
     test_status_names();
     test_config();
@@ -921,6 +962,7 @@ int main(void) {
         test_writev_readv(i);
         test_send_recv(sizes[i]);
     }
+    test_stats();
     test_notify();
     test_bad_inputs();
     test_thread_local_error();

@@ -250,6 +250,95 @@ TEST_F(EnginePair, VectorTransfersOfRandomShape) {
 
 // Small chunks (64 KiB), so that vectors of small pieces are packed many to a chunk and larger
 // pieces are cut across several (engine/packer.h).
+// The counters follow the traffic: transfers posted and their outcome here, requests served and
+// bytes there, for chunked and inline transfers, vectors, a refused write and a lost peer.
+TEST_F(EnginePair, CountersFollowTheTraffic) {
+    const Stats zero = a_->stats();
+    EXPECT_EQ(zero.transfers_started, 0u);
+    EXPECT_EQ(zero.bytes_sent, 0u);
+    ASSERT_TRUE(write(0, 0, 1 << 20).ok());
+    ASSERT_TRUE(write(5, 7, 100).ok());  // inline
+    ASSERT_TRUE(read(0, 0, 3 << 20).ok());
+    ASSERT_TRUE(read(9, 3, 10).ok());  // inline
+    std::vector<IoVec> iov;
+    for (uint64_t k = 0; k < 3; ++k) iov.push_back(IoVec{amem_, k * 5000, bdesc_, k * 7000, 1000});
+    auto v = a_->writev(link_.a_to_b, iov);
+    ASSERT_TRUE(v.ok());
+    ASSERT_TRUE(a_->wait(*v, 20s).ok());
+    const uint64_t sent = (1 << 20) + 100 + 3000;
+    const uint64_t received = (3 << 20) + 10;
+    Stats a = a_->stats();
+    EXPECT_EQ(a.transfers_started, 5u);
+    EXPECT_EQ(a.transfers_completed, 5u);
+    EXPECT_EQ(a.transfers_failed, 0u);
+    EXPECT_EQ(a.bytes_sent, sent);
+    EXPECT_EQ(a.bytes_received, received);
+    EXPECT_EQ(a.requests_served, 0u);
+    EXPECT_EQ(a.errors, 0u);
+    // (The serving side's counters settle a moment after our completion: a served read's
+    // last send completion.)
+    ASSERT_TRUE(eventually(
+        [&] {
+            const Stats b = b_->stats();
+            return b.requests_served == 5 && b.bytes_sent == received;
+        },
+        10s));
+    Stats b = b_->stats();
+    EXPECT_EQ(b.bytes_received, sent);
+    EXPECT_EQ(b.transfers_started, 0u);
+    // One peer each: its counters are the endpoint's.
+    auto ap = a_->peer_stats(link_.a_to_b);
+    ASSERT_TRUE(ap.ok());
+    EXPECT_EQ(ap->bytes_sent, a.bytes_sent);
+    EXPECT_EQ(ap->transfers_completed, a.transfers_completed);
+    auto bp = b_->peer_stats(link_.b_to_a);
+    ASSERT_TRUE(bp.ok());
+    EXPECT_EQ(bp->requests_served, 5u);
+    EXPECT_EQ(a_->peer_stats(987654).status().code(), StatusCode::kNotFound);
+
+    // A write the target refuses (a key it never gave): failed here, served there, no bytes.
+    RemoteMem forged = bdesc_;
+    forged.key ^= 0x5a5a;
+    auto w = a_->write(link_.a_to_b, amem_, 0, forged, 0, 256 << 10);
+    ASSERT_TRUE(w.ok());
+    EXPECT_FALSE(a_->wait(*w, 20s).ok());
+    a = a_->stats();
+    EXPECT_EQ(a.transfers_started, 6u);
+    EXPECT_EQ(a.transfers_failed, 1u);
+    EXPECT_EQ(a.bytes_sent, sent);
+    ASSERT_TRUE(eventually([&] { return b_->stats().requests_served == 6; }, 10s));
+    EXPECT_EQ(b_->stats().bytes_received, sent);
+
+    // The peer goes away: an error here, and the endpoint keeps the peer's counters.
+    ASSERT_TRUE(b_->disconnect(link_.b_to_a).ok());
+    ASSERT_TRUE(eventually([&] { return a_->stats().errors == 1; }, 10s));
+    EXPECT_EQ(a_->stats().bytes_received, received);
+}
+
+// Chunks waiting on a full window are timed.
+TEST(EngineCounters, TimeOnAFullWindowIsCounted) {
+    constexpr size_t kLen = 16 << 20;
+    std::vector<uint8_t> src(kLen, 1), dst(kLen, 0);  // (outlive the endpoints)
+    Config config = engine_test_config();
+    config.window = 1;
+    config.xfer_chunk_size = 64 * 1024;
+    auto a = make_endpoint("alpha-w1", config);
+    auto b = make_endpoint("beta-w1", config);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    const MemId sm = *a->reg(src.data(), kLen);
+    const RemoteMem dd = *b->describe(*b->reg(dst.data(), kLen));
+    auto w = a->write(l.a_to_b, sm, 0, dd, 0, kLen);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(a->wait(*w, 30s).ok());
+    EXPECT_EQ(dst, src);
+    const Stats s = a->stats();
+    EXPECT_GT(s.window_blocked_ns, 0u) << "256 chunks through a window of 1 never waited";
+    EXPECT_LT(s.window_blocked_ns, 60'000'000'000u);
+    EXPECT_EQ(s.bytes_sent, kLen);
+}
+
 class EnginePairPacked : public EnginePair {
  protected:
     void SetUp() override {
