@@ -14,6 +14,7 @@
 #include "common/machine.h"
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "common/topology.h"
 
 extern char** environ;
 
@@ -215,6 +216,9 @@ Status Settings::validate() const {
         return invalid_argument(
             "TCPX_P2P_AUTH_SECRET_PREVIOUS is set without TCPX_P2P_AUTH_SECRET");
     }
+    // The map's form (which NICs it names exist is for the transport to say).
+    TCPX_RETURN_IF_ERROR(topo::parse_gpu_nic_map(gpu_nic_map).status());
+    if (sysfs_root.empty()) return invalid_argument("TCPX_P2P_SYSFS_ROOT is empty");
     if (min_chunk_size > chunk_size) {
         return invalid_argument(
             strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is larger than TCPX_P2P_CHUNK_SIZE (%s)",

@@ -421,6 +421,16 @@ class CudaDevice final : public Device {
         return cuda_status(cudaSetDevice(device), "cudaSetDevice");
     }
 
+    std::string pci_bus_id(int device) override {
+        if (device < 0 || device >= count()) return "";
+        char id[32] = {};
+        if (cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device) != cudaSuccess) {
+            cudaGetLastError();
+            return "";
+        }
+        return id;
+    }
+
  private:
     std::once_flag once_;
     int count_ = 0;

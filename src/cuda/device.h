@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "common/slot_fifo.h"
 #include "cuda/unpack_defs.h"
@@ -125,6 +126,9 @@ class Device {
     // Makes GPU `device` the calling thread's current one: what a transport allocates for the
     // caller then lands there (Google's TCPX plugin puts a receive comm's bounce buffer on it).
     virtual Status select(int device) = 0;
+    // GPU `device`'s PCI bus id ("0000:86:00.0"), which places it on the PCI tree for the
+    // GPU-to-NIC choice (common/topology.h); empty when there is no such GPU.
+    virtual std::string pci_bus_id(int device) = 0;
 };
 
 // The device layer in use.

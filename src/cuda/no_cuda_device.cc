@@ -18,6 +18,7 @@ class NoDevice final : public Device {
     Status select(int) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
+    std::string pci_bus_id(int) override { return ""; }
 };
 
 }  // namespace

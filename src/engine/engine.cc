@@ -18,6 +18,7 @@
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
 #include "net/fault/fault_net.h"
+#include "net/nic_select.h"
 #include "net/plugin/plugin_loader.h"
 #include "net/socket/socket_net.h"
 
@@ -57,10 +58,23 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         return invalid_argument(
             strformat("endpoint name of %zu bytes exceeds %zu", name.size(), wire::kMaxName));
     }
+    // The NIC(s) closest to our GPU, or those TCPX_P2P_GPU_NIC_MAP names (docs/topology.md):
+    // the socket transport's interfaces (and so the control listener's) unless SOCKET_IFNAME is
+    // set, or the plugin's device.
+    const int gpu = static_cast<int>(config.gpu_index);
+    const std::string gpu_pci = gpu >= 0 ? cuda::device().pci_bus_id(gpu) : std::string();
     if (config.net_plugin.empty()) {
+        if (gpu >= 0) {
+            TCPX_ASSIGN_OR_RETURN(std::string ifname,
+                                  net::socket_ifname_for_gpu(config_, gpu, gpu_pci));
+            if (!ifname.empty()) config_.socket_ifname = std::move(ifname);
+        }
         TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
     } else {
         TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin, config));
+        if (gpu >= 0) {
+            TCPX_ASSIGN_OR_RETURN(dev_, net::net_device_for_gpu(*net_, config, gpu, gpu_pci));
+        }
     }
     if (!config.fault.empty()) {
         TCPX_ASSIGN_OR_RETURN(net_, net::make_fault_net(std::move(net_), config.fault));

@@ -461,7 +461,7 @@ class Endpoint::Impl {
     net::Properties props_;
     uint64_t chunk_ = 0;  // the chunk size we offer (XFER_CHUNK_SIZE, within the transport's limit)
     int staging_slots_ = 8;
-    int dev_ = 0;
+    int dev_ = 0;  // the transport's device: the GPU's NIC (net/nic_select.h), or 0
     int window_ = 1;
     SocketAddress listen_addr_;
     Fd listen_fd_;

@@ -1,7 +1,10 @@
 // The tcpx-p2p command-line tool, run as a user runs it: `bench engine` options that must be
 // refused with a clear message and exit code (never a crash), and short runs that must still work.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +17,7 @@
 
 #include "cuda/device.h"
 #include "tests/cli/cli_run.h"
+#include "tests/support/sysfs_tree.h"
 
 namespace tcpx {
 namespace {
@@ -305,6 +309,124 @@ TEST(DoctorCli, WhatWouldStopARunIsAProblemWithAFix) {
             has_all(j.output, {"\"blocked\": true", "\"blocking\": true", "\"fix\"", c.says}))
             << j.output;
     }
+}
+
+// Doctor reads sysfs under TCPX_P2P_SYSFS_ROOT: on the A3-high fixture it lists the NICs with
+// their speed, MTU, NUMA node and PCI path, the GPUs, and the GPU-to-NIC map (two GPUs per NIC,
+// each on its switch). Without a GPU CUDA sees, the GPUs are sysfs's, in PCI order.
+TEST(DoctorCli, ShowsTheGpuNicMapOfTheA3HighFixture) {
+    auto tree = testing::SysfsTree::a3_high();
+    const std::map<std::string, std::string> env = {{"TCPX_P2P_SYSFS_ROOT", tree->root()}};
+    const CliResult r = run_cli({"doctor"}, env);
+    ASSERT_TRUE(exited_with(r, 0));
+    const std::string eth3 = "up, 200000 Mb/s, mtu 8244, numa 1, pci 0000:95:00.0 (" +
+                             tree->root() +
+                             "/devices/pci0000:90/0000:90:01.0/0000:91:00.0/0000:92:02.0/"
+                             "0000:95:00.0)";
+    EXPECT_TRUE(has_all(r.output, {"devmem TCP", "gpu-nic map", "TCPX_P2P_SYSFS_ROOT",
+                                   "RxDM socket", "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX",
+                                   "NCCL_DYNAMIC_CHUNK_SIZE", eth3.c_str()}))
+        << r.output;
+    const bool cuda = cuda::device_count() > 0;  // then the GPUs are CUDA's, not the fixture's
+    if (!cuda) {
+        EXPECT_TRUE(
+            has_all(r.output, {"GPU 0 (sysfs)", "pci 0000:13:00.0, numa 0", "GPU 7 (0000:a4:00.0)",
+                               "eth4 (0000:a5:00.0), same PCIe switch"}))
+            << r.output;
+    }
+    const CliResult j = run_cli({"doctor", "--json"}, env);
+    ASSERT_TRUE(exited_with(j, 0));
+    const nlohmann::json doc = json_of(j.output);
+    ASSERT_FALSE(doc.is_discarded()) << j.output;
+    EXPECT_FALSE(doc["kernel"]["release"].get<std::string>().empty());
+    EXPECT_TRUE(doc["kernel"]["devmem_tcp"].is_string());
+    EXPECT_TRUE(doc["kernel"]["upstream_devmem_version"].is_boolean());
+    EXPECT_TRUE(doc["rxdm_socket"]["present"].is_boolean());
+    const nlohmann::json& nics = doc["topology"]["nics"];
+    ASSERT_EQ(nics.size(), 6u) << nics.dump();
+    EXPECT_EQ(nics[2]["name"], "eth2");
+    EXPECT_EQ(nics[2]["speed_mbps"], 200000);
+    EXPECT_EQ(nics[2]["mtu"], 8244);
+    EXPECT_EQ(nics[2]["numa_node"], 0);
+    EXPECT_EQ(nics[2]["pci_address"], "0000:25:00.0");
+    EXPECT_NE(nics[2]["pci_path"].get<std::string>().find("/0000:22:02.0/0000:25:00.0"),
+              std::string::npos);
+    if (cuda) return;
+    const nlohmann::json& gpus = doc["topology"]["gpus"];
+    ASSERT_EQ(gpus.size(), 8u);
+    EXPECT_EQ(gpus[4]["pci_address"], "0000:93:00.0");
+    EXPECT_EQ(gpus[4]["numa_node"], 1);
+    EXPECT_EQ(gpus[4]["source"], "sysfs");
+    const nlohmann::json& map = doc["topology"]["gpu_nic_map"];
+    ASSERT_EQ(map.size(), 8u);
+    for (int g = 0; g < 8; ++g) {
+        SCOPED_TRACE(g);
+        EXPECT_EQ(map[g]["gpu"], g);
+        EXPECT_EQ(map[g]["nics"], nlohmann::json::array({"eth" + std::to_string(g / 2 + 1)}));
+        EXPECT_EQ(map[g]["source"], "sysfs");
+        EXPECT_EQ(map[g]["distance"], "same PCIe switch");
+    }
+}
+
+// The static map overrides sysfs; one naming an interface the host lacks would stop that GPU's
+// endpoints, and one that does not parse is an invalid setting: both PROBLEMs, exit 1.
+TEST(DoctorCli, TheStaticMapAndItsProblems) {
+    if (cuda::device_count() > 0) GTEST_SKIP() << "the GPUs are CUDA's, not the fixture's";
+    auto tree = testing::SysfsTree::a3_high();
+    const CliResult r = run_cli({"doctor", "--json"}, {{"TCPX_P2P_SYSFS_ROOT", tree->root()},
+                                                       {"TCPX_P2P_GPU_NIC_MAP", "0:eth4,1:eth9"}});
+    EXPECT_TRUE(exited_with(r, 1));
+    const nlohmann::json doc = json_of(r.output);
+    ASSERT_FALSE(doc.is_discarded()) << r.output;
+    const nlohmann::json& map = doc["topology"]["gpu_nic_map"];
+    ASSERT_EQ(map.size(), 8u);
+    EXPECT_EQ(map[0]["nics"], nlohmann::json::array({"eth4"}));
+    EXPECT_EQ(map[0]["source"], "map");
+    EXPECT_EQ(map[2]["source"], "sysfs");
+    EXPECT_TRUE(has_all(r.output, {"TCPX_P2P_GPU_NIC_MAP names eth9, which this host does not "
+                                   "have",
+                                   "\"blocking\": true"}))
+        << r.output;
+    const CliResult bad = run_cli(
+        {"doctor"}, {{"TCPX_P2P_SYSFS_ROOT", tree->root()}, {"TCPX_P2P_GPU_NIC_MAP", "0:eth1,0:"}});
+    EXPECT_TRUE(exited_with(bad, 1));
+    EXPECT_TRUE(has_all(bad.output, {"PROBLEM", "TCPX_P2P_GPU_NIC_MAP: entry 2 '0:'", "fix: "}))
+        << bad.output;
+}
+
+// RxDM's socket under NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX, and the plugin's interfaces placed
+// on the PCI tree.
+TEST(DoctorCli, RxdmSocketAndTheTcpxVariables) {
+    auto tree = testing::SysfsTree::a3_high();
+    char dir[] = "/tmp/tcpx-doctor-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    const std::string path = std::string(dir) + "/rx_rule_manager";
+    const std::map<std::string, std::string> env = {
+        {"TCPX_P2P_SYSFS_ROOT", tree->root()},
+        {"NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", dir},
+        {"NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "eth1,eth9"}};
+    const CliResult absent = run_cli({"doctor"}, env);
+    EXPECT_TRUE(exited_with(absent, 0));
+    const std::string says_absent = "absent (" + path + ")";
+    EXPECT_TRUE(has_all(
+        absent.output,
+        {says_absent.c_str(), "eth1,eth9 (eth1: 0000:15:00.0, numa 0; eth9: no such interface)"}))
+        << absent.output;
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const CliResult there = run_cli({"doctor", "--json"}, env);
+    ::close(fd);
+    ::unlink(path.c_str());
+    ::rmdir(dir);
+    EXPECT_TRUE(exited_with(there, 0));
+    const nlohmann::json doc = json_of(there.output);
+    ASSERT_FALSE(doc.is_discarded()) << there.output;
+    EXPECT_EQ(doc["rxdm_socket"]["path"], path);
+    EXPECT_EQ(doc["rxdm_socket"]["present"], true);
 }
 
 }  // namespace

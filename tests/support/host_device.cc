@@ -293,6 +293,17 @@ Status HostDevice::select(int device) {
     return Status();
 }
 
+std::string HostDevice::pci_bus_id(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device < 0 || static_cast<size_t>(device) >= pci_bus_ids_.size()) return "";
+    return pci_bus_ids_[static_cast<size_t>(device)];
+}
+
+void HostDevice::set_pci_bus_ids(std::vector<std::string> ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pci_bus_ids_ = std::move(ids);
+}
+
 int HostDevice::rings_made() const {
     std::lock_guard<std::mutex> lock(mu_);
     return rings_made_;

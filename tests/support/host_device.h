@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/device.h"
@@ -33,6 +34,9 @@ class HostDevice final : public cuda::Device {
     StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
                                                         int records) override;
     Status select(int device) override;
+    // Empty unless the test gave the GPUs bus ids (set_pci_bus_ids).
+    std::string pci_bus_id(int device) override;
+    void set_pci_bus_ids(std::vector<std::string> ids);
 
     // Whether [ptr, ptr + len) lies inside one declared region.
     bool is_device_range(const void* ptr, size_t len);
@@ -57,6 +61,7 @@ class HostDevice final : public cuda::Device {
     uint64_t ring_copies_ = 0;
     uint64_t unpacks_ = 0;
     uint64_t direct_unpacks_ = 0;
+    std::vector<std::string> pci_bus_ids_;
 };
 
 // Installs a HostDevice for its lifetime (create it before any endpoint, destroy it after).

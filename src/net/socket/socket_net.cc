@@ -186,11 +186,12 @@ Status SocketNet::get_properties(int dev, Properties* props) const {
     *props = Properties{};
     props->name = iface.name;
     char resolved[PATH_MAX];
-    const std::string dev_link = "/sys/class/net/" + iface.name + "/device";
+    const std::string sys_net = settings_.sysfs_root + "/class/net/" + iface.name;
+    const std::string dev_link = sys_net + "/device";
     if (::realpath(dev_link.c_str(), resolved) != nullptr) props->pci_path = resolved;
     props->guid = static_cast<uint64_t>(dev);
     props->ptr_support = static_cast<int>(MemType::kHost);
-    int speed = std::atoi(read_sysfs("/sys/class/net/" + iface.name + "/speed").c_str());
+    int speed = std::atoi(read_sysfs(sys_net + "/speed").c_str());
     props->speed_mbps = speed > 0 ? speed : 10000;
     props->port = 0;
     props->latency_us = 0;
