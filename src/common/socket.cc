@@ -295,9 +295,14 @@ StatusOr<SocketAddress> peer_address(int fd) {
     return SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
 }
 
-StatusOr<Fd> start_connect(const SocketAddress& addr) {
+StatusOr<Fd> start_connect(const SocketAddress& addr, const SocketAddress* source) {
     Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return errno_status(errno, "socket");
+    if (source != nullptr && source->family() == addr.family()) {
+        if (::bind(fd.get(), source->get(), source->size()) != 0) {
+            return errno_status(errno, "bind to " + source->to_string());
+        }
+    }
     if (::connect(fd.get(), addr.get(), addr.size()) != 0 && errno != EINPROGRESS) {
         return errno_status(errno, "connect to " + addr.to_string());
     }

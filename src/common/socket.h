@@ -107,7 +107,9 @@ StatusOr<SocketAddress> peer_address(int fd);
 
 // Starts a non-blocking connect; the returned fd completes later (poll for writability, then
 // finish_connect).
-StatusOr<Fd> start_connect(const SocketAddress& addr);
+// With `source` (not null, same family as `addr`), the socket is bound to that local address
+// (port 0) first, so that its traffic leaves from that interface's address.
+StatusOr<Fd> start_connect(const SocketAddress& addr, const SocketAddress* source = nullptr);
 // Checks a connect started by start_connect: *done is false while in progress; an error status
 // when it failed.
 Status finish_connect(int fd, const SocketAddress& addr, bool* done);

@@ -40,6 +40,32 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 
 }  // namespace
 
+// Rails: the socket transport's interfaces (SOCKET_IFNAME, or the GPU's NICs) each carry some of
+// a peer's channels, channel i on rail i mod n, so that a peer's traffic is striped over every
+// NIC. Only with a shared secret: an unauthenticated peer's channel handles must name the address
+// it talks to us from (check_handles), which other NICs' addresses are not.
+void Endpoint::Impl::choose_rails() {
+    rails_.assign(1, dev_);
+    const int n = net_->device_count();
+    if (!config_.net_plugin.empty() || n <= 1) return;
+    if (config_.auth_secret.empty()) {
+        TCPX_INFO(
+            "endpoint '%s': %d interfaces, but striping a peer over several needs "
+            "TCPX_P2P_AUTH_SECRET: using one",
+            name_.c_str(), n);
+        return;
+    }
+    rails_.clear();
+    for (int d = 0; d < n; ++d) rails_.push_back(d);
+    // At least a channel per rail (both sides must want as many: a peer uses the smaller count).
+    const int64_t channels = std::min<int64_t>(std::max<int64_t>(config_.channels, n), 16);
+    if (channels != config_.channels) {
+        TCPX_INFO("endpoint '%s': %lld channels, at least one on each of %d interfaces",
+                  name_.c_str(), static_cast<long long>(channels), n);
+        config_.channels = channels;
+    }
+}
+
 // --- creation and shutdown
 // -------------------------------------------------------------------------
 
@@ -111,6 +137,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         }
     }
     name_ = name.empty() ? listen_addr_.to_string() : std::move(name);
+    choose_rails();
     xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers));
 
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);

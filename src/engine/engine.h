@@ -462,6 +462,11 @@ class Endpoint::Impl {
     uint64_t chunk_ = 0;  // the chunk size we offer (XFER_CHUNK_SIZE, within the transport's limit)
     int staging_slots_ = 8;
     int dev_ = 0;  // the transport's device: the GPU's NIC (net/nic_select.h), or 0
+    // The devices a peer's channels are spread over (channel i on rails_[i % size]): every
+    // interface of the socket transport when peers are authenticated, else just dev_.
+    std::vector<int> rails_{0};
+    int rail(int channel) const { return rails_[static_cast<size_t>(channel) % rails_.size()]; }
+    void choose_rails();
     int window_ = 1;
     SocketAddress listen_addr_;
     Fd listen_fd_;

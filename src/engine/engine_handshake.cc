@@ -346,7 +346,7 @@ Status Endpoint::Impl::start_channels(Peer& p, int channels) {
     for (int i = 0; i < channels; ++i) {
         net::Handle handle;
         net::ListenComm* listen = nullptr;
-        TCPX_RETURN_IF_ERROR(net_->listen(dev_, &handle, &listen));
+        TCPX_RETURN_IF_ERROR(net_->listen(rail(i), &handle, &listen));
         p.listens.push_back(listen);
         p.listen_handles.push_back(handle);
     }
@@ -457,8 +457,8 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
         Channel& tx = p.tx[static_cast<size_t>(i)];
         Channel& rx = p.rx[static_cast<size_t>(i)];
         if (tx.send == nullptr) {
-            Status st =
-                net_->connect(dev_, &p.remote_handles[static_cast<size_t>(i)], &tx.send, nullptr);
+            Status st = net_->connect(rail(i), &p.remote_handles[static_cast<size_t>(i)], &tx.send,
+                                      nullptr);
             if (!st.ok()) {
                 fail_peer(p, st.with_context("opening a data channel"));
                 return true;

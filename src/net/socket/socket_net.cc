@@ -336,9 +336,12 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
         state->nsocks = nsocks;
         state->deadline = Clock::now() + std::chrono::milliseconds(settings_.handshake_timeout_ms);
         const uint64_t comm_nonce = random_u64();
+        // From the device's own address: each comm of a peer striped over several NICs leaves
+        // through its own (routing picks the interface of the source's subnet).
+        const SocketAddress& source = devices_[static_cast<size_t>(dev)].address;
         for (int i = 0; i <= nsocks; ++i) {
             ConnectState::Sock sock;
-            auto fd = start_connect(state->addr);
+            auto fd = start_connect(state->addr, &source);
             if (!fd.ok()) return Status(fd.status()).with_context("connect");
             sock.fd = std::move(fd).value();
             sock.hello = wire::Hello{
