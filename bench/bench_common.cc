@@ -1,6 +1,9 @@
 #include "bench/bench_common.h"
 
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -55,10 +58,29 @@ bool QueueChannel::read_line(std::string* line) {
     return true;
 }
 
+bool FdChannel::wait_for(int fd, short events) {
+    if (timeout_ms_ < 0) return true;
+    pollfd pfd{fd, events, 0};
+    while (true) {
+        const int rc = ::poll(&pfd, 1, timeout_ms_);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc < 0) {
+            why_ = std::string("poll: ") + std::strerror(errno);
+            return false;
+        }
+        if (rc == 0) {
+            why_ = strformat("no answer for %.1f s", timeout_ms_ / 1000.0);
+            return false;
+        }
+        return true;
+    }
+}
+
 bool FdChannel::write_line(const std::string& line) {
     const std::string data = line + "\n";
     size_t off = 0;
     while (off < data.size()) {
+        if (!wait_for(out_, POLLOUT)) return false;
         const ssize_t n = ::write(out_, data.data() + off, data.size() - off);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return false;
@@ -75,6 +97,11 @@ bool FdChannel::read_line(std::string* line) {
             buffer_.erase(0, nl + 1);
             return true;
         }
+        if (buffer_.size() > kMaxLineBytes) {
+            why_ = strformat("a line longer than %zu bytes", kMaxLineBytes);
+            return false;
+        }
+        if (!wait_for(in_, POLLIN)) return false;
         char buf[4096];
         const ssize_t n = ::read(in_, buf, sizeof(buf));
         if (n < 0 && errno == EINTR) continue;
@@ -197,14 +224,23 @@ StatusOr<std::string> Peer::call(const std::string& command) {
     return reply();
 }
 
+namespace {
+
+Status peer_gone(const Channel* ch) {
+    const std::string why = ch->why();
+    return unavailable("benchmark peer went away" + (why.empty() ? "" : " (" + why + ")"));
+}
+
+}  // namespace
+
 Status Peer::send(const std::string& command) {
-    if (!channel()->write_line(command)) return unavailable("benchmark peer went away");
+    if (!channel()->write_line(command)) return peer_gone(channel());
     return Status();
 }
 
 StatusOr<std::string> Peer::reply() {
     std::string line;
-    if (!channel()->read_line(&line)) return unavailable("benchmark peer went away");
+    if (!channel()->read_line(&line)) return peer_gone(channel());
     if (line.rfind("error ", 0) == 0) return remote_error("peer: " + line.substr(6));
     return line;
 }
@@ -261,6 +297,101 @@ ProcessPeer::~ProcessPeer() {
     }
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, &status, 0);
+}
+
+StatusOr<std::unique_ptr<SocketPeer>> SocketPeer::connect(const SocketAddress& addr,
+                                                          int connect_timeout_ms,
+                                                          int reply_timeout_ms) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(connect_timeout_ms);
+    Status last;
+    while (true) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) break;
+        StatusOr<Fd> fd = connect_blocking(addr, static_cast<int>(std::max<int64_t>(left, 1)));
+        if (fd.ok()) {
+            TCPX_RETURN_IF_ERROR(set_nonblocking(fd->get(), false));
+            TCPX_RETURN_IF_ERROR(set_nodelay(fd->get()));
+            // A host that vanishes (no FIN, no RST) ends the run instead of hanging it.
+            TCPX_RETURN_IF_ERROR(set_dead_peer_timeout(fd->get(), 30000));
+            TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(fd->get()));
+            return std::unique_ptr<SocketPeer>(
+                new SocketPeer(std::move(*fd), local, reply_timeout_ms));
+        }
+        last = fd.status();
+        // Nothing listens there (yet): try again shortly; anything else is final.
+        if (last.message().find("refused") == std::string_view::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return unavailable(strformat("no benchmark target answers at %s within %.1f s: %s",
+                                 addr.to_string().c_str(), connect_timeout_ms / 1000.0,
+                                 last.ok() ? "timed out" : std::string(last.message()).c_str()));
+}
+
+SocketPeer::~SocketPeer() {
+    channel_.set_timeout(2000);
+    (void)call("quit");
+}
+
+StatusOr<SocketAddress> parse_host_port(const std::string& text, bool allow_port_0) {
+    std::string host;
+    std::string port;
+    if (!text.empty() && text[0] == '[') {
+        const size_t close = text.find(']');
+        if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+            return invalid_argument("'" + text + "' is not [IPV6]:PORT");
+        }
+        host = text.substr(1, close - 1);
+        port = text.substr(close + 2);
+    } else {
+        const size_t colon = text.rfind(':');
+        if (colon == std::string::npos || text.find(':') != colon) {
+            return invalid_argument("'" + text +
+                                    "' is not HOST:PORT (an IPv6 address goes in brackets: "
+                                    "[::1]:PORT)");
+        }
+        host = text.substr(0, colon);
+        port = text.substr(colon + 1);
+    }
+    int p = -1;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+    if (host.empty() || port.empty() || ec != std::errc() || end != port.data() + port.size() ||
+        p < 0 || p > 65535 || (p == 0 && !allow_port_0)) {
+        return invalid_argument("'" + text + "' is not HOST:PORT with a port in 1..65535");
+    }
+    StatusOr<SocketAddress> numeric = SocketAddress::parse(host, static_cast<uint16_t>(p));
+    if (numeric.ok()) return numeric;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (rc != 0 || res == nullptr) {
+        return invalid_argument("'" + text + "': cannot resolve '" + host +
+                                "': " + ::gai_strerror(rc));
+    }
+    StatusOr<SocketAddress> addr = SocketAddress::from_sockaddr(res->ai_addr, res->ai_addrlen);
+    ::freeaddrinfo(res);
+    if (!addr.ok()) return addr;
+    addr->set_port(static_cast<uint16_t>(p));
+    return addr;
+}
+
+StatusOr<std::string> interface_of(const SocketAddress& addr) {
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return errno_status(errno, "getifaddrs");
+    std::string name;
+    for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+        if (i->ifa_addr == nullptr) continue;
+        const int family = i->ifa_addr->sa_family;
+        if (family != AF_INET && family != AF_INET6) continue;
+        const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+        StatusOr<SocketAddress> a = SocketAddress::from_sockaddr(i->ifa_addr, len);
+        if (a.ok() && a->same_host(addr)) name = i->ifa_name;
+    }
+    ::freeifaddrs(list);
+    if (name.empty()) return not_found("no interface of this host has " + addr.host_string());
+    return name;
 }
 
 // --- threads and stream splitting --------------------------------------------------------------

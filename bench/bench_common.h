@@ -35,7 +35,13 @@ class Channel {
     virtual ~Channel() = default;
     virtual bool write_line(const std::string& line) = 0;
     virtual bool read_line(std::string* line) = 0;
+    // Why the last read_line or write_line failed, when it says more than "the peer went away".
+    virtual std::string why() const { return ""; }
 };
+
+// The longest line a channel accepts (the metadata of 256 endpoints fits many times over): a
+// peer on the side channel must not make us buffer without bound.
+constexpr size_t kMaxLineBytes = 1 << 20;
 
 // One direction of an in-process channel.
 class LineQueue {
@@ -60,17 +66,26 @@ class QueueChannel final : public Channel {
     LineQueue* in_;
 };
 
-// Over a pair of file descriptors (a child's stdin/stdout).
+// Over a pair of file descriptors (a child's stdin/stdout, or one socket twice). A line longer
+// than kMaxLineBytes ends the channel; so does waiting longer than `timeout_ms` (-1: forever)
+// for a line to complete or for a write to make progress.
 class FdChannel final : public Channel {
  public:
-    FdChannel(int in, int out) : in_(in), out_(out) {}
+    FdChannel(int in, int out, int timeout_ms = -1) : in_(in), out_(out), timeout_ms_(timeout_ms) {}
     bool write_line(const std::string& line) override;
     bool read_line(std::string* line) override;
+    std::string why() const override { return why_; }
+    void set_timeout(int timeout_ms) { timeout_ms_ = timeout_ms; }
 
  private:
+    // Waits until `fd` is ready for `events`; false (with why_) on a timeout or an error.
+    bool wait_for(int fd, short events);
+
     int in_;
     int out_;
+    int timeout_ms_;
     std::string buffer_;
+    std::string why_;
 };
 
 // The words of a line, split on whitespace.
@@ -146,6 +161,39 @@ class ProcessPeer final : public Peer {
     int out_;
     FdChannel channel_;
 };
+
+// The responder on another host, over the benchmark's side channel: a TCP connection carrying
+// the same lines as ProcessPeer's pipes. Plaintext and unauthenticated (docs/benchmarking.md).
+class SocketPeer final : public Peer {
+ public:
+    // Connects to `addr`, trying again while nothing listens there yet (the other host may start
+    // later), for at most `connect_timeout_ms` in all. Replies must come within
+    // `reply_timeout_ms`.
+    static StatusOr<std::unique_ptr<SocketPeer>> connect(const SocketAddress& addr,
+                                                         int connect_timeout_ms,
+                                                         int reply_timeout_ms);
+    ~SocketPeer() override;  // "quit", and a short wait for its answer
+    Channel* channel() override { return &channel_; }
+    // Our end's address (the interface the peer is reached through).
+    const SocketAddress& local() const { return local_; }
+
+ private:
+    SocketPeer(Fd fd, SocketAddress local, int reply_timeout_ms)
+        : fd_(std::move(fd)), local_(local), channel_(fd_.get(), fd_.get(), reply_timeout_ms) {}
+    Fd fd_;
+    SocketAddress local_;
+    FdChannel channel_;
+};
+
+// --- the side channel's addresses --------------------------------------------------------------
+
+// "HOST:PORT", "[IPV6]:PORT": a numeric address or a host name (resolved, first address), and a
+// port (0 allowed only with `allow_port_0`, for listening on an ephemeral port).
+StatusOr<SocketAddress> parse_host_port(const std::string& text, bool allow_port_0);
+
+// The name of the interface that holds `addr` ("lo" for 127.0.0.1); NOT_FOUND when none does
+// (a wildcard address, or another host's).
+StatusOr<std::string> interface_of(const SocketAddress& addr);
 
 // --- threads and stream splitting --------------------------------------------------------------
 

@@ -18,10 +18,12 @@
 #include "bench/engine_bench.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -116,28 +118,156 @@ Status ensure_region(Endpoint* ep, Region* r, MemType type, int gpu, uint64_t le
     return Status();
 }
 
+// --- transfers: one loop for the initiator and, with --bidir, the targets
+// -------------------------
+
+// One stream of transfers: an endpoint, the peer it posts to, our region and the peer's.
+struct Lane {
+    Endpoint* ep = nullptr;
+    PeerId peer = 0;
+    MemId local = 0;
+    RemoteMem remote;
+};
+
+// What every transfer of a measurement looks like. Slot k of a region is bytes [k, k + 1) x
+// slot_bytes(); the transfers in flight use slots 0..conc-1 and the last one of a measurement
+// slot conc, which --verify prepares before and checks after.
+struct Shape {
+    Op op = Op::kWrite;
+    uint64_t size = 0;  // per piece
+    int batch = 1;
+    int conc = 1;
+    uint64_t slot_bytes() const { return size * static_cast<uint64_t>(batch); }
+};
+
+StatusOr<XferId> post_lane(const Lane& lane, const Shape& s, int slot, std::vector<IoVec>* iov) {
+    const uint64_t base = static_cast<uint64_t>(slot) * s.slot_bytes();
+    if (s.batch == 1) {
+        return s.op == Op::kWrite
+                   ? lane.ep->write(lane.peer, lane.local, base, lane.remote, base, s.size)
+                   : lane.ep->read(lane.peer, lane.local, base, lane.remote, base, s.size);
+    }
+    iov->resize(static_cast<size_t>(s.batch));
+    for (size_t i = 0; i < iov->size(); ++i) {
+        const uint64_t off = base + i * s.size;
+        (*iov)[i] = IoVec{lane.local, off, lane.remote, off, s.size};
+    }
+    return s.op == Op::kWrite ? lane.ep->writev(lane.peer, *iov) : lane.ep->readv(lane.peer, *iov);
+}
+
+// `count` transfers on every lane, s.conc in flight on each, all lanes at once. Returns each
+// lane's seconds from the start until its last transfer completed.
+StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Shape& s,
+                                        uint64_t count) {
+    struct Flight {
+        XferId id;
+        int slot;
+    };
+    const size_t n = lanes.size();
+    const int extra = s.conc;
+    std::vector<std::vector<Flight>> inflight(n);
+    std::vector<std::vector<int>> free_slots(n);
+    for (auto& f : free_slots) {
+        for (int slot = s.conc - 1; slot >= 0; --slot) f.push_back(slot);
+    }
+    std::vector<uint64_t> posted(n, 0);
+    std::vector<uint64_t> done(n, 0);
+    std::vector<double> seconds(n, 0);
+    std::vector<IoVec> iov;
+    uint64_t remaining = count * n;
+    const auto start = Clock::now();
+    auto last_done = start;
+    const std::string what =
+        strformat("%s of %s", op_name(s.op), format_bytes(s.slot_bytes()).c_str());
+    for (uint64_t spins = 0; remaining > 0;) {
+        bool progressed = false;
+        for (size_t p = 0; p < n; ++p) {
+            auto& f = inflight[p];
+            for (size_t i = 0; i < f.size();) {
+                XferStatus st = lanes[p].ep->poll(f[i].id);
+                if (st.state == XferState::kInProgress) {
+                    ++i;
+                    continue;
+                }
+                if (st.state == XferState::kFailed) {
+                    return st.error.with_context(strformat("%s, lane %zu", what.c_str(), p));
+                }
+                if (f[i].slot != extra) free_slots[p].push_back(f[i].slot);
+                f[i] = f.back();
+                f.pop_back();
+                --remaining;
+                if (++done[p] == count) seconds[p] = seconds_since(start);
+                progressed = true;
+            }
+            while (posted[p] < count && f.size() < static_cast<size_t>(s.conc)) {
+                int slot = extra;
+                if (posted[p] + 1 < count) {
+                    slot = free_slots[p].back();
+                    free_slots[p].pop_back();
+                }
+                StatusOr<XferId> id = post_lane(lanes[p], s, slot, &iov);
+                if (!id.ok()) {
+                    return Status(id.status())
+                        .with_context(strformat("posting a %s, lane %zu", what.c_str(), p));
+                }
+                f.push_back(Flight{*id, slot});
+                ++posted[p];
+                progressed = true;
+            }
+        }
+        if (progressed) {
+            spins = 0;
+            last_done = Clock::now();
+            continue;
+        }
+        // Spin first (a completion is usually microseconds away), then yield the core so the
+        // engine's threads can run on a machine with few cores.
+        if (++spins > 200) std::this_thread::yield();
+        if (spins % 1024 == 0 && Clock::now() - last_done > kStallTimeout) {
+            return timeout_error(
+                strformat("%s: no transfer completed for %lld s (%llu of %llu left)", what.c_str(),
+                          static_cast<long long>(kStallTimeout.count()),
+                          static_cast<unsigned long long>(remaining),
+                          static_cast<unsigned long long>(count * n)));
+        }
+    }
+    return seconds;
+}
+
 // --- the target side (the responder) ------------------------------------------------------------
 
 // Commands (one line each, replies "ok" unless said otherwise):
-//   endpoints <n>                  creates n endpoints -> "md <hex metadata>..."
+//   endpoints <n> [pergpu]         creates n endpoints (pergpu: endpoint i on GPU i)
+//                                  -> "md <hex metadata>..."
 //   accept <ms>                    waits until every endpoint has its peer (accept())
 //   mem <type> <bytes>             a registered region of at least `bytes` of memory `type`
-//                                  (host|vram) per endpoint -> "mem <hex descriptor>..."
-//   prep write|read <type> <run> <off> <len> <n>   before a verified measurement: poisons
+//                                  (host|vram) per endpoint (with --bidir two: one per direction)
+//                                  -> "mem <hex descriptor>..."
+//   rmem <type> <hex descriptor>...  --bidir: the initiator's regions the targets' own transfers
+//                                  go to or come from, one per endpoint
+//   xfer write|read <type> <count> <size> <batch> <conc> <n>   --bidir: the same transfers as the
+//                                  initiator's, from the first n endpoints toward theirs, from or
+//                                  into the second regions -> "secs <seconds per endpoint>..."
+//   prep write|read <type> <run> <off> <len> <n> [rev]   before a verified measurement: poisons
 //                                  (write) or patterns (read) [off, off + len) of the first n
-//                                  regions of that type
-//   check <type> <run> <off> <len> <n>   after one: checks the pattern there (the data of writes)
+//                                  regions of that type (rev: of the second regions)
+//   check <type> <run> <off> <len> <n> [rev]   after one: checks the pattern there
 //   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
 //   cpu                            -> "cpu <seconds>": this process's CPU time so far
 //   kvfill|kvcheck <type> <run> <request>   --verify of a KV request: patterns, or checks, the
 //                                  pieces of request <request> in the first endpoint's region
 //   raw-*                          the raw TCP baseline, in the first host region's memory
 //   quit                           -> "bye"
-// GPU memory is allocated on the GPU the endpoints serve (Config::gpu_index).
+// GPU memory is allocated on the GPU the endpoint serves (Config::gpu_index). On a side channel
+// the commands come from the network: numbers that do not parse are an error reply, and what a
+// command may make us allocate is bounded (kMaxEndpoints, kMaxSideBytes).
 class Target {
  public:
-    Target(Config config, const std::string& interface)
-        : config_(std::move(config)), raw_(interface) {}
+    static constexpr int kMaxEndpoints = 256;
+    static constexpr uint64_t kMaxSideBytes = 16ULL << 30;  // registered memory per type
+
+    Target(Config config, const std::string& interface, bool bidir)
+        : config_(std::move(config)), bidir_(bidir), raw_(interface) {}
     ~Target() { close(); }
 
     Status serve(Channel* ch) {
@@ -151,82 +281,160 @@ class Target {
         while (ch->read_line(&line)) {
             const auto w = words(line);
             if (w.empty()) continue;
-            Status st;
-            std::string reply = "ok";
-            MemType type = MemType::kHost;
             if (w[0] == "quit") {
                 close();
                 ch->write_line("bye");
                 return Status();
-            } else if (w[0] == "endpoints" && w.size() == 2) {
-                st = endpoints(std::stoi(w[1]), &reply);
-            } else if (w[0] == "accept" && w.size() == 2) {
-                st = accept(std::stoll(w[1]));
-            } else if (w[0] == "mem" && w.size() == 3 && parse_mem(w[1], &type)) {
-                st = mem(type, std::stoull(w[2]), &reply);
-            } else if (w[0] == "prep" && w.size() == 7 && (w[1] == "write" || w[1] == "read") &&
-                       parse_mem(w[2], &type)) {
-                st = prep(w[1] == "write", type, std::stoull(w[3]), std::stoull(w[4]),
-                          std::stoull(w[5]), std::stoi(w[6]));
-            } else if (w[0] == "check" && w.size() == 6 && parse_mem(w[1], &type)) {
-                st = check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
-                           std::stoi(w[5]));
-            } else if (w[0] == "cpu" && w.size() == 1) {
-                reply = strformat("cpu %.9f", process_cpu_seconds());
-            } else if (w[0] == "kvshape" && w.size() == 8) {
-                st = kv_shape(w);
-            } else if ((w[0] == "kvfill" || w[0] == "kvcheck") && w.size() == 4 &&
-                       parse_mem(w[1], &type)) {
-                st = kv_pieces(w[0] == "kvfill", type, std::stoull(w[2]), std::stoi(w[3]));
-            } else if (!raw_.handle(w, raw_buffer, &st, &reply)) {
-                st = invalid_argument("unknown command: " + line);
+            }
+            Status st;
+            std::string reply = "ok";
+            try {
+                st = dispatch(w, line, raw_buffer, &reply);
+            } catch (const std::exception&) {  // std::stoull and friends on a malformed number
+                st = invalid_argument("malformed command: " + line.substr(0, 200));
             }
             if (!st.ok()) reply = "error " + st.to_string();
             if (!ch->write_line(reply)) break;
         }
         close();
-        return unavailable("benchmark initiator went away");
+        const std::string why = ch->why();
+        return unavailable("benchmark initiator went away" + (why.empty() ? "" : " (" + why + ")"));
     }
 
  private:
-    Status endpoints(int n, std::string* reply) {
+    Status dispatch(const std::vector<std::string>& w, const std::string& line,
+                    const RawTcpResponder::BufferFn& raw_buffer, std::string* reply) {
+        MemType type = MemType::kHost;
+        const bool rev = w.back() == "rev";
+        const size_t nw = w.size() - (rev ? 1 : 0);
+        if (w[0] == "endpoints" && (w.size() == 2 || (w.size() == 3 && w[2] == "pergpu"))) {
+            return endpoints(std::stoi(w[1]), w.size() == 3, reply);
+        } else if (w[0] == "accept" && w.size() == 2) {
+            return accept(std::stoll(w[1]));
+        } else if (w[0] == "mem" && w.size() == 3 && parse_mem(w[1], &type)) {
+            return mem(type, std::stoull(w[2]), reply);
+        } else if (w[0] == "rmem" && w.size() >= 2 && parse_mem(w[1], &type)) {
+            return rmem(type, w);
+        } else if (w[0] == "xfer" && w.size() == 8 && (w[1] == "write" || w[1] == "read") &&
+                   parse_mem(w[2], &type)) {
+            return xfer(w, type, reply);
+        } else if (w[0] == "prep" && nw == 7 && (w[1] == "write" || w[1] == "read") &&
+                   parse_mem(w[2], &type)) {
+            return prep(w[1] == "write", type, std::stoull(w[3]), std::stoull(w[4]),
+                        std::stoull(w[5]), std::stoi(w[6]), rev);
+        } else if (w[0] == "check" && nw == 6 && parse_mem(w[1], &type)) {
+            return check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
+                         std::stoi(w[5]), rev);
+        } else if (w[0] == "cpu" && w.size() == 1) {
+            *reply = strformat("cpu %.9f", process_cpu_seconds());
+            return Status();
+        } else if (w[0] == "kvshape" && w.size() == 8) {
+            return kv_shape(w);
+        } else if ((w[0] == "kvfill" || w[0] == "kvcheck") && w.size() == 4 &&
+                   parse_mem(w[1], &type)) {
+            return kv_pieces(w[0] == "kvfill", type, std::stoull(w[2]), std::stoi(w[3]));
+        }
+        Status st;
+        if (!raw_.handle(w, raw_buffer, &st, reply)) {
+            return invalid_argument("unknown command: " + line.substr(0, 200));
+        }
+        return st;
+    }
+
+    Status endpoints(int n, bool per_gpu, std::string* reply) {
         if (!eps_.empty()) return failed_precondition("endpoints exist already");
-        if (n < 1) return invalid_argument("endpoints: n < 1");
+        if (n < 1 || n > kMaxEndpoints) return invalid_argument("endpoints: n not in 1..256");
         *reply = "md";
         for (int i = 0; i < n; ++i) {
+            Config c = config_;
+            if (per_gpu) c.gpu_index = i;
             TCPX_ASSIGN_OR_RETURN(auto ep,
-                                  Endpoint::create(config_, "bench-target-" + std::to_string(i)));
+                                  Endpoint::create(c, "bench-target-" + std::to_string(i)));
             *reply += " " + hex_blob(ep->metadata());
             eps_.push_back(std::move(ep));
+            gpus_.push_back(static_cast<int>(c.gpu_index));
         }
         regions_.resize(static_cast<size_t>(n));
+        rev_.resize(static_cast<size_t>(n));
+        remote_.resize(static_cast<size_t>(n));
         return Status();
     }
 
     // One-sided transfers need no accept(); the benchmark uses it to know that both ends of every
-    // connection are established before it measures (see setup()).
+    // connection are established before it measures (see setup()), and --bidir to know the peer
+    // its own transfers go to.
     Status accept(int64_t timeout_ms) {
+        peers_.clear();
         for (size_t i = 0; i < eps_.size(); ++i) {
             auto peer = eps_[i]->accept(std::chrono::milliseconds(timeout_ms));
             if (!peer.ok()) {
                 return Status(peer.status())
                     .with_context("target " + std::to_string(i) + ": accept");
             }
+            peers_.push_back(*peer);
         }
         return Status();
     }
 
     Status mem(MemType type, uint64_t bytes, std::string* reply) {
         if (eps_.empty()) return failed_precondition("mem before endpoints");
+        if (bytes > kMaxSideBytes / eps_.size() / (bidir_ ? 2 : 1)) {
+            return invalid_argument("mem: more than 16 GiB per side");
+        }
         *reply = "mem";
         for (size_t i = 0; i < eps_.size(); ++i) {
+            const std::string who = "target " + std::to_string(i);
             Region& r = regions_[i][type];
             TCPX_RETURN_IF_ERROR(
-                ensure_region(eps_[i].get(), &r, type, static_cast<int>(config_.gpu_index), bytes)
-                    .with_context("target " + std::to_string(i)));
+                ensure_region(eps_[i].get(), &r, type, gpus_[i], bytes).with_context(who));
+            if (bidir_) {
+                TCPX_RETURN_IF_ERROR(
+                    ensure_region(eps_[i].get(), &rev_[i][type], type, gpus_[i], bytes)
+                        .with_context(who));
+            }
             TCPX_ASSIGN_OR_RETURN(RemoteMem d, eps_[i]->describe(r.mem));
             *reply += " " + hex_blob(d.serialize());
         }
+        return Status();
+    }
+
+    Status rmem(MemType type, const std::vector<std::string>& w) {
+        if (w.size() != eps_.size() + 2)
+            return invalid_argument("rmem: one descriptor per endpoint");
+        for (size_t i = 0; i < eps_.size(); ++i) {
+            std::string blob;
+            if (!unhex_blob(w[i + 2], &blob)) return invalid_argument("rmem: bad hex");
+            TCPX_ASSIGN_OR_RETURN(remote_[i][type], RemoteMem::parse(blob));
+        }
+        return Status();
+    }
+
+    Status xfer(const std::vector<std::string>& w, MemType type, std::string* reply) {
+        Shape s;
+        s.op = w[1] == "write" ? Op::kWrite : Op::kRead;
+        const uint64_t count = std::stoull(w[3]);
+        s.size = std::stoull(w[4]);
+        s.batch = std::stoi(w[5]);
+        s.conc = std::stoi(w[6]);
+        const int n = std::stoi(w[7]);
+        if (!bidir_) return failed_precondition("xfer without --bidir");
+        TCPX_RETURN_IF_ERROR(in_range(n));
+        if (peers_.size() < static_cast<size_t>(n))
+            return failed_precondition("xfer before accept");
+        if (s.size == 0 || s.batch < 1 || s.conc < 1 || count == 0) {
+            return invalid_argument("xfer: a size, batch, concurrency or count of 0");
+        }
+        std::vector<Lane> lanes;
+        for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+            const Region& r = rev_[i][type];
+            if (r.mem == 0 || r.buf.size() < s.slot_bytes() * static_cast<uint64_t>(s.conc + 1)) {
+                return failed_precondition("xfer: no region of that size");
+            }
+            lanes.push_back(Lane{eps_[i].get(), peers_[i], r.mem, remote_[i][type]});
+        }
+        TCPX_ASSIGN_OR_RETURN(std::vector<double> secs, run_lanes(lanes, s, count));
+        *reply = "secs";
+        for (double v : secs) *reply += strformat(" %.9f", v);
         return Status();
     }
 
@@ -237,19 +445,22 @@ class Target {
         return Status();
     }
 
-    Status prep(bool write, MemType type, uint64_t run, uint64_t off, uint64_t len, int n) {
+    Status prep(bool write, MemType type, uint64_t run, uint64_t off, uint64_t len, int n,
+                bool rev) {
         TCPX_RETURN_IF_ERROR(in_range(n));
         for (int i = 0; i < n; ++i) {
-            TCPX_RETURN_IF_ERROR(prepare_bytes(regions_[static_cast<size_t>(i)][type].buf, off, len,
+            const auto k = static_cast<size_t>(i);
+            TCPX_RETURN_IF_ERROR(prepare_bytes((rev ? rev_ : regions_)[k][type].buf, off, len,
                                                !write, pattern_seed(run, i)));
         }
         return Status();
     }
 
-    Status check(MemType type, uint64_t run, uint64_t off, uint64_t len, int n) {
+    Status check(MemType type, uint64_t run, uint64_t off, uint64_t len, int n, bool rev) {
         TCPX_RETURN_IF_ERROR(in_range(n));
         for (int i = 0; i < n; ++i) {
-            TCPX_RETURN_IF_ERROR(check_bytes(regions_[static_cast<size_t>(i)][type].buf, off, len,
+            const auto k = static_cast<size_t>(i);
+            TCPX_RETURN_IF_ERROR(check_bytes((rev ? rev_ : regions_)[k][type].buf, off, len,
                                              pattern_seed(run, i), "target " + std::to_string(i)));
         }
         return Status();
@@ -269,12 +480,18 @@ class Target {
         raw_.close();
         eps_.clear();  // before the memory they may still touch
         regions_.clear();
+        rev_.clear();
     }
 
     Config config_;
+    bool bidir_;
     KvShape kv_;
-    std::vector<ByMem<Region>> regions_;  // declared before eps_: outlives them
+    std::vector<ByMem<Region>> regions_;    // declared before eps_: outlive them
+    std::vector<ByMem<Region>> rev_;        // --bidir: the regions of the targets' own transfers
+    std::vector<ByMem<RemoteMem>> remote_;  // --bidir: the initiator's, for those
     std::vector<std::unique_ptr<Endpoint>> eps_;
+    std::vector<int> gpus_;      // per endpoint
+    std::vector<PeerId> peers_;  // per endpoint: the initiator's endpoint (accept())
     RawTcpResponder raw_;
 };
 
@@ -286,7 +503,7 @@ class EngineInitiator {
         : o_(o), config_(config), peer_(peer) {}
     ~EngineInitiator() {
         raw_.close();
-        ep_.reset();  // before the memory it may still touch
+        eps_.clear();  // before the memory they may still touch
     }
 
     int raw_streams() const {
@@ -303,10 +520,21 @@ class EngineInitiator {
         return t;
     }
 
+    // Our endpoints: one for all peers, or with --pairs one per peer (per GPU: endpoint i on
+    // GPU i); the targets' endpoints, and a connection from ours to each.
     Status setup() {
-        TCPX_ASSIGN_OR_RETURN(ep_, Endpoint::create(config_, "bench-initiator"));
-        TCPX_ASSIGN_OR_RETURN(std::string reply,
-                              peer_->call("endpoints " + std::to_string(o_.peers)));
+        const int ours = o_.pairs ? o_.peers : 1;
+        for (int i = 0; i < ours; ++i) {
+            Config c = config_;
+            if (o_.per_gpu) c.gpu_index = i;
+            TCPX_ASSIGN_OR_RETURN(auto ep,
+                                  Endpoint::create(c, "bench-initiator-" + std::to_string(i)));
+            eps_.push_back(std::move(ep));
+            gpus_.push_back(static_cast<int>(c.gpu_index));
+        }
+        TCPX_ASSIGN_OR_RETURN(
+            std::string reply,
+            peer_->call("endpoints " + std::to_string(o_.peers) + (o_.per_gpu ? " pergpu" : "")));
         const auto w = words(reply);
         if (w.size() != static_cast<size_t>(o_.peers) + 1 || w[0] != "md") {
             return protocol_error("peer: " + reply);
@@ -317,12 +545,14 @@ class EngineInitiator {
             if (!unhex_blob(w[static_cast<size_t>(i) + 1], &md)) {
                 return protocol_error("bad metadata from peer");
             }
-            auto id = ep_->connect(md);
+            PeerState& p = peers_[static_cast<size_t>(i)];
+            p.ep = o_.pairs ? i : 0;
+            auto id = ep(p)->connect(md);
             if (!id.ok()) {
                 return Status(id.status())
                     .with_context("connecting to target " + std::to_string(i));
             }
-            peers_[static_cast<size_t>(i)].id = *id;
+            p.id = *id;
         }
         // connect() returns when our side is ready; wait until the targets' sides are too before
         // the first request (the engine refuses a request that reaches a target in the middle of
@@ -343,11 +573,11 @@ class EngineInitiator {
             std::min<uint64_t>(static_cast<uint64_t>(o_.concurrency),
                                std::max<uint64_t>(1, kMaxInFlightBytes / per_slot)));
         const uint64_t region = slot_bytes_ * static_cast<uint64_t>(conc_ + 1);
-        if (region * static_cast<uint64_t>(o_.peers) > (16ULL << 30)) {
+        const uint64_t sets = o_.bidir ? 2 : 1;  // --bidir: a region per direction
+        if (region * static_cast<uint64_t>(o_.peers) * sets > (16ULL << 30)) {
             return invalid_argument(strformat("%s per side is too much memory",
-                                              format_bytes(region * o_.peers).c_str()));
+                                              format_bytes(region * o_.peers * sets).c_str()));
         }
-        const int gpu = static_cast<int>(config_.gpu_index);
         for (MemType type : mem_types(o_)) {
             TCPX_ASSIGN_OR_RETURN(std::string reply,
                                   peer_->call(strformat("mem %s %llu", mem_name(type),
@@ -361,9 +591,19 @@ class EngineInitiator {
                 std::string blob;
                 if (!unhex_blob(w[i + 1], &blob)) return protocol_error("bad descriptor from peer");
                 TCPX_ASSIGN_OR_RETURN(p.remote[type], RemoteMem::parse(blob));
-                TCPX_RETURN_IF_ERROR(ensure_region(ep_.get(), &p.local[type], type, gpu, region)
+                TCPX_RETURN_IF_ERROR(ensure_region(ep(p), &p.local[type], type, gpu(p), region)
                                          .with_context("initiator"));
             }
+            if (!o_.bidir) continue;
+            // The regions the targets' own transfers write into or read from.
+            std::string rmem = strformat("rmem %s", mem_name(type));
+            for (PeerState& p : peers_) {
+                TCPX_RETURN_IF_ERROR(ensure_region(ep(p), &p.rev[type], type, gpu(p), region)
+                                         .with_context("initiator"));
+                TCPX_ASSIGN_OR_RETURN(RemoteMem d, ep(p)->describe(p.rev[type].mem));
+                rmem += " " + hex_blob(d.serialize());
+            }
+            TCPX_RETURN_IF_ERROR(peer_->call(rmem).status());
         }
         return Status();
     }
@@ -372,77 +612,51 @@ class EngineInitiator {
     uint64_t slot_bytes() const { return slot_bytes_; }
 
     // `count` transfers between memory of `type` to each of the first `npeers` peers, conc_ in
-    // flight per peer; the time until the last one completes.
+    // flight per peer (with --bidir the targets do the same toward us at the same time); the time
+    // until the last one completes. last() has each peer's and direction's.
     StatusOr<double> transfers(Op op, MemType type, int npeers, uint64_t count) {
         TCPX_RETURN_IF_ERROR(verify_prep(op, type, npeers));
-        struct Flight {
-            XferId id;
-            int slot;
-        };
-        const int extra = conc_;
-        std::vector<std::vector<Flight>> inflight(static_cast<size_t>(npeers));
-        std::vector<std::vector<int>> free_slots(static_cast<size_t>(npeers));
-        for (auto& f : free_slots) {
-            for (int s = conc_ - 1; s >= 0; --s) f.push_back(s);
+        if (o_.bidir) {
+            TCPX_RETURN_IF_ERROR(verify_prep_rev(op, type, npeers));
+            TCPX_RETURN_IF_ERROR(peer_->send(
+                strformat("xfer %s %s %llu %llu %d %d %d", op == Op::kWrite ? "write" : "read",
+                          mem_name(type), static_cast<unsigned long long>(count),
+                          static_cast<unsigned long long>(size_), o_.batch, conc_, npeers)));
         }
-        std::vector<uint64_t> posted(static_cast<size_t>(npeers), 0);
-        uint64_t remaining = count * static_cast<uint64_t>(npeers);
-        const auto start = Clock::now();
-        auto last_done = start;
-        for (uint64_t spins = 0; remaining > 0;) {
-            bool progressed = false;
-            for (size_t p = 0; p < inflight.size(); ++p) {
-                auto& f = inflight[p];
-                for (size_t i = 0; i < f.size();) {
-                    XferStatus st = ep_->poll(f[i].id);
-                    if (st.state == XferState::kInProgress) {
-                        ++i;
-                        continue;
-                    }
-                    if (st.state == XferState::kFailed) {
-                        return st.error.with_context(
-                            strformat("%s of %s to target %zu", op_name(op),
-                                      format_bytes(slot_bytes_).c_str(), p));
-                    }
-                    if (f[i].slot != extra) free_slots[p].push_back(f[i].slot);
-                    f[i] = f.back();
-                    f.pop_back();
-                    --remaining;
-                    progressed = true;
-                }
-                while (posted[p] < count && f.size() < static_cast<size_t>(conc_)) {
-                    int slot = extra;
-                    if (posted[p] + 1 < count) {
-                        slot = free_slots[p].back();
-                        free_slots[p].pop_back();
-                    }
-                    TCPX_ASSIGN_OR_RETURN(XferId id, post(op, type, p, slot));
-                    f.push_back(Flight{id, slot});
-                    ++posted[p];
-                    progressed = true;
-                }
-            }
-            if (progressed) {
-                spins = 0;
-                last_done = Clock::now();
-                continue;
-            }
-            // Spin first (a completion is usually microseconds away), then yield the core so the
-            // engine's threads can run on a machine with few cores.
-            if (++spins > 200) std::this_thread::yield();
-            if (spins % 1024 == 0 && Clock::now() - last_done > kStallTimeout) {
-                return timeout_error(strformat(
-                    "%s of %s: no transfer completed for %lld s (%llu of %llu left)", op_name(op),
-                    format_bytes(slot_bytes_).c_str(),
-                    static_cast<long long>(kStallTimeout.count()),
-                    static_cast<unsigned long long>(remaining),
-                    static_cast<unsigned long long>(count * static_cast<uint64_t>(npeers))));
-            }
+        std::vector<Lane> lanes;
+        for (size_t i = 0; i < static_cast<size_t>(npeers); ++i) {
+            PeerState& p = peers_[i];
+            lanes.push_back(Lane{ep(p), p.id, p.local[type].mem, p.remote[type]});
         }
-        const double seconds = seconds_since(start);
+        StatusOr<std::vector<double>> fwd = run_lanes(lanes, shape(op), count);
+        last_ = Directions();
+        if (o_.bidir) {
+            // The targets' answer comes when their transfers are done (or failed).
+            StatusOr<std::string> reply = peer_->reply();
+            if (!fwd.ok()) return fwd.status();
+            if (!reply.ok()) return Status(reply.status()).with_context("the targets' transfers");
+            const auto w = words(*reply);
+            if (w.size() != static_cast<size_t>(npeers) + 1 || w[0] != "secs") {
+                return protocol_error("peer: " + *reply);
+            }
+            for (size_t i = 1; i < w.size(); ++i) last_.rev.push_back(std::stod(w[i]));
+        }
+        if (!fwd.ok()) return fwd.status();
+        last_.fwd = *fwd;
         TCPX_RETURN_IF_ERROR(verify_check(op, type, npeers));
+        if (o_.bidir) TCPX_RETURN_IF_ERROR(verify_check_rev(op, type, npeers));
+        double seconds = 0;
+        for (double v : last_.fwd) seconds = std::max(seconds, v);
+        for (double v : last_.rev) seconds = std::max(seconds, v);
         return seconds;
     }
+
+    // Per peer, the seconds of the last transfers() in each direction (rev: with --bidir).
+    struct Directions {
+        std::vector<double> fwd;
+        std::vector<double> rev;
+    };
+    const Directions& last() const { return last_; }
 
     // `count` transfers between memory of `type` to the first peer, one at a time: each one's
     // time from post to completion (wait), in microseconds.
@@ -454,7 +668,7 @@ class EngineInitiator {
             const int slot = k + 1 < count ? 0 : conc_;
             const auto start = Clock::now();
             TCPX_ASSIGN_OR_RETURN(XferId id, post(op, type, 0, slot));
-            Status st = ep_->wait(id, kStallTimeout);
+            Status st = ep(peers_[0])->wait(id, kStallTimeout);
             if (!st.ok()) {
                 return st.with_context(strformat("%s of %s, one at a time", op_name(op),
                                                  format_bytes(slot_bytes_).c_str()));
@@ -484,8 +698,8 @@ class EngineInitiator {
     Status prepare_kv() {
         const KvShape& k = o_.kv_shape;
         TCPX_RETURN_IF_ERROR(peer_->call("kvshape " + kv_shape_words(k)).status());
-        const int gpu = static_cast<int>(config_.gpu_index);
         PeerState& p = peers_[0];
+        const int gpu = this->gpu(p);
         for (MemType type : mem_types(o_)) {
             TCPX_ASSIGN_OR_RETURN(std::string reply,
                                   peer_->call(strformat("mem %s %llu", mem_name(type),
@@ -496,8 +710,8 @@ class EngineInitiator {
                 return protocol_error("peer: " + reply);
             }
             TCPX_ASSIGN_OR_RETURN(p.remote[type], RemoteMem::parse(blob));
-            TCPX_RETURN_IF_ERROR(ensure_region(ep_.get(), &p.local[type], type, gpu, k.pool)
-                                     .with_context("initiator"));
+            TCPX_RETURN_IF_ERROR(
+                ensure_region(ep(p), &p.local[type], type, gpu, k.pool).with_context("initiator"));
             auto& requests = kv_iov_[type];
             requests.assign(kKvRequests, {});
             for (int r = 0; r < kKvRequests; ++r) {
@@ -521,7 +735,7 @@ class EngineInitiator {
         for (uint64_t n = 0; n < count; ++n) {
             TCPX_ASSIGN_OR_RETURN(XferId id,
                                   post_kv(op, type, contiguous, static_cast<int>(n % kKvRequests)));
-            Status st = ep_->wait(id, kStallTimeout);
+            Status st = ep(peers_[0])->wait(id, kStallTimeout);
             if (!st.ok()) return st.with_context(kv_what(op, type, contiguous));
         }
         return seconds_since(start);
@@ -557,7 +771,7 @@ class EngineInitiator {
             TCPX_RETURN_IF_ERROR(prepare_bytes(local, 0, contiguous ? total : k.pool, false, 0));
         }
         TCPX_ASSIGN_OR_RETURN(XferId id, post_kv(op, type, contiguous, 0));
-        TCPX_RETURN_IF_ERROR(ep_->wait(id, kStallTimeout).with_context(what));
+        TCPX_RETURN_IF_ERROR(ep(peers_[0])->wait(id, kStallTimeout).with_context(what));
         Status st;
         if (op == Op::kWrite) {
             st = peer_
@@ -581,15 +795,16 @@ class EngineInitiator {
 
     StatusOr<XferId> post_kv(Op op, MemType type, bool contiguous, int request) {
         PeerState& ps = peers_[0];
+        Endpoint* e = ep(ps);
         StatusOr<XferId> id = Status(StatusCode::kInternal, "not posted");
         if (contiguous) {
             const uint64_t total = o_.kv_shape.request_bytes();
             id = op == Op::kWrite
-                     ? ep_->write(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total)
-                     : ep_->read(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total);
+                     ? e->write(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total)
+                     : e->read(ps.id, ps.local[type].mem, 0, ps.remote[type], 0, total);
         } else {
             const auto& iov = kv_iov_[type][static_cast<size_t>(request)];
-            id = op == Op::kWrite ? ep_->writev(ps.id, iov) : ep_->readv(ps.id, iov);
+            id = op == Op::kWrite ? e->writev(ps.id, iov) : e->readv(ps.id, iov);
         }
         if (!id.ok()) return Status(id.status()).with_context(kv_what(op, type, contiguous));
         return id;
@@ -597,34 +812,84 @@ class EngineInitiator {
 
     struct PeerState {
         PeerId id = 0;
+        int ep = 0;  // index in eps_
         ByMem<RemoteMem> remote;
         ByMem<Region> local;
+        ByMem<Region> rev;  // --bidir: where the target's own transfers go to or come from
     };
+
+    Endpoint* ep(const PeerState& p) const { return eps_[static_cast<size_t>(p.ep)].get(); }
+    int gpu(const PeerState& p) const { return gpus_[static_cast<size_t>(p.ep)]; }
+
+    Shape shape(Op op) const {
+        Shape s;
+        s.op = op;
+        s.size = size_;
+        s.batch = o_.batch;
+        s.conc = conc_;
+        return s;
+    }
 
     uint8_t* raw_buffer() const { return peers_[0].local[MemType::kHost].buf.data(); }
 
     StatusOr<XferId> post(Op op, MemType type, size_t p, int slot) {
         PeerState& ps = peers_[p];
-        const MemId mem = ps.local[type].mem;
-        const RemoteMem& remote = ps.remote[type];
-        const uint64_t base = static_cast<uint64_t>(slot) * slot_bytes_;
-        StatusOr<XferId> id = Status(StatusCode::kInternal, "not posted");
-        if (o_.batch == 1) {
-            id = op == Op::kWrite ? ep_->write(ps.id, mem, base, remote, base, size_)
-                                  : ep_->read(ps.id, mem, base, remote, base, size_);
-        } else {
-            iov_.resize(static_cast<size_t>(o_.batch));
-            for (size_t i = 0; i < iov_.size(); ++i) {
-                const uint64_t off = base + i * size_;
-                iov_[i] = IoVec{mem, off, remote, off, size_};
-            }
-            id = op == Op::kWrite ? ep_->writev(ps.id, iov_) : ep_->readv(ps.id, iov_);
-        }
+        StatusOr<XferId> id = post_lane(Lane{ep(ps), ps.id, ps.local[type].mem, ps.remote[type]},
+                                        shape(op), slot, &iov_);
         if (!id.ok()) {
             return Status(id.status())
                 .with_context(strformat("posting a %s to target %zu", op_name(op), p));
         }
         return id;
+    }
+
+    // --bidir --verify, the targets' direction: before, the last transfer's source (theirs for
+    // WRITE, ours for READ) gets the pattern and its destination is poisoned; after, the
+    // destination must hold the pattern.
+    Status verify_prep_rev(Op op, MemType type, int npeers) {
+        if (!o_.verify) return Status();
+        rrun_ = run_ | (1ULL << 63);  // apart from the forward direction's run numbers
+        const uint64_t off = static_cast<uint64_t>(conc_) * slot_bytes_;
+        for (int i = 0; i < npeers; ++i) {
+            TCPX_RETURN_IF_ERROR(prepare_bytes(peers_[static_cast<size_t>(i)].rev[type].buf, off,
+                                               slot_bytes_, op == Op::kRead,
+                                               pattern_seed(rrun_, i)));
+        }
+        // "prep read" patterns, "prep write" poisons: the target is the source of its WRITEs.
+        return peer_
+            ->call(strformat("prep %s %s %llu %llu %llu %d rev",
+                             op == Op::kWrite ? "read" : "write", mem_name(type),
+                             static_cast<unsigned long long>(rrun_),
+                             static_cast<unsigned long long>(off),
+                             static_cast<unsigned long long>(slot_bytes_), npeers))
+            .status();
+    }
+
+    Status verify_check_rev(Op op, MemType type, int npeers) {
+        if (!o_.verify) return Status();
+        const uint64_t off = static_cast<uint64_t>(conc_) * slot_bytes_;
+        const std::string what =
+            strformat("the targets' %s of %s (batch %d, %s memory, --bidir), last transfer",
+                      op_name(op), format_bytes(size_).c_str(), o_.batch, mem_name(type));
+        if (op == Op::kRead) {
+            auto reply = peer_->call(strformat(
+                "check %s %llu %llu %llu %d rev", mem_name(type),
+                static_cast<unsigned long long>(rrun_), static_cast<unsigned long long>(off),
+                static_cast<unsigned long long>(slot_bytes_), npeers));
+            if (reply.ok()) return Status();
+            return internal_error("VERIFICATION FAILED: " + what + ": " +
+                                  std::string(reply.status().message()));
+        }
+        for (int i = 0; i < npeers; ++i) {
+            Status st = check_bytes(peers_[static_cast<size_t>(i)].rev[type].buf, off, slot_bytes_,
+                                    pattern_seed(rrun_, i), "from target " + std::to_string(i));
+            if (!st.ok() && st.code() != StatusCode::kInternal) return st;
+            if (!st.ok()) {
+                return internal_error("VERIFICATION FAILED: " + what + ", " +
+                                      std::string(st.message()));
+            }
+        }
+        return Status();
     }
 
     // --verify: before a measurement, its last transfer's source gets this measurement's
@@ -680,8 +945,11 @@ class EngineInitiator {
     const EngineBenchOptions& o_;
     Config config_;
     Peer* peer_;
-    std::vector<PeerState> peers_;  // declared before ep_: outlives it
-    std::unique_ptr<Endpoint> ep_;
+    std::vector<PeerState> peers_;  // declared before eps_: outlives them
+    std::vector<std::unique_ptr<Endpoint>> eps_;
+    std::vector<int> gpus_;  // per endpoint
+    Directions last_;
+    uint64_t rrun_ = 0;
     RawTcpInitiator raw_;
     std::vector<IoVec> iov_;
     ByMem<std::vector<std::vector<IoVec>>> kv_iov_;  // --kv: the requests' pieces
@@ -704,12 +972,59 @@ struct Row {
     Latency ours_lat;
     Latency host_lat;
     Latency raw_lat;
+    // Of `ours`: the initiator's direction and, with --bidir, the targets' (GB/s; ours is their
+    // sum); per peer (or pair), in each direction.
+    double fwd = 0;
+    double rev = 0;
+    std::vector<double> per_peer;
+    std::vector<double> per_peer_rev;
 };
 
 struct Setup {
     int raw_streams = 0;
     int io_threads = 0;  // per endpoint
+    std::string target;  // with --connect: what the target said of its engine
 };
+
+// The GB/s of each direction and peer in a measurement of `iters` transfers of `bytes` per peer,
+// from each peer's seconds.
+void split_directions(const std::vector<double>& secs, uint64_t bytes, uint64_t iters, double* all,
+                      std::vector<double>* per_peer) {
+    double longest = 0;
+    per_peer->clear();
+    for (double v : secs) {
+        longest = std::max(longest, v);
+        per_peer->push_back(v > 0 ? static_cast<double>(bytes * iters) / v / 1e9 : 0);
+    }
+    *all = longest > 0 ? static_cast<double>(bytes * iters * secs.size()) / longest / 1e9 : 0;
+}
+
+// How the roles ran: "1 process", "2 processes", "targets at HOST:PORT".
+std::string roles_text(const EngineBenchOptions& o) {
+    if (!o.connect.empty()) return "targets on " + o.connect + " (side channel)";
+    return o.processes == 1 ? "1 process" : "2 processes";
+}
+
+// What "peers" are: target endpoints of one initiator endpoint, or pairs of endpoints.
+std::string peers_text(const EngineBenchOptions& o) {
+    if (o.per_gpu)
+        return strformat("%d GPU pair%s (GPU i to GPU i)", o.peers, o.peers == 1 ? "" : "s");
+    if (o.pairs) return strformat("%d endpoint pair%s", o.peers, o.peers == 1 ? "" : "s");
+    return strformat("%d peer%s", o.peers, o.peers == 1 ? "" : "s");
+}
+
+// With an ncclNet plugin the data sockets are the plugin's, not NSOCKS: Google's plugin opens
+// NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS per comm.
+std::string plugin_sockets_text() {
+    const char* per_thread = std::getenv("NCCL_NSOCKS_PERTHREAD");
+    const char* threads = std::getenv("NCCL_SOCKET_NTHREADS");
+    if (per_thread != nullptr && threads != nullptr) {
+        return strformat("the plugin's own: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS = %s x %s",
+                         per_thread, threads);
+    }
+    return "the plugin's own (NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS, not set here: the "
+           "plugin's defaults)";
+}
 
 // Whether the rows carry the host figures of --mem vram.
 bool host_figures(const EngineBenchOptions& o) {
@@ -737,20 +1052,38 @@ std::vector<Column> table_columns(const EngineBenchOptions& o) {
     const bool host = host_figures(o);
     std::vector<Column> cols;
     cols.push_back({1, 8, "GB/s", [](const Row& r) { return gbps(r.ours); }});
+    auto number = [](double v) { return v > 0 ? strformat("%.2f", v) : std::string("-"); };
+    if (o.bidir) {
+        cols.push_back({1, 7, "i->t", [=](const Row& r) { return number(r.fwd); }});
+        cols.push_back({1, 7, "t->i", [=](const Row& r) { return number(r.rev); }});
+    }
+    if (o.pairs && o.peers > 1) {
+        for (int i = 0; i < o.peers; ++i) {
+            const auto k = static_cast<size_t>(i);
+            cols.push_back({1, 7, "#" + std::to_string(i), [=](const Row& r) {
+                                double v = k < r.per_peer.size() ? r.per_peer[k] : 0;
+                                if (k < r.per_peer_rev.size()) v += r.per_peer_rev[k];
+                                return number(v);
+                            }});
+        }
+    }
     if (host) {
         cols.push_back({1, 8, "host", [](const Row& r) { return gbps(r.host); }});
         cols.push_back(
             {1, 9, "vram/host", [](const Row& r) { return ratio(r.ours.gbps, r.host.gbps); }});
     }
     cols.push_back({1, 8, "raw", [](const Row& r) { return gbps(r.raw); }});
-    cols.push_back({1, 8, "ours/raw", [](const Row& r) { return ratio(r.ours.gbps, r.raw.gbps); }});
+    cols.push_back({1, 8, "ours/raw", [bidir = o.bidir](const Row& r) {
+                        return ratio(bidir ? r.fwd : r.ours.gbps, r.raw.gbps);
+                    }});
     cols.push_back({2, 8, "CPU s/GB", [](const Row& r) { return cpu_cell(r.ours); }});
     if (host) cols.push_back({1, 8, "host CPU", [](const Row& r) { return cpu_cell(r.host); }});
     cols.push_back({1, 8, "raw CPU", [](const Row& r) { return cpu_cell(r.raw); }});
     cols.push_back({1, 10, "CPU vs TCP",
                     [](const Row& r) { return ratio(cpu_per_gb(r.ours), cpu_per_gb(r.raw)); }});
     if (multi) {
-        cols.push_back({2, 8, "1 peer", [](const Row& r) { return gbps(r.single); }});
+        cols.push_back(
+            {2, 8, o.pairs ? "1 pair" : "1 peer", [](const Row& r) { return gbps(r.single); }});
         cols.push_back({1, 7, strformat("%d/1", o.peers),
                         [](const Row& r) { return ratio(r.ours.gbps, r.single.gbps); }});
     }
@@ -770,15 +1103,41 @@ std::vector<Column> table_columns(const EngineBenchOptions& o) {
     return cols;
 }
 
+// The engine's settings as they ran (Config::effective: automatic values resolved).
+void print_engine_line(const Config& c, const Setup& s) {
+    if (c.net_plugin.empty()) {
+        std::printf(
+            "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
+            "inline up to %s, %d I/O threads per endpoint\n",
+            static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
+            static_cast<long long>(c.nsocks), s.raw_streams,
+            format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
+            format_bytes(c.xfer_inline_threshold).c_str(), s.io_threads);
+    } else {
+        std::printf(
+            "engine: %lld channel%s, chunk %s, window %lld, inline up to %s; net: ncclNet plugin "
+            "%s, data sockets and their threads %s\n",
+            static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
+            format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
+            format_bytes(c.xfer_inline_threshold).c_str(), c.net_plugin.c_str(),
+            plugin_sockets_text().c_str());
+    }
+    if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
+}
+
 void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
                  const std::vector<Row>& rows) {
     const bool multi = o.peers > 1 && o.single_peer;
     std::printf(
-        "tcpx-p2p bench engine: transfer engine vs raw TCP, %s, %d process%s, %d peer%s x %d "
-        "transfers in flight, batch %d\n",
-        o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es", o.peers,
-        o.peers == 1 ? "" : "s", o.concurrency, o.batch);
-    if (o.mem == MemType::kVram) {
+        "tcpx-p2p bench engine: transfer engine vs raw TCP, %s, %s, %s x %d transfers in flight, "
+        "batch %d%s\n",
+        o.interface.c_str(), roles_text(o).c_str(), peers_text(o).c_str(), o.concurrency, o.batch,
+        o.bidir ? ", both directions at once" : "");
+    if (o.mem == MemType::kVram && o.per_gpu) {
+        std::printf(
+            "memory: GPU (cudaMalloc), pair i on GPU i of both sides%s\n",
+            host_figures(o) ? "; host, vram/host: the same transfers between host memory" : "");
+    } else if (o.mem == MemType::kVram) {
         std::printf(
             "memory: GPU (cudaMalloc), the initiator's on GPU %d, the targets' on GPU %d%s\n",
             o.gpus[0], o.gpus[1],
@@ -786,18 +1145,20 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
     } else {
         std::printf("memory: host (page-aligned, pageable)\n");
     }
+    print_engine_line(c, s);
     std::printf(
-        "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
-        "inline up to %s, %d I/O threads per endpoint\n",
-        static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
-        static_cast<long long>(c.nsocks), s.raw_streams, format_bytes(c.xfer_chunk_size).c_str(),
-        static_cast<long long>(c.window), format_bytes(c.xfer_inline_threshold).c_str(),
-        s.io_threads);
-    if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
-    std::printf(
-        "throughput: GB/s (10^9 B/s) of all peers together; raw: %d TCP streams, each "
-        "transfer's bytes split evenly, same %sbuffers\n",
-        s.raw_streams, o.mem == MemType::kVram ? "host " : "");
+        "throughput: GB/s (10^9 B/s) of all %s together%s; raw: %d TCP streams, each "
+        "transfer's bytes split evenly, same %sbuffers, one direction\n",
+        o.pairs ? "pairs" : "peers", o.bidir ? " and both directions" : "", s.raw_streams,
+        o.mem == MemType::kVram ? "host " : "");
+    if (o.bidir) {
+        std::printf(
+            "both directions: i->t the initiator's transfers toward the targets, t->i the "
+            "targets' own toward the initiator, at the same time; ours/raw: i->t over raw\n");
+    }
+    if (o.pairs && o.peers > 1) {
+        std::printf("#i: pair i's GB/s%s\n", o.bidir ? " (both directions)" : "");
+    }
     std::printf(
         "CPU s/GB: CPU seconds (user + system, every thread) of both sides, initiator and "
         "targets, per GB moved by the throughput run;\n  raw CPU: the raw TCP baseline's; CPU vs "
@@ -868,17 +1229,22 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
     out["config"] = {
         {"interface", o.interface},
         {"processes", o.processes},
+        {"connect", o.connect},
         {"peers", o.peers},
+        {"pairs", o.pairs},
+        {"per_gpu", o.per_gpu},
+        {"bidir", o.bidir},
         {"concurrency", o.concurrency},
         {"batch", o.batch},
         {"net_plugin", c.net_plugin},
         {"channels", c.channels},
-        {"nsocks", c.nsocks},
+        {"nsocks", c.net_plugin.empty() ? json(c.nsocks) : json(plugin_sockets_text())},
         {"raw_streams", s.raw_streams},
         {"xfer_chunk_size", c.xfer_chunk_size},
         {"window", c.window},
         {"xfer_inline_threshold", c.xfer_inline_threshold},
         {"io_threads_per_endpoint", s.io_threads},
+        {"target", s.target},
         {"min_seconds", o.min_seconds},
         {"min_iters", o.min_iters},
         {"verify", o.verify},
@@ -901,6 +1267,14 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
                     {"bytes_per_transfer", bytes},
                     {"concurrency", r.concurrency}};
         if (r.ours.iters) row["ours"] = tp(r.ours, o.peers);
+        if (r.ours.iters && (o.bidir || o.pairs)) {
+            row["initiator_to_targets_gbps"] = r.fwd;
+            row["per_peer_gbps"] = r.per_peer;
+            if (o.bidir) {
+                row["targets_to_initiator_gbps"] = r.rev;
+                row["per_peer_targets_to_initiator_gbps"] = r.per_peer_rev;
+            }
+        }
         if (r.host.iters) {
             row["host"] = tp(r.host, o.peers);
             row["vram_host_ratio"] = r.ours.gbps / r.host.gbps;
@@ -994,6 +1368,20 @@ Status check_options(const EngineBenchOptions& o) {
     if (o.batch < 1) return invalid_argument("--batch must be at least 1");
     if (o.concurrency < 1) return invalid_argument("--concurrency must be at least 1");
     if (o.peers < 1) return invalid_argument("--peers must be at least 1");
+    if (!o.listen.empty()) return invalid_argument("--listen: the target runs listen_engine_bench");
+    if (!o.connect.empty() && o.processes != 2) {
+        return invalid_argument("--connect: the targets are on the other host; no --procs");
+    }
+    if (o.kv && (o.bidir || o.pairs)) {
+        return invalid_argument("--kv: one direction, one peer (no --bidir, --pairs, --gpus all)");
+    }
+    if (o.per_gpu && o.mem != MemType::kVram) {
+        return invalid_argument("--gpus all: one endpoint pair per GPU, with --mem vram");
+    }
+    if (o.pairs && !o.per_gpu && o.mem == MemType::kVram) {
+        return invalid_argument(
+            "--pairs: host memory; for GPU memory, --gpus all (a pair per GPU)");
+    }
     if (!o.gpus.empty()) {
         if (o.mem != MemType::kVram) return invalid_argument("--gpus applies to --mem vram only");
         if (o.gpus.size() != 2) return invalid_argument("--gpus takes two GPU indices: A,B");
@@ -1010,7 +1398,11 @@ Status check_options(const EngineBenchOptions& o) {
 Status choose_gpus(EngineBenchOptions* o) {
     if (o->mem != MemType::kVram) return Status();
     StatusOr<int> n = usable_gpus();
-    if (!n.ok()) return Status(n.status()).with_context("--mem vram");
+    if (!n.ok()) return Status(n.status()).with_context(o->per_gpu ? "--gpus all" : "--mem vram");
+    if (o->per_gpu) {
+        o->peers = *n;  // pair i on GPU i of both sides
+        return Status();
+    }
     if (o->gpus.empty()) o->gpus = *n >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
     for (int g : o->gpus) {
         if (g >= *n) {
@@ -1034,7 +1426,122 @@ std::vector<std::string> serve_args(const EngineBenchOptions& o) {
     add("--window", o.window);
     add("--mem", mem_name(o.mem));
     if (o.gpus.size() == 2) add("--gpus", strformat("%d,%d", o.gpus[0], o.gpus[1]));
+    if (o.bidir) args.push_back("--bidir");
     return args;
+}
+
+// --- the side channel (--listen / --connect)
+// ------------------------------------------------------
+//
+// The same command lines as the child's pipes, over one TCP connection. The initiator speaks
+// first: "hello tcpx-p2p-bench-engine 1 <key>=<value>...", the target settings the target's
+// command line would carry in the child (serve_args); the target answers "hello
+// tcpx-p2p-bench-engine 1 <what its engine runs>", or "error ..." and closes. Plaintext and
+// unauthenticated: the engine's own handshake (TCPX_P2P_AUTH_SECRET) guards the data endpoints.
+
+constexpr const char* kHello = "hello tcpx-p2p-bench-engine 1";
+
+std::string hello_line(const EngineBenchOptions& o) {
+    std::string line = kHello;
+    auto add = [&](const char* key, const std::string& v) {
+        if (!v.empty()) line += strformat(" %s=%s", key, v.c_str());
+    };
+    add("mem", mem_name(o.mem));
+    if (o.gpus.size() == 2) add("gpus", strformat("%d,%d", o.gpus[0], o.gpus[1]));
+    add("channels", o.channels);
+    add("nsocks", o.nsocks);
+    add("chunk", o.chunk);
+    add("window", o.window);
+    add("bidir", o.bidir ? "1" : "0");
+    add("time", strformat("%g", o.min_seconds));
+    return line;
+}
+
+// The target's options from a hello line (its own --interface stays).
+Status parse_hello(const std::string& line, EngineBenchOptions* o) {
+    const std::string prefix = std::string(kHello);
+    if (line.rfind(prefix, 0) != 0 || (line.size() > prefix.size() && line[prefix.size()] != ' ')) {
+        return invalid_argument(
+            "not a tcpx-p2p bench engine initiator of this version (expected \"" + prefix + "\")");
+    }
+    for (const std::string& w : words(line.substr(prefix.size()))) {
+        const size_t eq = w.find('=');
+        if (eq == std::string::npos) return invalid_argument("hello: '" + w + "' is not key=value");
+        const std::string key = w.substr(0, eq);
+        const std::string value = w.substr(eq + 1);
+        if (key == "mem") {
+            if (!parse_mem(value, &o->mem)) return invalid_argument("hello: bad mem");
+        } else if (key == "gpus") {
+            if (!parse_gpu_pair(value, &o->gpus)) return invalid_argument("hello: bad gpus");
+        } else if (key == "channels") {
+            o->channels = value;
+        } else if (key == "nsocks") {
+            o->nsocks = value;
+        } else if (key == "chunk") {
+            o->chunk = value;
+        } else if (key == "window") {
+            o->window = value;
+        } else if (key == "bidir" && (value == "0" || value == "1")) {
+            o->bidir = value == "1";
+        } else if (key == "time") {
+            char* end = nullptr;
+            o->min_seconds = std::strtod(value.c_str(), &end);
+            if (end == value.c_str() || *end != '\0' || !(o->min_seconds > 0) ||
+                o->min_seconds > 600) {
+                return invalid_argument("hello: bad time");
+            }
+        } else {
+            return invalid_argument("hello: unknown '" + w.substr(0, 64) + "'");
+        }
+    }
+    return Status();
+}
+
+// The engine's settings as a line for the other side's header.
+std::string engine_summary(const Config& c) {
+    const int threads =
+        c.io_threads > 0
+            ? static_cast<int>(c.io_threads)
+            : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
+    if (!c.net_plugin.empty()) {
+        return strformat("%lld channel%s, ncclNet plugin %s", static_cast<long long>(c.channels),
+                         c.channels == 1 ? "" : "s", c.net_plugin.c_str());
+    }
+    return strformat("%lld channel%s x %lld data sockets, %d I/O threads per endpoint",
+                     static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
+                     static_cast<long long>(c.nsocks), threads);
+}
+
+// How long the initiator waits for an answer: a measurement's run, or the engine's connect
+// timeout, with room to spare.
+int reply_timeout_ms(double min_seconds) {
+    return static_cast<int>(std::min(3600.0, 10 * min_seconds + 180) * 1000);
+}
+
+// --connect: the side channel to the targets, greeted; with no --interface, the interface that
+// reaches them.
+StatusOr<std::unique_ptr<Peer>> connect_targets(EngineBenchOptions* o, std::string* target) {
+    StatusOr<SocketAddress> addr = parse_host_port(o->connect, false);
+    if (!addr.ok()) return Status(addr.status()).with_context("--connect");
+    TCPX_ASSIGN_OR_RETURN(auto peer,
+                          SocketPeer::connect(*addr, static_cast<int>(o->connect_timeout * 1000),
+                                              reply_timeout_ms(o->min_seconds)));
+    if (o->interface.empty()) {
+        StatusOr<std::string> name = interface_of(peer->local());
+        if (!name.ok()) {
+            return Status(name.status()).with_context("--connect without --interface");
+        }
+        o->interface = "=" + *name;
+    }
+    TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call(hello_line(*o)));
+    if (reply.rfind(kHello, 0) != 0) {
+        return protocol_error(
+            "--connect " + o->connect +
+            ": not a tcpx-p2p bench engine target of this version: " + reply.substr(0, 200));
+    }
+    *target =
+        o->connect + ": " + std::string(trim(std::string_view(reply).substr(std::strlen(kHello))));
+    return std::unique_ptr<Peer>(std::move(peer));
 }
 
 Status run(const EngineBenchOptions& options) {
@@ -1043,6 +1550,11 @@ Status run(const EngineBenchOptions& options) {
     if (o.kv) o.baseline = false;
     TCPX_RETURN_IF_ERROR(check_options(o));
     TCPX_RETURN_IF_ERROR(choose_gpus(&o));
+    Setup setup;
+    std::unique_ptr<Peer> peer;
+    if (!o.connect.empty()) {
+        TCPX_ASSIGN_OR_RETURN(peer, connect_targets(&o, &setup.target));
+    }
     TCPX_ASSIGN_OR_RETURN(Config config, bench_config(o, kInitiatorSide));
     // The emulated TCPX plugin without a wire (tests/fakes) connects comms inside one process
     // only: with targets in a child every transfer would stall until the timeout.
@@ -1053,17 +1565,17 @@ Status run(const EngineBenchOptions& options) {
             "FAKETCPX_NO_WIRE=1: the emulated plugin without a wire needs both ends in one "
             "process; use --procs 1");
     }
-    std::unique_ptr<Peer> peer;
-    if (o.processes == 2) {
+    if (peer) {
+        // connected already (--connect)
+    } else if (o.processes == 2) {
         TCPX_ASSIGN_OR_RETURN(peer, ProcessPeer::spawn(serve_args(o)));
     } else {
         TCPX_ASSIGN_OR_RETURN(Config target_config, bench_config(o, kTargetSide));
         peer = std::make_unique<ThreadPeer>([target_config, &o](Channel* ch) {
-            Target target(target_config, o.interface);
+            Target target(target_config, o.interface, o.bidir);
             (void)target.serve(ch);
         });
     }
-    Setup setup;
     setup.io_threads = static_cast<int>(config.io_threads);
     if (setup.io_threads == 0) {
         setup.io_threads =
@@ -1147,7 +1659,9 @@ Status run(const EngineBenchOptions& options) {
             cal.min_iters =
                 std::max<uint64_t>(lat_cal.min_iters, static_cast<uint64_t>(init.concurrency()));
             const uint64_t bytes = init.slot_bytes();
-            const uint64_t all_bytes = bytes * static_cast<uint64_t>(o.peers);
+            // --bidir: the same again in the other direction.
+            const uint64_t dirs = o.bidir ? 2 : 1;
+            const uint64_t all_bytes = bytes * static_cast<uint64_t>(o.peers) * dirs;
             for (Op op : ops) {
                 Row row;
                 row.op = op;
@@ -1157,6 +1671,9 @@ Status run(const EngineBenchOptions& options) {
                 TCPX_RETURN_IF_ERROR(
                     throughput(what + ": " + ours_what + ", throughput", all_bytes, &row.ours,
                                [&](uint64_t n) { return init.transfers(op, o.mem, o.peers, n); }));
+                split_directions(init.last().fwd, bytes, row.ours.iters, &row.fwd, &row.per_peer);
+                split_directions(init.last().rev, bytes, row.ours.iters, &row.rev,
+                                 &row.per_peer_rev);
                 if (host) {
                     TCPX_RETURN_IF_ERROR(throughput(what + ": engine (host), throughput", all_bytes,
                                                     &row.host, [&](uint64_t n) {
@@ -1166,8 +1683,8 @@ Status run(const EngineBenchOptions& options) {
                 }
                 if (single) {
                     TCPX_RETURN_IF_ERROR(throughput(
-                        what + ": " + ours_what + ", one peer, throughput", bytes, &row.single,
-                        [&](uint64_t n) { return init.transfers(op, o.mem, 1, n); }));
+                        what + ": " + ours_what + ", one peer, throughput", bytes * dirs,
+                        &row.single, [&](uint64_t n) { return init.transfers(op, o.mem, 1, n); }));
                 }
                 if (o.baseline) {
                     TCPX_RETURN_IF_ERROR(
@@ -1238,9 +1755,98 @@ int serve_engine_bench(const EngineBenchOptions& options) {
         }
         return 1;
     }
-    Target target(*config, options.interface);
+    Target target(*config, options.interface, options.bidir);
     Status st = target.serve(&channel);
     return st.ok() ? 0 : 1;
+}
+
+namespace {
+
+// --listen: waits for an initiator that greets us correctly (a stray connection that does not is
+// answered "error ..." and closed) and serves it. OK when it said quit.
+Status listen_and_serve(const EngineBenchOptions& options) {
+    if (!options.connect.empty()) return invalid_argument("--listen and --connect: pick one role");
+    if (options.processes != 2) {
+        return invalid_argument("--listen: the target side of two hosts; no --procs");
+    }
+    StatusOr<SocketAddress> addr = parse_host_port(options.listen, true);
+    if (!addr.ok()) return Status(addr.status()).with_context("--listen");
+    StatusOr<Fd> listening = listen_tcp(*addr, 16);
+    if (!listening.ok())
+        return Status(listening.status()).with_context("--listen " + options.listen);
+    Fd listener = std::move(*listening);
+    TCPX_RETURN_IF_ERROR(set_nonblocking(listener.get(), false));
+    TCPX_ASSIGN_OR_RETURN(SocketAddress bound, local_address(listener.get()));
+    std::printf(
+        "tcpx-p2p bench engine: target listening on %s (side channel: plaintext, "
+        "unauthenticated)\n",
+        bound.to_string().c_str());
+    std::fflush(stdout);
+    while (true) {
+        Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!conn.valid()) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            return errno_status(errno, "accept on " + bound.to_string());
+        }
+        StatusOr<SocketAddress> from = peer_address(conn.get());
+        const std::string who = from.ok() ? from->to_string() : std::string("?");
+        // The greeting must come soon; later commands may wait as long as a measurement runs.
+        FdChannel ch(conn.get(), conn.get(), 10000);
+        std::string line;
+        if (!ch.read_line(&line)) {
+            std::fprintf(stderr, "tcpx-p2p bench engine: %s: no greeting%s; still listening\n",
+                         who.c_str(), ch.why().empty() ? "" : (" (" + ch.why() + ")").c_str());
+            continue;
+        }
+        EngineBenchOptions o = options;
+        Status st = parse_hello(line, &o);
+        if (!st.ok()) {
+            ch.write_line("error " + st.to_string());
+            std::fprintf(stderr, "tcpx-p2p bench engine: %s refused: %s; still listening\n",
+                         who.c_str(), st.to_string().c_str());
+            continue;
+        }
+        if (o.interface.empty()) {
+            TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(conn.get()));
+            StatusOr<std::string> name = interface_of(local);
+            if (!name.ok()) {
+                st = Status(name.status()).with_context("--listen without --interface");
+                ch.write_line("error " + st.to_string());
+                return st;
+            }
+            o.interface = "=" + *name;
+        }
+        (void)set_nodelay(conn.get());
+        (void)set_dead_peer_timeout(conn.get(), 30000);
+        StatusOr<Config> config = bench_config(o, kTargetSide);
+        if (!config.ok()) {
+            st = Status(config.status()).with_context("target");
+            ch.write_line("error " + st.to_string());
+            return st;
+        }
+        std::fprintf(stderr, "tcpx-p2p bench engine: serving %s on %s\n", who.c_str(),
+                     o.interface.c_str());
+        if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " +
+                           engine_summary(*config))) {
+            return unavailable("initiator " + who + " went away");
+        }
+        ch.set_timeout(reply_timeout_ms(o.min_seconds));
+        Target target(*config, o.interface, o.bidir);
+        return target.serve(&ch).with_context("initiator " + who);
+    }
+}
+
+}  // namespace
+
+int listen_engine_bench(const EngineBenchOptions& options) {
+    ::signal(SIGPIPE, SIG_IGN);
+    Status st = listen_and_serve(options);
+    if (!st.ok()) {
+        std::fprintf(stderr, "tcpx-p2p bench engine: %s\n", st.to_string().c_str());
+        return 1;
+    }
+    std::fprintf(stderr, "tcpx-p2p bench engine: the initiator is done\n");
+    return 0;
 }
 
 }  // namespace tcpx::bench

@@ -1,7 +1,9 @@
-// The loopback benchmark of the transfer engine (tcpx::Endpoint): one-sided WRITE and READ from an
-// initiator endpoint to one or more target endpoints, in one process or two, between host or GPU
-// memory, against raw TCP measured in the same run (the same stream count for throughput, a
-// ping-pong for latency) and, for GPU memory, against the same transfers between host memory.
+// The benchmark of the transfer engine (tcpx::Endpoint): one-sided WRITE and READ from an
+// initiator endpoint to one or more target endpoints (or from N initiator endpoints to N targets,
+// one pair per GPU), in one process, two, or on two hosts (--listen / --connect), one direction
+// or both at once, between host or GPU memory, against raw TCP measured in the same run (the same
+// stream count for throughput, a ping-pong for latency) and, for GPU memory, against the same
+// transfers between host memory.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,21 @@ struct EngineBenchOptions {
     int batch = 1;                // pieces per transfer (writev/readv when > 1)
     int concurrency = 8;          // transfers in flight per peer (at most 512 MiB of them)
     int peers = 1;                // target endpoints the initiator connects to
-    int processes = 2;            // 1: targets in this process; 2: all targets in a child
+    // With pairs, `peers` initiator endpoints, each connected to its own target endpoint (all
+    // busy at once); per_gpu (--gpus all): pair i on GPU i of both sides, peers = the GPUs.
+    bool pairs = false;
+    bool per_gpu = false;
+    // Both directions at once: the targets also post the same transfers toward the initiator's
+    // endpoints (into memory of their own), and the figures are each direction's and the sum.
+    bool bidir = false;
+    int processes = 2;  // 1: targets in this process; 2: all targets in a child
+    // Roles on two hosts: the target serves the command channel on a TCP connection accepted at
+    // `listen` (HOST:PORT, port 0: ephemeral); the initiator connects to `connect`. Empty: both
+    // roles on this host (processes).
+    std::string listen;
+    std::string connect;
+    double connect_timeout = 30;  // seconds the initiator tries to reach --connect
+    // Empty with --listen / --connect: the interface holding the side channel's address.
     std::string interface = "=lo";
     // Memory of every registered region. With kVram, `gpus` holds the initiator's GPU and the
     // targets' GPU (empty: 0,1 on a machine with two GPUs or more, else 0,0), and unless
@@ -51,5 +67,10 @@ int run_engine_bench(const EngineBenchOptions& options);
 // The target side in a child process (`tcpx-p2p bench engine --serve`): commands on stdin,
 // replies on stdout.
 int serve_engine_bench(const EngineBenchOptions& options);
+
+// The target side on its own host (`tcpx-p2p bench engine --listen HOST:PORT`): prints a banner
+// with the address it listens on, serves the first initiator that greets it correctly (others are
+// refused), and returns when that one says quit or goes away.
+int listen_engine_bench(const EngineBenchOptions& options);
 
 }  // namespace tcpx::bench

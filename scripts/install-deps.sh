@@ -6,8 +6,10 @@ set -euo pipefail
 # libssl-dev: libcrypto (HMAC-SHA-256 and random nonces for peer authentication).
 # clang + libclang-rt-dev: libFuzzer for the fuzz targets (scripts/run-fuzz).
 # pkg-config: scripts/check-install.sh builds a consumer through the installed .pc files.
+# iproute2: `ip netns` for the two-host tests in network namespaces (label netns) and
+# scripts/netns-bench.
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev libssl-dev clang libclang-rt-dev pkg-config)
+          libcli11-dev libssl-dev clang libclang-rt-dev pkg-config iproute2)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

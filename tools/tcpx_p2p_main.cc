@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     // bench engine
     auto* bench_engine = bench->add_subcommand(
         "engine",
-        "Transfer engine (WRITE/READ) vs raw TCP over loopback: throughput and latency per size");
+        "Transfer engine (WRITE/READ) vs raw TCP: throughput and latency per size, on this host "
+        "or two (--listen / --connect)");
     tcpx::bench::EngineBenchOptions eng_opts;
     std::string eng_sizes = "4K..64M";
     std::string eng_op = "both";
@@ -118,20 +119,42 @@ int main(int argc, char** argv) {
                      "--procs 2)")
         ->capture_default_str()
         ->check(CLI::Range(1, 256));
+    auto* eng_procs_opt =
+        bench_engine
+            ->add_option("--procs", eng_opts.processes, "1: one process; 2: the targets in a child")
+            ->capture_default_str()
+            ->check(CLI::IsMember({1, 2}));
+    auto* eng_pairs_opt = bench_engine->add_option(
+        "--pairs", eng_opts.peers,
+        "Endpoint pairs busy at once, each initiator endpoint with its own target (host memory; "
+        "for GPU memory --gpus all)");
+    eng_pairs_opt->check(CLI::Range(1, 256));
+    bench_engine->add_flag("--bidir", eng_opts.bidir,
+                           "Both directions at once: the targets post the same transfers toward "
+                           "the initiator; each direction's GB/s and the sum");
+    auto* eng_listen_opt = bench_engine->add_option(
+        "--listen", eng_opts.listen,
+        "Be the target side of two hosts: serve the initiator's commands on a TCP side channel "
+        "at HOST:PORT (port 0: any; the banner says which); plaintext, unauthenticated");
+    auto* eng_connect_opt = bench_engine->add_option(
+        "--connect", eng_opts.connect,
+        "Be the initiator side of two hosts: drive the target listening at HOST:PORT");
     bench_engine
-        ->add_option("--procs", eng_opts.processes, "1: one process; 2: the targets in a child")
+        ->add_option("--connect-timeout", eng_opts.connect_timeout,
+                     "Seconds --connect keeps trying while nothing listens there yet")
         ->capture_default_str()
-        ->check(CLI::IsMember({1, 2}));
+        ->check(CLI::Range(0.1, 3600.0));
     bench_engine
         ->add_option("--mem", eng_mem,
                      "Memory of every registered region: host, or vram (GPU memory from "
                      "cudaMalloc; needs a GPU and a build with the CUDA parts)")
         ->capture_default_str()
         ->check(CLI::IsMember({"host", "vram"}));
-    auto* eng_gpus_opt =
-        bench_engine->add_option("--gpus", eng_gpus,
-                                 "With --mem vram: the initiator's GPU and the targets' GPU, A,B "
-                                 "(default: 0,1 on a machine with two GPUs or more, else 0,0)");
+    auto* eng_gpus_opt = bench_engine->add_option(
+        "--gpus", eng_gpus,
+        "With --mem vram: the initiator's GPU and the targets' GPU, A,B (default: 0,1 on a "
+        "machine with two GPUs or more, else 0,0); or all: one endpoint pair per GPU, GPU i to "
+        "GPU i, all busy at once");
     bench_engine->add_option(
         "--channels", eng_opts.channels,
         "Data channels per peer and direction (default: TCPX_P2P_CHANNELS or 1)");
@@ -145,10 +168,12 @@ int main(int argc, char** argv) {
     bench_engine->add_option(
         "--window", eng_opts.window,
         "Transport requests in flight per channel (default: TCPX_P2P_WINDOW or 16)");
-    bench_engine
-        ->add_option("--interface", eng_opts.interface,
-                     "Interface (TCPX_P2P_SOCKET_IFNAME syntax); every endpoint is on this host")
-        ->capture_default_str();
+    auto* eng_interface_opt =
+        bench_engine
+            ->add_option("--interface", eng_opts.interface,
+                         "Interface (TCPX_P2P_SOCKET_IFNAME syntax) of this host's endpoints "
+                         "(default: =lo; with --listen / --connect the side channel's)")
+            ->capture_default_str();
     bench_engine->add_option("--time", eng_opts.min_seconds, "Seconds per measurement")
         ->capture_default_str()
         ->check(CLI::Range(0.01, 600.0));
@@ -270,10 +295,52 @@ int main(int argc, char** argv) {
     if (bench_engine->parsed()) {
         eng_opts.mem =
             eng_mem == "vram" ? tcpx::bench::MemType::kVram : tcpx::bench::MemType::kHost;
-        if (eng_gpus_opt->count() > 0 && !tcpx::bench::parse_gpu_pair(eng_gpus, &eng_opts.gpus)) {
+        // Roles: the combinations that cannot work, before anything starts.
+        auto usage = [](const char* why) {
+            std::fprintf(stderr, "tcpx-p2p bench engine: %s\n", why);
+            return 2;
+        };
+        const bool listen = eng_listen_opt->count() > 0;
+        const bool connect = eng_connect_opt->count() > 0;
+        if (listen && connect) return usage("--listen and --connect: one host has one role");
+        if (eng_serve && (listen || connect)) {
+            return usage("--serve is the child of --procs 2; not with --listen or --connect");
+        }
+        if ((listen || connect) && eng_procs_opt->count() > 0) {
+            return usage(
+                "--procs: the roles are on two hosts with --listen / --connect (no --procs)");
+        }
+        if (eng_pairs_opt->count() > 0) {
+            if (eng_opts.peers > 1 && bench_engine->get_option("--peers")->count() > 0) {
+                return usage("--pairs and --peers: pick one");
+            }
+            eng_opts.pairs = true;
+        }
+        if ((listen || connect) && eng_interface_opt->count() == 0) eng_opts.interface.clear();
+        if (listen) {
+            for (const char* o : {"--pairs", "--bidir", "--peers", "--gpus", "--sizes", "--op",
+                                  "--json", "--verify", "--mem"}) {
+                if (bench_engine->get_option(o)->count() > 0) {
+                    std::fprintf(stderr,
+                                 "tcpx-p2p bench engine: --listen: %s is the initiator's to "
+                                 "choose (give it to --connect)\n",
+                                 o);
+                    return 2;
+                }
+            }
+            return tcpx::bench::listen_engine_bench(eng_opts);
+        }
+        if (eng_gpus_opt->count() > 0 && eng_gpus == "all") {
+            if (eng_pairs_opt->count() > 0 || bench_engine->get_option("--peers")->count() > 0) {
+                return usage("--gpus all: one pair per GPU (no --pairs or --peers)");
+            }
+            eng_opts.per_gpu = true;
+            eng_opts.pairs = true;
+        } else if (eng_gpus_opt->count() > 0 &&
+                   !tcpx::bench::parse_gpu_pair(eng_gpus, &eng_opts.gpus)) {
             std::fprintf(stderr,
                          "tcpx-p2p bench engine: --gpus '%s' is not two GPU indices A,B (e.g. "
-                         "0,1)\n",
+                         "0,1) nor all\n",
                          eng_gpus.c_str());
             return 2;
         }

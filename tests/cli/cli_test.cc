@@ -122,6 +122,17 @@ TEST(BenchEngineCli, PluginWithoutWireInOneProcess) {
         run_cli(quick({"bench", "engine", "--sizes", "64K,2M", "--procs", "1", "--verify"}), env);
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_TRUE(has_all(r.output, {"net: ncclNet plugin", "ours/raw", "verified"}));
+    // The data sockets are the plugin's, not NSOCKS: the header says so and claims no count.
+    EXPECT_TRUE(contains(r.output, "data sockets and their threads the plugin's own")) << r.output;
+    EXPECT_FALSE(contains(r.output, "data sockets =")) << r.output;
+    std::map<std::string, std::string> google = env;
+    google["NCCL_NSOCKS_PERTHREAD"] = "4";
+    google["NCCL_SOCKET_NTHREADS"] = "1";
+    const CliResult quoted = run_cli(
+        quick({"bench", "engine", "--sizes", "64K", "--procs", "1", "--no-latency"}), google);
+    ASSERT_TRUE(exited_with(quoted, 0));
+    EXPECT_TRUE(contains(quoted.output, "NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS = 4 x 1"))
+        << quoted.output;
 
     const CliResult two =
         run_cli(quick({"bench", "engine", "--sizes", "64K", "--procs", "2"}), env);

@@ -1,0 +1,65 @@
+// The two roles of `tcpx-p2p bench engine` as two processes: the target (--listen) started in the
+// background and its banner read for the address it listens on, the initiator (--connect) run to
+// completion. `prefix` runs the target under another command (`ip netns exec NS`).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/cli/cli_run.h"
+#include "tests/support/subprocess.h"
+
+namespace tcpx::testing {
+
+class ListeningTarget {
+ public:
+    // Starts `cli bench engine --listen <listen> <extra>...` and waits for its banner; false (with
+    // a test failure) when it does not print one.
+    bool start(const std::string& cli, const std::string& listen,
+               std::vector<std::string> extra = {}, std::vector<std::string> prefix = {}) {
+        std::vector<std::string> argv = std::move(prefix);
+        for (const std::string& a :
+             {cli, std::string("bench"), std::string("engine"), std::string("--listen"), listen}) {
+            argv.push_back(a);
+        }
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        if (!p_.start(argv, {}, /*merge_stderr=*/true)) {
+            ADD_FAILURE() << "could not start the target";
+            return false;
+        }
+        for (std::string line; p_.read_line(&line, std::chrono::seconds(20));) {
+            output_ += line + "\n";
+            const std::string mark = "listening on ";
+            const size_t at = line.find(mark);
+            if (at == std::string::npos) continue;
+            const size_t end = line.find(' ', at + mark.size());
+            address_ = line.substr(at + mark.size(), end - (at + mark.size()));
+            return true;
+        }
+        ADD_FAILURE() << "the target printed no banner:\n" << output_;
+        return false;
+    }
+
+    // HOST:PORT from the banner.
+    const std::string& address() const { return address_; }
+    std::string port() const { return address_.substr(address_.rfind(':') + 1); }
+
+    // Reads what is left of its output and waits for its exit (as from waitpid; -1: none within
+    // `timeout`).
+    int finish(std::chrono::seconds timeout = std::chrono::seconds(30)) {
+        for (std::string line; p_.read_line(&line, timeout);) output_ += line + "\n";
+        return p_.wait(timeout);
+    }
+    const std::string& output() const { return output_; }
+
+ private:
+    Subprocess p_;
+    std::string address_;
+    std::string output_;
+};
+
+}  // namespace tcpx::testing

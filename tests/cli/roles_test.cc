@@ -1,0 +1,217 @@
+// `tcpx-p2p bench engine` in its two roles over loopback (--listen on 127.0.0.1, --connect from a
+// second process, no root needed): the table of the loopback mode, --bidir and --pairs, the side
+// channel's refusal of strays and of lines without end, and the combinations that must be
+// refused with a clear message (and never a hang).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/socket.h"
+#include "cuda/device.h"
+#include "tests/cli/cli_run.h"
+#include "tests/cli/roles_run.h"
+
+namespace tcpx {
+namespace {
+
+using testing::CliResult;
+using testing::contains;
+using testing::exited_with;
+using testing::has_all;
+using testing::json_of;
+using testing::ListeningTarget;
+using testing::positive_under;
+
+CliResult run_cli(std::vector<std::string> args) {
+    return testing::run_program(TCPX_P2P_CLI_PATH, std::move(args));
+}
+
+// Short measurements. Under ThreadSanitizer without the raw baseline and --verify (their buffers
+// pass between the processes through the wire, which it cannot see; see cli_test.cc).
+std::vector<std::string> quick(std::vector<std::string> args) {
+    for (const char* a : {"--time", "0.05", "--iters", "2", "--no-progress"}) args.push_back(a);
+#if defined(__SANITIZE_THREAD__)
+    args.push_back("--no-baseline");
+#else
+    args.push_back("--verify");
+#endif
+    return args;
+}
+
+// A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
+std::string closed_port() {
+    auto fd = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 1);
+    EXPECT_TRUE(fd.ok());
+    const uint16_t port = local_address(fd->get()).value().port();
+    return std::to_string(port);
+}
+
+TEST(BenchEngineRoles, ListenAndConnectOverLoopback) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    EXPECT_TRUE(contains(target.output(), "plaintext, unauthenticated")) << target.output();
+    const CliResult r = run_cli(quick(
+        {"bench", "engine", "--connect", target.address(), "--sizes", "4K,1M", "--no-latency"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"targets on 127.0.0.1:", "=lo", "engine: ", "target: "}));
+    EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s"}));
+#if !defined(__SANITIZE_THREAD__)
+    EXPECT_TRUE(positive_under(r.output, "op ", {"raw"}));
+    EXPECT_TRUE(contains(r.output, "verified")) << r.output;
+#endif
+    const int status = target.finish();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << target.output();
+    EXPECT_TRUE(contains(target.output(), "the initiator is done")) << target.output();
+}
+
+TEST(BenchEngineRoles, BidirAndPairsOverLoopback) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const CliResult r =
+        run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes", "64K",
+                       "--bidir", "--pairs", "2", "--no-latency", "--no-single-peer"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(has_all(r.output, {"2 endpoint pairs", "both directions at once"}));
+    EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "i->t", "t->i", "#0", "#1"}));
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
+TEST(BenchEngineRoles, JsonNamesTheTargets) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const CliResult r =
+        run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes", "4K", "--op",
+                       "write", "--bidir", "--no-latency", "--json"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    const auto doc = json_of(r.output);
+    ASSERT_FALSE(doc.is_discarded()) << r.output;
+    EXPECT_EQ(doc["config"]["connect"], target.address());
+    EXPECT_EQ(doc["config"]["bidir"], true);
+    EXPECT_TRUE(contains(doc["config"]["target"].get<std::string>(), "=lo"));
+    ASSERT_EQ(doc["results"].size(), 1U);
+    EXPECT_GT(doc["results"][0]["initiator_to_targets_gbps"].get<double>(), 0);
+    EXPECT_GT(doc["results"][0]["targets_to_initiator_gbps"].get<double>(), 0);
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
+// Pairs and both directions in one process and two (no side channel) too.
+TEST(BenchEngineRoles, PairsAndBidirOnOneHost) {
+    for (const char* procs : {"1", "2"}) {
+        SCOPED_TRACE(std::string("--procs ") + procs);
+        const CliResult r = run_cli(quick({"bench", "engine", "--procs", procs, "--sizes", "64K",
+                                           "--pairs", "2", "--bidir", "--no-latency"}));
+        ASSERT_TRUE(exited_with(r, 0));
+        EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "i->t", "t->i", "#0", "#1"}));
+    }
+}
+
+// A stray client (a wrong greeting, or a line that never ends) is refused and the target goes on
+// listening for the real initiator.
+TEST(BenchEngineRoles, StraysAreRefusedAndTheTargetStillServes) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const auto addr =
+        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
+    ASSERT_TRUE(addr.ok());
+    {
+        auto fd = connect_blocking(*addr, 5000);
+        ASSERT_TRUE(fd.ok());
+        const std::string hello = "GET / HTTP/1.0\n";
+        ASSERT_TRUE(send_all(fd->get(), hello.data(), hello.size()).ok());
+        char buf[256] = {};
+        const ssize_t n = ::recv(fd->get(), buf, sizeof(buf) - 1, 0);
+        ASSERT_GT(n, 0);
+        EXPECT_TRUE(contains(buf, "error ")) << buf;
+        EXPECT_TRUE(contains(buf, "not a tcpx-p2p bench engine initiator")) << buf;
+    }
+    {
+        // 2 MiB without a newline: the target gives up on it at its line bound.
+        auto fd = connect_blocking(*addr, 5000);
+        ASSERT_TRUE(fd.ok());
+        const std::string junk(64 << 10, 'x');
+        for (int i = 0; i < 32; ++i) {
+            if (!send_all(fd->get(), junk.data(), junk.size()).ok()) break;  // it closed on us
+        }
+    }
+    const CliResult r = run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes",
+                                       "4K", "--op", "write", "--no-latency"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_EQ(target.finish(), 0) << target.output();
+    EXPECT_TRUE(has_all(target.output(), {"refused", "a line longer than"}));
+}
+
+TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
+    const auto start = std::chrono::steady_clock::now();
+    const CliResult r = run_cli({"bench", "engine", "--connect", "127.0.0.1:" + closed_port(),
+                                 "--connect-timeout", "1", "--sizes", "4K", "--no-progress"});
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(has_all(r.output, {"no benchmark target answers at 127.0.0.1:", "refused"}));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(BenchEngineRoles, BadAddressesAreRefused) {
+    for (const char* where : {"127.0.0.1", "127.0.0.1:", ":7000", "127.0.0.1:99999", "127.0.0.1:0",
+                              "::1:7000", "[::1]7000", "127.0.0.1:7x"}) {
+        SCOPED_TRACE(std::string("--connect '") + where + "'");
+        const CliResult r = run_cli({"bench", "engine", "--connect", where, "--sizes", "4K"});
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(contains(r.output, "--connect: ")) << r.output;
+        EXPECT_TRUE(contains(r.output, "HOST:PORT") || contains(r.output, "[IPV6]:PORT"))
+            << r.output;
+    }
+    const CliResult r = run_cli({"bench", "engine", "--listen", "127.0.0.1:port"});
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(has_all(r.output, {"--listen: ", "HOST:PORT"}));
+}
+
+TEST(BenchEngineRoles, BadCombinationsAreRefused) {
+    struct Case {
+        std::vector<std::string> args;
+        int code;
+        const char* says;
+    };
+    const std::string p = "127.0.0.1:" + closed_port();
+    const std::vector<Case> cases = {
+        {{"--listen", p, "--procs", "1"}, 2, "no --procs"},
+        {{"--connect", p, "--procs", "1"}, 2, "no --procs"},
+        {{"--connect", p, "--serve"}, 2, "--serve is the child"},
+        {{"--listen", p, "--serve"}, 2, "--serve is the child"},
+        {{"--listen", p, "--connect", p}, 2, "one host has one role"},
+        {{"--listen", p, "--sizes", "4K"}, 2, "--sizes is the initiator's to choose"},
+        {{"--listen", p, "--bidir"}, 2, "--bidir is the initiator's to choose"},
+        {{"--pairs", "2", "--peers", "2", "--sizes", "4K"}, 2, "--pairs and --peers"},
+        {{"--gpus", "all", "--sizes", "4K"}, 1, "--gpus all: one endpoint pair per GPU"},
+        {{"--pairs", "2", "--mem", "vram", "--sizes", "4K"}, 1, "--pairs: host memory"},
+        {{"--bidir", "--kv", "--sizes", "4K"}, 1, "--kv: one direction"},
+    };
+    for (const Case& c : cases) {
+        std::vector<std::string> args = {"bench", "engine"};
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        std::string what;
+        for (const auto& a : c.args) what += a + " ";
+        SCOPED_TRACE(what);
+        const CliResult r = run_cli(args);
+        EXPECT_TRUE(exited_with(r, c.code));
+        EXPECT_TRUE(contains(r.output, c.says)) << r.output;
+    }
+}
+
+TEST(BenchEngineRoles, PerGpuWithoutGpuIsAClearError) {
+    if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is usable here";
+    const CliResult r = run_cli(
+        {"bench", "engine", "--mem", "vram", "--gpus", "all", "--sizes", "4K", "--no-progress"});
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(contains(r.output, "--gpus all: ")) << r.output;
+    EXPECT_TRUE(contains(r.output, "no usable GPU") || contains(r.output, "no CUDA support"))
+        << r.output;
+}
+
+}  // namespace
+}  // namespace tcpx
