@@ -271,11 +271,13 @@ class Target {
     ~Target() { close(); }
 
     Status serve(Channel* ch) {
+        // The raw baseline's own memory, not the engine's regions: the engine may still hold
+        // a served read's last send completion (the initiator has its bytes already), and its
+        // threads must never share bytes with the baseline's.
         const RawTcpResponder::BufferFn raw_buffer = [this](uint64_t bytes) -> StatusOr<uint8_t*> {
-            if (regions_.empty() || regions_[0][MemType::kHost].buf.size() < bytes) {
-                return failed_precondition("raw TCP baseline: no host region of that size");
-            }
-            return regions_[0][MemType::kHost].buf.data();
+            if (bytes > kMaxSideBytes) return invalid_argument("raw TCP baseline: too large");
+            if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
+            return raw_mem_.data();
         };
         std::string line;
         while (ch->read_line(&line)) {
@@ -490,8 +492,9 @@ class Target {
     std::vector<ByMem<Region>> rev_;        // --bidir: the regions of the targets' own transfers
     std::vector<ByMem<RemoteMem>> remote_;  // --bidir: the initiator's, for those
     std::vector<std::unique_ptr<Endpoint>> eps_;
-    std::vector<int> gpus_;      // per endpoint
-    std::vector<PeerId> peers_;  // per endpoint: the initiator's endpoint (accept())
+    std::vector<uint8_t> raw_mem_;  // the raw TCP baseline's buffer
+    std::vector<int> gpus_;         // per endpoint
+    std::vector<PeerId> peers_;     // per endpoint: the initiator's endpoint (accept())
     RawTcpResponder raw_;
 };
 
@@ -679,11 +682,12 @@ class EngineInitiator {
         return us;
     }
 
-    // Raw TCP moving the same bytes in the same direction, from / into the same host buffers as
-    // the first peer's transfers between host memory.
+    // Raw TCP moving the same bytes in the same direction, as many slots of the same size, from
+    // / into host memory of its own.
     StatusOr<double> raw_stream(Op op, uint64_t count) {
         const uint64_t slots = static_cast<uint64_t>(conc_);
-        return raw_.stream(peer_, op == Op::kWrite, slot_bytes_, count, raw_buffer(), slots, slots);
+        return raw_.stream(peer_, op == Op::kWrite, slot_bytes_, count,
+                           raw_buffer(slot_bytes_ * slots), slots, slots);
     }
 
     // The raw request/response closest to one transfer: WRITE = the data there and an
@@ -691,7 +695,7 @@ class EngineInitiator {
     StatusOr<std::vector<double>> raw_pingpong(Op op, uint64_t count) {
         const uint64_t out = op == Op::kWrite ? slot_bytes_ : kSmallMessage;
         const uint64_t back = op == Op::kWrite ? kSmallMessage : slot_bytes_;
-        return raw_.pingpong(peer_, out, back, count, raw_buffer());
+        return raw_.pingpong(peer_, out, back, count, raw_buffer(std::max(out, back)));
     }
 
     // --kv: the pools of every memory type here and there (the first peer's), and the requests.
@@ -830,7 +834,13 @@ class EngineInitiator {
         return s;
     }
 
-    uint8_t* raw_buffer() const { return peers_[0].local[MemType::kHost].buf.data(); }
+    // The raw baseline's own memory: the engine may still be finishing a transfer's last send
+    // completion in its buffers (the peer has the bytes already), and its threads must never
+    // share bytes with the baseline's.
+    uint8_t* raw_buffer(uint64_t bytes) {
+        if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
+        return raw_mem_.data();
+    }
 
     StatusOr<XferId> post(Op op, MemType type, size_t p, int slot) {
         PeerState& ps = peers_[p];
@@ -946,6 +956,7 @@ class EngineInitiator {
     Config config_;
     Peer* peer_;
     std::vector<PeerState> peers_;  // declared before eps_: outlives them
+    std::vector<uint8_t> raw_mem_;  // the raw TCP baseline's buffer
     std::vector<std::unique_ptr<Endpoint>> eps_;
     std::vector<int> gpus_;  // per endpoint
     Directions last_;
