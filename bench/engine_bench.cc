@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -54,6 +55,59 @@ constexpr auto kStallTimeout = std::chrono::seconds(60);
 enum class Op { kWrite, kRead };
 
 const char* op_name(Op op) { return op == Op::kWrite ? "WRITE" : "READ"; }
+
+// --stats: the counters as one line of numbers (the target's reply), and the sum of several.
+constexpr uint64_t Stats::*kStatFields[] = {&Stats::bytes_sent,
+                                            &Stats::bytes_received,
+                                            &Stats::transfers_started,
+                                            &Stats::transfers_completed,
+                                            &Stats::transfers_failed,
+                                            &Stats::requests_served,
+                                            &Stats::errors,
+                                            &Stats::retries,
+                                            &Stats::window_blocked_ns};
+constexpr const char* kStatNames[] = {"bytes_sent",
+                                      "bytes_received",
+                                      "transfers_started",
+                                      "transfers_completed",
+                                      "transfers_failed",
+                                      "requests_served",
+                                      "errors",
+                                      "retries",
+                                      "window_blocked_ns"};
+
+Stats sum_stats(const std::vector<std::unique_ptr<Endpoint>>& eps) {
+    Stats total;
+    for (const auto& ep : eps) {
+        const Stats s = ep->stats();
+        for (auto f : kStatFields) total.*f += s.*f;
+    }
+    return total;
+}
+
+std::string stats_line(const Stats& s) {
+    std::string out = "stats";
+    for (auto f : kStatFields) out += " " + std::to_string(s.*f);
+    return out;
+}
+
+StatusOr<Stats> parse_stats_line(const std::string& line) {
+    const auto w = words(line);
+    if (w.size() != 1 + std::size(kStatFields) || w[0] != "stats") {
+        return protocol_error("peer: expected \"stats\" and " +
+                              std::to_string(std::size(kStatFields)) +
+                              " numbers, got: " + line.substr(0, 200));
+    }
+    Stats s;
+    for (size_t i = 0; i < std::size(kStatFields); ++i) {
+        const std::string& v = w[i + 1];
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 20) {
+            return protocol_error("peer: a counter that is not a number: " + v.substr(0, 40));
+        }
+        s.*kStatFields[i] = std::stoull(v);
+    }
+    return s;
+}
 
 // Which side of the benchmark an endpoint is on: the index of its GPU in --gpus.
 enum Side { kInitiatorSide = 0, kTargetSide = 1 };
@@ -327,6 +381,9 @@ class Target {
         } else if (w[0] == "check" && nw == 6 && parse_mem(w[1], &type)) {
             return check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
                          std::stoi(w[5]), rev);
+        } else if (w[0] == "stats" && w.size() == 1) {
+            *reply = stats_line(sum_stats(eps_));
+            return Status();
         } else if (w[0] == "cpu" && w.size() == 1) {
             *reply = strformat("cpu %.9f", process_cpu_seconds());
             return Status();
@@ -511,6 +568,13 @@ class EngineInitiator {
 
     int raw_streams() const {
         return static_cast<int>(config_.nsocks) * static_cast<int>(config_.channels);
+    }
+
+    // --stats: our endpoints' counters, and the targets' (they report them).
+    Stats own_stats() const { return sum_stats(eps_); }
+    StatusOr<Stats> target_stats() {
+        TCPX_ASSIGN_OR_RETURN(std::string reply, peer_->call("stats"));
+        return parse_stats_line(reply);
     }
 
     // Both sides' CPU seconds so far: the targets are threads of this process (--procs 1) or
@@ -1136,6 +1200,27 @@ void print_engine_line(const Config& c, const Setup& s) {
     if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
 }
 
+// --stats: both sides' counters, after the table; with --json as one JSON line on stderr, so
+// that stdout stays one document.
+void print_stats(const EngineBenchOptions& o, const Stats& ours, const Stats& theirs) {
+    if (o.json) {
+        nlohmann::json j;
+        for (size_t i = 0; i < std::size(kStatFields); ++i) {
+            j["initiator"][kStatNames[i]] = ours.*kStatFields[i];
+            j["target"][kStatNames[i]] = theirs.*kStatFields[i];
+        }
+        std::fprintf(stderr, "%s\n", nlohmann::json{{"stats", j}}.dump().c_str());
+        return;
+    }
+    std::printf("\ncounters (Endpoint::stats, all of this run's endpoints):\n");
+    std::printf("  %-20s %20s %20s\n", "", "initiator", "target");
+    for (size_t i = 0; i < std::size(kStatFields); ++i) {
+        std::printf("  %-20s %20llu %20llu\n", kStatNames[i],
+                    static_cast<unsigned long long>(ours.*kStatFields[i]),
+                    static_cast<unsigned long long>(theirs.*kStatFields[i]));
+    }
+}
+
 void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
                  const std::vector<Row>& rows) {
     const bool multi = o.peers > 1 && o.single_peer;
@@ -1594,6 +1679,7 @@ Status run(const EngineBenchOptions& options) {
     }
     std::vector<Row> rows;
     std::vector<KvRow> kv_rows;
+    std::optional<std::pair<Stats, Stats>> counters;  // --stats: ours, the targets'
     {
         EngineInitiator init(o, config, peer.get());
         const CpuClock cpu = [&] { return init.cpu_seconds(); };
@@ -1723,7 +1809,12 @@ Status run(const EngineBenchOptions& options) {
             }
         }
         progress.clear();
+        if (o.stats) {
+            TCPX_ASSIGN_OR_RETURN(Stats theirs, init.target_stats());
+            counters.emplace(init.own_stats(), theirs);
+        }
     }
+
     if (o.kv) {
         if (o.json) {
             print_kv_json(o, config, kv_rows);
@@ -1735,6 +1826,7 @@ Status run(const EngineBenchOptions& options) {
     } else {
         print_table(o, config, setup, rows);
     }
+    if (counters) print_stats(o, counters->first, counters->second);
     return Status();
 }
 

@@ -58,6 +58,7 @@ struct EngineBenchOptions {
     bool kv = false;           // the KV workload instead of the size sweep (bench/kv_workload.h)
     KvShape kv_shape;
     bool json = false;
+    bool stats = false;  // print both sides' endpoint counters (Endpoint::stats) after the figures
     bool progress = true;  // on stderr, when it is a terminal
 };
 

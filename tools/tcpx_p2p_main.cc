@@ -192,6 +192,9 @@ int main(int argc, char** argv) {
     bench_engine->add_flag("--no-single-peer", eng_no_single_peer,
                            "With --peers > 1, skip the single-peer throughput");
     bench_engine->add_flag("--json", eng_opts.json, "Print JSON instead of a table");
+    bench_engine->add_flag("--stats", eng_opts.stats,
+                           "Also print the endpoints' counters (bytes, transfers, errors, retries, "
+                           "time on a full window), initiator and target side");
     bench_engine->add_flag("--no-progress", eng_no_progress, "No progress display on stderr");
     bench_engine->add_flag("--serve", eng_serve, "(internal) the targets of --procs 2")->group("");
 

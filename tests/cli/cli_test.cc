@@ -10,6 +10,7 @@
 #include <chrono>
 #include <initializer_list>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,45 @@ TEST(BenchEngineCli, CpuSecondsPerGbOfBothSidesAgainstRawTcp) {
                     1e-9)
             << j.output;
     }
+}
+
+// --stats prints both sides' counters, and they agree with each other: what the initiator sent
+// the targets received, every transfer it started completed and was served there.
+TEST(BenchEngineCli, StatsPrintBothSidesCountersThatAgree) {
+    for (const char* procs : {"1", "2"}) {
+        SCOPED_TRACE(std::string("--procs ") + procs);
+        const CliResult r = run_cli(quick({"bench", "engine", "--sizes", "64K,1M", "--procs", procs,
+                                           "--no-latency", "--no-baseline", "--stats"}));
+        ASSERT_TRUE(exited_with(r, 0)) << r.output;
+        const size_t at = r.output.find("counters (Endpoint::stats");
+        ASSERT_NE(at, std::string::npos) << r.output;
+        std::map<std::string, std::pair<uint64_t, uint64_t>> c;
+        std::istringstream in(r.output.substr(at));
+        std::string line;
+        std::getline(in, line);  // the title
+        std::getline(in, line);  // the column names
+        while (std::getline(in, line)) {
+            std::istringstream f(line);
+            std::string name;
+            uint64_t a = 0, b = 0;
+            if (f >> name >> a >> b) c[name] = {a, b};
+        }
+        ASSERT_EQ(c.size(), 9u) << r.output;
+        EXPECT_GT(c["bytes_sent"].first, 0u);
+        EXPECT_EQ(c["bytes_sent"].first, c["bytes_received"].second);
+        EXPECT_EQ(c["bytes_received"].first, c["bytes_sent"].second);
+        EXPECT_GT(c["transfers_started"].first, 0u);
+        EXPECT_EQ(c["transfers_completed"].first, c["transfers_started"].first);
+        EXPECT_EQ(c["requests_served"].second, c["transfers_completed"].first);
+        EXPECT_EQ(c["transfers_failed"].first, 0u);
+        EXPECT_EQ(c["errors"].first, 0u);
+    }
+    // With --json, one JSON line of them on stderr: stdout stays one document.
+    const CliResult j = run_cli(quick({"bench", "engine", "--sizes", "64K", "--procs", "1",
+                                       "--no-latency", "--no-baseline", "--stats", "--json"}));
+    ASSERT_TRUE(exited_with(j, 0)) << j.output;
+    EXPECT_TRUE(has_all(j.output, {"{\"stats\":", "\"initiator\":", "\"window_blocked_ns\""}))
+        << j.output;
 }
 
 // Bad KV shapes are refused with the reason, never run.
