@@ -40,14 +40,15 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 
 }  // namespace
 
-// Rails: the socket transport's interfaces (SOCKET_IFNAME, or the GPU's NICs) each carry some of
-// a peer's channels, channel i on rail i mod n, so that a peer's traffic is striped over every
-// NIC. Only with a shared secret: an unauthenticated peer's channel handles must name the address
-// it talks to us from (check_handles), which other NICs' addresses are not.
+// Rails: the socket transport's interfaces, when chosen (SOCKET_IFNAME, or the GPU's NICs), each
+// carry some of a peer's channels, channel i on rail i mod n, so that a peer's traffic is striped
+// over every NIC. Not the interfaces found by default (a management NIC among them would slow
+// every peer down). Only with a shared secret: an unauthenticated peer's channel handles must
+// name the address it talks to us from (check_handles), which other NICs' addresses are not.
 void Endpoint::Impl::choose_rails() {
     rails_.assign(1, dev_);
     const int n = net_->device_count();
-    if (!config_.net_plugin.empty() || n <= 1) return;
+    if (!config_.net_plugin.empty() || n <= 1 || config_.socket_ifname.empty()) return;
     if (config_.auth_secret.empty()) {
         TCPX_INFO(
             "endpoint '%s': %d interfaces, but striping a peer over several needs "
