@@ -1810,8 +1810,19 @@ Status run(const EngineBenchOptions& options) {
         }
         progress.clear();
         if (o.stats) {
-            TCPX_ASSIGN_OR_RETURN(Stats theirs, init.target_stats());
-            counters.emplace(init.own_stats(), theirs);
+            // A served read is counted when its last send completes, a moment after the reader
+            // has its bytes (docs/engine.md): wait (briefly) until each side has served what the
+            // other completed.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            while (true) {
+                TCPX_ASSIGN_OR_RETURN(Stats theirs, init.target_stats());
+                const Stats ours = init.own_stats();
+                counters.emplace(ours, theirs);
+                const bool settled = theirs.requests_served >= ours.transfers_completed &&
+                                     ours.requests_served >= theirs.transfers_completed;
+                if (settled || std::chrono::steady_clock::now() > deadline) break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
         }
     }
 
