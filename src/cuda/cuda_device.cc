@@ -13,7 +13,6 @@
 #include "cuda/device.h"
 #include "cuda/unpack.h"
 #include "cuda/unpack_kernel.h"
-#include "cuda/unpack_plan.h"
 
 namespace tcpx::cuda {
 namespace {
@@ -119,42 +118,24 @@ class CudaCopyRing final : public CopyRing {
         return move_segments(i, segs, /*gather=*/false, twin_only);
     }
 
-    Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
-                          std::span<const Seg> segs) override {
-        if (count > static_cast<uint64_t>(kUnpackMaxEntries)) {
-            return protocol_error(
-                strformat("the transport described a receive in %llu pieces (at most %d)",
-                          static_cast<unsigned long long>(count), kUnpackMaxEntries));
-        }
+    StatusOr<CopyEntry*> copy_list(int i) override {
         TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
         TCPX_RETURN_IF_ERROR(ensure_copy_lists());
-        uint64_t total = 0;
-        bool all_here = segs.size() <= kMaxKernelSegs;
-        for (const Seg& seg : segs) {
-            total += seg.len;
-            all_here = all_here && seg.device == device();
-        }
-        if (total > length(i)) return internal_error("unpack larger than a staging slot");
-        // The slot's previous work finished before it was given back: its list is free.
+        return host_copies_ + static_cast<size_t>(i) * copy_capacity();
+    }
+
+    Status run_copy_list(int i, size_t n, bool bad) override {
+        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        TCPX_RETURN_IF_ERROR(ensure_copy_lists());
+        flags_[i] = bad ? 1 : 0;  // ready(i) reports it, as after the unpack kernel
+        unpacked_[static_cast<size_t>(i)] = true;
         CopyEntry* host = host_copies_ + static_cast<size_t>(i) * copy_capacity();
         CopyEntry* dev = device_copies_ + static_cast<size_t>(i) * copy_capacity();
-        UnpackPlan plan;
-        if (all_here) {
-            plan =
-                plan_unpack_scatter(entries, count, bounce, segs, host, copy_capacity(), &starts_);
-        }
-        if (!all_here || !plan.fits) {
-            uint8_t* twin = device_slots_ + offset(i);
-            TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, twin, total));
-            return move_segments(i, segs, /*gather=*/false, /*twin_only=*/true);
-        }
-        flags_[i] = plan.bad ? 1 : 0;  // ready(i) reports it, as after the unpack kernel
-        unpacked_[static_cast<size_t>(i)] = true;
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(dev, host, plan.count * sizeof(CopyEntry),
-                                                         cudaMemcpyHostToDevice, stream(i)),
-                                         "copying an unpack list to the GPU"));
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(dev, host, n * sizeof(CopyEntry), cudaMemcpyHostToDevice, stream(i)),
+            "copying an unpack list to the GPU"));
         TCPX_RETURN_IF_ERROR(
-            cuda_status(launch_copy_segments(dev, static_cast<uint32_t>(plan.count), stream(i)),
+            cuda_status(launch_copy_segments(dev, static_cast<uint32_t>(n), stream(i)),
                         "launching the unpack kernel"));
         return record(i);
     }
@@ -240,12 +221,6 @@ class CudaCopyRing final : public CopyRing {
         host_lists_ = static_cast<SlotList*>(h);
         device_lists_ = static_cast<SlotList*>(d);
         return Status();
-    }
-
-    // Entries of one slot's copy list: every segment, cut into tiles of at most kCopyTile; or
-    // the entries of an unpack into pieces, each cut where a piece ends.
-    size_t copy_capacity() const {
-        return kUnpackMaxEntries + kMaxKernelSegs + slot_bytes() / kCopyTile + 1;
     }
 
     // GPU staging slots and copy lists for kernel gathers and scatters, made on first use.
@@ -364,7 +339,6 @@ class CudaCopyRing final : public CopyRing {
     SlotList* device_lists_ = nullptr;
     CopyEntry* host_copies_ = nullptr;  // per slot, copy_capacity() entries
     CopyEntry* device_copies_ = nullptr;
-    std::vector<uint64_t> starts_;      // scratch of plan_unpack_scatter
     uint8_t* device_slots_ = nullptr;   // each slot's GPU twin, for kernel gathers and scatters
     void* device_slots_raw_ = nullptr;  // as allocated (device_slots_ is page-aligned in it)
 };

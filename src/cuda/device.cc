@@ -2,7 +2,38 @@
 
 #include <atomic>
 
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "cuda/unpack_plan.h"
+
 namespace tcpx::cuda {
+
+Status CopyRing::unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
+                                const uint8_t* bounce, std::span<const Seg> segs) {
+    if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
+    if (count > static_cast<uint64_t>(kUnpackMaxEntries)) {
+        return protocol_error(
+            strformat("the transport described a receive in %llu pieces (at most %d)",
+                      static_cast<unsigned long long>(count), kUnpackMaxEntries));
+    }
+    uint64_t total = 0;
+    bool all_here = segs.size() <= kMaxKernelSegs;
+    for (const Seg& seg : segs) {
+        total += seg.len;
+        all_here = all_here && seg.device == device();
+    }
+    if (total > length(i)) return internal_error("unpack larger than a staging slot");
+    if (all_here) {
+        TCPX_ASSIGN_OR_RETURN(CopyEntry * list, copy_list(i));
+        const UnpackPlan plan =
+            plan_unpack_scatter(entries, count, bounce, segs, list, copy_capacity(), &plan_starts_);
+        if (plan.fits) return run_copy_list(i, plan.count, plan.bad);
+    }
+    // Not one list: the pages into the slot's GPU twin, then the scatter out of it.
+    TCPX_ASSIGN_OR_RETURN(uint8_t * staged, twin());
+    TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, staged + offset(i), total));
+    return scatter(i, segs, /*twin_only=*/true);
+}
 
 // Defined by cuda_device.cc (CUDA builds) or no_cuda_device.cc.
 Device& runtime_device();

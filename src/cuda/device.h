@@ -13,8 +13,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/slot_fifo.h"
+#include "cuda/copy_defs.h"
 #include "cuda/unpack_defs.h"
 #include "tcpx/endpoint.h"
 #include "tcpx/status.h"
@@ -79,12 +81,13 @@ class CopyRing : public SlotFifo {
     // to back, into `segs` (the reverse).
     virtual Status scatter(int i, std::span<const Seg> segs, bool twin_only = false) = 0;
     // Enqueues the unpack of one devmem-TCP receive straight into `segs` (the chunk's pieces,
-    // back to back): one copy kernel over the receive's entries composed with the pieces
-    // (unpack_plan.h), when the pieces are all on the ring's GPU and the copies fit a slot's
-    // list; otherwise the unpack into slot i's GPU twin and the scatter out of it. Entries are
-    // checked as unpack() checks them (ready(i) reports a bad receive).
-    virtual Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
-                                  const uint8_t* bounce, std::span<const Seg> segs) = 0;
+    // back to back): one copy list over the receive's entries composed with the pieces
+    // (unpack_plan.h, run by run_copy_list), when the pieces are all on the ring's GPU and the
+    // copies fit a slot's list; otherwise the unpack into slot i's GPU twin and the scatter out
+    // of it. Entries are checked as unpack() checks them (ready(i) reports a bad receive). The
+    // same decision for every ring (device.cc), so the tests' emulation runs the CUDA ring's.
+    Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
+                          std::span<const Seg> segs);
     // The GPU twin of the pinned buffer (the same size rounded up to whole 4 KiB pages, starting
     // on one; each slot's allocation at the same offset), made on first call: where a transport
     // that takes GPU memory sends a gathered chunk from and receives one to be scattered into.
@@ -95,6 +98,18 @@ class CopyRing : public SlotFifo {
     virtual void synchronize() = 0;
 
  protected:
+    // Entries of one slot's copy list: a gather's or scatter's segments, cut into tiles of at
+    // most kCopyTile; or the copies of an unpack into pieces, each cut where a piece ends.
+    size_t copy_capacity() const {
+        return kUnpackMaxEntries + kMaxKernelSegs + slot_bytes_ / kCopyTile + 1;
+    }
+    // Slot i's copy list, copy_capacity() entries of host memory, free (the slot's previous work
+    // has finished); made on first use.
+    virtual StatusOr<CopyEntry*> copy_list(int i) = 0;
+    // Enqueues the first `n` entries of slot i's copy list on the slot's stream; `bad`: the
+    // receive they came from reached outside its chunk (ready(i) reports it, as after unpack()).
+    virtual Status run_copy_list(int i, size_t n, bool bad) = 0;
+
     // `slots` records, and a pinned buffer (`base`, or none) of `buffer_slots` × slot_bytes.
     CopyRing(int device, size_t slot_bytes, int buffer_slots, int slots, uint8_t* base)
         : SlotFifo(slots, base == nullptr ? 0 : slot_bytes * static_cast<size_t>(buffer_slots)),
@@ -106,6 +121,7 @@ class CopyRing : public SlotFifo {
     const int device_;
     const size_t slot_bytes_;
     uint8_t* const base_;
+    std::vector<uint64_t> plan_starts_;  // scratch of unpack_scatter's plans
 };
 
 class Device {

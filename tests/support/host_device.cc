@@ -78,41 +78,28 @@ class HostCopyRing final : public cuda::CopyRing {
     Status scatter(int i, std::span<const cuda::Seg> segs, bool twin_only) override {
         return move_segments(i, segs, false, twin_only);
     }
-    // As CUDA's ring: one list of copies planned now (the pieces all "device" memory of the
-    // ring's GPU, the list within a slot's), run when the work runs; otherwise the unpack into
-    // the twin and the scatter out of it.
-    Status unpack_scatter(int i, const cuda::LoadMeta* entries, uint64_t count,
-                          const uint8_t* bounce, std::span<const cuda::Seg> segs) override {
-        if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
-        if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
-            return protocol_error("emulated unpack: more pieces than a slot holds");
+    // As CUDA's ring: the list (planned by CopyRing::unpack_scatter) is taken now, its copies
+    // made when the work runs; every one must land in declared device memory.
+    StatusOr<cuda::CopyEntry*> copy_list(int i) override {
+        if (i < 0 || i >= slots()) return internal_error("copy list: bad slot");
+        if (lists_.empty()) lists_.resize(static_cast<size_t>(slots()));
+        std::vector<cuda::CopyEntry>& list = lists_[static_cast<size_t>(i)];
+        if (list.empty()) list.resize(copy_capacity());
+        return list.data();
+    }
+    Status run_copy_list(int i, size_t n, bool bad) override {
+        if (i < 0 || i >= slots() || lists_.empty() || n > copy_capacity()) {
+            return internal_error("copy list: bad slot or length");
         }
-        uint64_t total = 0;
-        bool all_here = segs.size() <= cuda::kMaxKernelSegs;
-        for (const cuda::Seg& seg : segs) {
-            if (seg.device >= 0 && !dev_->is_device_range(seg.ptr, seg.len)) {
+        const std::vector<cuda::CopyEntry>& list = lists_[static_cast<size_t>(i)];
+        std::vector<cuda::CopyEntry> copies(list.begin(), list.begin() + static_cast<long>(n));
+        for (const cuda::CopyEntry& e : copies) {
+            if (!dev_->is_device_range(reinterpret_cast<const void*>(e.dst), e.len)) {
                 return internal_error("unpack into memory outside device memory");
             }
-            total += seg.len;
-            all_here = all_here && seg.device == device();
         }
-        TCPX_RETURN_IF_ERROR(check_slot(i, total));
-        constexpr size_t kCapacity = cuda::kUnpackMaxEntries + cuda::kMaxKernelSegs + 65;
-        std::vector<cuda::CopyEntry> list(kCapacity);
-        std::vector<uint64_t> starts;
-        cuda::UnpackPlan plan;
-        if (all_here) {
-            plan = cuda::plan_unpack_scatter(entries, count, bounce, segs, list.data(), list.size(),
-                                             &starts);
-        }
-        if (!all_here || !plan.fits) {
-            TCPX_ASSIGN_OR_RETURN(uint8_t * twin, twin());
-            TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, twin + offset(i), total));
-            return move_segments(i, segs, /*gather=*/false, /*twin_only=*/true);
-        }
-        list.resize(plan.count);
-        enqueue(i, [list = std::move(list), good = !plan.bad]() {
-            cuda::run_copy_entries(list.data(), list.size());
+        enqueue(i, [copies = std::move(copies), good = !bad]() {
+            cuda::run_copy_entries(copies.data(), copies.size());
             return good;
         });
         dev_->count_ring_work(true);
@@ -230,6 +217,7 @@ class HostCopyRing final : public cuda::CopyRing {
 
     HostDevice* const dev_;
     uint8_t* twin_ = nullptr;
+    std::vector<std::vector<cuda::CopyEntry>> lists_;  // per slot, made on first use
     std::deque<Work> queue_;
     std::vector<bool> failed_;
 };
