@@ -196,28 +196,32 @@ Distance pci_distance(std::string_view path_a, int numa_a, std::string_view path
     return Distance::kSystem;
 }
 
+Nic read_nic(const std::string& sysfs_root, const std::string& name) {
+    const fs::path dir = fs::path(sysfs_root) / "class" / "net" / name;
+    Nic nic;
+    nic.name = name;
+    // The PCI function the interface hangs off (a virtio NIC's `device` is a child of it).
+    fs::path dev(canonical_or_empty(dir / "device"));
+    while (dev.has_filename() && !is_pci_address(dev.filename().string())) {
+        dev = dev.parent_path();
+    }
+    if (dev.has_filename() && !pci_chain(dev.string()).empty()) {
+        nic.pci_path = dev.string();
+        nic.pci_address = dev.filename().string();
+        nic.numa_node = read_int(dev / "numa_node");
+    }
+    nic.speed_mbps = read_int(dir / "speed");
+    nic.mtu = read_int(dir / "mtu");
+    nic.operstate = read_line(dir / "operstate");
+    return nic;
+}
+
 Topology read_topology(const std::string& sysfs_root) {
     Topology t;
     const fs::path root(sysfs_root);
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(root / "class" / "net", ec)) {
-        const fs::path dir = entry.path();
-        Nic nic;
-        nic.name = dir.filename().string();
-        // The PCI function the interface hangs off (a virtio NIC's `device` is a child of it).
-        fs::path dev(canonical_or_empty(dir / "device"));
-        while (dev.has_filename() && !is_pci_address(dev.filename().string())) {
-            dev = dev.parent_path();
-        }
-        if (dev.has_filename() && !pci_chain(dev.string()).empty()) {
-            nic.pci_path = dev.string();
-            nic.pci_address = dev.filename().string();
-            nic.numa_node = read_int(dev / "numa_node");
-        }
-        nic.speed_mbps = read_int(dir / "speed");
-        nic.mtu = read_int(dir / "mtu");
-        nic.operstate = read_line(dir / "operstate");
-        t.nics.push_back(std::move(nic));
+        t.nics.push_back(read_nic(sysfs_root, entry.path().filename().string()));
     }
     std::sort(t.nics.begin(), t.nics.end(),
               [](const Nic& a, const Nic& b) { return natural_less(a.name, b.name); });

@@ -60,6 +60,8 @@ struct Topology {
 // Reads the NICs and GPUs under `sysfs_root`. Never fails: what cannot be read (a missing file,
 // a dangling link, a garbled value) is left unknown.
 Topology read_topology(const std::string& sysfs_root);
+// One interface of <root>/class/net, read as read_topology reads each (unknown where unreadable).
+Nic read_nic(const std::string& sysfs_root, const std::string& name);
 
 // The PCI bus id in the form sysfs names devices ("0000:86:00.0", lower case): accepts a domain
 // of any length ("00000000:86:00.0" from nvidia-smi) or none ("86:00.0"). Empty if not one.

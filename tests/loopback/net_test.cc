@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -13,6 +14,7 @@
 
 #include "net/socket/socket_net.h"
 #include "tests/support/net_test_util.h"
+#include "tests/support/sysfs_tree.h"
 
 namespace tcpx::testing {
 namespace {
@@ -758,6 +760,47 @@ TEST(NetSettings, InvalidSettingsAreErrors) {
     s.min_chunk_size = 1 << 20;
     s.chunk_size = 64 << 10;
     EXPECT_FALSE(net::SocketNet::create(s).ok());
+}
+// A device's pciPath and speed are read from sysfs as the GPU-to-NIC map reads them
+// (topo::read_nic): NCCL pairs GPUs with the plugin's devices by that path. Here lo stands for
+// a gVNIC on A3-high's first PCIe switch, and then for a virtio NIC, whose `device` link is a
+// child of its PCI function.
+TEST(NetProperties, PciPathAndSpeedComeFromSysfs) {
+    const std::string chain = "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:02.0/0000:15:00.0";
+    SysfsTree tree;
+    tree.add_nic("lo", chain, 0, 200000);
+    Settings s = loopback_settings();
+    s.sysfs_root = tree.root();
+    const std::string function = std::filesystem::canonical(tree.root() + "/devices/" + chain);
+    {
+        auto net = net::SocketNet::create(s);
+        ASSERT_TRUE(net.ok()) << net.status().to_string();
+        net::Properties props;
+        ASSERT_TRUE((*net)->get_properties(0, &props).ok());
+        EXPECT_EQ(props.name, "lo");
+        EXPECT_EQ(props.pci_path, function);
+        EXPECT_EQ(props.speed_mbps, 200000);
+    }
+    tree.remove("class/net/lo");
+    tree.write("devices/" + chain + "/virtio3/net/lo/speed", "100000\n");
+    tree.link("../../", "devices/" + chain + "/virtio3/net/lo/device");
+    tree.link("../../devices/" + chain + "/virtio3/net/lo", "class/net/lo");
+    {
+        auto net = net::SocketNet::create(s);
+        ASSERT_TRUE(net.ok()) << net.status().to_string();
+        net::Properties props;
+        ASSERT_TRUE((*net)->get_properties(0, &props).ok());
+        EXPECT_EQ(props.pci_path, function);
+        EXPECT_EQ(props.speed_mbps, 100000);
+    }
+    // No sysfs entry at all: no path, and a nominal speed rather than none.
+    tree.remove("class/net/lo");
+    auto net = net::SocketNet::create(s);
+    ASSERT_TRUE(net.ok()) << net.status().to_string();
+    net::Properties props;
+    ASSERT_TRUE((*net)->get_properties(0, &props).ok());
+    EXPECT_TRUE(props.pci_path.empty());
+    EXPECT_EQ(props.speed_mbps, 10000);
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <thread>
 #include <type_traits>
 
@@ -16,6 +15,7 @@
 #include "common/random.h"
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "common/topology.h"
 #include "net/socket/io_pool.h"
 #include "net/socket/socket_comm.h"
 #include "net/socket/wire.h"
@@ -91,13 +91,6 @@ Status configure_socket(int fd, const Settings& s) {
     TCPX_RETURN_IF_ERROR(set_nodelay(fd));
     TCPX_RETURN_IF_ERROR(set_buffer_sizes(fd, s.socket_sndbuf, s.socket_rcvbuf));
     return set_dead_peer_timeout(fd, s.socket_timeout_ms);
-}
-
-std::string read_sysfs(const std::string& path) {
-    std::ifstream in(path);
-    std::string line;
-    std::getline(in, line);
-    return std::string(trim(line));
 }
 
 // Best effort: tells a refused connector why, then the caller closes the socket.
@@ -185,14 +178,13 @@ Status SocketNet::get_properties(int dev, Properties* props) const {
     const NetInterface& iface = devices_[static_cast<size_t>(dev)];
     *props = Properties{};
     props->name = iface.name;
-    char resolved[PATH_MAX];
-    const std::string sys_net = settings_.sysfs_root + "/class/net/" + iface.name;
-    const std::string dev_link = sys_net + "/device";
-    if (::realpath(dev_link.c_str(), resolved) != nullptr) props->pci_path = resolved;
+    // Read as the GPU-to-NIC map reads it (common/topology.h), so that NCCL, pairing GPUs with
+    // devices by pciPath, sees the PCI function the engine's map sees.
+    const topo::Nic nic = topo::read_nic(settings_.sysfs_root, iface.name);
+    props->pci_path = nic.pci_path;
     props->guid = static_cast<uint64_t>(dev);
     props->ptr_support = static_cast<int>(MemType::kHost);
-    int speed = std::atoi(read_sysfs(sys_net + "/speed").c_str());
-    props->speed_mbps = speed > 0 ? speed : 10000;
+    props->speed_mbps = nic.speed_mbps > 0 ? nic.speed_mbps : 10000;
     props->port = 0;
     props->latency_us = 0;
     props->max_comms = 65536;
