@@ -1,7 +1,7 @@
 // ncclNetPlugin_v<TCPX_NCCL_PLUGIN_VERSION> (8 to 11) over the v7 core: compiled once per version
 // (CMakeLists.txt), each object exporting its one table. What a newer version adds is converted
-// here: size_t sizes go to the core's sized entry points (nccl_plugin.h; the largest request is
-// INT_MAX bytes, as maxP2pBytes says from v9), v7 properties into the version's, v10's
+// here: size_t sizes go to the socket table's sized entry points (socket_v7.h; the largest request
+// is INT_MAX bytes, as maxP2pBytes says from v9), v7 properties into the version's, v10's
 // connection config and profiler, v11's per-communicator context.
 #include <climits>
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "nccl_plugin.h"
 #include "net/ncclnet_newer.h"
+#include "net/socket/socket_v7.h"
 
 #ifndef TCPX_NCCL_PLUGIN_VERSION
 #error "TCPX_NCCL_PLUGIN_VERSION must be the ncclNet version to export (8 to 11)"
@@ -54,7 +55,7 @@ tcpx_ncclResult_t get_properties(int dev, Props* out) {
     out->netDeviceType = p.netDeviceType;
     out->netDeviceVersion = p.netDeviceVersion;
 #if TCPX_NCCL_PLUGIN_VERSION >= 9
-    out->forceFlush = 0;  // staged GPU data is in place when test() reports it
+    out->forceFlush = 0;  // host memory: nothing to flush
     out->vProps.ndevs = 1;
     out->vProps.devs[0] = dev;
     out->maxP2pBytes = static_cast<size_t>(INT_MAX);  // the core's sizes are ints
@@ -70,11 +71,11 @@ tcpx_ncclResult_t get_properties(int dev, Props* out) {
 // The profiler handles are NCCL's to give; this transport reports no profiler events.
 tcpx_ncclResult_t isend_v10(void* comm, void* data, size_t size, int tag, void* mhandle,
                             void* /*phandle*/, void** request) {
-    return core_isend_sized(comm, data, size, tag, mhandle, request);
+    return net::socket_v7_isend_sized(comm, data, size, tag, mhandle, request);
 }
 tcpx_ncclResult_t irecv_v10(void* comm, int n, void** data, size_t* sizes, int* tags,
                             void** mhandles, void** /*phandles*/, void** request) {
-    return core_irecv_sized(comm, n, data, sizes, tags, mhandles, request);
+    return net::socket_v7_irecv_sized(comm, n, data, sizes, tags, mhandles, request);
 }
 #endif
 
@@ -150,8 +151,8 @@ Table make_table() {
     t.devices = core().devices;
     t.getProperties = get_properties;
     t.accept = core().accept;
-    t.regMr = core_reg_mr_sized;
-    t.regMrDmaBuf = nullptr;  // no DMA-BUF: GPU memory is staged by copies
+    t.regMr = net::socket_v7_reg_mr_sized;
+    t.regMrDmaBuf = nullptr;  // no DMA-BUF: host memory only
     t.deregMr = core().deregMr;
     t.iflush = core().iflush;
     t.test = core().test;
@@ -179,8 +180,8 @@ Table make_table() {
     t.isend = isend_v10;
     t.irecv = irecv_v10;
 #elif TCPX_NCCL_PLUGIN_VERSION == 9
-    t.isend = core_isend_sized;
-    t.irecv = core_irecv_sized;
+    t.isend = net::socket_v7_isend_sized;
+    t.irecv = net::socket_v7_irecv_sized;
 #else
     t.isend = core().isend;
     t.irecv = core().irecv;

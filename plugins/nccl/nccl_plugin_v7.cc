@@ -1,5 +1,21 @@
-// ncclNetPlugin_v7: the core (nccl_core.cc) as it is.
+// ncclNetPlugin_v7: the socket transport's own v7 table under the plugin's name.
 #include "nccl_plugin.h"
+#include "net/socket/socket_v7.h"
+
+namespace tcpx::nccl_plugin {
+
+const tcpx_ncclNet_v7_t& core() { return *net::socket_net_v7(); }
+
+namespace {
+
+tcpx_ncclNet_v7_t make_v7_table() {
+    tcpx_ncclNet_v7_t t = core();
+    t.name = kName;
+    return t;
+}
+
+}  // namespace
+}  // namespace tcpx::nccl_plugin
 
 extern "C" __attribute__((visibility("default"))) const tcpx_ncclNet_v7_t ncclNetPlugin_v7 =
-    tcpx::nccl_plugin::core();
+    tcpx::nccl_plugin::make_v7_table();

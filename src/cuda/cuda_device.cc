@@ -382,16 +382,6 @@ class CudaDevice final : public Device {
         return cuda_status(cudaStreamSynchronize(cudaStreamPerThread), "copying GPU memory");
     }
 
-    Status copy_independent(void* dst, const void* src, size_t len) override {
-        if (count() == 0) return unavailable("GPU memory: no usable GPU");
-        int dev = 0;
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));
-        TCPX_ASSIGN_OR_RETURN(cudaStream_t stream, independent_stream(dev));
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, stream),
-                                         "copying GPU memory"));
-        return cuda_status(cudaStreamSynchronize(stream), "copying GPU memory");
-    }
-
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
                                                   int records) override {
         if (count() == 0) return unavailable("GPU memory: no usable GPU");
@@ -416,21 +406,6 @@ class CudaDevice final : public Device {
     }
 
  private:
-    // The calling thread's non-blocking stream on GPU `dev`, made on first use. Kept for the
-    // thread's life: a thread that copies (NCCL's proxy thread) copies again.
-    static StatusOr<cudaStream_t> independent_stream(int dev) {
-        thread_local std::vector<cudaStream_t> streams;
-        if (static_cast<size_t>(dev) >= streams.size()) {
-            streams.resize(static_cast<size_t>(dev) + 1, nullptr);
-        }
-        cudaStream_t& s = streams[static_cast<size_t>(dev)];
-        if (s == nullptr) {
-            TCPX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                                             "cudaStreamCreateWithFlags"));
-        }
-        return s;
-    }
-
     std::once_flag once_;
     int count_ = 0;
 };

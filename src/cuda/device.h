@@ -132,14 +132,8 @@ class Device {
     // kCuda for device memory (and the device it lives on), kHost for anything else: pageable or
     // pinned host memory, or when there is no GPU.
     virtual PointerInfo classify(const void* ptr) = 0;
-    // A synchronous copy of `len` bytes between any two of host and device memory. It is ordered
-    // after work already on the legacy default stream, as cudaMemcpy is.
+    // A synchronous copy of `len` bytes between any two of host and device memory.
     virtual Status copy(void* dst, const void* src, size_t len) = 0;
-    // The same on a stream that waits for no other work (non-blocking), on the calling thread's
-    // current GPU (select()): for a caller that GPU work may be waiting on, such as NCCL's
-    // kernels on its net plugin's copies, where ordering after the default stream could wait on
-    // those kernels, and so on itself.
-    virtual Status copy_independent(void* dst, const void* src, size_t len) = 0;
     // A ring on GPU `device` of `records` slots (0: `slots`), with a pinned buffer of `slots`
     // allocations of slot_bytes; slot_bytes 0 makes one without (completion tracking only, for
     // unpacks).

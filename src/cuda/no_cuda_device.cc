@@ -12,9 +12,6 @@ class NoDevice final : public Device {
     Status copy(void*, const void*, size_t) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
-    Status copy_independent(void*, const void*, size_t) override {
-        return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
-    }
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int, size_t, int, int) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }

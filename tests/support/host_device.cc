@@ -260,10 +260,6 @@ bool HostDevice::is_device_range(const void* ptr, size_t len) {
 Status HostDevice::copy(void* dst, const void* src, size_t len) {
     // Like cudaMemcpyDefault, any two of host and device memory.
     if (len == 0) return Status();
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++sync_copies_;
-    }
     std::memcpy(dst, src, len);
     return Status();
 }
@@ -300,11 +296,6 @@ int HostDevice::rings_made() const {
     std::lock_guard<std::mutex> lock(mu_);
     return rings_made_;
 }
-uint64_t HostDevice::sync_copies() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return sync_copies_;
-}
-
 uint64_t HostDevice::ring_copies() const {
     std::lock_guard<std::mutex> lock(mu_);
     return ring_copies_;

@@ -31,10 +31,6 @@ class HostDevice final : public cuda::Device {
     int count() override { return gpus_; }
     cuda::PointerInfo classify(const void* ptr) override;
     Status copy(void* dst, const void* src, size_t len) override;
-    // The same as copy() here (no streams to wait for).
-    Status copy_independent(void* dst, const void* src, size_t len) override {
-        return copy(dst, src, len);
-    }
     StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
                                                         int records) override;
     Status select(int device) override;
@@ -47,8 +43,6 @@ class HostDevice final : public cuda::Device {
     // Counters, for tests to prove which path ran.
     int rings_made() const;
     uint64_t ring_copies() const;
-    // Synchronous copies (copy(), copy_independent()).
-    uint64_t sync_copies() const;
     uint64_t unpacks() const;
     // Unpacks that went straight into a chunk's pieces (CopyRing::unpack_scatter, one list).
     uint64_t direct_unpacks() const;
@@ -65,7 +59,6 @@ class HostDevice final : public cuda::Device {
     std::map<uintptr_t, Region> regions_;  // by start address
     int rings_made_ = 0;
     uint64_t ring_copies_ = 0;
-    uint64_t sync_copies_ = 0;
     uint64_t unpacks_ = 0;
     uint64_t direct_unpacks_ = 0;
     std::vector<std::string> pci_bus_ids_;
