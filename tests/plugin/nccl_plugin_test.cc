@@ -9,11 +9,13 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "net/ncclnet_newer.h"
 #include "tests/support/net_test_util.h"
+#include "tests/support/sysfs_tree.h"
 
 namespace tcpx {
 namespace {
@@ -196,6 +198,60 @@ TEST(NcclPlugin, SizesPastTheCoresIntAreRefused) {
     EXPECT_EQ(v9->closeSend(send), tcpx_ncclSuccess);
     EXPECT_EQ(v9->closeRecv(recv), tcpx_ncclSuccess);
     EXPECT_EQ(v9->closeListen(listen), tcpx_ncclSuccess);
+}
+
+// What NCCL does when a net plugin's init fails: it goes on with its own transports. So a
+// failed init must return an error (never abort the process), and every later call must fail
+// cleanly too. Run in a fresh process (a death test re-executes this binary), where init has
+// not run yet, with an interface that does not exist.
+TEST(NcclPlugin, FailedInitIsAnErrorAndLeavesThePluginInert) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_EXIT(
+        {
+            const auto* v7 = table<tcpx_ncclNet_v7_t>(7);
+            const auto* v11 = table<tcpx_ncclNet_v11_t>(11);
+            if (v7 == nullptr || v11 == nullptr) std::_Exit(10);
+            ::setenv("TCPX_P2P_SOCKET_IFNAME", "=tcpx-no-such-if0", 1);
+            if (v7->init(count_logger) == tcpx_ncclSuccess) std::_Exit(11);
+            void* ctx = nullptr;
+            if (v11->init(&ctx, 1, nullptr, count_logger, nullptr) == tcpx_ncclSuccess) {
+                std::_Exit(12);
+            }
+            int ndev = -1;
+            if (v7->devices(&ndev) == tcpx_ncclSuccess) std::_Exit(13);
+            char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+            void* listen = nullptr;
+            if (v7->listen(0, handle, &listen) == tcpx_ncclSuccess) std::_Exit(14);
+            if (g_log_lines.load() == 0) std::_Exit(15);  // the reason went to NCCL's log
+            std::_Exit(0);
+        },
+        ::testing::ExitedWithCode(0), "");
+}
+
+// One NCCL device per interface, each with the PCI path the GPU-to-NIC map reads (NCCL pairs
+// GPUs with devices by it): lo stands for eth1 of an A3-high fixture, in a fresh process whose
+// TCPX_P2P_SYSFS_ROOT points at the fixture.
+TEST(NcclPlugin, DevicesCarryTheirPciPathAndSpeed) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    auto tree = testing::SysfsTree::a3_high();
+    const std::string chain = "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:02.0/0000:15:00.0";
+    tree->add_nic("lo", chain, 0, 200000);
+    const std::string expected = std::filesystem::canonical(tree->root() + "/devices/" + chain);
+    EXPECT_EXIT(
+        {
+            const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
+            if (v9 == nullptr) std::_Exit(10);
+            ::setenv("TCPX_P2P_SYSFS_ROOT", tree->root().c_str(), 1);
+            if (v9->init(count_logger) != tcpx_ncclSuccess) std::_Exit(11);
+            int ndev = 0;
+            if (v9->devices(&ndev) != tcpx_ncclSuccess || ndev != 1) std::_Exit(12);
+            tcpx_ncclNetProperties_v9_t p{};
+            if (v9->getProperties(0, &p) != tcpx_ncclSuccess) std::_Exit(13);
+            if (p.pciPath == nullptr || expected != p.pciPath) std::_Exit(14);
+            if (p.speed != 200000) std::_Exit(15);
+            std::_Exit(0);
+        },
+        ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
