@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "net/socket/socket_v7.h"
@@ -120,6 +122,68 @@ TEST_F(V7TableTest, BadArgumentsGiveErrorCodes) {
     EXPECT_EQ(t_->deregMr(send_, mh), tcpx_ncclSuccess);
     EXPECT_NE(t_->iflush(recv_, 1, bufs, sizes, nullptr, &req), tcpx_ncclSuccess);
     EXPECT_EQ(req, nullptr);
+}
+
+// Handles the table did not hand out, or has taken back, are refused before anything reads
+// them: a request tested again after it completed, a registration deregistered twice or used on
+// another comm, a comm closed twice, a send comm where a receive comm belongs, and pointers to
+// memory that holds something else entirely. (Under ASan a read of any of them would fail.)
+TEST_F(V7TableTest, StaleAndForeignHandlesAreRefusedUnread) {
+    std::vector<char> src(4096, 7), dst(4096);
+    void* smh = nullptr;
+    void* rmh = nullptr;
+    ASSERT_EQ(t_->regMr(send_, src.data(), 4096, TCPX_NCCL_PTR_HOST, &smh), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->regMr(recv_, dst.data(), 4096, TCPX_NCCL_PTR_HOST, &rmh), tcpx_ncclSuccess);
+    void* sreq = nullptr;
+    void* rreq = nullptr;
+    void* bufs[1] = {dst.data()};
+    int sizes[1] = {4096};
+    int tags[1] = {3};
+    void* mhs[1] = {rmh};
+    ASSERT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, mhs, &rreq), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->isend(send_, src.data(), 4096, 3, smh, &sreq), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(sreq, nullptr), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(rreq, sizes), tcpx_ncclSuccess);
+    EXPECT_EQ(dst, src);
+
+    int done = 1;
+    EXPECT_EQ(t_->test(sreq, &done, nullptr), tcpx_ncclInvalidArgument);  // already completed
+    EXPECT_EQ(done, 0);
+    EXPECT_EQ(t_->test(rreq, &done, sizes), tcpx_ncclInvalidArgument);
+    auto garbage = std::make_unique<uint64_t[]>(64);
+    for (int i = 0; i < 64; ++i) garbage[i] = 0x0101010101010101ull * static_cast<unsigned>(i);
+    void* bogus = garbage.get();
+    EXPECT_EQ(t_->test(bogus, &done, sizes), tcpx_ncclInvalidArgument);
+
+    void* req = nullptr;
+    EXPECT_EQ(t_->isend(recv_, src.data(), 16, 0, nullptr, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->isend(bogus, src.data(), 16, 0, nullptr, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->isend(send_, src.data(), 16, 0, rmh, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->isend(send_, src.data(), 16, 0, bogus, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(req, nullptr);
+    EXPECT_EQ(t_->irecv(send_, 1, bufs, sizes, tags, nullptr, &req), tcpx_ncclInvalidArgument);
+    mhs[0] = smh;  // the sender's registration on the receiving comm
+    EXPECT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, mhs, &req), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(req, nullptr);
+    void* mh = nullptr;
+    EXPECT_EQ(t_->regMr(bogus, src.data(), 16, TCPX_NCCL_PTR_HOST, &mh), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(mh, nullptr);
+    EXPECT_EQ(t_->deregMr(recv_, smh), tcpx_ncclInvalidArgument);  // not this comm's
+    EXPECT_EQ(t_->deregMr(send_, smh), tcpx_ncclSuccess);
+    EXPECT_EQ(t_->deregMr(send_, smh), tcpx_ncclInvalidArgument);  // twice
+    EXPECT_EQ(t_->deregMr(send_, bogus), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->irecvConsumed(bogus, 1, rreq), tcpx_ncclInvalidArgument);
+    void* comm = nullptr;
+    EXPECT_EQ(t_->accept(bogus, &comm, nullptr), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(comm, nullptr);
+    EXPECT_EQ(t_->closeSend(recv_), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->closeRecv(bogus), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->closeListen(send_), tcpx_ncclInvalidArgument);
+    // Closing takes the comm's registrations with it (rmh is freed): closing twice is refused.
+    EXPECT_EQ(t_->closeRecv(recv_), tcpx_ncclSuccess);
+    EXPECT_EQ(t_->closeRecv(recv_), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->deregMr(recv_, rmh), tcpx_ncclInvalidArgument);
+    recv_ = nullptr;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/params.h"
@@ -34,6 +35,96 @@ Global& global() {
 }
 
 SocketNet* net() { return global().net.get(); }
+
+// Every comm, registration and request this table has handed out and not yet taken back. A
+// handle the caller passes in is looked up here before anything dereferences it: a stale,
+// foreign or garbage pointer (a request tested again after it completed, a handle of another
+// plugin) is an error for the caller, never a read of memory that is not ours. A comm's
+// registrations and requests leave with it (closing frees them in the transport).
+class Live {
+ public:
+    enum class Kind { kListen, kSend, kRecv };
+
+    void add_comm(void* c, Kind k) {
+        std::lock_guard<std::mutex> lock(mu_);
+        comms_[c] = k;
+    }
+    bool has_comm(void* c, Kind k) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = comms_.find(c);
+        return it != comms_.end() && it->second == k;
+    }
+    // A send or receive comm: registrations belong to either.
+    bool has_data_comm(void* c) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = comms_.find(c);
+        return it != comms_.end() && it->second != Kind::kListen;
+    }
+    bool remove_comm(void* c, Kind k) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = comms_.find(c);
+        if (it == comms_.end() || it->second != k) return false;
+        comms_.erase(it);
+        std::erase_if(mrs_, [c](const auto& e) { return e.second == c; });
+        std::erase_if(reqs_, [c](const auto& e) { return e.second.comm == c; });
+        return true;
+    }
+
+    void add_mr(void* mh, void* comm) {
+        std::lock_guard<std::mutex> lock(mu_);
+        mrs_[mh] = comm;
+    }
+    // Null is accepted (the transport needs no registration); anything else must be live and
+    // of `comm`.
+    bool mr_ok(void* mh, void* comm) const {
+        if (mh == nullptr) return true;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = mrs_.find(mh);
+        return it != mrs_.end() && it->second == comm;
+    }
+    bool remove_mr(void* mh, void* comm) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = mrs_.find(mh);
+        if (it == mrs_.end() || it->second != comm) return false;
+        mrs_.erase(it);
+        return true;
+    }
+
+    void add_req(void* r, void* comm, int n) {
+        std::lock_guard<std::mutex> lock(mu_);
+        reqs_[r] = ReqInfo{comm, n};
+    }
+    // How many sizes the request reports (1 for a send), or 0 when it is not live.
+    int req_count(void* r) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = reqs_.find(r);
+        return it == reqs_.end() ? 0 : it->second.n;
+    }
+    void remove_req(void* r) {
+        std::lock_guard<std::mutex> lock(mu_);
+        reqs_.erase(r);
+    }
+
+ private:
+    struct ReqInfo {
+        void* comm;
+        int n;
+    };
+    mutable std::mutex mu_;
+    std::unordered_map<void*, Kind> comms_;
+    std::unordered_map<void*, void*> mrs_;  // registration -> its comm
+    std::unordered_map<void*, ReqInfo> reqs_;
+};
+
+Live& live() {
+    static Live* l = new Live;  // never destroyed, as global()
+    return *l;
+}
+
+tcpx_ncclResult_t bad_handle(const char* what, const char* kind) {
+    return to_nccl_result(
+        invalid_argument(strformat("%s: not a live %s of this plugin", what, kind)), what);
+}
 
 tcpx_ncclResult_t not_initialized(const char* what) {
     return to_nccl_result(failed_precondition("init() was not called"), what);
@@ -82,8 +173,9 @@ tcpx_ncclResult_t v7_listen(int dev, void* handle, void** listen_comm) {
     }
     // The caller's handle is TCPX_NCCL_NET_HANDLE_MAXSIZE bytes; Handle is exactly that.
     auto* h = static_cast<Handle*>(handle);
-    return to_nccl_result(net()->listen(dev, h, reinterpret_cast<ListenComm**>(listen_comm)),
-                          "listen");
+    Status st = net()->listen(dev, h, reinterpret_cast<ListenComm**>(listen_comm));
+    if (st.ok() && *listen_comm != nullptr) live().add_comm(*listen_comm, Live::Kind::kListen);
+    return to_nccl_result(st, "listen");
 }
 
 tcpx_ncclResult_t v7_connect(int dev, void* handle, void** send_comm,
@@ -92,18 +184,24 @@ tcpx_ncclResult_t v7_connect(int dev, void* handle, void** send_comm,
     if (handle == nullptr || send_comm == nullptr) {
         return to_nccl_result(invalid_argument("null handle or comm"), "connect");
     }
-    return to_nccl_result(net()->connect(dev, static_cast<Handle*>(handle),
-                                         reinterpret_cast<SendComm**>(send_comm), nullptr),
-                          "connect");
+    Status st = net()->connect(dev, static_cast<Handle*>(handle),
+                               reinterpret_cast<SendComm**>(send_comm), nullptr);
+    if (st.ok() && *send_comm != nullptr) live().add_comm(*send_comm, Live::Kind::kSend);
+    return to_nccl_result(st, "connect");
 }
 
 tcpx_ncclResult_t v7_accept(void* listen_comm, void** recv_comm,
                             tcpx_ncclNetDeviceHandle_v7_t** /*recv_dev_comm*/) {
     if (!net()) return not_initialized("accept");
     if (recv_comm == nullptr) return to_nccl_result(invalid_argument("null comm"), "accept");
-    return to_nccl_result(net()->accept(static_cast<ListenComm*>(listen_comm),
-                                        reinterpret_cast<RecvComm**>(recv_comm), nullptr),
-                          "accept");
+    if (!live().has_comm(listen_comm, Live::Kind::kListen)) {
+        *recv_comm = nullptr;
+        return bad_handle("accept", "listen comm");
+    }
+    Status st = net()->accept(static_cast<ListenComm*>(listen_comm),
+                              reinterpret_cast<RecvComm**>(recv_comm), nullptr);
+    if (st.ok() && *recv_comm != nullptr) live().add_comm(*recv_comm, Live::Kind::kRecv);
+    return to_nccl_result(st, "accept");
 }
 
 // Every version's sizes come through here: v7's ints (checked for sign first) and the size_t
@@ -122,6 +220,7 @@ tcpx_ncclResult_t v7_reg_mr(void* comm, void* data, int size, int type, void** m
 
 tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
     if (!net()) return not_initialized("deregMr");
+    if (!live().remove_mr(mhandle, comm)) return bad_handle("deregMr", "registration");
     return to_nccl_result(net()->dereg_mr(comm, static_cast<MemHandle*>(mhandle)), "deregMr");
 }
 
@@ -154,17 +253,20 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
     if (!net()) return not_initialized("test");
     if (done == nullptr) return to_nccl_result(invalid_argument("null done"), "test");
     if (request == nullptr) return to_nccl_result(invalid_argument("null request"), "test");
-    // A send reports one size, a receive of n buffers n of them: read n before test() releases
-    // the request. The caller's sizes array has exactly that many entries.
-    int count = 1;
-    const auto* base = static_cast<const socket_internal::ReqBase*>(request);
-    if (base->kind == socket_internal::ReqBase::kRecv) {
-        count = static_cast<const socket_internal::RecvReq*>(base)->n;
+    // A send reports one size, a receive of n buffers n of them (the caller's sizes array has
+    // exactly that many entries): known from when it was posted, so nothing of the request is
+    // read before it is known to be live.
+    const int count = live().req_count(request);
+    if (count == 0) {
+        *done = 0;
+        return bad_handle("test", "request");
     }
     bool finished = false;
     size_t sz[kMaxRecvs] = {};
     Status st = net()->test(static_cast<Request*>(request), &finished, sz);
     *done = finished ? 1 : 0;
+    // Done (or failed): the transport has released it.
+    if (finished || !st.ok()) live().remove_req(request);
     if (finished && sizes != nullptr) {
         // Sizes fit in int: every buffer was posted with an int size.
         for (int i = 0; i < count && i < kMaxRecvs; ++i) sizes[i] = static_cast<int>(sz[i]);
@@ -174,16 +276,24 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
 
 tcpx_ncclResult_t v7_close_send(void* comm) {
     if (!net()) return not_initialized("closeSend");
+    if (comm == nullptr) return tcpx_ncclSuccess;
+    if (!live().remove_comm(comm, Live::Kind::kSend)) return bad_handle("closeSend", "send comm");
     return to_nccl_result(net()->close_send(static_cast<SendComm*>(comm)), "closeSend");
 }
 
 tcpx_ncclResult_t v7_close_recv(void* comm) {
     if (!net()) return not_initialized("closeRecv");
+    if (comm == nullptr) return tcpx_ncclSuccess;
+    if (!live().remove_comm(comm, Live::Kind::kRecv)) return bad_handle("closeRecv", "recv comm");
     return to_nccl_result(net()->close_recv(static_cast<RecvComm*>(comm)), "closeRecv");
 }
 
 tcpx_ncclResult_t v7_close_listen(void* comm) {
     if (!net()) return not_initialized("closeListen");
+    if (comm == nullptr) return tcpx_ncclSuccess;
+    if (!live().remove_comm(comm, Live::Kind::kListen)) {
+        return bad_handle("closeListen", "listen comm");
+    }
     return to_nccl_result(net()->close_listen(static_cast<ListenComm*>(comm)), "closeListen");
 }
 
@@ -194,6 +304,8 @@ tcpx_ncclResult_t v7_get_device_mr(void*, void*, void** dptr_mhandle) {
 
 tcpx_ncclResult_t v7_irecv_consumed(void* recv_comm, int n, void* request) {
     if (!net()) return not_initialized("irecvConsumed");
+    if (!live().has_comm(recv_comm, Live::Kind::kRecv))
+        return bad_handle("irecvConsumed", "recv comm");
     return to_nccl_result(
         net()->irecv_consumed(static_cast<RecvComm*>(recv_comm), n, static_cast<Request*>(request)),
         "irecvConsumed");
@@ -215,19 +327,26 @@ tcpx_ncclResult_t socket_v7_reg_mr_sized(void* comm, void* data, size_t size, in
                                          void** mhandle) {
     if (!net()) return not_initialized("regMr");
     if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "regMr");
-    return to_nccl_result(net()->reg_mr(comm, data, size, static_cast<MemType>(type),
-                                        reinterpret_cast<MemHandle**>(mhandle)),
-                          "regMr");
+    if (mhandle != nullptr) *mhandle = nullptr;
+    if (!live().has_data_comm(comm)) return bad_handle("regMr", "send or recv comm");
+    Status st = net()->reg_mr(comm, data, size, static_cast<MemType>(type),
+                              reinterpret_cast<MemHandle**>(mhandle));
+    if (st.ok()) live().add_mr(*mhandle, comm);
+    return to_nccl_result(st, "regMr");
 }
 
 tcpx_ncclResult_t socket_v7_isend_sized(void* send_comm, void* data, size_t size, int tag,
                                         void* mhandle, void** request) {
     if (!net()) return not_initialized("isend");
     if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
-    return to_nccl_result(
+    if (request != nullptr) *request = nullptr;
+    if (!live().has_comm(send_comm, Live::Kind::kSend)) return bad_handle("isend", "send comm");
+    if (!live().mr_ok(mhandle, send_comm)) return bad_handle("isend", "registration");
+    Status st =
         net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
-                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request)),
-        "isend");
+                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request));
+    if (st.ok() && *request != nullptr) live().add_req(*request, send_comm, 1);
+    return to_nccl_result(st, "isend");
 }
 
 tcpx_ncclResult_t socket_v7_irecv_sized(void* recv_comm, int n, void** data, size_t* sizes,
@@ -239,10 +358,16 @@ tcpx_ncclResult_t socket_v7_irecv_sized(void* recv_comm, int n, void** data, siz
     for (int i = 0; i < n; ++i) {
         if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
     }
-    return to_nccl_result(net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
-                                       reinterpret_cast<MemHandle* const*>(mhandles),
-                                       reinterpret_cast<Request**>(request)),
-                          "irecv");
+    if (request != nullptr) *request = nullptr;
+    if (!live().has_comm(recv_comm, Live::Kind::kRecv)) return bad_handle("irecv", "recv comm");
+    for (int i = 0; mhandles != nullptr && i < n; ++i) {
+        if (!live().mr_ok(mhandles[i], recv_comm)) return bad_handle("irecv", "registration");
+    }
+    Status st = net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
+                             reinterpret_cast<MemHandle* const*>(mhandles),
+                             reinterpret_cast<Request**>(request));
+    if (st.ok() && *request != nullptr) live().add_req(*request, recv_comm, n);
+    return to_nccl_result(st, "irecv");
 }
 
 }  // namespace tcpx::net
