@@ -349,6 +349,13 @@ std::vector<topo::NetDevice> check_plugin(Report& r, const Config& c) {
         return devices;
     }
     r.add("plugin", "TCPX_P2P_NET_PLUGIN", c.net_plugin);
+    // dlopen's rule: a name with a slash is a path, used as it is; a bare file name is searched
+    // for in LD_LIBRARY_PATH, then the ld.so cache (/etc/ld.so.conf), then /lib and /usr/lib.
+    r.add("plugin", "search",
+          c.net_plugin.find('/') != std::string::npos
+              ? "a path: loaded as given"
+              : "a file name: searched in LD_LIBRARY_PATH, then the ld.so cache (ldconfig -p), "
+                "then /lib and /usr/lib");
     auto probe = net::find_plugin_probe(c);
     if (!probe.ok()) {
         r.problem("plugin", "probe", "not found", probe.status().to_string(),
@@ -375,6 +382,8 @@ std::vector<topo::NetDevice> check_plugin(Report& r, const Config& c) {
                 table = line.substr(at + 8, line.find(',', at) - (at + 8));
             }
             r.add("plugin", "loads", line.substr(line.find(": ") + 2));
+        } else if (loaded && line.rfind("file: ", 0) == 0) {
+            r.add("plugin", "loaded from", line.substr(6));
         } else if (line.rfind("dev ", 0) == 0 && line.find(": ") != std::string::npos) {
             // "dev N: NAME, pci PATH, speed ..."
             const std::string rest = line.substr(line.find(": ") + 2);

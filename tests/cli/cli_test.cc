@@ -330,6 +330,24 @@ TEST(DoctorCli, ProbesThePluginAndNeverPrintsASecret) {
     EXPECT_FALSE(contains(r.output, secret)) << r.output;
 }
 
+// A plugin named by its file name alone is searched for as dlopen searches (LD_LIBRARY_PATH
+// first): the doctor says so, and which file the probe loaded.
+TEST(DoctorCli, SaysWhereABareFileNameWasFound) {
+    const std::string path = TCPX_FAKE_TCPX_PATH;
+    const std::string dir = path.substr(0, path.rfind('/'));
+    const std::string file = path.substr(path.rfind('/') + 1);
+    const CliResult r = run_cli({"doctor"}, {{"TCPX_P2P_NET_PLUGIN", file},
+                                             {"LD_LIBRARY_PATH", dir},
+                                             {"TCPX_P2P_PLUGIN_PROBE_PATH", TCPX_PROBE_PATH}});
+    ASSERT_TRUE(exited_with(r, 0)) << r.output;
+    EXPECT_TRUE(has_all(r.output,
+                        {"a file name: searched in LD_LIBRARY_PATH", "loaded from", path.c_str()}))
+        << r.output;
+    const CliResult p = run_cli({"doctor"}, {{"TCPX_P2P_NET_PLUGIN", path},
+                                             {"TCPX_P2P_PLUGIN_PROBE_PATH", TCPX_PROBE_PATH}});
+    EXPECT_TRUE(has_all(p.output, {"a path: loaded as given", "loaded from"})) << p.output;
+}
+
 // What would stop a run is a PROBLEM with its fix, and exit code 1: a plugin that does not load,
 // an invalid setting, an interface that does not exist. The same as JSON.
 TEST(DoctorCli, WhatWouldStopARunIsAProblemWithAFix) {

@@ -5,6 +5,7 @@
 // kProbeCleanRefusal (3) the plugin refused with an error (loading it in-process reports the
 // same error safely); 2 usage; anything else, or a signal, is the plugin's doing.
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdio>
 #include <string>
@@ -57,6 +58,13 @@ int run(const std::string& path) {
     if (!st.ok()) return refuse(st.to_string());
     std::printf("plugin %s: table %s, ncclNet v%d, %d devices\n", path.c_str(), name.c_str(),
                 t->version(), ndev);
+    // Where the dynamic loader found it: a bare file name is searched for (LD_LIBRARY_PATH, the
+    // ld.so cache, the system directories), and the doctor shows which file that was.
+    link_map* map = nullptr;
+    if (::dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+        map->l_name[0] != '\0') {
+        std::printf("  file: %s\n", map->l_name);
+    }
     for (int dev = 0; dev < ndev; ++dev) {
         tcpx_ncclNetProperties_v7_t p{};
         st = net::from_nccl_result(t->get_properties(dev, &p), name + ": getProperties");
