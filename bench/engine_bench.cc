@@ -267,6 +267,7 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
 //                                  regions of that type (rev: of the second regions)
 //   check <type> <run> <off> <len> <n> [rev]   after one: checks the pattern there
 //   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
+//   channels                       -> "channels <n>": the data channels its endpoints offer
 //   cpu                            -> "cpu <seconds>": this process's CPU time so far
 //   kvfill|kvcheck <type> <run> <request>   --verify of a KV request: patterns, or checks, the
 //                                  pieces of request <request> in the first endpoint's region
@@ -327,6 +328,9 @@ class Target {
                          std::stoi(w[5]), rev);
         } else if (w[0] == "stats" && w.size() == 1) {
             *reply = stats_line(sum_stats(eps_));
+            return Status();
+        } else if (w[0] == "channels" && w.size() == 1) {
+            *reply = strformat("channels %lld", static_cast<long long>(config_.channels));
             return Status();
         } else if (w[0] == "cpu" && w.size() == 1) {
             *reply = strformat("cpu %.9f", process_cpu_seconds());
@@ -510,9 +514,15 @@ class EngineInitiator {
         eps_.clear();  // before the memory they may still touch
     }
 
-    int raw_streams() const {
-        return static_cast<int>(config_.nsocks) * static_cast<int>(config_.channels);
-    }
+    // The raw baseline's streams: as many as the engine's data sockets per peer.
+    int raw_streams() const { return static_cast<int>(config_.nsocks) * channels_; }
+
+    // Data channels per peer and direction as they run: a peer uses the smaller of the two
+    // sides' counts (after setup(); each side's Config::effective() before it). An endpoint that
+    // stripes its peers over several interfaces (rails, with TCPX_P2P_AUTH_SECRET) may raise its
+    // own count to one per interface; the engine has no public read-out of that, so it is not
+    // counted here (docs/benchmarking.md).
+    int channels() const { return channels_; }
 
     // --stats: our endpoints' counters, and the targets' (they report them).
     Stats own_stats() const { return sum_stats(eps_); }
@@ -558,6 +568,15 @@ class EngineInitiator {
                     .with_context("connecting to target " + std::to_string(i));
             }
             p.id = *id;
+        }
+        // What the targets' endpoints run (they may have other settings: another host's
+        // environment); a target that does not say keeps ours.
+        channels_ = static_cast<int>(config_.channels);
+        StatusOr<std::string> theirs = peer_->call("channels");
+        if (theirs.ok()) {
+            const auto cw = words(*theirs);
+            if (cw.size() != 2 || cw[0] != "channels") return protocol_error("peer: " + *theirs);
+            channels_ = std::min(channels_, std::stoi(cw[1]));
         }
         // connect() returns when our side is ready; wait until the targets' sides are too before
         // the first request (the engine refuses a request that reaches a target in the middle of
@@ -969,6 +988,7 @@ class EngineInitiator {
     uint64_t size_ = 0;
     uint64_t slot_bytes_ = 0;
     int conc_ = 1;
+    int channels_ = 1;  // as they run (channels())
     uint64_t run_ = 0;
 };
 
@@ -1322,22 +1342,30 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
 
 void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
                     const std::vector<KvRow>& rows) {
-    std::printf(
-        "tcpx-p2p bench engine --kv: a paged KV cache, %s, %d process%s, one request at a "
-        "time\n",
-        o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es");
+    std::printf("tcpx-p2p bench engine --kv: a paged KV cache, %s, %s, one request at a time\n",
+                o.interface.c_str(), roles_text(o).c_str());
     print_kv_shape(o.kv_shape);
     if (o.mem == MemType::kVram) {
         std::printf("memory: GPU (cudaMalloc), the initiator's on GPU %d, the target's on GPU %d\n",
                     o.gpus[0], o.gpus[1]);
     }
-    std::printf(
-        "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
-        "endpoint\n",
-        static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
-        static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
-        static_cast<long long>(c.window), s.io_threads);
-    if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
+    // With an ncclNet plugin the data sockets and their threads are the plugin's (not NSOCKS nor
+    // our I/O threads): the line says so, as the sweep's header does.
+    if (c.net_plugin.empty()) {
+        std::printf(
+            "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
+            "endpoint\n",
+            static_cast<long long>(c.channels), plural(c.channels),
+            static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
+            static_cast<long long>(c.window), s.io_threads);
+    } else {
+        std::printf("engine: %lld channel%s, chunk %s, window %lld\n",
+                    static_cast<long long>(c.channels), plural(c.channels),
+                    format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window));
+        std::printf("net: ncclNet plugin %s, data sockets and their threads %s\n",
+                    c.net_plugin.c_str(), plugin_sockets_text().c_str());
+    }
+    if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
     print_kv_rows(rows, o.verify);
 }
 
@@ -1345,14 +1373,16 @@ void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vect
     using nlohmann::json;
     json out;
     out["benchmark"] = "engine-kv";
-    out["config"] = {{"interface", o.interface},
-                     {"processes", o.processes},
-                     {"mem", mem_name(o.mem)},
-                     {"net_plugin", c.net_plugin},
-                     {"channels", c.channels},
-                     {"nsocks", c.nsocks},
-                     {"xfer_chunk_size", c.xfer_chunk_size},
-                     {"window", c.window}};
+    out["config"] = {
+        {"interface", o.interface},
+        {"processes", o.processes},
+        {"connect", o.connect},
+        {"mem", mem_name(o.mem)},
+        {"net_plugin", c.net_plugin},
+        {"channels", c.channels},
+        {"nsocks", c.net_plugin.empty() ? json(c.nsocks) : json(plugin_sockets_text())},
+        {"xfer_chunk_size", c.xfer_chunk_size},
+        {"window", c.window}};
     out["kv"] = kv_shape_json(o.kv_shape);
     json results = json::array();
     for (const KvRow& r : rows) results.push_back(kv_row_json(r));
@@ -1720,8 +1750,10 @@ Status run(const EngineBenchOptions& options) {
     std::optional<std::pair<Stats, Stats>> counters;  // --stats: ours, the targets'
     {
         EngineInitiator init(o, config, peer.get());
-        setup.raw_streams = init.raw_streams();
         TCPX_RETURN_IF_ERROR(init.setup().with_context("setting up"));
+        // The header says what ran: the channels both sides use, the raw streams matching them.
+        config.channels = init.channels();
+        setup.raw_streams = init.raw_streams();
         if (o.kv) {
             TCPX_ASSIGN_OR_RETURN(kv_rows, sweep_kv(o, &init));
         } else {
@@ -1783,12 +1815,13 @@ Status listen_and_serve(const EngineBenchOptions& options) {
         return invalid_argument("--listen: the target side of two hosts; no --procs");
     }
     EngineBenchOptions o = options;
-    TCPX_ASSIGN_OR_RETURN(
-        SideChannel side,
-        accept_initiator("tcpx-p2p bench engine", options.listen, [&](const std::string& line) {
-            o = options;
-            return parse_hello(line, &o);
-        }));
+    TCPX_ASSIGN_OR_RETURN(Fd listener,
+                          listen_side_channel("tcpx-p2p bench engine", options.listen));
+    TCPX_ASSIGN_OR_RETURN(SideChannel side, accept_initiator("tcpx-p2p bench engine", listener,
+                                                             [&](const std::string& line) {
+                                                                 o = options;
+                                                                 return parse_hello(line, &o);
+                                                             }));
     FdChannel& ch = *side.channel;
     Status st;
     if (o.interface.empty()) {

@@ -405,9 +405,7 @@ StatusOr<std::string> greet_target(Peer* peer, const std::string& hello,
     return std::string(trim(std::string_view(reply).substr(hello.size())));
 }
 
-StatusOr<SideChannel> accept_initiator(
-    const std::string& program, const std::string& listen,
-    const std::function<Status(const std::string&)>& check_hello) {
+StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& listen) {
     StatusOr<SocketAddress> addr = parse_host_port(listen, true);
     if (!addr.ok()) return Status(addr.status()).with_context("--listen");
     StatusOr<Fd> listening = listen_tcp(*addr, 16);
@@ -418,6 +416,13 @@ StatusOr<SideChannel> accept_initiator(
     std::printf("%s: target listening on %s (side channel: plaintext, unauthenticated)\n",
                 program.c_str(), bound.to_string().c_str());
     std::fflush(stdout);
+    return listener;
+}
+
+StatusOr<SideChannel> accept_initiator(
+    const std::string& program, const Fd& listener,
+    const std::function<Status(const std::string&)>& check_hello) {
+    TCPX_ASSIGN_OR_RETURN(SocketAddress bound, local_address(listener.get()));
     while (true) {
         Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!conn.valid()) {

@@ -231,13 +231,16 @@ struct SideChannel {
     std::string hello;  // its greeting
 };
 
-// The target's side: listens at `listen` (HOST:PORT, port 0: any), says where on stdout
-// ("<program>: target listening on ADDR (...)"), and returns the first initiator whose greeting
-// (its first line, within 10 s) `check_hello` accepts. A connection that does not greet in time
-// is closed, one whose greeting is refused is answered "error <why>" and closed; both are
-// reported on stderr and listening goes on.
+// The target's side: listens at `listen` (HOST:PORT, port 0: any) and says where on stdout
+// ("<program>: target listening on ADDR (...)").
+StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& listen);
+
+// Returns the first initiator on `listener` whose greeting (its first line, within 10 s)
+// `check_hello` accepts. A connection that does not greet in time is closed, one whose greeting
+// is refused is answered "error <why>" and closed; both are reported on stderr (prefixed with
+// `program`) and listening goes on.
 StatusOr<SideChannel> accept_initiator(
-    const std::string& program, const std::string& listen,
+    const std::string& program, const Fd& listener,
     const std::function<Status(const std::string&)>& check_hello);
 
 }  // namespace tcpx::bench
