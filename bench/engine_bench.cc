@@ -36,7 +36,10 @@
 #include <utility>
 #include <vector>
 
-#include "bench/bench_common.h"
+#include "bench/harness/measure.h"
+#include "bench/harness/raw_tcp.h"
+#include "bench/harness/report.h"
+#include "bench/harness/roles.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "tcpx/config.h"
@@ -209,83 +212,40 @@ StatusOr<XferId> post_lane(const Lane& lane, const Shape& s, int slot, std::vect
     return s.op == Op::kWrite ? lane.ep->writev(lane.peer, *iov) : lane.ep->readv(lane.peer, *iov);
 }
 
-// `count` transfers on every lane, s.conc in flight on each, all lanes at once. Returns each
-// lane's seconds from the start until its last transfer completed.
+// `count` transfers on every lane, s.conc in flight on each, all lanes at once; the last one of
+// every lane in slot s.conc. Returns each lane's seconds from the start until its last transfer
+// completed.
 StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Shape& s,
                                         uint64_t count) {
-    struct Flight {
-        XferId id;
-        int slot;
-    };
-    const size_t n = lanes.size();
-    const int extra = s.conc;
-    std::vector<std::vector<Flight>> inflight(n);
-    std::vector<std::vector<int>> free_slots(n);
-    for (auto& f : free_slots) {
-        for (int slot = s.conc - 1; slot >= 0; --slot) f.push_back(slot);
-    }
-    std::vector<uint64_t> posted(n, 0);
-    std::vector<uint64_t> done(n, 0);
-    std::vector<double> seconds(n, 0);
-    std::vector<IoVec> iov;
-    uint64_t remaining = count * n;
-    const auto start = Clock::now();
-    auto last_done = start;
     const std::string what =
         strformat("%s of %s", op_name(s.op), format_bytes(s.slot_bytes()).c_str());
-    for (uint64_t spins = 0; remaining > 0;) {
-        bool progressed = false;
-        for (size_t p = 0; p < n; ++p) {
-            auto& f = inflight[p];
-            for (size_t i = 0; i < f.size();) {
-                XferStatus st = lanes[p].ep->poll(f[i].id);
-                if (st.state == XferState::kInProgress) {
-                    ++i;
-                    continue;
-                }
-                if (st.state == XferState::kFailed) {
-                    return st.error.with_context(strformat("%s, lane %zu", what.c_str(), p));
-                }
-                if (f[i].slot != extra) free_slots[p].push_back(f[i].slot);
-                f[i] = f.back();
-                f.pop_back();
-                --remaining;
-                if (++done[p] == count) seconds[p] = seconds_since(start);
-                progressed = true;
-            }
-            while (posted[p] < count && f.size() < static_cast<size_t>(s.conc)) {
-                int slot = extra;
-                if (posted[p] + 1 < count) {
-                    slot = free_slots[p].back();
-                    free_slots[p].pop_back();
-                }
-                StatusOr<XferId> id = post_lane(lanes[p], s, slot, &iov);
-                if (!id.ok()) {
-                    return Status(id.status())
-                        .with_context(strformat("posting a %s, lane %zu", what.c_str(), p));
-                }
-                f.push_back(Flight{*id, slot});
-                ++posted[p];
-                progressed = true;
-            }
+    // The transfer in flight in each slot of each lane.
+    std::vector<std::vector<XferId>> ids(lanes.size(), std::vector<XferId>(s.conc + 1));
+    std::vector<IoVec> iov;
+    Window w;
+    w.lanes = lanes.size();
+    w.count = count;
+    w.window = s.conc;
+    w.last_slot = s.conc;
+    w.stall_seconds = static_cast<double>(kStallTimeout.count());
+    w.what = what;
+    w.post = [&](size_t p, int slot) -> Status {
+        StatusOr<XferId> id = post_lane(lanes[p], s, slot, &iov);
+        if (!id.ok()) {
+            return Status(id.status())
+                .with_context(strformat("posting a %s, lane %zu", what.c_str(), p));
         }
-        if (progressed) {
-            spins = 0;
-            last_done = Clock::now();
-            continue;
+        ids[p][static_cast<size_t>(slot)] = *id;
+        return Status();
+    };
+    w.done = [&](size_t p, int slot) -> StatusOr<bool> {
+        XferStatus st = lanes[p].ep->poll(ids[p][static_cast<size_t>(slot)]);
+        if (st.state == XferState::kFailed) {
+            return st.error.with_context(strformat("%s, lane %zu", what.c_str(), p));
         }
-        // Spin first (a completion is usually microseconds away), then yield the core so the
-        // engine's threads can run on a machine with few cores.
-        if (++spins > 200) std::this_thread::yield();
-        if (spins % 1024 == 0 && Clock::now() - last_done > kStallTimeout) {
-            return timeout_error(
-                strformat("%s: no transfer completed for %lld s (%llu of %llu left)", what.c_str(),
-                          static_cast<long long>(kStallTimeout.count()),
-                          static_cast<unsigned long long>(remaining),
-                          static_cast<unsigned long long>(count * n)));
-        }
-    }
-    return seconds;
+        return st.state == XferState::kDone;
+    };
+    return run_window(w);
 }
 
 // --- the target side (the responder) ------------------------------------------------------------
@@ -307,6 +267,7 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
 //                                  regions of that type (rev: of the second regions)
 //   check <type> <run> <off> <len> <n> [rev]   after one: checks the pattern there
 //   kvshape <layers> <tokens> <heads> <dim> <dtype> <pool> <blocks>   the KV workload's shape
+//   channels                       -> "channels <n>": the data channels its endpoints offer
 //   cpu                            -> "cpu <seconds>": this process's CPU time so far
 //   kvfill|kvcheck <type> <run> <request>   --verify of a KV request: patterns, or checks, the
 //                                  pieces of request <request> in the first endpoint's region
@@ -333,28 +294,12 @@ class Target {
             if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
             return raw_mem_.data();
         };
-        std::string line;
-        while (ch->read_line(&line)) {
-            const auto w = words(line);
-            if (w.empty()) continue;
-            if (w[0] == "quit") {
-                close();
-                ch->write_line("bye");
-                return Status();
-            }
-            Status st;
-            std::string reply = "ok";
-            try {
-                st = dispatch(w, line, raw_buffer, &reply);
-            } catch (const std::exception&) {  // std::stoull and friends on a malformed number
-                st = invalid_argument("malformed command: " + line.substr(0, 200));
-            }
-            if (!st.ok()) reply = "error " + st.to_string();
-            if (!ch->write_line(reply)) break;
-        }
-        close();
-        const std::string why = ch->why();
-        return unavailable("benchmark initiator went away" + (why.empty() ? "" : " (" + why + ")"));
+        return serve_commands(
+            ch,
+            [&](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
+                return dispatch(w, line, raw_buffer, reply);
+            },
+            [this] { close(); });
     }
 
  private:
@@ -383,6 +328,9 @@ class Target {
                          std::stoi(w[5]), rev);
         } else if (w[0] == "stats" && w.size() == 1) {
             *reply = stats_line(sum_stats(eps_));
+            return Status();
+        } else if (w[0] == "channels" && w.size() == 1) {
+            *reply = strformat("channels %lld", static_cast<long long>(config_.channels));
             return Status();
         } else if (w[0] == "cpu" && w.size() == 1) {
             *reply = strformat("cpu %.9f", process_cpu_seconds());
@@ -566,9 +514,15 @@ class EngineInitiator {
         eps_.clear();  // before the memory they may still touch
     }
 
-    int raw_streams() const {
-        return static_cast<int>(config_.nsocks) * static_cast<int>(config_.channels);
-    }
+    // The raw baseline's streams: as many as the engine's data sockets per peer.
+    int raw_streams() const { return static_cast<int>(config_.nsocks) * channels_; }
+
+    // Data channels per peer and direction as they run: a peer uses the smaller of the two
+    // sides' counts (after setup(); each side's Config::effective() before it). An endpoint that
+    // stripes its peers over several interfaces (rails, with TCPX_P2P_AUTH_SECRET) may raise its
+    // own count to one per interface; the engine has no public read-out of that, so it is not
+    // counted here (docs/benchmarking.md).
+    int channels() const { return channels_; }
 
     // --stats: our endpoints' counters, and the targets' (they report them).
     Stats own_stats() const { return sum_stats(eps_); }
@@ -579,13 +533,7 @@ class EngineInitiator {
 
     // Both sides' CPU seconds so far: the targets are threads of this process (--procs 1) or
     // another process, which reports its own.
-    StatusOr<CpuTimes> cpu_seconds() {
-        CpuTimes t;
-        t.here = process_cpu_seconds();
-        if (o_.processes == 1) return t;
-        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
-        return t;
-    }
+    StatusOr<CpuTimes> cpu_seconds() { return both_cpu_seconds(peer_, o_.processes != 1); }
 
     // Our endpoints: one for all peers, or with --pairs one per peer (per GPU: endpoint i on
     // GPU i); the targets' endpoints, and a connection from ours to each.
@@ -620,6 +568,15 @@ class EngineInitiator {
                     .with_context("connecting to target " + std::to_string(i));
             }
             p.id = *id;
+        }
+        // What the targets' endpoints run (they may have other settings: another host's
+        // environment); a target that does not say keeps ours.
+        channels_ = static_cast<int>(config_.channels);
+        StatusOr<std::string> theirs = peer_->call("channels");
+        if (theirs.ok()) {
+            const auto cw = words(*theirs);
+            if (cw.size() != 2 || cw[0] != "channels") return protocol_error("peer: " + *theirs);
+            channels_ = std::min(channels_, std::stoi(cw[1]));
         }
         // connect() returns when our side is ready; wait until the targets' sides are too before
         // the first request (the engine refuses a request that reaches a target in the middle of
@@ -1031,6 +988,7 @@ class EngineInitiator {
     uint64_t size_ = 0;
     uint64_t slot_bytes_ = 0;
     int conc_ = 1;
+    int channels_ = 1;  // as they run (channels())
     uint64_t run_ = 0;
 };
 
@@ -1106,27 +1064,20 @@ bool host_figures(const EngineBenchOptions& o) {
     return o.mem == MemType::kVram && o.host_baseline;
 }
 
-std::string gbps(const Throughput& t) {
-    return t.iters ? strformat("%.2f", t.gbps) : std::string("-");
-}
-
-std::string usecs(double v, uint64_t iters) {
-    return iters ? strformat("%.1f us", v) : std::string("-");
-}
-
-// A column of the table: `gap` spaces, then `width` characters right-aligned.
-struct Column {
-    int gap;
-    int width;
-    std::string head;
-    std::function<std::string(const Row&)> cell;
-};
-
-std::vector<Column> table_columns(const EngineBenchOptions& o) {
+// The size column is followed by a mark: `*` where the concurrency was cut.
+std::vector<Column<Row>> table_columns(const EngineBenchOptions& o) {
     const bool multi = o.peers > 1 && o.single_peer;
     const bool host = host_figures(o);
-    std::vector<Column> cols;
-    cols.push_back({1, 8, "GB/s", [](const Row& r) { return gbps(r.ours); }});
+    std::vector<Column<Row>> cols;
+    cols.push_back({0, -5, "op", [](const Row& r) { return std::string(op_name(r.op)); }});
+    cols.push_back({1, 9, "size", [batch = o.batch](const Row& r) {
+                        std::string size = format_bytes(r.size);
+                        return batch > 1 ? strformat("%dx%s", batch, size.c_str()) : size;
+                    }});
+    cols.push_back({0, 1, "", [conc = o.concurrency](const Row& r) {
+                        return std::string(r.concurrency < conc ? "*" : " ");
+                    }});
+    cols.push_back({1, 8, "GB/s", [](const Row& r) { return gbps_cell(r.ours); }});
     auto number = [](double v) { return v > 0 ? strformat("%.2f", v) : std::string("-"); };
     if (o.bidir) {
         cols.push_back({1, 7, "i->t", [=](const Row& r) { return number(r.fwd); }});
@@ -1143,11 +1094,11 @@ std::vector<Column> table_columns(const EngineBenchOptions& o) {
         }
     }
     if (host) {
-        cols.push_back({1, 8, "host", [](const Row& r) { return gbps(r.host); }});
+        cols.push_back({1, 8, "host", [](const Row& r) { return gbps_cell(r.host); }});
         cols.push_back(
             {1, 9, "vram/host", [](const Row& r) { return ratio(r.ours.gbps, r.host.gbps); }});
     }
-    cols.push_back({1, 8, "raw", [](const Row& r) { return gbps(r.raw); }});
+    cols.push_back({1, 8, "raw", [](const Row& r) { return gbps_cell(r.raw); }});
     cols.push_back({1, 8, "ours/raw", [bidir = o.bidir](const Row& r) {
                         return ratio(bidir ? r.fwd : r.ours.gbps, r.raw.gbps);
                     }});
@@ -1157,13 +1108,13 @@ std::vector<Column> table_columns(const EngineBenchOptions& o) {
     cols.push_back({1, 10, "CPU vs TCP",
                     [](const Row& r) { return ratio(cpu_per_gb(r.ours), cpu_per_gb(r.raw)); }});
     if (multi) {
-        cols.push_back(
-            {2, 8, o.pairs ? "1 pair" : "1 peer", [](const Row& r) { return gbps(r.single); }});
+        cols.push_back({2, 8, o.pairs ? "1 pair" : "1 peer",
+                        [](const Row& r) { return gbps_cell(r.single); }});
         cols.push_back({1, 7, strformat("%d/1", o.peers),
                         [](const Row& r) { return ratio(r.ours.gbps, r.single.gbps); }});
     }
-    auto p50 = [](const Latency& l) { return usecs(l.p50_us, l.iters); };
-    auto p99 = [](const Latency& l) { return usecs(l.p99_us, l.iters); };
+    auto p50 = [](const Latency& l) { return usecs_cell(l.p50_us, l.iters); };
+    auto p99 = [](const Latency& l) { return usecs_cell(l.p99_us, l.iters); };
     cols.push_back({2, 10, "lat p50", [=](const Row& r) { return p50(r.ours_lat); }});
     if (host) {
         cols.push_back({1, 10, "host p50", [=](const Row& r) { return p50(r.host_lat); }});
@@ -1270,22 +1221,12 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
         "data back (request + data)\n\n",
         static_cast<unsigned long long>(kSmallMessage),
         static_cast<unsigned long long>(kSmallMessage));
-    // The size column is followed by a mark: `*` where the concurrency was cut.
-    const std::vector<Column> cols = table_columns(o);
-    std::printf("%-5s %9s ", "op", "size");
-    for (const Column& col : cols) std::printf("%*s%*s", col.gap, "", col.width, col.head.c_str());
-    std::printf("\n");
+    const std::vector<Column<Row>> cols = table_columns(o);
+    std::printf("%s\n", table_head(cols).c_str());
     bool capped = false;
     for (const Row& r : rows) {
-        const bool cap = r.concurrency < o.concurrency;
-        capped = capped || cap;
-        std::string size = format_bytes(r.size);
-        if (o.batch > 1) size = strformat("%dx%s", o.batch, size.c_str());
-        std::printf("%-5s %9s%s", op_name(r.op), size.c_str(), cap ? "*" : " ");
-        for (const Column& col : cols) {
-            std::printf("%*s%*s", col.gap, "", col.width, col.cell(r).c_str());
-        }
-        std::printf("\n");
+        capped = capped || r.concurrency < o.concurrency;
+        std::printf("%s\n", table_row(cols, r).c_str());
     }
     if (capped) {
         std::printf("\n* fewer transfers in flight per peer (at most %s in flight in all):",
@@ -1307,19 +1248,11 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
     using nlohmann::json;
     // transfers: in all (per peer times peers).
     auto tp = [](const Throughput& t, int npeers) {
-        json j = {{"gbps", t.gbps},
-                  {"transfers", t.iters * static_cast<uint64_t>(npeers)},
-                  {"seconds", t.seconds},
-                  {"cpu_seconds", t.cpu_seconds},
-                  {"cpu_seconds_target_process", t.peer_cpu_seconds},
-                  {"cpu_s_per_gb", cpu_per_gb(t)}};
+        json j = throughput_json(t, "transfers", t.iters * static_cast<uint64_t>(npeers));
         if (npeers > 1) j["transfers_per_peer"] = t.iters;
         return j;
     };
-    auto lat = [](const Latency& l) {
-        return json{
-            {"p50_us", l.p50_us}, {"p99_us", l.p99_us}, {"mean_us", l.mean_us}, {"iters", l.iters}};
-    };
+    auto lat = latency_json;
     json out;
     out["benchmark"] = "engine";
     out["config"] = {
@@ -1405,28 +1338,34 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
     std::printf("%s\n", out.dump(2).c_str());
 }
 
-// --- the sweep ---------------------------------------------------------------------------------
-
 // --- the KV workload's report (the rows' layout is bench/kv_workload's) --------------------------
 
 void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
                     const std::vector<KvRow>& rows) {
-    std::printf(
-        "tcpx-p2p bench engine --kv: a paged KV cache, %s, %d process%s, one request at a "
-        "time\n",
-        o.interface.c_str(), o.processes, o.processes == 1 ? "" : "es");
+    std::printf("tcpx-p2p bench engine --kv: a paged KV cache, %s, %s, one request at a time\n",
+                o.interface.c_str(), roles_text(o).c_str());
     print_kv_shape(o.kv_shape);
     if (o.mem == MemType::kVram) {
         std::printf("memory: GPU (cudaMalloc), the initiator's on GPU %d, the target's on GPU %d\n",
                     o.gpus[0], o.gpus[1]);
     }
-    std::printf(
-        "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
-        "endpoint\n",
-        static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
-        static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
-        static_cast<long long>(c.window), s.io_threads);
-    if (!c.net_plugin.empty()) std::printf("net: ncclNet plugin %s\n", c.net_plugin.c_str());
+    // With an ncclNet plugin the data sockets and their threads are the plugin's (not NSOCKS nor
+    // our I/O threads): the line says so, as the sweep's header does.
+    if (c.net_plugin.empty()) {
+        std::printf(
+            "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
+            "endpoint\n",
+            static_cast<long long>(c.channels), plural(c.channels),
+            static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
+            static_cast<long long>(c.window), s.io_threads);
+    } else {
+        std::printf("engine: %lld channel%s, chunk %s, window %lld\n",
+                    static_cast<long long>(c.channels), plural(c.channels),
+                    format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window));
+        std::printf("net: ncclNet plugin %s, data sockets and their threads %s\n",
+                    c.net_plugin.c_str(), plugin_sockets_text().c_str());
+    }
+    if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
     print_kv_rows(rows, o.verify);
 }
 
@@ -1434,14 +1373,16 @@ void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vect
     using nlohmann::json;
     json out;
     out["benchmark"] = "engine-kv";
-    out["config"] = {{"interface", o.interface},
-                     {"processes", o.processes},
-                     {"mem", mem_name(o.mem)},
-                     {"net_plugin", c.net_plugin},
-                     {"channels", c.channels},
-                     {"nsocks", c.nsocks},
-                     {"xfer_chunk_size", c.xfer_chunk_size},
-                     {"window", c.window}};
+    out["config"] = {
+        {"interface", o.interface},
+        {"processes", o.processes},
+        {"connect", o.connect},
+        {"mem", mem_name(o.mem)},
+        {"net_plugin", c.net_plugin},
+        {"channels", c.channels},
+        {"nsocks", c.net_plugin.empty() ? json(c.nsocks) : json(plugin_sockets_text())},
+        {"xfer_chunk_size", c.xfer_chunk_size},
+        {"window", c.window}};
     out["kv"] = kv_shape_json(o.kv_shape);
     json results = json::array();
     for (const KvRow& r : rows) results.push_back(kv_row_json(r));
@@ -1608,20 +1549,11 @@ std::string engine_summary(const Config& c) {
                      static_cast<long long>(c.nsocks), threads);
 }
 
-// How long the initiator waits for an answer: a measurement's run, or the engine's connect
-// timeout, with room to spare.
-int reply_timeout_ms(double min_seconds) {
-    return static_cast<int>(std::min(3600.0, 10 * min_seconds + 180) * 1000);
-}
-
 // --connect: the side channel to the targets, greeted; with no --interface, the interface that
 // reaches them.
 StatusOr<std::unique_ptr<Peer>> connect_targets(EngineBenchOptions* o, std::string* target) {
-    StatusOr<SocketAddress> addr = parse_host_port(o->connect, false);
-    if (!addr.ok()) return Status(addr.status()).with_context("--connect");
-    TCPX_ASSIGN_OR_RETURN(auto peer,
-                          SocketPeer::connect(*addr, static_cast<int>(o->connect_timeout * 1000),
-                                              reply_timeout_ms(o->min_seconds)));
+    TCPX_ASSIGN_OR_RETURN(auto peer, connect_to_target(o->connect, o->connect_timeout,
+                                                       reply_timeout_ms(o->min_seconds)));
     if (o->interface.empty()) {
         StatusOr<std::string> name = interface_of(peer->local());
         if (!name.ok()) {
@@ -1629,15 +1561,151 @@ StatusOr<std::unique_ptr<Peer>> connect_targets(EngineBenchOptions* o, std::stri
         }
         o->interface = "=" + *name;
     }
-    TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call(hello_line(*o)));
-    if (reply.rfind(kHello, 0) != 0) {
-        return protocol_error(
-            "--connect " + o->connect +
-            ": not a tcpx-p2p bench engine target of this version: " + reply.substr(0, 200));
-    }
-    *target =
-        o->connect + ": " + std::string(trim(std::string_view(reply).substr(std::strlen(kHello))));
+    TCPX_ASSIGN_OR_RETURN(std::string said, greet_target(peer.get(), kHello, hello_line(*o),
+                                                         "tcpx-p2p bench engine", o->connect));
+    *target = o->connect + ": " + said;
     return std::unique_ptr<Peer>(std::move(peer));
+}
+
+// --- the sweep ---------------------------------------------------------------------------------
+
+std::vector<Op> ops_of(const EngineBenchOptions& o) {
+    std::vector<Op> ops;
+    if (o.write) ops.push_back(Op::kWrite);
+    if (o.read) ops.push_back(Op::kRead);
+    return ops;
+}
+
+Calibration calibration_of(const EngineBenchOptions& o) {
+    Calibration cal;
+    cal.min_seconds = o.min_seconds;
+    cal.min_iters = static_cast<uint64_t>(o.min_iters);
+    return cal;
+}
+
+// --kv: every memory and op, the KV requests and the contiguous transfer of the same bytes.
+StatusOr<std::vector<KvRow>> sweep_kv(const EngineBenchOptions& o, EngineInitiator* init) {
+    TCPX_RETURN_IF_ERROR(init->prepare_kv().with_context("--kv: the pools"));
+    const std::vector<Op> ops = ops_of(o);
+    std::vector<MemType> mems = {o.mem};
+    if (host_figures(o)) mems.push_back(MemType::kHost);
+    Progress progress(o.progress && !o.json, mems.size() * ops.size() * 2);
+    Sweep sweep(calibration_of(o), &progress, [init] { return init->cpu_seconds(); });
+    const uint64_t bytes = o.kv_shape.request_bytes();
+    std::vector<KvRow> rows;
+    for (MemType mem : mems) {
+        for (Op op : ops) {
+            KvRow row;
+            row.op = op_name(op);
+            row.mem = mem_name(mem);
+            for (bool contiguous : {false, true}) {
+                const std::string what = strformat("%s, %s memory, %s", op_name(op), mem_name(mem),
+                                                   contiguous ? "contiguous" : "KV requests");
+                Throughput& out = contiguous ? row.contiguous : row.kv;
+                TCPX_ASSIGN_OR_RETURN(out, sweep.throughput(what, bytes, [&](uint64_t n) {
+                    return init->kv_transfers(op, mem, contiguous, n);
+                }));
+                TCPX_RETURN_IF_ERROR(init->verify_kv(op, mem, contiguous));
+            }
+            row.verified = o.verify;
+            rows.push_back(row);
+        }
+    }
+    progress.clear();
+    return rows;
+}
+
+// Every size and op: the engine's throughput (the host figures, one peer, raw TCP beside it)
+// and its latency (host, raw ping-pong beside it), as the options ask.
+StatusOr<std::vector<Row>> sweep_sizes(const EngineBenchOptions& o, EngineInitiator* init) {
+    const std::vector<Op> ops = ops_of(o);
+    const bool single = o.peers > 1 && o.single_peer;
+    const bool host = host_figures(o);
+    const size_t per_op = 1 + (host ? 1 : 0) + (single ? 1 : 0) + (o.baseline ? 1 : 0) +
+                          (o.latency ? 1 + (host ? 1 : 0) + (o.baseline ? 1 : 0) : 0);
+    Progress progress(o.progress && !o.json, o.sizes.size() * ops.size() * per_op);
+    Sweep sweep(calibration_of(o), &progress, [init] { return init->cpu_seconds(); });
+    const std::string ours_what = strformat("engine (%s)", mem_name(o.mem));
+    std::vector<Row> rows;
+    for (uint64_t size : o.sizes) {
+        TCPX_RETURN_IF_ERROR(init->prepare(size).with_context(format_bytes(size)));
+        // At least one transfer per slot in flight.
+        const uint64_t min_iters = std::max<uint64_t>(static_cast<uint64_t>(o.min_iters),
+                                                      static_cast<uint64_t>(init->concurrency()));
+        const uint64_t bytes = init->slot_bytes();
+        // --bidir: the same again in the other direction.
+        const uint64_t dirs = o.bidir ? 2 : 1;
+        const uint64_t all_bytes = bytes * static_cast<uint64_t>(o.peers) * dirs;
+        auto throughput = [&](const std::string& what, uint64_t n_bytes, Throughput* out,
+                              const TimedRun& fn) -> Status {
+            TCPX_ASSIGN_OR_RETURN(*out, sweep.throughput(what, n_bytes, fn, min_iters));
+            return Status();
+        };
+        auto latency = [&](const std::string& what, Latency* out, const SampledRun& fn) -> Status {
+            TCPX_ASSIGN_OR_RETURN(*out, sweep.latency(what, fn));
+            return Status();
+        };
+        for (Op op : ops) {
+            Row row;
+            row.op = op;
+            row.size = size;
+            row.concurrency = init->concurrency();
+            const std::string what = std::string(op_name(op)) + " " + format_bytes(size);
+            TCPX_RETURN_IF_ERROR(
+                throughput(what + ": " + ours_what + ", throughput", all_bytes, &row.ours,
+                           [&](uint64_t n) { return init->transfers(op, o.mem, o.peers, n); }));
+            split_directions(init->last().fwd, bytes, row.ours.iters, &row.fwd, &row.per_peer);
+            split_directions(init->last().rev, bytes, row.ours.iters, &row.rev, &row.per_peer_rev);
+            if (host) {
+                TCPX_RETURN_IF_ERROR(throughput(
+                    what + ": engine (host), throughput", all_bytes, &row.host,
+                    [&](uint64_t n) { return init->transfers(op, MemType::kHost, o.peers, n); }));
+            }
+            if (single) {
+                TCPX_RETURN_IF_ERROR(throughput(
+                    what + ": " + ours_what + ", one peer, throughput", bytes * dirs, &row.single,
+                    [&](uint64_t n) { return init->transfers(op, o.mem, 1, n); }));
+            }
+            if (o.baseline) {
+                TCPX_RETURN_IF_ERROR(
+                    throughput(what + ": raw TCP, throughput", bytes, &row.raw,
+                               [&](uint64_t n) { return init->raw_stream(op, n); }));
+            }
+            if (o.latency) {
+                TCPX_RETURN_IF_ERROR(
+                    latency(what + ": " + ours_what + ", one at a time", &row.ours_lat,
+                            [&](uint64_t n) { return init->single_transfers(op, o.mem, n); }));
+                if (host) {
+                    TCPX_RETURN_IF_ERROR(latency(
+                        what + ": engine (host), one at a time", &row.host_lat,
+                        [&](uint64_t n) { return init->single_transfers(op, MemType::kHost, n); }));
+                }
+                if (o.baseline) {
+                    TCPX_RETURN_IF_ERROR(
+                        latency(what + ": raw TCP, ping-pong", &row.raw_lat,
+                                [&](uint64_t n) { return init->raw_pingpong(op, n); }));
+                }
+            }
+            rows.push_back(row);
+        }
+    }
+    progress.clear();
+    return rows;
+}
+
+// --stats: both sides' counters. A served read is counted when its last send completes, a
+// moment after the reader has its bytes (docs/engine.md): wait (briefly) until each side has
+// served what the other completed.
+StatusOr<std::pair<Stats, Stats>> settled_stats(EngineInitiator* init) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (true) {
+        TCPX_ASSIGN_OR_RETURN(Stats theirs, init->target_stats());
+        const Stats ours = init->own_stats();
+        const bool settled = theirs.requests_served >= ours.transfers_completed &&
+                             ours.requests_served >= theirs.transfers_completed;
+        if (settled || std::chrono::steady_clock::now() > deadline) return std::pair(ours, theirs);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
 }
 
 Status run(const EngineBenchOptions& options) {
@@ -1682,147 +1750,17 @@ Status run(const EngineBenchOptions& options) {
     std::optional<std::pair<Stats, Stats>> counters;  // --stats: ours, the targets'
     {
         EngineInitiator init(o, config, peer.get());
-        const CpuClock cpu = [&] { return init.cpu_seconds(); };
-        setup.raw_streams = init.raw_streams();
         TCPX_RETURN_IF_ERROR(init.setup().with_context("setting up"));
-        std::vector<Op> ops;
-        if (o.write) ops.push_back(Op::kWrite);
-        if (o.read) ops.push_back(Op::kRead);
+        // The header says what ran: the channels both sides use, the raw streams matching them.
+        config.channels = init.channels();
+        setup.raw_streams = init.raw_streams();
         if (o.kv) {
-            TCPX_RETURN_IF_ERROR(init.prepare_kv().with_context("--kv: the pools"));
-            std::vector<MemType> mems = {o.mem};
-            if (host_figures(o)) mems.push_back(MemType::kHost);
-            const size_t steps = mems.size() * ops.size() * 2;
-            size_t step = 0;
-            Progress progress(o.progress && !o.json);
-            Calibration cal;
-            cal.min_seconds = o.min_seconds;
-            cal.min_iters = static_cast<uint64_t>(o.min_iters);
-            const uint64_t bytes = o.kv_shape.request_bytes();
-            for (MemType mem : mems) {
-                for (Op op : ops) {
-                    KvRow row;
-                    row.op = op_name(op);
-                    row.mem = mem_name(mem);
-                    for (bool contiguous : {false, true}) {
-                        progress.show(++step, steps,
-                                      strformat("%s, %s memory, %s", op_name(op), mem_name(mem),
-                                                contiguous ? "contiguous" : "KV requests"));
-                        Throughput& out = contiguous ? row.contiguous : row.kv;
-                        TCPX_ASSIGN_OR_RETURN(out, measure_throughput(
-                                                       cal, bytes,
-                                                       [&](uint64_t n) {
-                                                           return init.kv_transfers(op, mem,
-                                                                                    contiguous, n);
-                                                       },
-                                                       cpu));
-                        TCPX_RETURN_IF_ERROR(init.verify_kv(op, mem, contiguous));
-                    }
-                    row.verified = o.verify;
-                    kv_rows.push_back(row);
-                }
-            }
-            progress.clear();
+            TCPX_ASSIGN_OR_RETURN(kv_rows, sweep_kv(o, &init));
+        } else {
+            TCPX_ASSIGN_OR_RETURN(rows, sweep_sizes(o, &init));
         }
-        const bool single = o.peers > 1 && o.single_peer;
-        const bool host = host_figures(o);
-        const size_t per_op = 1 + (host ? 1 : 0) + (single ? 1 : 0) + (o.baseline ? 1 : 0) +
-                              (o.latency ? 1 + (host ? 1 : 0) + (o.baseline ? 1 : 0) : 0);
-        const size_t steps = o.sizes.size() * ops.size() * per_op;
-        size_t step = 0;
-        Progress progress(o.progress && !o.json);
-        Calibration lat_cal;
-        lat_cal.min_seconds = o.min_seconds;
-        lat_cal.min_iters = static_cast<uint64_t>(o.min_iters);
-        Calibration cal = lat_cal;
-        // One measurement each, with the progress line.
-        auto throughput = [&](const std::string& what, uint64_t bytes_per_iter, Throughput* out,
-                              const std::function<StatusOr<double>(uint64_t)>& fn) -> Status {
-            progress.show(++step, steps, what);
-            TCPX_ASSIGN_OR_RETURN(*out, measure_throughput(cal, bytes_per_iter, fn, cpu));
-            return Status();
-        };
-        auto latency =
-            [&](const std::string& what, Latency* out,
-                const std::function<StatusOr<std::vector<double>>(uint64_t)>& fn) -> Status {
-            progress.show(++step, steps, what);
-            TCPX_ASSIGN_OR_RETURN(*out, measure_latency(lat_cal, fn));
-            return Status();
-        };
-        const std::string ours_what = strformat("engine (%s)", mem_name(o.mem));
-        for (uint64_t size : o.kv ? std::vector<uint64_t>{} : o.sizes) {
-            TCPX_RETURN_IF_ERROR(init.prepare(size).with_context(format_bytes(size)));
-            // At least one transfer per slot in flight.
-            cal.min_iters =
-                std::max<uint64_t>(lat_cal.min_iters, static_cast<uint64_t>(init.concurrency()));
-            const uint64_t bytes = init.slot_bytes();
-            // --bidir: the same again in the other direction.
-            const uint64_t dirs = o.bidir ? 2 : 1;
-            const uint64_t all_bytes = bytes * static_cast<uint64_t>(o.peers) * dirs;
-            for (Op op : ops) {
-                Row row;
-                row.op = op;
-                row.size = size;
-                row.concurrency = init.concurrency();
-                const std::string what = std::string(op_name(op)) + " " + format_bytes(size);
-                TCPX_RETURN_IF_ERROR(
-                    throughput(what + ": " + ours_what + ", throughput", all_bytes, &row.ours,
-                               [&](uint64_t n) { return init.transfers(op, o.mem, o.peers, n); }));
-                split_directions(init.last().fwd, bytes, row.ours.iters, &row.fwd, &row.per_peer);
-                split_directions(init.last().rev, bytes, row.ours.iters, &row.rev,
-                                 &row.per_peer_rev);
-                if (host) {
-                    TCPX_RETURN_IF_ERROR(throughput(what + ": engine (host), throughput", all_bytes,
-                                                    &row.host, [&](uint64_t n) {
-                                                        return init.transfers(op, MemType::kHost,
-                                                                              o.peers, n);
-                                                    }));
-                }
-                if (single) {
-                    TCPX_RETURN_IF_ERROR(throughput(
-                        what + ": " + ours_what + ", one peer, throughput", bytes * dirs,
-                        &row.single, [&](uint64_t n) { return init.transfers(op, o.mem, 1, n); }));
-                }
-                if (o.baseline) {
-                    TCPX_RETURN_IF_ERROR(
-                        throughput(what + ": raw TCP, throughput", bytes, &row.raw,
-                                   [&](uint64_t n) { return init.raw_stream(op, n); }));
-                }
-                if (o.latency) {
-                    TCPX_RETURN_IF_ERROR(
-                        latency(what + ": " + ours_what + ", one at a time", &row.ours_lat,
-                                [&](uint64_t n) { return init.single_transfers(op, o.mem, n); }));
-                    if (host) {
-                        TCPX_RETURN_IF_ERROR(latency(what + ": engine (host), one at a time",
-                                                     &row.host_lat, [&](uint64_t n) {
-                                                         return init.single_transfers(
-                                                             op, MemType::kHost, n);
-                                                     }));
-                    }
-                    if (o.baseline) {
-                        TCPX_RETURN_IF_ERROR(
-                            latency(what + ": raw TCP, ping-pong", &row.raw_lat,
-                                    [&](uint64_t n) { return init.raw_pingpong(op, n); }));
-                    }
-                }
-                rows.push_back(row);
-            }
-        }
-        progress.clear();
         if (o.stats) {
-            // A served read is counted when its last send completes, a moment after the reader
-            // has its bytes (docs/engine.md): wait (briefly) until each side has served what the
-            // other completed.
-            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-            while (true) {
-                TCPX_ASSIGN_OR_RETURN(Stats theirs, init.target_stats());
-                const Stats ours = init.own_stats();
-                counters.emplace(ours, theirs);
-                const bool settled = theirs.requests_served >= ours.transfers_completed &&
-                                     ours.requests_served >= theirs.transfers_completed;
-                if (settled || std::chrono::steady_clock::now() > deadline) break;
-                std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            }
+            TCPX_ASSIGN_OR_RETURN(counters, settled_stats(&init));
         }
     }
 
@@ -1859,14 +1797,7 @@ int serve_engine_bench(const EngineBenchOptions& options) {
     auto config = bench_config(options, kTargetSide);
     if (!config.ok()) {
         // Every command fails with the reason; the initiator reports it.
-        std::string line;
-        while (channel.read_line(&line)) {
-            if (line == "quit") {
-                channel.write_line("bye");
-                return 1;
-            }
-            channel.write_line("error " + config.status().to_string());
-        }
+        refuse_commands(&channel, config.status());
         return 1;
     }
     Target target(*config, options.interface, options.bidir);
@@ -1883,71 +1814,40 @@ Status listen_and_serve(const EngineBenchOptions& options) {
     if (options.processes != 2) {
         return invalid_argument("--listen: the target side of two hosts; no --procs");
     }
-    StatusOr<SocketAddress> addr = parse_host_port(options.listen, true);
-    if (!addr.ok()) return Status(addr.status()).with_context("--listen");
-    StatusOr<Fd> listening = listen_tcp(*addr, 16);
-    if (!listening.ok())
-        return Status(listening.status()).with_context("--listen " + options.listen);
-    Fd listener = std::move(*listening);
-    TCPX_RETURN_IF_ERROR(set_nonblocking(listener.get(), false));
-    TCPX_ASSIGN_OR_RETURN(SocketAddress bound, local_address(listener.get()));
-    std::printf(
-        "tcpx-p2p bench engine: target listening on %s (side channel: plaintext, "
-        "unauthenticated)\n",
-        bound.to_string().c_str());
-    std::fflush(stdout);
-    while (true) {
-        Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-        if (!conn.valid()) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            return errno_status(errno, "accept on " + bound.to_string());
-        }
-        StatusOr<SocketAddress> from = peer_address(conn.get());
-        const std::string who = from.ok() ? from->to_string() : std::string("?");
-        // The greeting must come soon; later commands may wait as long as a measurement runs.
-        FdChannel ch(conn.get(), conn.get(), 10000);
-        std::string line;
-        if (!ch.read_line(&line)) {
-            std::fprintf(stderr, "tcpx-p2p bench engine: %s: no greeting%s; still listening\n",
-                         who.c_str(), ch.why().empty() ? "" : (" (" + ch.why() + ")").c_str());
-            continue;
-        }
-        EngineBenchOptions o = options;
-        Status st = parse_hello(line, &o);
-        if (!st.ok()) {
-            ch.write_line("error " + st.to_string());
-            std::fprintf(stderr, "tcpx-p2p bench engine: %s refused: %s; still listening\n",
-                         who.c_str(), st.to_string().c_str());
-            continue;
-        }
-        if (o.interface.empty()) {
-            TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(conn.get()));
-            StatusOr<std::string> name = interface_of(local);
-            if (!name.ok()) {
-                st = Status(name.status()).with_context("--listen without --interface");
-                ch.write_line("error " + st.to_string());
-                return st;
-            }
-            o.interface = "=" + *name;
-        }
-        (void)set_nodelay(conn.get());
-        (void)set_dead_peer_timeout(conn.get(), 30000);
-        StatusOr<Config> config = bench_config(o, kTargetSide);
-        if (!config.ok()) {
-            st = Status(config.status()).with_context("target");
+    EngineBenchOptions o = options;
+    TCPX_ASSIGN_OR_RETURN(Fd listener,
+                          listen_side_channel("tcpx-p2p bench engine", options.listen));
+    TCPX_ASSIGN_OR_RETURN(SideChannel side, accept_initiator("tcpx-p2p bench engine", listener,
+                                                             [&](const std::string& line) {
+                                                                 o = options;
+                                                                 return parse_hello(line, &o);
+                                                             }));
+    FdChannel& ch = *side.channel;
+    Status st;
+    if (o.interface.empty()) {
+        TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
+        StatusOr<std::string> name = interface_of(local);
+        if (!name.ok()) {
+            st = Status(name.status()).with_context("--listen without --interface");
             ch.write_line("error " + st.to_string());
             return st;
         }
-        std::fprintf(stderr, "tcpx-p2p bench engine: serving %s on %s\n", who.c_str(),
-                     o.interface.c_str());
-        if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " +
-                           engine_summary(*config))) {
-            return unavailable("initiator " + who + " went away");
-        }
-        ch.set_timeout(reply_timeout_ms(o.min_seconds));
-        Target target(*config, o.interface, o.bidir);
-        return target.serve(&ch).with_context("initiator " + who);
+        o.interface = "=" + *name;
     }
+    StatusOr<Config> config = bench_config(o, kTargetSide);
+    if (!config.ok()) {
+        st = Status(config.status()).with_context("target");
+        ch.write_line("error " + st.to_string());
+        return st;
+    }
+    std::fprintf(stderr, "tcpx-p2p bench engine: serving %s on %s\n", side.who.c_str(),
+                 o.interface.c_str());
+    if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " + engine_summary(*config))) {
+        return unavailable("initiator " + side.who + " went away");
+    }
+    ch.set_timeout(reply_timeout_ms(o.min_seconds));
+    Target target(*config, o.interface, o.bidir);
+    return target.serve(&ch).with_context("initiator " + side.who);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_memory.h"
+#include "bench/harness/memory.h"
 #include "bench/kv_workload.h"
 
 namespace tcpx::bench {

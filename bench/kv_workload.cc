@@ -7,6 +7,7 @@
 #include <random>
 #include <utility>
 
+#include "bench/harness/report.h"
 #include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -129,23 +130,6 @@ uint64_t kv_piece_seed(uint64_t run, uint64_t i) {
 
 }  // namespace
 
-Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed) {
-    return b.host_view(off, len, /*load=*/false, /*store=*/true, [&](uint8_t* p) {
-        if (source) {
-            fill_pattern(p, len, seed);
-        } else {
-            std::memset(p, kPoison, len);
-        }
-        return Status();
-    });
-}
-
-Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
-                   const std::string& what) {
-    return b.host_view(off, len, /*load=*/true, /*store=*/false,
-                       [&](uint8_t* p) { return check_pattern(p, len, seed, what); });
-}
-
 Status kv_fill(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
                uint64_t run) {
     for (size_t i = 0; i < offsets.size(); ++i) {
@@ -236,13 +220,9 @@ nlohmann::json kv_shape_json(const KvShape& k) {
 nlohmann::json kv_row_json(const KvRow& r) {
     using nlohmann::json;
     auto tp = [](const Throughput& t) {
-        return json{{"gbps", t.gbps},
-                    {"requests", t.iters},
-                    {"seconds", t.seconds},
-                    {"ms_per_request", ms_per(t)},
-                    {"cpu_seconds", t.cpu_seconds},
-                    {"cpu_seconds_target_process", t.peer_cpu_seconds},
-                    {"cpu_s_per_gb", cpu_per_gb(t)}};
+        json j = throughput_json(t, "requests", t.iters);
+        j["ms_per_request"] = ms_per(t);
+        return j;
     };
     json j = {{"op", r.op}, {"mem", r.mem}};
     if (!r.backend.empty()) j["backend"] = r.backend;

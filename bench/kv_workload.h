@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_common.h"
-#include "bench/bench_memory.h"
+#include "bench/harness/measure.h"
+#include "bench/harness/memory.h"
 #include "tcpx/status.h"
 
 namespace tcpx::bench {
@@ -103,12 +103,6 @@ Status kv_fill(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& o
 // OK, or where the first wrong byte is (kInternal).
 Status kv_check(const Buffer& b, const KvShape& k, const std::vector<uint64_t>& offsets,
                 uint64_t run, const std::string& what);
-
-// [off, off + len) of `b`: the pattern `seed` (source), or poisoned (destination).
-Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed);
-// OK when [off, off + len) holds the pattern `seed`; else where it differs (kInternal).
-Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
-                   const std::string& what);
 
 // --- the report
 // -----------------------------------------------------------------------------------

@@ -13,7 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_common.h"
+#include "bench/harness/measure.h"
+#include "bench/harness/raw_tcp.h"
+#include "bench/harness/report.h"
+#include "bench/harness/roles.h"
 #include "common/socket.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -94,31 +97,24 @@ class Responder {
             TCPX_RETURN_IF_ERROR(ensure_buffer(bytes));
             return buffer_.data();
         };
-        std::string line;
-        while (ch->read_line(&line)) {
-            const auto w = words(line);
-            if (w.empty()) continue;
-            Status st;
-            std::string reply = "ok";
-            if (w[0] == "quit") {
-                close();
-                ch->write_line("bye");
-                return Status();
-            } else if (w[0] == "listen") {
-                st = listen(&reply);
-            } else if (w[0] == "connect" && w.size() == 2) {
-                st = connect(w[1]);
-            } else if (w[0] == "stream" && w.size() == 4) {
-                st = stream(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]));
-            } else if (w[0] == "pingpong" && w.size() == 3) {
-                st = pingpong(ch, std::stoull(w[1]), std::stoull(w[2]));
-            } else if (!raw_.handle(w, raw_buffer, &st, &reply)) {
-                st = invalid_argument("unknown command: " + line);
-            }
-            if (!st.ok()) reply = "error " + st.to_string();
-            if (!ch->write_line(reply)) break;
-        }
-        return unavailable("benchmark initiator went away");
+        return serve_commands(
+            ch,
+            [&](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
+                Status st;
+                if (w[0] == "listen") {
+                    st = listen(reply);
+                } else if (w[0] == "connect" && w.size() == 2) {
+                    st = connect(w[1]);
+                } else if (w[0] == "stream" && w.size() == 4) {
+                    st = stream(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]));
+                } else if (w[0] == "pingpong" && w.size() == 3) {
+                    st = pingpong(ch, std::stoull(w[1]), std::stoull(w[2]));
+                } else if (!raw_.handle(w, raw_buffer, &st, reply)) {
+                    st = invalid_argument("unknown command: " + line);
+                }
+                return st;
+            },
+            [this] { close(); });
     }
 
  private:
@@ -277,33 +273,15 @@ class Initiator {
         return raw_.pingpong(peer_, size, size, count, buffer_.data());
     }
 
-    template <typename Run>
-    StatusOr<Throughput> throughput(uint64_t size, Run run) {
-        return measure_throughput(calibration(), size,
-                                  [&](uint64_t count) { return run(size, count); });
-    }
-
     // Messages in flight for `size`: the window, capped by kMaxInFlightBytes (at least 2).
     int window_for(uint64_t size) const {
         const uint64_t cap = std::max<uint64_t>(2, kMaxInFlightBytes / std::max<uint64_t>(size, 1));
         return static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(options_.window), cap));
     }
 
-    template <typename Run>
-    StatusOr<Latency> latency(uint64_t size, Run run) {
-        return measure_latency(calibration(), [&](uint64_t count) { return run(size, count); });
-    }
-
  private:
     void ensure_buffer(size_t bytes) {
         if (buffer_.size() < bytes) buffer_.assign(bytes, 0x5a);
-    }
-
-    Calibration calibration() const {
-        Calibration c;
-        c.min_seconds = options_.min_seconds;
-        c.min_iters = static_cast<uint64_t>(options_.min_iters);
-        return c;
     }
 
     net::Net* net_;
@@ -327,6 +305,26 @@ struct Row {
     Latency raw_lat;
 };
 
+std::vector<Column<Row>> table_columns() {
+    auto ours_raw = [](const Row& r) { return ratio(r.ours.gbps, r.raw.gbps); };
+    auto rtt_ratio = [](const Row& r) { return ratio(r.ours_lat.p50_us, r.raw_lat.p50_us); };
+    return {
+        {0, 10, "size", [](const Row& r) { return format_bytes(r.size); }},
+        {2, 9, "ours", [](const Row& r) { return gbps_cell(r.ours); }},
+        {1, 9, "raw", [](const Row& r) { return gbps_cell(r.raw); }},
+        {1, 8, "ours/raw", ours_raw},
+        {2, 12, "ours RTT p50",
+         [](const Row& r) { return usecs_cell(r.ours_lat.p50_us, r.ours_lat.iters); }},
+        {1, 12, "raw RTT p50",
+         [](const Row& r) { return usecs_cell(r.raw_lat.p50_us, r.raw_lat.iters); }},
+        {1, 8, "ours/raw", rtt_ratio},
+        {2, 12, "ours RTT p99",
+         [](const Row& r) { return usecs_cell(r.ours_lat.p99_us, r.ours_lat.iters); }},
+        {1, 12, "raw RTT p99",
+         [](const Row& r) { return usecs_cell(r.raw_lat.p99_us, r.raw_lat.iters); }},
+    };
+}
+
 void print_table(const NetBenchOptions& o, const std::vector<Row>& rows, int io_threads) {
     std::printf(
         "tcpx-p2p bench net: socket transport vs raw TCP, %s, %d data sockets = %d raw "
@@ -336,35 +334,14 @@ void print_table(const NetBenchOptions& o, const std::vector<Row>& rows, int io_
     std::printf(
         "throughput in GB/s (10^9 B/s); round trip (RTT) of one message and a reply of "
         "the same size, raw over 1 stream\n\n");
-    std::printf("%10s  %9s %9s %8s  %12s %12s %8s  %12s %12s\n", "size", "ours", "raw", "ours/raw",
-                "ours RTT p50", "raw RTT p50", "ours/raw", "ours RTT p99", "raw RTT p99");
-    for (const Row& r : rows) {
-        auto gbps = [](const Throughput& t) {
-            return t.iters ? strformat("%.2f", t.gbps) : std::string("-");
-        };
-        auto us = [](double v, uint64_t iters) {
-            return iters ? strformat("%.1f us", v) : std::string("-");
-        };
-        std::printf("%10s  %9s %9s %8s  %12s %12s %8s  %12s %12s\n", format_bytes(r.size).c_str(),
-                    gbps(r.ours).c_str(), gbps(r.raw).c_str(),
-                    ratio(r.ours.gbps, r.raw.gbps).c_str(),
-                    us(r.ours_lat.p50_us, r.ours_lat.iters).c_str(),
-                    us(r.raw_lat.p50_us, r.raw_lat.iters).c_str(),
-                    ratio(r.ours_lat.p50_us, r.raw_lat.p50_us).c_str(),
-                    us(r.ours_lat.p99_us, r.ours_lat.iters).c_str(),
-                    us(r.raw_lat.p99_us, r.raw_lat.iters).c_str());
-    }
+    const auto cols = table_columns();
+    std::printf("%s\n", table_head(cols).c_str());
+    for (const Row& r : rows) std::printf("%s\n", table_row(cols, r).c_str());
 }
 
 void print_json(const NetBenchOptions& o, const std::vector<Row>& rows, int io_threads) {
     using nlohmann::json;
-    auto tp = [](const Throughput& t) {
-        return json{{"gbps", t.gbps}, {"iters", t.iters}, {"seconds", t.seconds}};
-    };
-    auto lat = [](const Latency& l) {
-        return json{
-            {"p50_us", l.p50_us}, {"p99_us", l.p99_us}, {"mean_us", l.mean_us}, {"iters", l.iters}};
-    };
+    auto tp = [](const Throughput& t) { return throughput_json(t, "iters", t.iters, false); };
     json out;
     out["benchmark"] = "net";
     out["config"] = {{"interface", o.interface}, {"nsocks", o.nsocks},
@@ -376,8 +353,8 @@ void print_json(const NetBenchOptions& o, const std::vector<Row>& rows, int io_t
         if (r.ours.iters) row["ours"] = tp(r.ours);
         if (r.raw.iters) row["raw"] = tp(r.raw);
         if (r.ours.iters && r.raw.iters) row["throughput_ratio"] = r.ours.gbps / r.raw.gbps;
-        if (r.ours_lat.iters) row["ours_rtt"] = lat(r.ours_lat);
-        if (r.raw_lat.iters) row["raw_rtt"] = lat(r.raw_lat);
+        if (r.ours_lat.iters) row["ours_rtt"] = latency_json(r.ours_lat);
+        if (r.raw_lat.iters) row["raw_rtt"] = latency_json(r.raw_lat);
         if (r.ours_lat.iters && r.raw_lat.iters) {
             row["rtt_p50_ratio"] = r.ours_lat.p50_us / r.raw_lat.p50_us;
         }
@@ -418,36 +395,36 @@ Status run(const NetBenchOptions& o) {
     {
         Initiator init(net.get(), peer.get(), o);
         TCPX_RETURN_IF_ERROR(init.setup().with_context("setting up"));
-        Progress progress(o.progress && !o.json);
         const size_t per_size =
             1 + (o.baseline ? 1 : 0) + (o.latency ? 1 + (o.baseline ? 1 : 0) : 0);
-        const size_t steps = o.sizes.size() * per_size;
-        size_t step = 0;
+        Progress progress(o.progress && !o.json, o.sizes.size() * per_size);
+        Calibration cal;
+        cal.min_seconds = o.min_seconds;
+        cal.min_iters = static_cast<uint64_t>(o.min_iters);
+        Sweep sweep(cal, &progress);
         for (uint64_t size : o.sizes) {
             Row row;
             row.size = size;
             const std::string sz = format_bytes(size);
-            progress.show(++step, steps, sz + ": ours, throughput");
-            TCPX_ASSIGN_OR_RETURN(row.ours, init.throughput(size, [&](uint64_t s, uint64_t c) {
-                return init.ours_stream(s, c);
-            }));
+            TCPX_ASSIGN_OR_RETURN(
+                row.ours, sweep.throughput(sz + ": ours, throughput", size,
+                                           [&](uint64_t c) { return init.ours_stream(size, c); }));
             if (o.baseline) {
-                progress.show(++step, steps, sz + ": raw TCP, throughput");
-                TCPX_ASSIGN_OR_RETURN(row.raw, init.throughput(size, [&](uint64_t s, uint64_t c) {
-                    return init.raw_stream(s, c);
-                }));
+                TCPX_ASSIGN_OR_RETURN(
+                    row.raw, sweep.throughput(sz + ": raw TCP, throughput", size, [&](uint64_t c) {
+                        return init.raw_stream(size, c);
+                    }));
             }
             if (o.latency) {
-                progress.show(++step, steps, sz + ": ours, round trips");
-                TCPX_ASSIGN_OR_RETURN(row.ours_lat, init.latency(size, [&](uint64_t s, uint64_t c) {
-                    return init.ours_pingpong(s, c);
-                }));
+                TCPX_ASSIGN_OR_RETURN(row.ours_lat,
+                                      sweep.latency(sz + ": ours, round trips", [&](uint64_t c) {
+                                          return init.ours_pingpong(size, c);
+                                      }));
                 if (o.baseline) {
-                    progress.show(++step, steps, sz + ": raw TCP, round trips");
-                    TCPX_ASSIGN_OR_RETURN(row.raw_lat,
-                                          init.latency(size, [&](uint64_t s, uint64_t c) {
-                                              return init.raw_pingpong(s, c);
-                                          }));
+                    TCPX_ASSIGN_OR_RETURN(
+                        row.raw_lat, sweep.latency(sz + ": raw TCP, round trips", [&](uint64_t c) {
+                            return init.raw_pingpong(size, c);
+                        }));
                 }
             }
             rows.push_back(row);
@@ -479,7 +456,7 @@ int serve_net_bench(const NetBenchOptions& options) {
     auto net = net::SocketNet::create(bench_settings(options));
     FdChannel channel(STDIN_FILENO, STDOUT_FILENO);
     if (!net.ok()) {
-        channel.write_line("error " + net.status().to_string());
+        refuse_commands(&channel, net.status());
         return 1;
     }
     Responder responder(net->get(), options);

@@ -3,7 +3,8 @@
 //
 // Two processes on this host: the program forks before any agent or thread exists; the child is
 // the target, the parent the initiator, and a socketpair between them carries the line-oriented
-// commands of bench_common.h (metadata as hex, preparing and checking bytes for --verify). For
+// commands of the harness (bench/harness/roles.h: a ForkPeer; metadata as hex, preparing and
+// checking bytes for --verify). For
 // each backend, both processes create an agent holding that backend alone (progress thread on),
 // register one region each and the initiator loads the target's metadata. Then, for every op and
 // size, the initiator creates one transfer request per slot (createXferReq, `--batch`
@@ -19,9 +20,7 @@
 #include <nixl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -40,8 +39,10 @@
 #include <utility>
 #include <vector>
 
-#include "bench/bench_common.h"
-#include "bench/bench_memory.h"
+#include "bench/harness/measure.h"
+#include "bench/harness/memory.h"
+#include "bench/harness/report.h"
+#include "bench/harness/roles.h"
 #include "bench/kv_workload.h"
 #include "common/params.h"
 #include "common/status_util.h"
@@ -142,16 +143,8 @@ class Memory {
     Status prepare(uint64_t run, uint64_t slot_bytes, int slots, bool pattern) {
         TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
         for (int s = 0; s < slots; ++s) {
-            TCPX_RETURN_IF_ERROR(
-                buf_.host_view(static_cast<uint64_t>(s) * slot_bytes, slot_bytes, /*load=*/false,
-                               /*store=*/true, [&](uint8_t* p) {
-                                   if (pattern) {
-                                       fill_pattern(p, slot_bytes, pattern_seed(run, s));
-                                   } else {
-                                       std::memset(p, kPoison, slot_bytes);
-                                   }
-                                   return Status();
-                               }));
+            TCPX_RETURN_IF_ERROR(prepare_bytes(buf_, static_cast<uint64_t>(s) * slot_bytes,
+                                               slot_bytes, pattern, pattern_seed(run, s)));
         }
         return Status();
     }
@@ -160,12 +153,9 @@ class Memory {
     Status check(uint64_t run, uint64_t slot_bytes, int slots, const std::string& what) const {
         TCPX_RETURN_IF_ERROR(check_range(slot_bytes, slots));
         for (int s = 0; s < slots; ++s) {
-            const std::string where = strformat("%s, request slot %d", what.c_str(), s);
-            TCPX_RETURN_IF_ERROR(
-                buf_.host_view(static_cast<uint64_t>(s) * slot_bytes, slot_bytes, /*load=*/true,
-                               /*store=*/false, [&](uint8_t* p) {
-                                   return check_pattern(p, slot_bytes, pattern_seed(run, s), where);
-                               }));
+            TCPX_RETURN_IF_ERROR(check_bytes(buf_, static_cast<uint64_t>(s) * slot_bytes,
+                                             slot_bytes, pattern_seed(run, s),
+                                             strformat("%s, request slot %d", what.c_str(), s)));
         }
         return Status();
     }
@@ -417,16 +407,6 @@ class Target {
 
 // --- the initiator (this process) ----------------------------------------------------------------
 
-// The target's end of the socketpair, as bench_common's Peer.
-class SocketPeer final : public Peer {
- public:
-    explicit SocketPeer(int fd) : channel_(fd, fd) {}
-    Channel* channel() override { return &channel_; }
-
- private:
-    FdChannel channel_;
-};
-
 class Initiator {
  public:
     Initiator(const Options& o, Peer* peer, Memory* memory) : o_(o), peer_(peer), memory_(memory) {}
@@ -513,50 +493,24 @@ class Initiator {
     StatusOr<double> requests(uint64_t total, const nixl_opt_args_t* args = nullptr) {
         nixl_opt_args_t plain;  // no notification (clears one a handle was posted with)
         if (args == nullptr) args = &plain;
-        std::vector<bool> active(handles_.size(), false);
-        uint64_t posted = 0;
-        uint64_t done = 0;
-        const auto start = Clock::now();
-        for (size_t s = 0; s < handles_.size() && posted < total; ++s, ++posted) {
-            TCPX_RETURN_IF_ERROR(post(s, args));
-            active[s] = true;
-        }
-        auto last = start;
-        for (uint64_t spins = 0; done < total; ++spins) {
-            bool progressed = false;
-            for (size_t s = 0; s < handles_.size(); ++s) {
-                if (!active[s]) continue;
-                const nixl_status_t st = agent_.agent->getXferStatus(handles_[s]);
-                if (st == NIXL_IN_PROG) continue;
-                TCPX_RETURN_IF_ERROR(from_nixl(st, "transfer"));
-                ++done;
-                progressed = true;
-                active[s] = false;
-                if (posted < total) {
-                    TCPX_RETURN_IF_ERROR(post(s, args));
-                    active[s] = true;
-                    ++posted;
-                }
-            }
-            if (progressed) {
-                spins = 0;
-                last = Clock::now();
-            } else if (spins % 1024 == 1023 && seconds_since(last) > o_.stall_seconds) {
-                return timeout_error(strformat(
-                    "no transfer completed for %.0f s (%llu of %llu)", o_.stall_seconds,
-                    static_cast<unsigned long long>(done), static_cast<unsigned long long>(total)));
-            }
-        }
-        return seconds_since(start);
+        Window w;
+        w.count = total;
+        w.window = depth();
+        w.stall_seconds = o_.stall_seconds;
+        w.what = strformat("%s of %s", op_name(op_), format_bytes(slot_bytes_).c_str());
+        w.post = [&](size_t, int slot) { return post(static_cast<size_t>(slot), args); };
+        w.done = [&](size_t, int slot) -> StatusOr<bool> {
+            const nixl_status_t st = agent_.agent->getXferStatus(handles_[slot]);
+            if (st == NIXL_IN_PROG) return false;
+            TCPX_RETURN_IF_ERROR(from_nixl(st, "transfer"));
+            return true;
+        };
+        TCPX_ASSIGN_OR_RETURN(std::vector<double> seconds, run_window(w));
+        return seconds[0];
     }
 
     // Both sides' CPU seconds so far (the target is the other process: it reports its own).
-    StatusOr<CpuTimes> cpu_seconds() {
-        CpuTimes t;
-        t.here = process_cpu_seconds();
-        TCPX_ASSIGN_OR_RETURN(t.peer, peer_cpu_seconds(peer_));
-        return t;
-    }
+    StatusOr<CpuTimes> cpu_seconds() { return both_cpu_seconds(peer_, true); }
 
     // --kv: one request per KV request of the workload (its every piece a descriptor, local
     // and remote blocks chosen by the two sides' seeds), then one of the same bytes as one
@@ -829,38 +783,44 @@ void print_table(const Options& o, const Machine& m, const std::vector<BackendIn
         "CPU s/GB: CPU seconds (user + system, every thread) of both processes, initiator and "
         "target, per GB moved by the throughput run\n\n",
         o.batch, o.batch == 1 ? "" : "s", gpus.c_str());
-    std::printf("%-7s %-5s %-4s %10s %5s %8s %9s %10s %10s  %13s %13s\n", "backend", "op", "mem",
-                "size", "depth", "GB/s", "CPU s/GB", "lat p50", "lat p99", "TCPX/UCX GB/s",
-                "TCPX/UCX p50");
+    // A row and the UCX row of its case (for the ratios), when there is one.
+    using Pair = std::pair<const Row*, const Row*>;
+    auto tcpx_ucx = [&o](const Pair& p, bool latency) {
+        if (p.first->backend != "TCPX" || p.second == nullptr) return std::string();
+        if (!latency) return ratio(p.first->tp.gbps, p.second->tp.gbps);
+        return o.latency ? ratio(p.first->lat.p50_us, p.second->lat.p50_us) : std::string();
+    };
+    const std::vector<Column<Pair>> cols = {
+        {0, -7, "backend", [](const Pair& p) { return p.first->backend; }},
+        {1, -5, "op", [](const Pair& p) { return std::string(op_name(p.first->op)); }},
+        {1, -4, "mem", [&o](const Pair&) { return std::string(mem_name(o)); }},
+        {1, 10, "size", [&o](const Pair& p) { return size_label(o, p.first->size); }},
+        {1, 5, "depth", [](const Pair& p) { return std::to_string(p.first->depth); }},
+        {1, 8, "GB/s", [](const Pair& p) { return strformat("%.2f", p.first->tp.gbps); }},
+        {1, 9, "CPU s/GB", [](const Pair& p) { return cpu_cell(p.first->tp); }},
+        {1, 10, "lat p50",
+         [&o](const Pair& p) { return o.latency ? usecs(p.first->lat.p50_us) : "-"; }},
+        {1, 10, "lat p99",
+         [&o](const Pair& p) { return o.latency ? usecs(p.first->lat.p99_us) : "-"; }},
+        {2, 13, "TCPX/UCX GB/s", [=](const Pair& p) { return tcpx_ucx(p, false); }},
+        {1, 13, "TCPX/UCX p50", [=](const Pair& p) { return tcpx_ucx(p, true); }},
+    };
+    // The cells that name the case, before FAILED on a row that failed.
+    const std::vector<Column<Pair>> case_cols(cols.begin(), cols.begin() + 4);
+    std::printf("%s\n", table_head(cols).c_str());
     // Grouped by case, the backends of one case next to each other.
     for (Op op : o.ops) {
         for (uint64_t size : o.sizes) {
             for (const std::string& backend : o.backends) {
                 for (const Row& r : rows) {
                     if (r.op != op || r.size != size || r.backend != backend) continue;
+                    const Pair p{&r, find_row(rows, "UCX", r)};
                     if (!r.error.empty()) {
-                        std::printf("%-7s %-5s %-4s %10s  FAILED: %s\n", r.backend.c_str(),
-                                    op_name(r.op), mem_name(o), size_label(o, size).c_str(),
+                        std::printf("%s  FAILED: %s\n", table_row(case_cols, p).c_str(),
                                     r.error.c_str());
                         continue;
                     }
-                    std::string tp_ratio = "";
-                    std::string lat_ratio = "";
-                    if (r.backend == "TCPX") {
-                        const Row* ucx = find_row(rows, "UCX", r);
-                        if (ucx != nullptr) {
-                            tp_ratio = ratio(r.tp.gbps, ucx->tp.gbps);
-                            if (o.latency) lat_ratio = ratio(r.lat.p50_us, ucx->lat.p50_us);
-                        }
-                    }
-                    std::string line = strformat(
-                        "%-7s %-5s %-4s %10s %5d %8.2f %9s %10s %10s  %13s %13s", r.backend.c_str(),
-                        op_name(r.op), mem_name(o), size_label(o, size).c_str(), r.depth, r.tp.gbps,
-                        cpu_cell(r.tp).c_str(), o.latency ? usecs(r.lat.p50_us).c_str() : "-",
-                        o.latency ? usecs(r.lat.p99_us).c_str() : "-", tp_ratio.c_str(),
-                        lat_ratio.c_str());
-                    line.erase(line.find_last_not_of(' ') + 1);
-                    std::printf("%s\n", line.c_str());
+                    std::printf("%s\n", table_row(cols, p).c_str());
                 }
             }
         }
@@ -929,18 +889,9 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
         if (!r.error.empty()) {
             j["error"] = r.error;
         } else {
-            j["gbps"] = r.tp.gbps;
-            j["requests"] = r.tp.iters * static_cast<uint64_t>(r.depth);
-            j["seconds"] = r.tp.seconds;
-            j["cpu_seconds"] = r.tp.cpu_seconds;
-            j["cpu_seconds_target_process"] = r.tp.peer_cpu_seconds;
-            j["cpu_s_per_gb"] = cpu_per_gb(r.tp);
-            if (o.latency) {
-                j["latency"] = {{"p50_us", r.lat.p50_us},
-                                {"p99_us", r.lat.p99_us},
-                                {"mean_us", r.lat.mean_us},
-                                {"iters", r.lat.iters}};
-            }
+            j.update(
+                throughput_json(r.tp, "requests", r.tp.iters * static_cast<uint64_t>(r.depth)));
+            if (o.latency) j["latency"] = latency_json(r.lat);
             j["verified"] = r.verified;
             if (r.backend == "TCPX") {
                 const Row* ucx = find_row(rows, "UCX", r);
@@ -960,12 +911,8 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
 
 // Runs every case of one backend (its agent already begun); appends rows. A failed case ends
 // the backend's sweep (its agents may be unusable). Verification failures set *verify_failed.
-Status sweep_backend(const Options& o, const std::string& backend, Initiator* init,
-                     Progress* progress, size_t* step, size_t steps, uint64_t* run,
-                     std::vector<Row>* rows, bool* verify_failed) {
-    Calibration cal;
-    cal.min_seconds = o.min_seconds;
-    cal.min_iters = static_cast<uint64_t>(o.min_iters);
+Status sweep_backend(const Options& o, const std::string& backend, Initiator* init, Sweep* sweep,
+                     uint64_t* run, std::vector<Row>* rows, bool* verify_failed) {
     for (Op op : o.ops) {
         for (uint64_t size : o.sizes) {
             Row row;
@@ -975,7 +922,6 @@ Status sweep_backend(const Options& o, const std::string& backend, Initiator* in
             row.depth = depth_for(o, size);
             const std::string what = backend + " " + op_name(op) + " " + size_label(o, size);
             Status st = [&]() -> Status {
-                progress->show(++*step, steps, what + ": throughput");
                 TCPX_RETURN_IF_ERROR(init->prepare(op, size));
                 if (o.verify) {
                     Status v = init->verify(++*run);
@@ -988,15 +934,13 @@ Status sweep_backend(const Options& o, const std::string& backend, Initiator* in
                 // An iteration is a round: every slot once.
                 TCPX_ASSIGN_OR_RETURN(
                     row.tp,
-                    measure_throughput(
-                        cal, init->round_bytes(),
-                        [&](uint64_t count) {
+                    sweep->throughput(
+                        what + ": throughput", init->round_bytes(), [&](uint64_t count) {
                             return init->requests(count * static_cast<uint64_t>(init->depth()));
-                        },
-                        [&] { return init->cpu_seconds(); }));
+                        }));
                 if (o.latency) {
-                    progress->show(++*step, steps, what + ": latency");
-                    TCPX_ASSIGN_OR_RETURN(row.lat, measure_latency(cal, [&](uint64_t count) {
+                    TCPX_ASSIGN_OR_RETURN(row.lat,
+                                          sweep->latency(what + ": latency", [&](uint64_t count) {
                                               return init->singles(count);
                                           }));
                 }
@@ -1015,12 +959,8 @@ Status sweep_backend(const Options& o, const std::string& backend, Initiator* in
 
 // --kv: every op of one backend (its agent already begun), KV requests and the contiguous
 // request; appends rows. As sweep_backend for failures.
-Status sweep_kv(const Options& o, const std::string& backend, Initiator* init, Progress* progress,
-                size_t* step, size_t steps, uint64_t* run, std::vector<KvRow>* rows,
-                bool* verify_failed) {
-    Calibration cal;
-    cal.min_seconds = o.min_seconds;
-    cal.min_iters = static_cast<uint64_t>(o.min_iters);
+Status sweep_kv(const Options& o, const std::string& backend, Initiator* init, Sweep* sweep,
+                uint64_t* run, std::vector<KvRow>* rows, bool* verify_failed) {
     const uint64_t bytes = o.kv_shape.request_bytes();
     for (Op op : o.ops) {
         KvRow row;
@@ -1032,13 +972,10 @@ Status sweep_kv(const Options& o, const std::string& backend, Initiator* init, P
             for (bool contiguous : {false, true}) {
                 const std::string what = strformat("%s %s, %s", backend.c_str(), op_name(op),
                                                    contiguous ? "contiguous" : "KV requests");
-                progress->show(++*step, steps, what);
                 Throughput& out = contiguous ? row.contiguous : row.kv;
-                TCPX_ASSIGN_OR_RETURN(
-                    out,
-                    measure_throughput(
-                        cal, bytes, [&](uint64_t n) { return init->kv_requests(contiguous, n); },
-                        [&] { return init->cpu_seconds(); }));
+                TCPX_ASSIGN_OR_RETURN(out, sweep->throughput(what, bytes, [&](uint64_t n) {
+                    return init->kv_requests(contiguous, n);
+                }));
                 if (o.verify) {
                     Status v = init->verify_kv(++*run, contiguous).with_context(what);
                     if (!v.ok() && v.message().find("VERIFICATION FAILED") != std::string::npos) {
@@ -1060,8 +997,7 @@ Status sweep_kv(const Options& o, const std::string& backend, Initiator* init, P
     return Status();
 }
 
-int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
-    SocketPeer peer(fd);
+int run_initiator(const Options& o, std::unique_ptr<ForkPeer> peer, Machine machine) {
     int rc = 0;
     std::vector<BackendInfo> backends;
     std::vector<Row> rows;
@@ -1073,25 +1009,25 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
         Status st = [&]() -> Status {
             TCPX_ASSIGN_OR_RETURN(memory, Memory::allocate(o.vram, o.initiator_gpu, bytes));
             TCPX_RETURN_IF_ERROR(
-                peer.call("alloc " + std::to_string(bytes)).status().with_context("target"));
+                peer->call("alloc " + std::to_string(bytes)).status().with_context("target"));
             if (!o.kv) return Status();
-            return peer.call("kvshape " + kv_shape_words(o.kv_shape))
+            return peer->call("kvshape " + kv_shape_words(o.kv_shape))
                 .status()
                 .with_context("target");
         }();
         if (!st.ok()) {
             std::fprintf(stderr, "%s: %s\n", kProgram, st.to_string().c_str());
-            (void)peer.call("quit");
-            ::waitpid(child, nullptr, 0);
-            return 1;
+            return 1;  // ~ForkPeer: "quit", and the child is reaped
         }
-        Initiator init(o, &peer, memory.get());
-        Progress progress(o.progress && !o.json);
+        Initiator init(o, peer.get(), memory.get());
         // Measurements per backend.
         const size_t per_backend =
             o.kv ? o.ops.size() * 2 : o.ops.size() * o.sizes.size() * (o.latency ? 2 : 1);
-        const size_t steps = o.backends.size() * per_backend;
-        size_t step = 0;
+        Progress progress(o.progress && !o.json, o.backends.size() * per_backend);
+        Calibration cal;
+        cal.min_seconds = o.min_seconds;
+        cal.min_iters = static_cast<uint64_t>(o.min_iters);
+        Sweep sweep(cal, &progress, [&] { return init.cpu_seconds(); });
         uint64_t run = 0;
         bool verify_failed = false;
         for (const std::string& backend : o.backends) {
@@ -1106,13 +1042,12 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
                              info.error.c_str());
                 init.end();
                 backends.push_back(info);
-                step += per_backend;
+                progress.skip(per_backend);
                 continue;
             }
-            Status swept = o.kv ? sweep_kv(o, backend, &init, &progress, &step, steps, &run,
-                                           &kv_rows, &verify_failed)
-                                : sweep_backend(o, backend, &init, &progress, &step, steps, &run,
-                                                &rows, &verify_failed);
+            Status swept =
+                o.kv ? sweep_kv(o, backend, &init, &sweep, &run, &kv_rows, &verify_failed)
+                     : sweep_backend(o, backend, &init, &sweep, &run, &rows, &verify_failed);
             if (!swept.ok()) {
                 info.error = swept.to_string();
                 progress.clear();
@@ -1127,15 +1062,7 @@ int run_initiator(const Options& o, int fd, pid_t child, Machine machine) {
         // Nothing measured at all (every backend skipped) is a failure too.
         if (rows.empty() && kv_rows.empty()) rc = 1;
     }
-    (void)peer.call("quit");
-    int status = 0;
-    for (int i = 0; i < 500 && ::waitpid(child, &status, WNOHANG) == 0; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        if (i == 499) {
-            ::kill(child, SIGKILL);
-            ::waitpid(child, &status, 0);
-        }
-    }
+    peer.reset();  // "quit"; the target exits
     if (o.json) {
         print_json(o, machine, backends, rows, kv_rows);
     } else if (o.kv) {
@@ -1328,33 +1255,16 @@ int nixl_bench_main(int argc, char** argv) {
     }
 
     ::signal(SIGPIPE, SIG_IGN);
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-        std::perror("socketpair");
-        return 1;
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
     // No agent, no thread and no CUDA context exists yet: both sides start clean.
-    const pid_t child = ::fork();
-    if (child < 0) {
-        std::perror("fork");
+    StatusOr<std::unique_ptr<ForkPeer>> peer = ForkPeer::fork([&o](int fd) {
+        Target target(o, fd);
+        return target.serve();
+    });
+    if (!peer.ok()) {
+        std::fprintf(stderr, "%s: %s\n", kProgram, peer.status().to_string().c_str());
         return 1;
     }
-    if (child == 0) {
-        ::close(sv[0]);
-        int rc;
-        {
-            Target target(o, sv[1]);
-            rc = target.serve();
-        }
-        std::fflush(stderr);
-        ::_exit(rc);
-    }
-    ::close(sv[1]);
-    const int rc = run_initiator(o, sv[0], child, machine);
-    ::close(sv[0]);
-    return rc;
+    return run_initiator(o, std::move(*peer), machine);
 }
 
 }  // namespace tcpx::bench

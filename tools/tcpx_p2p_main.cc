@@ -5,8 +5,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "bench/bench_common.h"
 #include "bench/engine_bench.h"
+#include "bench/harness/measure.h"
 #include "bench/net_bench.h"
 #include "bench/soak_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA

@@ -1,9 +1,11 @@
 // Memory of the benchmarks' registered regions: page-aligned host memory, or GPU memory
-// (cudaMalloc, `--mem vram`), and host views of either for preparing and checking bytes.
+// (cudaMalloc, `--mem vram`), host views of either, and the bytes --verify puts there and checks:
+// one set of helpers for every bench (engine, NIXL, the KV workload).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "tcpx/status.h"
 
@@ -49,5 +51,25 @@ class Buffer {
     void* base_ = nullptr;  // what was allocated
     int gpu_ = -1;          // the GPU of device memory; -1 for host memory
 };
+
+// --- patterns for --verify ---------------------------------------------------------------------
+//
+// A destination is poisoned before the transfer that should overwrite it, the source filled with
+// a pattern unique to its seed; afterwards the destination must hold the pattern.
+
+// What --verify writes over a destination before the transfer that should overwrite it.
+constexpr uint8_t kPoison = 0xee;
+
+// A seed for measurement `run` and peer (or slot) `peer`.
+uint64_t pattern_seed(uint64_t run, int peer);
+void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed);
+// OK, or which byte differs (kInternal, "<what>: byte ...").
+Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what);
+
+// [off, off + len) of `b`: the pattern `seed` (source), or poisoned (destination).
+Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed);
+// OK when [off, off + len) holds the pattern `seed`; else where it differs (kInternal).
+Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
+                   const std::string& what);
 
 }  // namespace tcpx::bench

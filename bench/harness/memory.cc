@@ -1,4 +1,4 @@
-#include "bench/bench_memory.h"
+#include "bench/harness/memory.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include "common/strings.h"
 #include "cuda/device.h"
 #ifdef TCPX_P2P_HAVE_CUDA
-#include "bench/gpu_alloc.h"
+#include "bench/harness/gpu_alloc.h"
 #endif
 
 namespace tcpx::bench {
@@ -111,6 +111,72 @@ Status Buffer::host_view(uint64_t off, uint64_t len, bool load, bool store,
     return cuda::device()
         .copy(data_ + off, copy.data(), len)
         .with_context(strformat("writing GPU %d's memory", gpu_));
+}
+
+// --- patterns for --verify ---------------------------------------------------------------------
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint8_t pattern_byte(uint64_t seed, uint64_t i) {
+    const uint64_t word = mix64(seed ^ (i / 8));
+    return static_cast<uint8_t>(word >> (8 * (i % 8)));
+}
+
+}  // namespace
+
+uint64_t pattern_seed(uint64_t run, int peer) {
+    return mix64(run * 0x100000001b3ULL + static_cast<uint64_t>(peer));
+}
+
+void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed) {
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const uint64_t word = mix64(seed ^ (i / 8));
+        std::memcpy(p + i, &word, 8);
+    }
+    for (; i < len; ++i) p[i] = pattern_byte(seed, i);
+}
+
+Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what) {
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        const uint64_t word = mix64(seed ^ (i / 8));
+        if (std::memcmp(p + i, &word, 8) != 0) break;
+    }
+    for (; i < len; ++i) {
+        const uint8_t want = pattern_byte(seed, i);
+        if (p[i] != want) {
+            return internal_error(strformat("%s: byte %llu of %llu is 0x%02x, expected 0x%02x%s",
+                                            what.c_str(), static_cast<unsigned long long>(i),
+                                            static_cast<unsigned long long>(len), p[i], want,
+                                            p[i] == kPoison ? " (never written)" : ""));
+        }
+    }
+    return Status();
+}
+
+Status prepare_bytes(const Buffer& b, uint64_t off, uint64_t len, bool source, uint64_t seed) {
+    return b.host_view(off, len, /*load=*/false, /*store=*/true, [&](uint8_t* p) {
+        if (source) {
+            fill_pattern(p, len, seed);
+        } else {
+            std::memset(p, kPoison, len);
+        }
+        return Status();
+    });
+}
+
+Status check_bytes(const Buffer& b, uint64_t off, uint64_t len, uint64_t seed,
+                   const std::string& what) {
+    return b.host_view(off, len, /*load=*/true, /*store=*/false,
+                       [&](uint8_t* p) { return check_pattern(p, len, seed, what); });
 }
 
 }  // namespace tcpx::bench

@@ -1,4 +1,4 @@
-#include "bench/gpu_alloc.h"
+#include "bench/harness/gpu_alloc.h"
 
 #include <cuda_runtime.h>
 

@@ -1,0 +1,87 @@
+// The raw TCP baseline of the benchmarks: what the same bytes cost over plain TCP sockets,
+// measured in the same run as the transport or engine beside it. `streams` TCP connections, one
+// thread per stream and side, blocking send/recv, and one more connection for ping-pongs. The
+// responder's half answers raw-* commands on the benchmark's command channel (harness/roles.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/harness/roles.h"
+#include "common/socket.h"
+#include "tcpx/status.h"
+
+namespace tcpx::bench {
+
+// --- threads and stream splitting --------------------------------------------------------------
+
+// Splits `size` bytes over `n` streams: stream i carries share(i) bytes at offset(i).
+uint64_t stream_share(uint64_t size, int n, int i);
+uint64_t stream_offset(uint64_t size, int n, int i);
+
+// Runs fn(i) on n threads at once and joins them; the first error wins.
+Status run_threads(int n, const std::function<Status(int)>& fn);
+
+// --- the raw TCP baseline ----------------------------------------------------------------------
+//
+// `streams` TCP connections, one thread per stream and side, blocking send/recv; each message is
+// split evenly over the streams (stream_share/stream_offset), message k coming from / landing in
+// slot k % slots of the caller's buffer. One more connection carries ping-pongs.
+
+// The responder's half: serves the raw-* commands.
+class RawTcpResponder {
+ public:
+    // `interface`: where to listen (TCPX_P2P_SOCKET_IFNAME syntax).
+    explicit RawTcpResponder(std::string interface) : interface_(std::move(interface)) {}
+
+    // Buffer of at least `bytes` for the data of a raw command.
+    using BufferFn = std::function<StatusOr<uint8_t*>(uint64_t bytes)>;
+
+    // Handles `w` when it is a raw-* command (true), setting *st and *reply (reply left as is on
+    // success when the command has nothing to say); false when it is not one.
+    //   raw-listen                                  -> "port <port> <host>"
+    //   raw-accept <streams>                        accepts streams + 1 connections
+    //   raw-stream <size> <count> <slots> [send]    receives (or sends) `count` messages
+    //   raw-pingpong <size> <count> [<reply>]       receives size bytes, answers reply (= size)
+    bool handle(const std::vector<std::string>& w, const BufferFn& buffer, Status* st,
+                std::string* reply);
+    void close();
+
+ private:
+    Status listen(std::string* reply);
+    Status accept(int streams);
+    Status stream(uint64_t size, uint64_t count, uint64_t slots, bool send, const BufferFn& buffer);
+    Status pingpong(uint64_t size, uint64_t count, uint64_t reply, const BufferFn& buffer);
+
+    std::string interface_;
+    Fd listen_;
+    std::vector<Fd> conns_;  // streams, then the ping-pong connection
+};
+
+// The initiator's half.
+class RawTcpInitiator {
+ public:
+    // Asks the responder to listen and accept, and connects `streams` + 1 connections.
+    Status connect(Peer* peer, int streams);
+    int streams() const { return static_cast<int>(conns_.size()) - 1; }
+
+    // `count` messages of `size` bytes over the streams; to_peer: we send from slot k % slots of
+    // `buf` and the peer receives into slot k % peer_slots of its buffer; otherwise the peer
+    // sends and we receive. Returns the seconds until the receiver holds all of them.
+    StatusOr<double> stream(Peer* peer, bool to_peer, uint64_t size, uint64_t count, uint8_t* buf,
+                            uint64_t slots, uint64_t peer_slots);
+
+    // `count` round trips on the ping-pong connection: `out` bytes from `buf` to the peer, `back`
+    // bytes back into `buf`. Returns each round trip's time in microseconds.
+    StatusOr<std::vector<double>> pingpong(Peer* peer, uint64_t out, uint64_t back, uint64_t count,
+                                           uint8_t* buf);
+
+    void close() { conns_.clear(); }
+
+ private:
+    std::vector<Fd> conns_;
+};
+
+}  // namespace tcpx::bench

@@ -1,0 +1,68 @@
+#include "bench/harness/report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "common/strings.h"
+
+namespace tcpx::bench {
+
+Progress::Progress(bool enabled, size_t steps)
+    : enabled_(enabled && ::isatty(STDERR_FILENO)), steps_(steps) {}
+
+void Progress::next(const std::string& what) {
+    ++step_;
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", step_, steps_, what.c_str());
+    std::fflush(stderr);
+}
+
+void Progress::clear() {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+}
+
+std::string ratio(double a, double b) {
+    if (b <= 0 || a <= 0) return "-";
+    return strformat("%.2fx", a / b);
+}
+
+std::string cpu_cell(const Throughput& t) {
+    const double v = cpu_per_gb(t);
+    return v > 0 ? strformat("%.3f", v) : std::string("-");
+}
+
+std::string gbps_cell(const Throughput& t) {
+    return t.iters ? strformat("%.2f", t.gbps) : std::string("-");
+}
+
+std::string usecs_cell(double us, uint64_t iters) {
+    return iters ? strformat("%.1f us", us) : std::string("-");
+}
+
+std::string table_line(const std::vector<int>& gaps, const std::vector<int>& widths,
+                       const std::vector<std::string>& cells) {
+    std::string line;
+    for (size_t i = 0; i < cells.size(); ++i) {
+        line += strformat("%*s%*s", gaps[i], "", widths[i], cells[i].c_str());
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    return line;
+}
+
+nlohmann::json throughput_json(const Throughput& t, const char* count_name, uint64_t count,
+                               bool cpu) {
+    nlohmann::json j = {{"gbps", t.gbps}, {count_name, count}, {"seconds", t.seconds}};
+    if (cpu) {
+        j["cpu_seconds"] = t.cpu_seconds;
+        j["cpu_seconds_target_process"] = t.peer_cpu_seconds;
+        j["cpu_s_per_gb"] = cpu_per_gb(t);
+    }
+    return j;
+}
+
+nlohmann::json latency_json(const Latency& l) {
+    return {{"p50_us", l.p50_us}, {"p99_us", l.p99_us}, {"mean_us", l.mean_us}, {"iters", l.iters}};
+}
+
+}  // namespace tcpx::bench

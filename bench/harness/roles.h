@@ -1,0 +1,246 @@
+// The roles of a benchmark: the measuring side (initiator) drives the serving side (responder,
+// or target) over a line-oriented command channel. The responder runs on a thread of this
+// process, in a child process (this executable again, or a fork), or on another host over a TCP
+// side channel (--listen / --connect); the drivers' commands are the same lines in every case.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/socket.h"
+#include "tcpx/status.h"
+
+namespace tcpx::bench {
+
+// --- a line-oriented command channel between initiator and responder ---------------------------
+//
+// Commands and replies are single lines of space-separated words; binary blobs travel as hex
+// (hex_blob/unhex_blob). A reply "error <status>" reports a failure.
+
+class Channel {
+ public:
+    virtual ~Channel() = default;
+    virtual bool write_line(const std::string& line) = 0;
+    virtual bool read_line(std::string* line) = 0;
+    // Why the last read_line or write_line failed, when it says more than "the peer went away".
+    virtual std::string why() const { return ""; }
+};
+
+// The longest line a channel accepts (the metadata of 256 endpoints fits many times over): a
+// peer on the side channel must not make us buffer without bound.
+constexpr size_t kMaxLineBytes = 1 << 20;
+
+// One direction of an in-process channel.
+class LineQueue {
+ public:
+    void push(std::string line);
+    std::string pop();
+
+ private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::string> lines_;
+};
+
+class QueueChannel final : public Channel {
+ public:
+    QueueChannel(LineQueue* out, LineQueue* in) : out_(out), in_(in) {}
+    bool write_line(const std::string& line) override;
+    bool read_line(std::string* line) override;
+
+ private:
+    LineQueue* out_;
+    LineQueue* in_;
+};
+
+// Over a pair of file descriptors (a child's stdin/stdout, or one socket twice). A line longer
+// than kMaxLineBytes ends the channel; so does waiting longer than `timeout_ms` (-1: forever)
+// for a line to complete or for a write to make progress.
+class FdChannel final : public Channel {
+ public:
+    FdChannel(int in, int out, int timeout_ms = -1) : in_(in), out_(out), timeout_ms_(timeout_ms) {}
+    bool write_line(const std::string& line) override;
+    bool read_line(std::string* line) override;
+    std::string why() const override { return why_; }
+    void set_timeout(int timeout_ms) { timeout_ms_ = timeout_ms; }
+
+ private:
+    // Waits until `fd` is ready for `events`; false (with why_) on a timeout or an error.
+    bool wait_for(int fd, short events);
+
+    int in_;
+    int out_;
+    int timeout_ms_;
+    std::string buffer_;
+    std::string why_;
+};
+
+// The words of a line, split on whitespace.
+std::vector<std::string> words(const std::string& line);
+
+// Hex of binary-safe bytes, and back (false on bad hex).
+std::string hex_blob(const std::string& bytes);
+bool unhex_blob(const std::string& hex, std::string* bytes);
+
+// --- the responder's loop ----------------------------------------------------------------------
+
+// What a responder does with one command: sets *reply (it is "ok" unless changed) or returns an
+// error, which goes back as "error <status>".
+using CommandFn = std::function<Status(const std::vector<std::string>& w, const std::string& line,
+                                       std::string* reply)>;
+
+// Serves commands from `ch` until "quit" (then `close`, and "bye") or until the channel breaks
+// (then `close`, and UNAVAILABLE saying why). A number that does not parse (std::stoull and
+// friends throw) is an error reply, not the end of the process: on a side channel the commands
+// come from the network. Empty lines are ignored.
+Status serve_commands(Channel* ch, const CommandFn& handle, const std::function<void()>& close);
+
+// Answers every command with "error <why>" until "quit" (answered "bye"): a responder that could
+// not start, so that the initiator reports the reason.
+void refuse_commands(Channel* ch, const Status& why);
+
+// --- the peer: the responder as the initiator sees it ------------------------------------------
+
+class Peer {
+ public:
+    virtual ~Peer() = default;
+    virtual Channel* channel() = 0;
+
+    // Sends a command and returns the reply; an "error ..." reply becomes a status.
+    StatusOr<std::string> call(const std::string& command);
+    Status send(const std::string& command);
+    StatusOr<std::string> reply();
+};
+
+// The responder on a thread of this process: `serve` runs there until it reads "quit" (sent by
+// the destructor) and answers it.
+class ThreadPeer final : public Peer {
+ public:
+    explicit ThreadPeer(std::function<void(Channel*)> serve);
+    ~ThreadPeer() override;
+    Channel* channel() override { return &mine_; }
+
+ private:
+    LineQueue to_peer_;
+    LineQueue from_peer_;
+    QueueChannel mine_;
+    QueueChannel theirs_;
+    std::thread thread_;
+};
+
+// The responder in a child process: this executable (/proc/self/exe) with `args`, commands on
+// its stdin, replies on its stdout; its stderr is ours.
+class ProcessPeer final : public Peer {
+ public:
+    static StatusOr<std::unique_ptr<ProcessPeer>> spawn(const std::vector<std::string>& args);
+    ~ProcessPeer() override;  // "quit"; the child gets 2 s to exit before SIGKILL
+    Channel* channel() override { return &channel_; }
+
+ private:
+    ProcessPeer(pid_t pid, int in, int out) : pid_(pid), in_(in), out_(out), channel_(in, out) {}
+    pid_t pid_;
+    int in_;
+    int out_;
+    FdChannel channel_;
+};
+
+// The responder in a forked child of this process (no new program): `serve` runs there with its
+// end of a socketpair, and what it returns is the child's exit code. Fork before any thread,
+// agent or CUDA context exists, so that both sides start clean.
+class ForkPeer final : public Peer {
+ public:
+    static StatusOr<std::unique_ptr<ForkPeer>> fork(const std::function<int(int fd)>& serve);
+    ~ForkPeer() override;  // "quit"; the child gets 5 s to exit before SIGKILL
+    Channel* channel() override { return &channel_; }
+
+ private:
+    ForkPeer(pid_t pid, int fd) : pid_(pid), fd_(fd), channel_(fd, fd) {}
+    pid_t pid_;
+    int fd_;
+    FdChannel channel_;
+};
+
+// The responder on another host, over the benchmark's side channel: a TCP connection carrying
+// the same lines as ProcessPeer's pipes. Plaintext and unauthenticated (docs/benchmarking.md).
+class SocketPeer final : public Peer {
+ public:
+    // Connects to `addr`, trying again while nothing listens there yet (the other host may start
+    // later), for at most `connect_timeout_ms` in all. Replies must come within
+    // `reply_timeout_ms`.
+    static StatusOr<std::unique_ptr<SocketPeer>> connect(const SocketAddress& addr,
+                                                         int connect_timeout_ms,
+                                                         int reply_timeout_ms);
+    ~SocketPeer() override;  // "quit", and a short wait for its answer
+    Channel* channel() override { return &channel_; }
+    // Our end's address (the interface the peer is reached through).
+    const SocketAddress& local() const { return local_; }
+
+ private:
+    SocketPeer(Fd fd, SocketAddress local, int reply_timeout_ms)
+        : fd_(std::move(fd)), local_(local), channel_(fd_.get(), fd_.get(), reply_timeout_ms) {}
+    Fd fd_;
+    SocketAddress local_;
+    FdChannel channel_;
+};
+
+// --- two hosts: the side channel (--listen / --connect) ----------------------------------------
+//
+// The initiator connects and speaks first: a greeting line "<hello> key=value..." that carries
+// the settings the target needs; the target answers "<hello> <what it runs>", or "error ..." and
+// closes. Plaintext and unauthenticated: the engine's own handshake (TCPX_P2P_AUTH_SECRET) guards
+// the data endpoints.
+
+// "HOST:PORT", "[IPV6]:PORT": a numeric address or a host name (resolved, first address), and a
+// port (0 allowed only with `allow_port_0`, for listening on an ephemeral port).
+StatusOr<SocketAddress> parse_host_port(const std::string& text, bool allow_port_0);
+
+// The name of the interface that holds `addr` ("lo" for 127.0.0.1); NOT_FOUND when none does
+// (a wildcard address, or another host's).
+StatusOr<std::string> interface_of(const SocketAddress& addr);
+
+// How long the initiator waits for an answer: a measurement's run, or the engine's connect
+// timeout, with room to spare.
+int reply_timeout_ms(double min_seconds);
+
+// The initiator's side: connects to the target at `addr` (HOST:PORT, from --connect), trying for
+// `connect_timeout_s`.
+StatusOr<std::unique_ptr<SocketPeer>> connect_to_target(const std::string& addr,
+                                                        double connect_timeout_s,
+                                                        int reply_timeout_ms);
+
+// Sends the greeting `hello_line` (which starts with `hello`) and returns what the target said
+// of itself after its own `hello`; an answer without it is not a target of this program's
+// version (`program`, for the message).
+StatusOr<std::string> greet_target(Peer* peer, const std::string& hello,
+                                   const std::string& hello_line, const std::string& program,
+                                   const std::string& addr);
+
+// An initiator on the side channel, greeted.
+struct SideChannel {
+    Fd fd;
+    std::unique_ptr<FdChannel> channel;
+    std::string who;    // the initiator's address
+    std::string hello;  // its greeting
+};
+
+// The target's side: listens at `listen` (HOST:PORT, port 0: any) and says where on stdout
+// ("<program>: target listening on ADDR (...)").
+StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& listen);
+
+// Returns the first initiator on `listener` whose greeting (its first line, within 10 s)
+// `check_hello` accepts. A connection that does not greet in time is closed, one whose greeting
+// is refused is answered "error <why>" and closed; both are reported on stderr (prefixed with
+// `program`) and listening goes on.
+StatusOr<SideChannel> accept_initiator(
+    const std::string& program, const Fd& listener,
+    const std::function<Status(const std::string&)>& check_hello);
+
+}  // namespace tcpx::bench

@@ -1,0 +1,158 @@
+// The benchmark harness over 127.0.0.1 (ephemeral ports): the raw TCP baseline between an
+// initiator and a responder on a thread, and the two-host side channel (--listen / --connect)
+// with a stray connection refused before the real initiator is served.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/harness/measure.h"
+#include "bench/harness/raw_tcp.h"
+#include "bench/harness/roles.h"
+#include "common/socket.h"
+#include "common/status_util.h"
+
+namespace tcpx::bench {
+namespace {
+
+TEST(BenchRawTcpLoopback, StreamsAndPingPongs) {
+    std::vector<uint8_t> theirs;
+    ThreadPeer peer([&theirs](Channel* ch) {
+        RawTcpResponder raw("=lo");
+        const RawTcpResponder::BufferFn buffer = [&](uint64_t bytes) -> StatusOr<uint8_t*> {
+            if (theirs.size() < bytes) theirs.resize(bytes);
+            return theirs.data();
+        };
+        (void)serve_commands(
+            ch,
+            [&](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
+                Status st;
+                if (!raw.handle(w, buffer, &st, reply)) return invalid_argument("unknown " + line);
+                return st;
+            },
+            [&] { raw.close(); });
+    });
+    RawTcpInitiator init;
+    ASSERT_TRUE(init.connect(&peer, 3).ok());
+    EXPECT_EQ(init.streams(), 3);
+
+    // Two slots of 1000 bytes each way; the last message of 5 lands in slot 0 (4 % 2).
+    const uint64_t size = 1000;
+    std::vector<uint8_t> ours(2 * size);
+    for (size_t i = 0; i < ours.size(); ++i) ours[i] = static_cast<uint8_t>(i * 7);
+    auto secs = init.stream(&peer, /*to_peer=*/true, size, 5, ours.data(), 2, 2);
+    ASSERT_TRUE(secs.ok()) << secs.status().to_string();
+    EXPECT_GT(*secs, 0);
+    ASSERT_GE(theirs.size(), 2 * size);
+    EXPECT_EQ(std::memcmp(theirs.data(), ours.data(), 2 * size), 0);
+
+    std::fill(theirs.begin(), theirs.end(), 0x11);
+    std::vector<uint8_t> back(2 * size, 0);
+    secs = init.stream(&peer, /*to_peer=*/false, size, 3, back.data(), 2, 2);
+    ASSERT_TRUE(secs.ok()) << secs.status().to_string();
+    EXPECT_EQ(back[0], 0x11);
+    EXPECT_EQ(back[2 * size - 1], 0x11);
+
+    auto rtts = init.pingpong(&peer, 100, 32, 10, ours.data());
+    ASSERT_TRUE(rtts.ok()) << rtts.status().to_string();
+    EXPECT_EQ(rtts->size(), 10u);
+}
+
+TEST(BenchRawTcpLoopback, RefusesOutOfOrderCommands) {
+    RawTcpResponder raw("=lo");
+    Status st;
+    std::string reply;
+    const RawTcpResponder::BufferFn none = [](uint64_t) -> StatusOr<uint8_t*> {
+        return internal_error("no buffer");
+    };
+    ASSERT_TRUE(raw.handle({"raw-stream", "10", "1", "1"}, none, &st, &reply));
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(raw.handle({"raw-accept", "1"}, none, &st, &reply));
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(raw.handle({"stream", "1"}, none, &st, &reply));  // not a raw-* command
+}
+
+TEST(BenchSideChannel, HostPorts) {
+    auto a = parse_host_port("127.0.0.1:80", false);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->port(), 80);
+    EXPECT_TRUE(parse_host_port("[::1]:9", false).ok());
+    EXPECT_TRUE(parse_host_port("127.0.0.1:0", true).ok());
+    for (const char* bad : {"127.0.0.1:0", "127.0.0.1", "::1:9", "[::1]9", ":80", "h:99999"}) {
+        EXPECT_FALSE(parse_host_port(bad, false).ok()) << bad;
+    }
+    auto lo = interface_of(*a);
+    ASSERT_TRUE(lo.ok()) << lo.status().to_string();
+    EXPECT_EQ(*lo, "lo");
+}
+
+TEST(BenchSideChannel, StrayRefusedThenInitiatorServed) {
+    auto listening = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_TRUE(listening.ok());
+    Fd listener = std::move(*listening);
+    ASSERT_TRUE(set_nonblocking(listener.get(), false).ok());
+    const SocketAddress bound = *local_address(listener.get());
+    const std::string addr = bound.to_string();
+    const std::string hello = "hello test-bench 1";
+
+    Status served;
+    std::string greeting;
+    std::thread target([&] {
+        auto side = accept_initiator("test-bench", listener, [&](const std::string& line) {
+            return line.rfind(hello, 0) == 0 ? Status() : invalid_argument("not a test-bench");
+        });
+        if (!side.ok()) {
+            served = side.status();
+            return;
+        }
+        greeting = side->hello;
+        side->channel->write_line(hello + " target here");
+        served = serve_commands(
+            side->channel.get(),
+            [](const std::vector<std::string>& w, const std::string&, std::string* reply) {
+                *reply = "echo " + w[0];
+                return Status();
+            },
+            [] {});
+    });
+
+    {  // A stray: answered with an error and closed; the target goes on listening.
+        auto stray = connect_blocking(bound, 5000);
+        ASSERT_TRUE(stray.ok());
+        ASSERT_TRUE(set_nonblocking(stray->get(), false).ok());
+        FdChannel ch(stray->get(), stray->get(), 5000);
+        ASSERT_TRUE(ch.write_line("GET / HTTP/1.0"));
+        std::string line;
+        ASSERT_TRUE(ch.read_line(&line));
+        EXPECT_EQ(line.rfind("error ", 0), 0u) << line;
+    }
+    {
+        auto peer = connect_to_target(addr, 5, 5000);
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        auto said = greet_target(peer->get(), hello, hello + " k=v", "test-bench", addr);
+        ASSERT_TRUE(said.ok()) << said.status().to_string();
+        EXPECT_EQ(*said, "target here");
+        auto r = (*peer)->call("ping");
+        ASSERT_TRUE(r.ok());
+        EXPECT_EQ(*r, "echo ping");
+    }  // ~SocketPeer: "quit"
+    target.join();
+    EXPECT_TRUE(served.ok()) << served.to_string();
+    EXPECT_EQ(greeting, hello + " k=v");
+}
+
+TEST(BenchSideChannel, NothingListening) {
+    auto free_port = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 1);
+    ASSERT_TRUE(free_port.ok());
+    const std::string addr = local_address(free_port->get())->to_string();
+    free_port->reset();
+    auto peer = connect_to_target(addr, 0.3, 1000);
+    ASSERT_FALSE(peer.ok());
+    EXPECT_NE(peer.status().message().find("no benchmark target answers"), std::string::npos);
+    EXPECT_FALSE(connect_to_target("nonsense", 0.3, 1000).ok());
+}
+
+}  // namespace
+}  // namespace tcpx::bench

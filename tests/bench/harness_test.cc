@@ -1,0 +1,407 @@
+// The benchmark harness (bench/harness) without sockets: sizes, the command channel and the
+// responder's loop on a thread, patterns, measurements, the in-flight window, the report.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/harness/measure.h"
+#include "bench/harness/memory.h"
+#include "bench/harness/raw_tcp.h"
+#include "bench/harness/report.h"
+#include "bench/harness/roles.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+
+namespace tcpx::bench {
+namespace {
+
+TEST(BenchSizes, ListsAndRanges) {
+    std::vector<uint64_t> v;
+    ASSERT_TRUE(parse_size_list("4K,64K,1M", &v));
+    EXPECT_EQ(v, (std::vector<uint64_t>{4096, 65536, 1 << 20}));
+    ASSERT_TRUE(parse_size_list("4K..64K", &v));
+    EXPECT_EQ(v, (std::vector<uint64_t>{4096, 16384, 65536}));
+    ASSERT_TRUE(parse_size_list("4K..8K, 1M", &v));
+    EXPECT_EQ(v, (std::vector<uint64_t>{4096, 1 << 20}));
+    for (const char* bad : {"", "foo", "0..4K", "64K..4K", "4K..x"}) {
+        EXPECT_FALSE(parse_size_list(bad, &v)) << bad;
+    }
+}
+
+TEST(BenchSizes, GpuPairs) {
+    std::vector<int> g;
+    ASSERT_TRUE(parse_gpu_pair("0,1", &g));
+    EXPECT_EQ(g, (std::vector<int>{0, 1}));
+    ASSERT_TRUE(parse_gpu_pair(" 2 , 3 ", &g));
+    EXPECT_EQ(g, (std::vector<int>{2, 3}));
+    for (const char* bad : {"1", "a,b", "-1,0", "0,1024", "0,", ",1", "1,2,3"}) {
+        EXPECT_FALSE(parse_gpu_pair(bad, &g)) << bad;
+    }
+}
+
+TEST(BenchRoles, WordsAndHex) {
+    EXPECT_EQ(words("  a bb\tccc  "), (std::vector<std::string>{"a", "bb", "ccc"}));
+    EXPECT_TRUE(words("   ").empty());
+    const std::string bytes("\0\x01\xff\n binary", 10);
+    std::string back;
+    ASSERT_TRUE(unhex_blob(hex_blob(bytes), &back));
+    EXPECT_EQ(back, bytes);
+    EXPECT_FALSE(unhex_blob("zz", &back));
+    EXPECT_FALSE(unhex_blob("abc", &back));
+}
+
+TEST(BenchRoles, FdChannelLinesAndLimits) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    {
+        FdChannel ch(fds[0], fds[1], 100);
+        ASSERT_TRUE(ch.write_line("one"));
+        ASSERT_TRUE(ch.write_line("two words"));
+        std::string line;
+        ASSERT_TRUE(ch.read_line(&line));
+        EXPECT_EQ(line, "one");
+        ASSERT_TRUE(ch.read_line(&line));
+        EXPECT_EQ(line, "two words");
+        // Nothing more comes: the timeout ends the wait, and says so.
+        EXPECT_FALSE(ch.read_line(&line));
+        EXPECT_NE(ch.why().find("no answer"), std::string::npos) << ch.why();
+    }
+    ::close(fds[0]);
+    ::close(fds[1]);
+}
+
+TEST(BenchRoles, FdChannelRefusesAnEndlessLine) {
+    ::signal(SIGPIPE, SIG_IGN);  // the writer's last write meets a closed pipe
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    std::thread writer([fd = fds[1]] {
+        const std::string chunk(64 * 1024, 'x');
+        for (size_t sent = 0; sent <= kMaxLineBytes + chunk.size(); sent += chunk.size()) {
+            if (::write(fd, chunk.data(), chunk.size()) <= 0) break;
+        }
+    });
+    FdChannel ch(fds[0], fds[0], 2000);
+    std::string line;
+    EXPECT_FALSE(ch.read_line(&line));
+    EXPECT_NE(ch.why().find("longer than"), std::string::npos) << ch.why();
+    ::close(fds[0]);  // the writer's next write fails
+    writer.join();
+    ::close(fds[1]);
+}
+
+// A responder that knows "add A B" and "fail", on a thread, through serve_commands.
+class ThreadResponder : public ::testing::Test {
+ protected:
+    std::atomic<int> closed_{0};
+    std::unique_ptr<ThreadPeer> peer_ = std::make_unique<ThreadPeer>([this](Channel* ch) {
+        (void)serve_commands(
+            ch,
+            [](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
+                if (w[0] == "add" && w.size() == 3) {
+                    *reply = std::to_string(std::stoll(w[1]) + std::stoll(w[2]));
+                    return Status();
+                }
+                if (w[0] == "ok") return Status();
+                return invalid_argument("unknown command: " + line);
+            },
+            [this] { ++closed_; });
+    });
+};
+
+TEST_F(ThreadResponder, RepliesErrorsAndMalformedNumbers) {
+    auto r = peer_->call("add 2 40");
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(*r, "42");
+    r = peer_->call("ok");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(*r, "ok");
+    r = peer_->call("nonsense here");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("unknown command: nonsense here"), std::string::npos);
+    // std::stoll throws: an error reply, and the responder goes on.
+    r = peer_->call("add x 1");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("malformed command"), std::string::npos);
+    EXPECT_TRUE(peer_->call("add 1 1").ok());
+    EXPECT_EQ(closed_, 0);
+    peer_.reset();  // "quit"
+    EXPECT_EQ(closed_, 1);
+}
+
+TEST(BenchRoles, RefusedCommandsSayWhy) {
+    ThreadPeer peer([](Channel* ch) { refuse_commands(ch, unavailable("no engine here")); });
+    for (const char* cmd : {"endpoints 1", "cpu"}) {
+        auto r = peer.call(cmd);
+        ASSERT_FALSE(r.ok());
+        EXPECT_NE(r.status().message().find("no engine here"), std::string::npos);
+    }
+}
+
+TEST(BenchMemory, PatternsAndPoison) {
+    std::vector<uint8_t> buf(1000);
+    fill_pattern(buf.data(), buf.size(), pattern_seed(7, 1));
+    EXPECT_TRUE(check_pattern(buf.data(), buf.size(), pattern_seed(7, 1), "x").ok());
+    // Another run or peer is another pattern.
+    EXPECT_FALSE(check_pattern(buf.data(), buf.size(), pattern_seed(7, 2), "x").ok());
+    EXPECT_FALSE(check_pattern(buf.data(), buf.size(), pattern_seed(8, 1), "x").ok());
+    buf[997] ^= 1;
+    Status st = check_pattern(buf.data(), buf.size(), pattern_seed(7, 1), "dst");
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kInternal);
+    EXPECT_NE(st.message().find("dst: byte 997 of 1000"), std::string::npos) << st.to_string();
+    buf[3] = kPoison;
+    st = check_pattern(buf.data(), buf.size(), pattern_seed(7, 1), "dst");
+    EXPECT_NE(st.message().find("byte 3 of 1000"), std::string::npos) << st.to_string();
+}
+
+TEST(BenchMemory, PrepareAndCheckBytesOfABuffer) {
+    auto b = Buffer::allocate(MemType::kHost, 0, 3 * 4096 + 10, 0x5a);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 4096, 0u);
+    ASSERT_TRUE(prepare_bytes(*b, 100, 5000, /*source=*/true, 99).ok());
+    EXPECT_TRUE(check_bytes(*b, 100, 5000, 99, "src").ok());
+    ASSERT_TRUE(prepare_bytes(*b, 100, 5000, /*source=*/false, 99).ok());
+    Status st = check_bytes(*b, 100, 5000, 99, "dst");
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("(never written)"), std::string::npos) << st.to_string();
+    EXPECT_EQ(b->data()[99], 0x5a);  // outside the range: untouched
+    EXPECT_FALSE(prepare_bytes(*b, b->size() - 1, 2, true, 1).ok());  // past the end
+}
+
+TEST(BenchMeasure, Summarize) {
+    std::vector<double> v;
+    for (int i = 100; i >= 1; --i) v.push_back(i);
+    const Latency l = summarize(v);
+    EXPECT_EQ(l.iters, 100u);
+    EXPECT_DOUBLE_EQ(l.p50_us, 51);
+    EXPECT_DOUBLE_EQ(l.p99_us, 100);
+    EXPECT_DOUBLE_EQ(l.mean_us, 50.5);
+    EXPECT_EQ(summarize({}).iters, 0u);
+}
+
+TEST(BenchMeasure, ThroughputCalibratesAndCountsCpu) {
+    Calibration cal;
+    cal.min_seconds = 0.01;
+    cal.min_iters = 7;
+    std::vector<uint64_t> runs;
+    double clock = 0;
+    auto run = [&](uint64_t count) -> StatusOr<double> {
+        runs.push_back(count);
+        return static_cast<double>(count) * 1e-6;  // 1 us an iteration
+    };
+    auto cpu = [&]() -> StatusOr<CpuTimes> {
+        clock += 1;
+        return CpuTimes{clock, clock / 2};
+    };
+    auto t = measure_throughput(cal, 1000, run, cpu);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_GE(runs.size(), 2u);
+    EXPECT_EQ(t->iters, runs.back());
+    EXPECT_GE(t->iters, 7u);
+    EXPECT_NEAR(t->seconds, cal.min_seconds, cal.min_seconds * 0.01);
+    EXPECT_NEAR(t->gbps, 1.0, 1e-6);        // 1000 B per us
+    EXPECT_DOUBLE_EQ(t->cpu_seconds, 1.5);  // one tick here, half a tick there, per run
+    EXPECT_DOUBLE_EQ(t->peer_cpu_seconds, 0.5);
+    EXPECT_GT(cpu_per_gb(*t), 0);
+    // An error of the run is the measurement's.
+    auto failing = [](uint64_t) -> StatusOr<double> { return unavailable("gone"); };
+    EXPECT_EQ(measure_throughput(cal, 1000, failing).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(BenchMeasure, LatencyWarmsUpThenMeasures) {
+    Calibration cal;
+    cal.min_seconds = 0.001;
+    cal.min_iters = 50;
+    std::vector<uint64_t> runs;
+    auto run = [&](uint64_t count) -> StatusOr<std::vector<double>> {
+        runs.push_back(count);
+        return std::vector<double>(count, 10.0);
+    };
+    auto l = measure_latency(cal, run);
+    ASSERT_TRUE(l.ok());
+    EXPECT_EQ(runs.front(), 20u);  // the warm-up, not counted
+    EXPECT_EQ(l->iters, runs.back());
+    EXPECT_GE(l->iters, 100u);  // 1 ms of 10 us
+    EXPECT_DOUBLE_EQ(l->p50_us, 10);
+}
+
+TEST(BenchMeasure, SweepOverridesMinIters) {
+    Calibration cal;
+    cal.min_seconds = 0.0001;
+    cal.min_iters = 1;
+    Progress progress(false, 2);
+    Sweep sweep(cal, &progress);
+    auto t = sweep.throughput(
+        "x", 1, [](uint64_t n) -> StatusOr<double> { return n * 1e-9; }, 5000);
+    ASSERT_TRUE(t.ok());
+    EXPECT_GE(t->iters, 5000u);
+    EXPECT_EQ(sweep.calibration().min_iters, 1u);
+}
+
+// A fake transport for run_window: an operation completes on its `polls`th poll.
+struct FakeOps {
+    int polls = 3;
+    std::map<std::pair<size_t, int>, int> pending;  // (lane, slot) -> polls left
+    std::vector<std::vector<int>> slots;            // per lane, every slot posted in
+    size_t most_in_flight = 0;
+
+    Window window(size_t lanes, uint64_t count, int width, int last_slot) {
+        slots.assign(lanes, {});
+        Window w;
+        w.lanes = lanes;
+        w.count = count;
+        w.window = width;
+        w.last_slot = last_slot;
+        w.stall_seconds = 5;
+        w.what = "fake";
+        w.post = [this](size_t lane, int slot) -> Status {
+            if (pending.count({lane, slot})) return internal_error("slot posted twice");
+            pending[{lane, slot}] = polls;
+            slots[lane].push_back(slot);
+            size_t here = 0;
+            for (const auto& [k, v] : pending) here += k.first == lane ? 1 : 0;
+            most_in_flight = std::max(most_in_flight, here);
+            return Status();
+        };
+        w.done = [this](size_t lane, int slot) -> StatusOr<bool> {
+            auto it = pending.find({lane, slot});
+            if (it == pending.end()) return internal_error("polled a free slot");
+            if (--it->second > 0) return false;
+            pending.erase(it);
+            return true;
+        };
+        return w;
+    }
+};
+
+TEST(BenchMeasure, WindowKeepsSlotsAndTheLastSlot) {
+    FakeOps ops;
+    auto secs = run_window(ops.window(2, 10, 3, /*last_slot=*/3));
+    ASSERT_TRUE(secs.ok()) << secs.status().to_string();
+    ASSERT_EQ(secs->size(), 2u);
+    EXPECT_EQ(ops.most_in_flight, 3u);
+    EXPECT_TRUE(ops.pending.empty());
+    for (const auto& lane : ops.slots) {
+        ASSERT_EQ(lane.size(), 10u);
+        EXPECT_EQ(lane.back(), 3);  // the last one in the extra slot
+        for (size_t i = 0; i + 1 < lane.size(); ++i) EXPECT_LT(lane[i], 3);
+        EXPECT_EQ((std::vector<int>(lane.begin(), lane.begin() + 3)), (std::vector<int>{0, 1, 2}));
+    }
+}
+
+TEST(BenchMeasure, WindowRepostsACompletedSlot) {
+    FakeOps ops;
+    ops.polls = 1;
+    auto secs = run_window(ops.window(1, 5, 1, /*last_slot=*/-1));
+    ASSERT_TRUE(secs.ok());
+    EXPECT_EQ(ops.slots[0], (std::vector<int>{0, 0, 0, 0, 0}));
+}
+
+TEST(BenchMeasure, WindowFailsOnAnErrorOrAStall) {
+    FakeOps ops;
+    Window w = ops.window(1, 4, 2, -1);
+    w.done = [](size_t, int) -> StatusOr<bool> { return unavailable("peer gone"); };
+    EXPECT_EQ(run_window(w).status().code(), StatusCode::kUnavailable);
+
+    FakeOps stuck;
+    w = stuck.window(1, 4, 2, -1);
+    w.done = [](size_t, int) -> StatusOr<bool> { return false; };
+    w.stall_seconds = 0.05;
+    auto st = run_window(w).status();
+    EXPECT_EQ(st.code(), StatusCode::kTimeout);
+    EXPECT_NE(st.message().find("fake: no transfer completed"), std::string::npos)
+        << st.to_string();
+}
+
+TEST(BenchRawTcp, StreamSplit) {
+    for (uint64_t size : {0ULL, 1ULL, 7ULL, 1000ULL, 65537ULL}) {
+        for (int n : {1, 3, 8}) {
+            uint64_t next = 0;
+            for (int i = 0; i < n; ++i) {
+                EXPECT_EQ(stream_offset(size, n, i), next);
+                next += stream_share(size, n, i);
+                EXPECT_LE(stream_share(size, n, i), size / n + 1);
+            }
+            EXPECT_EQ(next, size);
+        }
+    }
+}
+
+TEST(BenchRawTcp, RunThreadsReportsAnError) {
+    std::atomic<int> ran{0};
+    Status st = run_threads(4, [&](int i) -> Status {
+        ++ran;
+        return i == 2 ? cancelled("thread 2") : Status();
+    });
+    EXPECT_EQ(ran, 4);
+    EXPECT_EQ(st.code(), StatusCode::kCancelled);
+}
+
+TEST(BenchReport, Cells) {
+    EXPECT_EQ(ratio(3, 2), "1.50x");
+    EXPECT_EQ(ratio(0, 2), "-");
+    EXPECT_EQ(ratio(1, 0), "-");
+    Throughput t;
+    EXPECT_EQ(gbps_cell(t), "-");
+    EXPECT_EQ(cpu_cell(t), "-");
+    t.iters = 3;
+    t.gbps = 2;
+    t.seconds = 1;
+    t.cpu_seconds = 0.5;
+    EXPECT_EQ(gbps_cell(t), "2.00");
+    EXPECT_EQ(cpu_cell(t), "0.250");
+    EXPECT_EQ(usecs_cell(12.34, 1), "12.3 us");
+    EXPECT_EQ(usecs_cell(12.34, 0), "-");
+    EXPECT_STREQ(plural(1), "");
+    EXPECT_STREQ(plural(2), "s");
+}
+
+TEST(BenchReport, TableAlignsAndTrims) {
+    struct R {
+        std::string name;
+        double v;
+    };
+    const std::vector<Column<R>> cols = {
+        {0, -6, "name", [](const R& r) { return r.name; }},
+        {1, 7, "value", [](const R& r) { return strformat("%.1f", r.v); }},
+        {2, -5, "note", [](const R& r) { return r.v > 1 ? std::string("big") : std::string(); }},
+    };
+    EXPECT_EQ(table_head(cols), "name     value  note");
+    EXPECT_EQ(table_row(cols, R{"a", 2.5}), "a          2.5  big");
+    EXPECT_EQ(table_row(cols, R{"bb", 0.5}), "bb         0.5");  // no trailing blanks
+}
+
+TEST(BenchReport, Json) {
+    Throughput t;
+    t.gbps = 2;
+    t.seconds = 1;
+    t.iters = 4;
+    t.cpu_seconds = 1;
+    auto j = throughput_json(t, "transfers", 8);
+    EXPECT_EQ(j["transfers"], 8);
+    EXPECT_EQ(j["gbps"], 2.0);
+    EXPECT_TRUE(j.contains("cpu_s_per_gb"));
+    EXPECT_TRUE(j.contains("cpu_seconds_target_process"));
+    auto plain = throughput_json(t, "iters", 4, /*cpu=*/false);
+    EXPECT_EQ(plain.size(), 3u);
+    Latency l{1, 2, 3, 4};
+    EXPECT_EQ(latency_json(l),
+              (nlohmann::json{{"p50_us", 1.0}, {"p99_us", 2.0}, {"mean_us", 3.0}, {"iters", 4}}));
+}
+
+TEST(BenchReport, ProgressOffIsSilentAndCounts) {
+    Progress p(false, 3);
+    p.next("a");
+    p.skip(2);
+    p.clear();  // nothing to see: not a terminal, or off
+}
+
+}  // namespace
+}  // namespace tcpx::bench
