@@ -37,6 +37,13 @@ constexpr uint64_t kWakeTag = ~uint64_t{0};
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// The progress thread with transport requests in flight and nothing moving: this many passes
+// (yielding between them), then timed sleeps: kShortNaps of kMinBusySleep, then doubling up to
+// kMaxBusySleep.
+constexpr int kBusySpins = 256;
+constexpr int kShortNaps = 4;
+constexpr auto kMinBusySleep = std::chrono::nanoseconds(50'000);
+constexpr auto kMaxBusySleep = std::chrono::nanoseconds(400'000);
 
 }  // namespace
 
@@ -277,7 +284,8 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
 
 void Endpoint::Impl::run_progress_thread() {
     pthread_setname_np(pthread_self(), "tcpx-progress");
-    int idle = 0;
+    int idle = 0;  // passes in a row that moved nothing
+    int naps = 0;  // timed sleeps in a row that moved nothing, while requests are in flight
     while (!stop_.load()) {
         const uint64_t posted = posted_.load();
         bool did = false;
@@ -300,28 +308,43 @@ void Endpoint::Impl::run_progress_thread() {
         for (int i = 0; i < 1000 && api_waiting_.load() > 0; ++i) std::this_thread::yield();
         if (did) {
             idle = 0;
+            naps = 0;
             continue;
         }
-        if (busy && ++idle < 256) {
+        if (busy && ++idle < kBusySpins) {
             std::this_thread::yield();
             continue;
         }
         // Nothing moved for a while: sleep until a control socket or a wake says otherwise, or
         // briefly while chunk requests are in flight (the transport signals no fd for those).
+        // While they stay in flight with nothing moving (a wire slower than this machine), the
+        // thread naps instead of spinning again after each sleep, and the naps grow (after
+        // kShortNaps short ones) up to kMaxBusySleep: the transport's I/O threads keep the wire
+        // busy meanwhile, and a window of requests in flight outlasts the longest nap. Anything
+        // that moves starts over.
         sleeping_.store(true);
         if (posted_.load() != posted || stop_.load()) {  // work came in meanwhile: no sleep
             sleeping_.store(false);
+            idle = 0;
+            naps = 0;
             continue;
         }
         epoll_event ev;
         if (busy) {
-            const timespec ts{0, 50'000};
-            ::epoll_pwait2(epfd_, &ev, 1, &ts, nullptr);
+            // The first kShortNaps stay short: a lone transfer finishing a few hundred us in
+            // sees it no later than it would have with spins between the naps.
+            const int64_t ns =
+                std::min<int64_t>(kMinBusySleep.count() << std::clamp(naps - kShortNaps, 0, 8),
+                                  kMaxBusySleep.count());
+            const timespec ts{0, static_cast<long>(ns)};
+            // A control socket or a wake (a posting thread) ends the nap early: spin again.
+            naps = ::epoll_pwait2(epfd_, &ev, 1, &ts, nullptr) > 0 ? 0 : naps + 1;
         } else {
             ::epoll_wait(epfd_, &ev, 1, heartbeat_ms);
+            naps = 0;
         }
         sleeping_.store(false);
-        idle = 0;
+        if (naps == 0) idle = 0;
     }
 }
 
