@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -575,8 +576,13 @@ class EngineInitiator {
         StatusOr<std::string> theirs = peer_->call("channels");
         if (theirs.ok()) {
             const auto cw = words(*theirs);
-            if (cw.size() != 2 || cw[0] != "channels") return protocol_error("peer: " + *theirs);
-            channels_ = std::min(channels_, std::stoi(cw[1]));
+            int n = 0;
+            if (cw.size() != 2 || cw[0] != "channels" ||
+                std::from_chars(cw[1].data(), cw[1].data() + cw[1].size(), n).ec != std::errc() ||
+                n < 1) {
+                return protocol_error("peer: " + *theirs);
+            }
+            channels_ = std::min(channels_, n);
         }
         // connect() returns when our side is ready; wait until the targets' sides are too before
         // the first request (the engine refuses a request that reaches a target in the middle of

@@ -1,6 +1,7 @@
 #include "net/socket/socket_v7.h"
 
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -92,24 +93,35 @@ class Live {
 
     void add_req(void* r, void* comm, int n) {
         std::lock_guard<std::mutex> lock(mu_);
-        reqs_[r] = ReqInfo{comm, n};
+        reqs_[r] = ReqInfo{comm, n, ++next_gen_};
     }
-    // How many sizes the request reports (1 for a send), or 0 when it is not live.
-    int req_count(void* r) const {
+    // A live request as test() sees it: how many sizes it reports (1 for a send; 0: not live)
+    // and which posting it is.
+    struct Lookup {
+        int n = 0;
+        uint64_t gen = 0;
+    };
+    Lookup find_req(void* r) const {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = reqs_.find(r);
-        return it == reqs_.end() ? 0 : it->second.n;
+        return it == reqs_.end() ? Lookup{} : Lookup{it->second.n, it->second.gen};
     }
-    void remove_req(void* r) {
+    // Forgets the request of posting `gen`. The transport recycles a request's memory the moment
+    // test() reports it done, so another thread may already have posted a new request at the same
+    // address: that one (a newer gen) stays.
+    void remove_req(void* r, uint64_t gen) {
         std::lock_guard<std::mutex> lock(mu_);
-        reqs_.erase(r);
+        auto it = reqs_.find(r);
+        if (it != reqs_.end() && it->second.gen == gen) reqs_.erase(it);
     }
 
  private:
     struct ReqInfo {
         void* comm;
         int n;
+        uint64_t gen;
     };
+    uint64_t next_gen_ = 0;
     mutable std::mutex mu_;
     std::unordered_map<void*, Kind> comms_;
     std::unordered_map<void*, void*> mrs_;  // registration -> its comm
@@ -256,7 +268,8 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
     // A send reports one size, a receive of n buffers n of them (the caller's sizes array has
     // exactly that many entries): known from when it was posted, so nothing of the request is
     // read before it is known to be live.
-    const int count = live().req_count(request);
+    const Live::Lookup found = live().find_req(request);
+    const int count = found.n;
     if (count == 0) {
         *done = 0;
         return bad_handle("test", "request");
@@ -266,7 +279,7 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
     Status st = net()->test(static_cast<Request*>(request), &finished, sz);
     *done = finished ? 1 : 0;
     // Done (or failed): the transport has released it.
-    if (finished || !st.ok()) live().remove_req(request);
+    if (finished || !st.ok()) live().remove_req(request, found.gen);
     if (finished && sizes != nullptr) {
         // Sizes fit in int: every buffer was posted with an int size.
         for (int i = 0; i < count && i < kMaxRecvs; ++i) sizes[i] = static_cast<int>(sz[i]);
