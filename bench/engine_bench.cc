@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
