@@ -626,7 +626,12 @@ TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
 TEST(EngineHostile, HundredPeersWriteAtTheSameMoment) {
     constexpr int kPeers = 100;
     constexpr size_t kLen = 64 << 10;
-    auto hub = make_endpoint("hub", engine_test_config());
+    // The spokes have no progress thread: one that connected early answers nothing (heartbeats
+    // included) until its own wait(), after all 100 connects. Under TSan on a loaded 2-core
+    // machine those took more than the usual 5 s peer timeout (CI), so both sides get 60 s.
+    Config hc = engine_test_config();
+    hc.peer_timeout_ms = 60000;
+    auto hub = make_endpoint("hub", hc);
     ASSERT_NE(hub, nullptr);
     GuardedBuffer hub_buf(kPeers * kLen);
     RemoteMem desc = *hub->describe(*hub->reg(hub_buf.data(), hub_buf.size()));
@@ -635,6 +640,7 @@ TEST(EngineHostile, HundredPeersWriteAtTheSameMoment) {
     sc.channels = 1;
     sc.io_threads = 1;
     sc.progress_thread = "off";
+    sc.peer_timeout_ms = 60000;
     std::vector<std::unique_ptr<Endpoint>> spokes;
     std::vector<std::unique_ptr<GuardedBuffer>> bufs;
     std::vector<PeerId> ids;
