@@ -75,13 +75,19 @@ class Live {
         std::lock_guard<std::mutex> lock(mu_);
         mrs_[mh] = comm;
     }
-    // Null is accepted (the transport needs no registration); anything else must be live and
-    // of `comm`.
-    bool mr_ok(void* mh, void* comm) const {
-        if (mh == nullptr) return true;
+    // What a posting checks, under one lock: "comm" when `comm` is not a live comm of kind `k`,
+    // "registration" when one of the n handles is neither null (the transport needs none) nor a
+    // live registration of `comm`; null when all is well.
+    const char* post_problem(void* comm, Kind k, void* const* mhs, int n) const {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = mrs_.find(mh);
-        return it != mrs_.end() && it->second == comm;
+        auto c = comms_.find(comm);
+        if (c == comms_.end() || c->second != k) return "comm";
+        for (int i = 0; mhs != nullptr && i < n; ++i) {
+            if (mhs[i] == nullptr) continue;
+            auto it = mrs_.find(mhs[i]);
+            if (it == mrs_.end() || it->second != comm) return "registration";
+        }
+        return nullptr;
     }
     bool remove_mr(void* mh, void* comm) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -353,8 +359,9 @@ tcpx_ncclResult_t socket_v7_isend_sized(void* send_comm, void* data, size_t size
     if (!net()) return not_initialized("isend");
     if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
     if (request != nullptr) *request = nullptr;
-    if (!live().has_comm(send_comm, Live::Kind::kSend)) return bad_handle("isend", "send comm");
-    if (!live().mr_ok(mhandle, send_comm)) return bad_handle("isend", "registration");
+    if (const char* bad = live().post_problem(send_comm, Live::Kind::kSend, &mhandle, 1)) {
+        return bad_handle("isend", std::strcmp(bad, "comm") == 0 ? "send comm" : bad);
+    }
     Status st =
         net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
                      static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request));
@@ -372,9 +379,8 @@ tcpx_ncclResult_t socket_v7_irecv_sized(void* recv_comm, int n, void** data, siz
         if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
     }
     if (request != nullptr) *request = nullptr;
-    if (!live().has_comm(recv_comm, Live::Kind::kRecv)) return bad_handle("irecv", "recv comm");
-    for (int i = 0; mhandles != nullptr && i < n; ++i) {
-        if (!live().mr_ok(mhandles[i], recv_comm)) return bad_handle("irecv", "registration");
+    if (const char* bad = live().post_problem(recv_comm, Live::Kind::kRecv, mhandles, n)) {
+        return bad_handle("irecv", std::strcmp(bad, "comm") == 0 ? "recv comm" : bad);
     }
     Status st = net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
                              reinterpret_cast<MemHandle* const*>(mhandles),
