@@ -34,13 +34,21 @@ namespace {
 constexpr uint64_t kListenTag = 0;
 constexpr uint64_t kMaxUnpackChunk = 4u << 20;
 constexpr uint64_t kWakeTag = ~uint64_t{0};
+constexpr uint64_t kCompletionTag = ~uint64_t{0} - 1;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
 // The progress thread with transport requests in flight and nothing moving: this many passes
-// (yielding between them), then timed sleeps: kShortNaps of kMinBusySleep, then doubling up to
-// kMaxBusySleep.
+// (yielding between them), for kBusySpinFor at most, then a sleep until the transport signals a
+// completion, or where it signals none (or GPU work is in flight), timed sleeps: kShortNaps of
+// kMinBusySleep, then doubling up to kMaxBusySleep. The time bound matters on a loaded machine:
+// there each yield can hand the core to another process for milliseconds, and a thread that
+// sleeps is woken sooner than one that keeps yielding.
 constexpr int kBusySpins = 256;
+constexpr auto kBusySpinFor = std::chrono::microseconds(100);
+// An API call waiting for a transfer (drive()): polls, yielding, this long, then sleeps until
+// the progress thread moves something.
+constexpr auto kDriveSpinFor = std::chrono::microseconds(200);
 constexpr int kShortNaps = 4;
 constexpr auto kMinBusySleep = std::chrono::nanoseconds(50'000);
 constexpr auto kMaxBusySleep = std::chrono::nanoseconds(400'000);
@@ -163,6 +171,13 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         return errno_status(errno, "epoll_ctl");
     }
     own_progress_thread_ = config.progress_thread == "on";
+    if (own_progress_thread_ && net_->completion_wakeup() != nullptr) {
+        completions_ = net_->completion_wakeup();
+        ev.data.u64 = kCompletionTag;
+        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, completions_->fd(), &ev) != 0) {
+            return errno_status(errno, "epoll_ctl");
+        }
+    }
     if (own_progress_thread_) progress_thread_ = std::thread([this] { run_progress_thread(); });
     TCPX_INFO("endpoint '%s' listening on %s (%d channels, window %d)", name_.c_str(),
               listen_addr_.to_string().c_str(), static_cast<int>(config.channels), window_);
@@ -209,12 +224,12 @@ void Endpoint::Impl::wake() {
     }
 }
 
-bool Endpoint::Impl::progress_once() {
+bool Endpoint::Impl::progress_once(bool sleeper) {
     bool did = false;
     // Every control socket with something for us, in one call: the buffer has room for every
     // watched socket, so however many are ready, each is served in this pass (level-triggered:
     // one left out would come back at once and could starve the rest).
-    events_.resize(peers_.size() + 2);
+    events_.resize(peers_.size() + 3);  // + the listener and the two wakeups
     const int n = ::epoll_wait(epfd_, events_.data(), static_cast<int>(events_.size()), 0);
     std::unordered_set<PeerId> ready;
     bool listen_ready = false;
@@ -222,10 +237,15 @@ bool Endpoint::Impl::progress_once() {
         const uint64_t tag = events_[static_cast<size_t>(i)].data.u64;
         if (tag == kListenTag) {
             listen_ready = true;
-        } else if (tag == kWakeTag) {
-            uint64_t v;
-            while (::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
+        } else if (tag == kWakeTag || tag == kCompletionTag) {
+            // Only the progress thread takes its wakeups: an API call's pass that drained one
+            // meant for the sleeping thread would leave it asleep with work to do.
+            if (sleeper && tag == kWakeTag) {
+                uint64_t v;
+                while (::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
+                }
             }
+            if (sleeper && tag == kCompletionTag) completions_->drain();
         } else {
             ready.insert(tag);
         }
@@ -261,7 +281,30 @@ bool Endpoint::Impl::needs_polling(const Peer& p) const {
     return false;
 }
 
+bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
+    if (p.state != Peer::State::kReady || p.ctrl.has_output()) return false;
+    // GPU work (staging copies, kernels) finishes on the GPU, which signals nothing: polled.
+    const auto host = [](const engine::Op& op) {
+        return op.path == engine::OpPath::kHost || op.path == engine::OpPath::kGather;
+    };
+    for (const auto* side : {&p.tx, &p.rx}) {
+        for (const Channel& ch : *side) {
+            for (const engine::Op& op : ch.queued) {
+                if (!host(op)) return false;
+            }
+            for (const Channel::InFlight& f : ch.inflight) {
+                if (!host(f.op)) return false;
+            }
+            for (const Channel::InFlight& f : ch.finishing) {
+                if (!host(f.op)) return false;
+            }
+        }
+    }
+    return true;
+}
+
 bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point deadline) {
+    const auto spin_until = Clock::now() + kDriveSpinFor;
     for (int spins = 0;; ++spins) {
         {
             std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
@@ -269,13 +312,28 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
                 if (done()) return true;
                 // The progress thread, while awake, is already polling: only step in when there
                 // is none or it sleeps (then this thread sees a reply first, with no wakeup).
-                if (!own_progress_thread_ || sleeping_.load()) progress_once();
+                // A pass here that moved something may have started transport requests the
+                // sleeping progress thread does not know of (nor armed the transport's completion
+                // wakeup for): wake it to look.
+                if (!own_progress_thread_ || sleeping_.load()) {
+                    const uint64_t ops = active_ops_;
+                    if ((progress_once() || active_ops_ != ops) && own_progress_thread_) wake();
+                }
                 if (done()) return true;
             }
         }
-        if (Clock::now() >= deadline) return false;
-        if (spins < 2000) {
+        const auto now = Clock::now();
+        if (now >= deadline) return false;
+        if (spins < 2000 && now < spin_until) {
             std::this_thread::yield();
+        } else if (own_progress_thread_) {
+            // The progress thread moves everything: sleep until a pass of it moves something (it
+            // notifies while anyone sleeps here), a tick at most.
+            std::unique_lock<std::mutex> lock(mu_);
+            if (done()) return true;
+            ++progress_waiters_;
+            progress_cv_.wait_until(lock, std::min(deadline, Clock::now() + kTick));
+            --progress_waiters_;
         } else {
             std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
@@ -284,21 +342,30 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
 
 void Endpoint::Impl::run_progress_thread() {
     pthread_setname_np(pthread_self(), "tcpx-progress");
-    int idle = 0;  // passes in a row that moved nothing
+    int idle = 0;                  // passes in a row that moved nothing
+    Clock::time_point idle_since;  // since the first of them
     int naps = 0;  // timed sleeps in a row that moved nothing, while requests are in flight
     while (!stop_.load()) {
         const uint64_t posted = posted_.load();
         bool did = false;
         bool busy = false;
+        // Busy with something no file descriptor signals (everything, without the transport's
+        // completion wakeup).
+        bool poll = completions_ == nullptr;
         int heartbeat_ms = 1000;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            did = progress_once();
+            did = progress_once(true);
             busy = active_ops_ > 0;
             for (auto& [id, p] : peers_) {
-                if (busy) break;
-                busy = p->state != Peer::State::kFailed && needs_polling(*p);
+                if (p->state == Peer::State::kFailed || !needs_polling(*p)) continue;
+                busy = true;
+                if (poll || !waits_on_transport_only(*p)) {
+                    poll = true;
+                    break;
+                }
             }
+            if (did) wake_waiters();
             // Timers are checked every tick: sleep no longer than that.
             heartbeat_ms = static_cast<int>(
                 std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, kTick.count()));
@@ -311,7 +378,8 @@ void Endpoint::Impl::run_progress_thread() {
             naps = 0;
             continue;
         }
-        if (busy && ++idle < kBusySpins) {
+        if (idle++ == 0) idle_since = Clock::now();
+        if (busy && idle < kBusySpins && Clock::now() - idle_since < kBusySpinFor) {
             std::this_thread::yield();
             continue;
         }
@@ -330,7 +398,20 @@ void Endpoint::Impl::run_progress_thread() {
             continue;
         }
         epoll_event ev;
-        if (busy) {
+        if (busy && !poll) {
+            // Only transport requests in flight, and the transport signals their completions:
+            // arm its wakeup, look once more (a request may have finished since the pass above,
+            // before the arming), then sleep until one finishes, a control socket or a wake.
+            completions_->arm();
+            bool moved = false;
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                moved = progress_once(true);
+                if (moved) wake_waiters();
+            }
+            if (!moved) ::epoll_wait(epfd_, &ev, 1, heartbeat_ms);
+            naps = 0;
+        } else if (busy) {
             // The first kShortNaps stay short: a lone transfer finishing a few hundred us in
             // sees it no later than it would have with spins between the naps.
             const int64_t ns =
@@ -635,6 +716,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         if (x->user_id != 0) {
             count(p, &Stats::transfers_failed);
             xfers_->finish(x->user_id, p.error);
+            wake_waiters();
         }
         destroy(x);
     }

@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -45,6 +46,7 @@
 #include "common/params.h"
 #include "common/slot_fifo.h"
 #include "common/socket.h"
+#include "common/wakeup.h"
 #include "cuda/device.h"
 #include "engine/auth.h"
 #include "engine/ctrl_conn.h"
@@ -333,11 +335,18 @@ class Endpoint::Impl {
     }
 
     // --- progress (all under mu_) ---
-    bool progress_once();
+    // `sleeper`: called by the progress thread, the only one that drains its wakeups (wake() and
+    // the transport's completion wakeup): another thread draining one could take a wakeup meant
+    // for the sleeping progress thread, and leave it asleep with work to do.
+    bool progress_once(bool sleeper = false);
     // `ready`: its control socket has something for us; `tick`: time to check its timers.
     bool progress_peer(Peer& p, bool ready, bool tick);
     // Whether a peer needs attention on every pass (not only when its socket or a timer says so).
     bool needs_polling(const Peer& p) const;
+    // Whether all a peer that needs polling waits for is transport requests finishing (host
+    // chunks in flight, and chunks queued behind them for room): a transport that signals
+    // completions (Net::completion_wakeup) then wakes the progress thread, which can sleep.
+    bool waits_on_transport_only(const Peer& p) const;
     // Both sides' channels are up: the peer takes requests from now on.
     void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
@@ -499,6 +508,18 @@ class Endpoint::Impl {
 
     int epfd_ = -1;
     Fd wake_fd_;
+    // The transport's completion wakeup, watched by the progress thread's epoll; null where the
+    // transport signals none (its requests are polled) or no progress thread runs.
+    Wakeup* completions_ = nullptr;
+    // API calls sleeping in drive() until the progress thread moves something (under mu_), and
+    // what wakes them: the progress thread after every pass that did something while any sleep.
+    int progress_waiters_ = 0;
+    std::condition_variable progress_cv_;
+    // Under mu_, when a transfer finishes (whichever pass or call finished it) and after every
+    // pass of the progress thread that moved something.
+    void wake_waiters() {
+        if (progress_waiters_ > 0) progress_cv_.notify_all();
+    }
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};

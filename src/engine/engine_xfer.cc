@@ -252,6 +252,7 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             [[fallthrough]];
         default:
             xfers_->finish(x->user_id, x->result);
+            wake_waiters();
             break;
     }
     destroy(x);

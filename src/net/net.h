@@ -34,6 +34,7 @@
 #include <string_view>
 
 #include "common/socket.h"
+#include "common/wakeup.h"
 #include "tcpx/status.h"
 
 namespace tcpx::net {
@@ -182,6 +183,12 @@ class Net {
         return Status(StatusCode::kUnimplemented,
                       "this transport does not hand receives over through unpack queues");
     }
+
+    // Not in v7: a wakeup (common/wakeup.h) that every request of this Net notifies when it
+    // finishes, done or failed, so that a caller with requests in flight can sleep on its fd
+    // instead of polling test(): arm it, test once more, then sleep until the fd is readable.
+    // Null: the transport signals nothing and its requests must be polled (plugins).
+    virtual Wakeup* completion_wakeup() { return nullptr; }
 
     virtual Status close_send(SendComm* comm) = 0;
     virtual Status close_recv(RecvComm* comm) = 0;

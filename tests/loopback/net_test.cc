@@ -1,6 +1,7 @@
 // The Net contract over real loopback sockets, for the socket transport reached directly and
 // through its exported ncclNet v7 table. Every byte is verified.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
@@ -515,6 +516,50 @@ INSTANTIATE_TEST_SUITE_P(Providers, NetTest,
 
 // --- resources (C++ provider only: the v7 table's net lives as long as the process)
 // ----------------
+
+// The socket transport's completion wakeup: armed, it turns readable when a request finishes,
+// done or failed, so that the engine's progress thread can sleep on it instead of polling.
+TEST(NetWakeup, FinishedRequestsSignalTheArmedWakeup) {
+    auto net = make_net(Provider::kSocket, loopback_settings());
+    ASSERT_NE(net, nullptr);
+    Wakeup* wake = net->completion_wakeup();
+    ASSERT_NE(wake, nullptr);
+    const auto readable = [&](int timeout_ms) {
+        pollfd p{wake->fd(), POLLIN, 0};
+        return ::poll(&p, 1, timeout_ms) == 1;
+    };
+    CommPair pair = connect_pair(net.get());
+    ASSERT_NE(pair.send, nullptr);
+    ASSERT_NE(pair.recv, nullptr);
+
+    // Done: a receive posted first, then its send; the wakeup armed before either can finish.
+    std::vector<uint8_t> src(4 << 20), dst(4 << 20);
+    fill_pattern(src.data(), src.size(), 7);
+    wake->arm();
+    Request* rreq = nullptr;
+    Request* sreq = nullptr;
+    ASSERT_TRUE(post_recv(net.get(), pair.recv, dst.data(), dst.size(), 1, &rreq).ok());
+    EXPECT_FALSE(readable(0));  // nothing finished yet
+    ASSERT_TRUE(post_send(net.get(), pair.send, src.data(), src.size(), 1, &sreq).ok());
+    EXPECT_TRUE(readable(10000));
+    wake->drain();
+    EXPECT_FALSE(readable(0));
+    ASSERT_TRUE(wait_request(net.get(), sreq, nullptr).ok());
+    ASSERT_TRUE(wait_request(net.get(), rreq, nullptr).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 7), -1);
+    ASSERT_TRUE(net->irecv_consumed(pair.recv, 1, rreq).ok());
+
+    // Failed: a pending receive whose sender goes away.
+    ASSERT_TRUE(post_recv(net.get(), pair.recv, dst.data(), dst.size(), 1, &rreq).ok());
+    wake->arm();
+    ASSERT_TRUE(net->close_send(pair.send).ok());
+    pair.send = nullptr;
+    EXPECT_TRUE(readable(10000));
+    wake->drain();
+    EXPECT_FALSE(wait_request(net.get(), rreq, nullptr, std::chrono::seconds(10)).ok());
+    EXPECT_GE(wake->signals(), 2u);
+    close_pair(net.get(), pair);
+}
 
 TEST(NetResources, NoFdOrThreadOutlivesTheNet) {
     const int fds_before = count_open_fds();

@@ -26,6 +26,7 @@ constexpr void* kWakeMarker = nullptr;
 StatusOr<std::unique_ptr<IoPool>> IoPool::create(int threads) {
     if (threads < 1) return invalid_argument("I/O pool needs at least one thread");
     std::unique_ptr<IoPool> pool(new IoPool());
+    TCPX_ASSIGN_OR_RETURN(pool->completions_, Wakeup::create());
     for (int i = 0; i < threads; ++i) {
         auto t = std::make_unique<Thread>();
         t->epfd = ::epoll_create1(EPOLL_CLOEXEC);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/wakeup.h"
 #include "tcpx/status.h"
 
 namespace tcpx::net {
@@ -75,6 +76,10 @@ class IoPool {
     // Whether the calling thread is pool thread `thread`.
     bool on_thread(int thread) const;
 
+    // Notified whenever a request of a comm served by this pool finishes (done or failed), from
+    // whichever thread finishes it: what Net::completion_wakeup() hands out.
+    Wakeup& completions() { return *completions_; }
+
  private:
     struct Thread {
         int epfd = -1;
@@ -95,6 +100,7 @@ class IoPool {
     void wake_locked(Thread* t);
 
     std::vector<std::unique_ptr<Thread>> threads_;
+    std::unique_ptr<Wakeup> completions_;
 };
 
 }  // namespace tcpx::net

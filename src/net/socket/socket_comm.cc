@@ -274,7 +274,10 @@ Status SendComm::test(SendReq* req, bool* done, size_t* size) {
 void SendComm::fail_pending_locked() {
     const int failed = reqs_.fail_pending();
     // The caller learns each failure from test(), with this status: no warning here.
-    if (failed > 0) TCPX_DEBUG("%d sends failed: %s", failed, error_.to_string().c_str());
+    if (failed > 0) {
+        TCPX_DEBUG("%d sends failed: %s", failed, error_.to_string().c_str());
+        pool_->completions().notify();
+    }
 }
 
 bool SendComm::next_chunk_locked(SendDataConn* conn) {
@@ -305,6 +308,7 @@ bool SendComm::next_chunk_locked(SendDataConn* conn) {
 void SendComm::part_done(SendReq* req) {
     if (req->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         req->state.store(ReqState::kDone, std::memory_order_release);
+        pool_->completions().notify();
     }
 }
 
@@ -564,7 +568,10 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
 
 void RecvComm::fail_pending_locked() {
     const int failed = reqs_.fail_pending();
-    if (failed > 0) TCPX_DEBUG("%d receives failed: %s", failed, error_.to_string().c_str());
+    if (failed > 0) {
+        TCPX_DEBUG("%d receives failed: %s", failed, error_.to_string().c_str());
+        pool_->completions().notify();
+    }
 }
 
 RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg,
@@ -644,6 +651,7 @@ void RecvComm::complete_locked(const RecvMsg& msg) {
     if (--req->incomplete == 0) {
         req->state.store(req->error.ok() ? ReqState::kDone : ReqState::kFailed,
                          std::memory_order_release);
+        pool_->completions().notify();
     }
 }
 

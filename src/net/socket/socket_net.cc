@@ -170,6 +170,8 @@ SocketNet::~SocketNet() = default;
 
 int SocketNet::io_threads() const { return pool_->size(); }
 
+Wakeup* SocketNet::completion_wakeup() { return &pool_->completions(); }
+
 Status SocketNet::get_properties(int dev, Properties* props) const {
     if (dev < 0 || dev >= device_count()) {
         return invalid_argument(

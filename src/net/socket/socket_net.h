@@ -52,6 +52,8 @@ class SocketNet final : public Net {
     Status test(Request* request, bool* done, size_t* sizes) override;
     Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
 
+    Wakeup* completion_wakeup() override;
+
     Status close_send(SendComm* comm) override;
     Status close_recv(RecvComm* comm) override;
     Status close_listen(ListenComm* comm) override;
