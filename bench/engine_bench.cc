@@ -222,6 +222,8 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
         strformat("%s of %s", op_name(s.op), format_bytes(s.slot_bytes()).c_str());
     // The transfer in flight in each slot of each lane.
     std::vector<std::vector<XferId>> ids(lanes.size(), std::vector<XferId>(s.conc + 1));
+    // Slots whose transfer a wait() saw finish (it reports a transfer once): done() says so.
+    std::vector<std::vector<char>> waited(lanes.size(), std::vector<char>(s.conc + 1, 0));
     std::vector<IoVec> iov;
     Window w;
     w.lanes = lanes.size();
@@ -240,11 +242,37 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
         return Status();
     };
     w.done = [&](size_t p, int slot) -> StatusOr<bool> {
+        if (char& seen = waited[p][static_cast<size_t>(slot)]; seen != 0) {
+            seen = 0;
+            return true;
+        }
         XferStatus st = lanes[p].ep->poll(ids[p][static_cast<size_t>(slot)]);
         if (st.state == XferState::kFailed) {
             return st.error.with_context(strformat("%s, lane %zu", what.c_str(), p));
         }
         return st.state == XferState::kDone;
+    };
+    w.wait = [&](size_t p, int slot) -> Status {
+        const XferId id = ids[p][static_cast<size_t>(slot)];
+        const Status st = lanes[p].ep->wait(id, std::chrono::milliseconds(1));
+        if (st.ok()) {
+            waited[p][static_cast<size_t>(slot)] = 1;
+            return Status();
+        }
+        // Still in flight (the wait's own timeout; it may have finished since), or failed with
+        // a timeout of its own: poll() tells them apart (a failure the wait reported is gone).
+        if (st.code() == StatusCode::kTimeout) {
+            const XferStatus now = lanes[p].ep->poll(id);
+            if (now.state == XferState::kInProgress) return Status();
+            if (now.state == XferState::kDone) {
+                waited[p][static_cast<size_t>(slot)] = 1;
+                return Status();
+            }
+            if (now.error.code() != StatusCode::kNotFound) {
+                return Status(now.error).with_context(strformat("%s, lane %zu", what.c_str(), p));
+            }
+        }
+        return Status(st).with_context(strformat("%s, lane %zu", what.c_str(), p));
     };
     return run_window(w);
 }

@@ -63,8 +63,14 @@ bool parse_gpu_pair(const std::string& text, std::vector<int>* out) {
 
 // --- the in-flight window ----------------------------------------------------------------------
 
-// run_window's wait: rounds without a completion before it naps, and each nap.
-constexpr uint64_t kNapAfterSpins = 2000;
+// run_window's wait with nothing completing: polls this long, then yields the core between rounds
+// until kYieldFor (both bounded in rounds too), then blocks in Window::wait, or naps kNap between
+// rounds where there is none. Time bounds, not only round counts: on a loaded machine each yield
+// can last milliseconds, and a thread that sleeps is woken sooner than one that keeps yielding.
+constexpr uint64_t kPollRounds = 200;
+constexpr uint64_t kYieldRounds = 2000;
+constexpr auto kPollFor = std::chrono::microseconds(20);
+constexpr auto kYieldFor = std::chrono::microseconds(200);
 constexpr auto kNap = std::chrono::microseconds(20);
 
 StatusOr<std::vector<double>> run_window(const Window& w) {
@@ -119,13 +125,20 @@ StatusOr<std::vector<double>> run_window(const Window& w) {
             continue;
         }
         // As an application would wait: poll, then yield, then, once nothing has completed for
-        // a while (a wire slower than this machine), nap between rounds. Without the naps this
-        // thread would take every idle cycle, and the CPU time per GB beside raw TCP's (which
-        // blocks in the kernel) would count its spinning rather than the transfers' cost.
+        // a while (a wire slower than this machine), block until one of its operations completes
+        // (a lane's oldest, lanes in turn) or nap between rounds. Without that this thread would
+        // take every idle cycle, and the CPU time per GB beside raw TCP's (which blocks in the
+        // kernel) would count its spinning rather than the transfers' cost.
         ++spins;
-        if (spins > kNapAfterSpins) {
-            std::this_thread::sleep_for(kNap);
-        } else if (spins > 200) {
+        const auto idle = Clock::now() - last_done;
+        if (spins > kYieldRounds || idle > kYieldFor) {
+            const size_t p = spins % n;
+            if (w.wait && !inflight[p].empty()) {
+                TCPX_RETURN_IF_ERROR(w.wait(p, inflight[p].front().slot));
+            } else {
+                std::this_thread::sleep_for(kNap);
+            }
+        } else if (spins > kPollRounds || idle > kPollFor) {
             std::this_thread::yield();
         }
         if (spins % 1024 == 0 && Clock::now() - last_done > stall) {

@@ -50,14 +50,18 @@ struct Window {
     std::function<Status(size_t lane, int slot)> post;
     // Whether the operation of (lane, slot) completed; an error ends the run.
     std::function<StatusOr<bool>(size_t lane, int slot)> done;
+    // Optional: blocks until the operation of (lane, slot) completes or about a millisecond has
+    // passed, whichever comes first (done() reports it afterwards); an error ends the run.
+    // Without it the window naps between rounds instead.
+    std::function<Status(size_t lane, int slot)> wait;
 };
 
 // Runs the window until every lane's operations completed. Polls without pause first (a
 // completion is usually microseconds away), then yields the core between rounds so that the
-// transports' threads can run on a machine with few cores, and after 2000 rounds without a
-// completion naps 20 us between rounds (as a waiting application would, so that CPU time per GB
-// counts the transfers, not this loop's spinning). Returns each lane's seconds from the
-// start until its last operation completed.
+// transports' threads can run on a machine with few cores, and once nothing has completed for
+// 200 us (or 2000 rounds) blocks in Window::wait, or naps 20 us between rounds (as a waiting
+// application would, so that CPU time per GB counts the transfers, not this loop's spinning).
+// Returns each lane's seconds from the start until its last operation completed.
 StatusOr<std::vector<double>> run_window(const Window& w);
 
 // --- measurements ------------------------------------------------------------------------------
