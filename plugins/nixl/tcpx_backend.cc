@@ -12,11 +12,15 @@
 namespace tcpx::nixl_backend {
 namespace {
 
-// Our registration, as NIXL holds it (also the "remote" side of a local transfer).
+// Our registration, as NIXL holds it; and, as a copy of it (`alias`), the "remote" side of a
+// local transfer that loadLocalMD hands out. The copy is NIXL's to unload, on its own schedule:
+// an agent destroyed with memory registered deregisters it (deleting the registration's LocalMD)
+// before it unloads what loadLocalMD gave, so that must not be the same object.
 struct LocalMD final : nixlBackendMD {
     LocalMD() : nixlBackendMD(true) {}
     MemId mem = 0;
     RemoteMem desc;
+    bool alias = false;
 };
 
 // A peer's registration, from its public blob.
@@ -217,7 +221,7 @@ nixl_status_t TcpxBackend::registerMem(const nixlBlobDesc& mem, const nixl_mem_t
 
 nixl_status_t TcpxBackend::deregisterMem(nixlBackendMD* meta) {
     auto* md = dynamic_cast<LocalMD*>(meta);
-    if (md == nullptr) return NIXL_ERR_INVALID_PARAM;
+    if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
     Status st = ep_->dereg(md->mem);
     delete md;
     return to_nixl(st);
@@ -247,13 +251,26 @@ nixl_status_t TcpxBackend::loadRemoteMD(const nixlBlobDesc& input, const nixl_me
 }
 
 nixl_status_t TcpxBackend::loadLocalMD(nixlBackendMD* input, nixlBackendMD*& output) {
-    if (dynamic_cast<LocalMD*>(input) == nullptr) return NIXL_ERR_INVALID_PARAM;
-    output = input;  // a local transfer's "remote" side is our own registration
+    const auto* md = dynamic_cast<LocalMD*>(input);
+    if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
+    // A local transfer's "remote" side is our own registration: a copy that names it by mem id
+    // (a transfer through it after deregisterMem fails with NOT_FOUND, touching nothing).
+    auto* alias = new LocalMD;
+    alias->mem = md->mem;
+    alias->desc = md->desc;
+    alias->alias = true;
+    output = alias;
     return NIXL_SUCCESS;
 }
 
 nixl_status_t TcpxBackend::unloadMD(nixlBackendMD* input) {
-    delete dynamic_cast<RemoteMD*>(input);  // a LocalMD from loadLocalMD is deregisterMem's
+    if (auto* remote = dynamic_cast<RemoteMD*>(input)) {
+        delete remote;
+    } else if (auto* local = dynamic_cast<LocalMD*>(input); local != nullptr && local->alias) {
+        delete local;
+    } else {
+        return NIXL_ERR_INVALID_PARAM;  // a registration itself is deregisterMem's to free
+    }
     return NIXL_SUCCESS;
 }
 

@@ -301,8 +301,14 @@ std::string param_table_markdown() {
                 type = "string";
                 break;
         }
-        const std::string def =
-            p.default_text.empty() ? "(empty)" : "`" + std::string(p.default_text) + "`";
+        // Appended piece by piece: `"`" + std::string(...) + "`"` trips GCC 12's -Wrestrict
+        // false positive at -O3.
+        std::string def = "(empty)";
+        if (!p.default_text.empty()) {
+            def.assign(1, '`');
+            def.append(p.default_text);
+            def.push_back('`');
+        }
         out += strformat("| `%.*s%.*s` | %s | %s | %s | %.*s |\n",
                          static_cast<int>(kEnvPrefix.size()), kEnvPrefix.data(),
                          static_cast<int>(p.name.size()), p.name.data(), type.c_str(), def.c_str(),

@@ -946,6 +946,43 @@ INSTANTIATE_TEST_SUITE_P(
                       LocalParam{VRAM_SEG, DRAM_SEG, false}),
     [](const ::testing::TestParamInfo<LocalParam>& info) { return describe(info.param); });
 
+// An agent destroyed with memory still registered (and a local transfer made through it): NIXL
+// then deregisters the memory before it unloads the local "remote" metadata loadLocalMD gave, so
+// that must be an object of its own (it once was the registration's, and unloading it read freed
+// memory). Bare nixlAgent: TestAgent deregisters everything first.
+TEST(NixlLifetime, AgentDestroyedWithMemoryStillRegistered) {
+    for (const bool local_xfer : {false, true}) {
+        SCOPED_TRACE(local_xfer ? "after a local transfer" : "registered only");
+        auto buf = Buffer::create(DRAM_SEG, 1 << 20);
+        ASSERT_TRUE(buf);
+        buf->fill(7);
+        {
+            nixlAgent agent("lifetime", nixlAgentConfig(true));
+            nixlBackendH* backend = nullptr;
+            ASSERT_EQ(agent.createBackend(kBackend, loopback_params(), backend), NIXL_SUCCESS);
+            nixl_reg_dlist_t regs(DRAM_SEG);
+            regs.addDesc(nixlBlobDesc(buf->addr(), buf->size(), 0));
+            ASSERT_EQ(agent.registerMem(regs), NIXL_SUCCESS);
+            if (local_xfer) {
+                const size_t half = buf->size() / 2;
+                nixl_xfer_dlist_t src(DRAM_SEG), dst(DRAM_SEG);
+                src.addDesc(nixlBasicDesc(buf->addr(), half, 0));
+                dst.addDesc(nixlBasicDesc(buf->addr() + half, half, 0));
+                nixlXferReqH* req = nullptr;
+                ASSERT_EQ(agent.createXferReq(NIXL_WRITE, src, dst, "lifetime", req),
+                          NIXL_SUCCESS);
+                nixl_status_t st = agent.postXferReq(req);
+                for (int i = 0; st == NIXL_IN_PROG && i < 100000; ++i) {
+                    st = agent.getXferStatus(req);
+                }
+                EXPECT_EQ(st, NIXL_SUCCESS);
+                EXPECT_EQ(agent.releaseXferReq(req), NIXL_SUCCESS);
+            }
+        }  // destroyed here, the registration still in place
+        EXPECT_TRUE(buf->guards_intact());
+    }
+}
+
 // --- 10: backend parameters ---------------------------------------------------------------------
 
 TEST(NixlParams, PluginAdvertisesItsParametersAndMemory) {
