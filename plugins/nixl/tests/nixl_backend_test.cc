@@ -969,8 +969,7 @@ TEST(NixlLifetime, AgentDestroyedWithMemoryStillRegistered) {
                 src.addDesc(nixlBasicDesc(buf->addr(), half, 0));
                 dst.addDesc(nixlBasicDesc(buf->addr() + half, half, 0));
                 nixlXferReqH* req = nullptr;
-                ASSERT_EQ(agent.createXferReq(NIXL_WRITE, src, dst, "lifetime", req),
-                          NIXL_SUCCESS);
+                ASSERT_EQ(agent.createXferReq(NIXL_WRITE, src, dst, "lifetime", req), NIXL_SUCCESS);
                 nixl_status_t st = agent.postXferReq(req);
                 for (int i = 0; st == NIXL_IN_PROG && i < 100000; ++i) {
                     st = agent.getXferStatus(req);
