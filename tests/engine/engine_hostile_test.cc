@@ -587,7 +587,15 @@ TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
     }
     // The target holds at most 4 MiB of them, then drops the flooder.
     EXPECT_TRUE(eventually([&] { return !flooder->notify(l.a_to_b, "x").ok(); }, 10s));
-    EXPECT_LT(resident_mib() - rss_before, 64);
+#if defined(__SANITIZE_THREAD__)
+    // ThreadSanitizer's shadow memory and allocator multiply the footprint (the flooder's own
+    // 512 KiB notes are in this process too): 125 MiB here since the progress threads sleep on
+    // completions. The bound itself is checked by the other builds.
+    constexpr long kBoundMib = 256;
+#else
+    constexpr long kBoundMib = 64;
+#endif
+    EXPECT_LT(resident_mib() - rss_before, kBoundMib);
     auto got = ep->get_notifications();
     EXPECT_LE(got.size(), 8u);
     EXPECT_GE(got.size(), 7u);
