@@ -237,15 +237,14 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
         const uint64_t tag = events_[static_cast<size_t>(i)].data.u64;
         if (tag == kListenTag) {
             listen_ready = true;
-        } else if (tag == kWakeTag || tag == kCompletionTag) {
+        } else if (tag == kWakeTag) {
             // Only the progress thread takes its wakeups: an API call's pass that drained one
             // meant for the sleeping thread would leave it asleep with work to do.
-            if (sleeper && tag == kWakeTag) {
-                uint64_t v;
-                while (::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
-                }
+            uint64_t v;
+            while (sleeper && ::read(wake_fd_.get(), &v, sizeof(v)) > 0) {
             }
-            if (sleeper && tag == kCompletionTag) completions_->drain();
+        } else if (tag == kCompletionTag) {
+            if (sleeper) completions_->drain();  // the requests are tested below either way
         } else {
             ready.insert(tag);
         }
