@@ -330,6 +330,17 @@ TEST(DoctorCli, ProbesThePluginAndNeverPrintsASecret) {
     EXPECT_FALSE(contains(r.output, secret)) << r.output;
 }
 
+// The CLI of a build tree finds the probe the build put in <build>/libexec, with no
+// TCPX_P2P_PLUGIN_PROBE_PATH (an empty one is unset), as the installed CLI finds it in libexec/.
+TEST(DoctorCli, FindsTheProbeOfItsOwnBuildTree) {
+    const CliResult r = run_cli({"doctor"}, {{"TCPX_P2P_NET_PLUGIN", TCPX_FAKE_TCPX_PATH},
+                                             {"TCPX_P2P_PLUGIN_PROBE_PATH", ""},
+                                             {"PATH", "/usr/bin:/bin"}});
+    ASSERT_TRUE(exited_with(r, 0)) << r.output;
+    EXPECT_TRUE(has_all(r.output, {"table GPUDirectTCPX_v7_emulated, ncclNet v7, 1 devices"}))
+        << r.output;
+}
+
 // A plugin named by its file name alone is searched for as dlopen searches (LD_LIBRARY_PATH
 // first): the doctor says so, and which file the probe loaded.
 TEST(DoctorCli, SaysWhereABareFileNameWasFound) {

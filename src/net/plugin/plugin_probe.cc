@@ -93,7 +93,8 @@ StatusOr<std::string> find_plugin_probe(const Settings& settings) {
     if (::dladdr(reinterpret_cast<const void*>(&find_plugin_probe), &info) != 0 &&
         info.dli_fname != nullptr && info.dli_fname[0] != '\0') {
         // The module holding this code: libtcpx_p2p.so (installed in lib/, the probe in
-        // libexec/) or a program linking the library statically.
+        // libexec/), a plugin (the NIXL backend in lib/nixl-plugins/) or a program linking the
+        // library statically (the CLI in bin/). The build tree has the same shape.
         std::string module = info.dli_fname;
         if (module.find('/') == std::string::npos) {
             // A program started through PATH: dladdr names it as typed.
@@ -103,7 +104,8 @@ StatusOr<std::string> find_plugin_probe(const Settings& settings) {
         }
         const std::string dir = dir_of(module);
         for (const std::string& candidate :
-             {dir + "/" + kProbeName, dir + "/../libexec/" + kProbeName}) {
+             {dir + "/" + kProbeName, dir + "/../libexec/" + kProbeName,
+              dir + "/../../libexec/" + kProbeName}) {
             if (is_executable(candidate)) return candidate;
             tried.push_back(candidate);
         }

@@ -21,7 +21,8 @@ namespace tcpx::net {
 inline constexpr int kProbeCleanRefusal = 3;
 
 // The probe executable: PLUGIN_PROBE_PATH when set, else tcpx-p2p-probe beside the module holding
-// this code (the library or the program), then in ../libexec/ from there, then on PATH.
+// this code (the library, a plugin or the program), then in ../libexec/ and ../../libexec/ from
+// there, then on PATH.
 StatusOr<std::string> find_plugin_probe(const Settings& settings);
 
 // Runs `probe` on `plugin`, killing it after `timeout_ms`. OK (with what it printed) when it
