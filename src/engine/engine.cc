@@ -111,7 +111,12 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
                                   net::socket_ifname_for_gpu(config_, gpu, gpu_pci));
             if (!ifname.empty()) config_.socket_ifname = std::move(ifname);
         }
-        TCPX_ASSIGN_OR_RETURN(net_, net::SocketNet::create(config));
+        // Without a progress thread the application's calls drive everything, the sockets'
+        // I/O included: no I/O thread to wake per chunk (engine.md, Progress).
+        TCPX_ASSIGN_OR_RETURN(net_,
+                              net::SocketNet::create(config, config.progress_thread == "on"
+                                                                 ? net::SocketNet::Io::kThreads
+                                                                 : net::SocketNet::Io::kInCaller));
     } else {
         TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin, config));
         if (gpu >= 0) {
@@ -225,7 +230,8 @@ void Endpoint::Impl::wake() {
 }
 
 bool Endpoint::Impl::progress_once(bool sleeper) {
-    bool did = false;
+    // A transport without threads of its own moves bytes only here.
+    bool did = net_->progress();
     // Every control socket with something for us, in one call: the buffer has room for every
     // watched socket, so however many are ready, each is served in this pass (level-triggered:
     // one left out would come back at once and could starve the rest).
@@ -672,6 +678,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
             if (ch.ring) ch.ring->synchronize();
             if (ch.gring) ch.gring->synchronize();
             while (!ch.inflight.empty() && Clock::now() < grace) {
+                net_->progress();
                 bool done = false;
                 if (!net_->test(ch.inflight.front().req, &done, nullptr).ok() || done) {
                     ch.inflight.pop_front();

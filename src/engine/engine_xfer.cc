@@ -2,6 +2,7 @@
 // engine_channels.cc, the control messages that drive transfers in engine_dispatch.cc).
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
 #include "common/status_util.h"
@@ -497,6 +498,10 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
         out.push_back(std::move(q.notification));
     }
     notifications_.clear();
+    if (out.empty()) {
+        lock.unlock();
+        std::this_thread::yield();  // a target polling for news: as in poll()
+    }
     return out;
 }
 
@@ -586,7 +591,13 @@ XferStatus Endpoint::Impl::poll(XferId xfer) {
         auto lock = api_lock();
         return xfers_->take(xfer);  // reports NOT_FOUND
     }
-    if (state == XferState::kInProgress) return XferStatus{};
+    if (state == XferState::kInProgress) {
+        // The caller polls in a loop, as NIXL's getXferStatus users do: give the core to whoever
+        // does the work (our progress or I/O threads, or on a small machine the peer process)
+        // rather than keep it until the time slice ends (milliseconds; engine.md, Progress).
+        std::this_thread::yield();
+        return XferStatus{};
+    }
     auto lock = api_lock();
     return xfers_->take(xfer);
 }

@@ -190,6 +190,11 @@ class Net {
     // Null: the transport signals nothing and its requests must be polled (plugins).
     virtual Wakeup* completion_wakeup() { return nullptr; }
 
+    // Not in v7: runs the transport's I/O in the calling thread, for a transport made to have no
+    // threads of its own (SocketNet::Io::kInCaller), whose requests then move only while someone
+    // calls this; true when it did something. Transports with threads: nothing, false.
+    virtual bool progress() { return false; }
+
     virtual Status close_send(SendComm* comm) = 0;
     virtual Status close_recv(RecvComm* comm) = 0;
     virtual Status close_listen(ListenComm* comm) = 0;

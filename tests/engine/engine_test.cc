@@ -747,6 +747,91 @@ TEST(EngineEndpoints, ReadNotificationSentByWaitWithoutAProgressThread) {
     }
 }
 
+// Both endpoints without a progress thread, as NIXL agents without one: no I/O thread is started
+// (the socket transport's I/O runs inside the API calls), the target polls get_notifications()
+// as NIXL's target does, and writes, reads and vectors of many pieces land byte for byte.
+TEST(EngineEndpoints, WithoutProgressThreadsTheCallsDoTheSocketIo) {
+    const int threads_before = count_io_threads();
+    Config config = engine_test_config();
+    config.progress_thread = "off";
+    auto a = make_endpoint("polled-a", config);
+    auto b = make_endpoint("polled-b", config);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(count_io_threads(), threads_before);
+    constexpr size_t kSize = 24 << 20;
+    GuardedBuffer abuf(kSize), bbuf(kSize);
+    MemId am = *a->reg(abuf.data(), kSize);
+    MemId bm = *b->reg(bbuf.data(), kSize);
+    const RemoteMem bd = *b->describe(bm);
+    std::atomic<bool> stop{false};
+    std::mutex mu;
+    std::vector<std::string> heard;
+    std::thread target([&] {
+        while (!stop.load()) {
+            for (Notification& n : b->get_notifications()) {
+                std::lock_guard<std::mutex> lock(mu);
+                heard.push_back(n.payload);
+            }
+        }
+    });
+    struct Joiner {  // stops the target's thread however the test ends
+        std::atomic<bool>* stop;
+        std::thread* thread;
+        ~Joiner() {
+            stop->store(true);
+            thread->join();
+        }
+    } joiner{&stop, &target};
+    auto heard_of = [&](const std::string& payload) {
+        return eventually([&] {
+            std::lock_guard<std::mutex> lock(mu);
+            return std::find(heard.begin(), heard.end(), payload) != heard.end();
+        });
+    };
+    auto id = a->connect(b->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    uint64_t seed = 70;
+    for (uint64_t len : {uint64_t{100}, uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{kSize}}) {
+        SCOPED_TRACE(len);
+        fill_pattern(abuf.data(), len, ++seed);
+        const std::string payload = "wrote " + std::to_string(len);
+        auto w = a->write(*id, am, 0, bd, 0, len, std::string_view(payload));
+        ASSERT_TRUE(w.ok());
+        ASSERT_TRUE(a->wait(*w, 20s).ok());
+        ASSERT_TRUE(heard_of(payload));
+        EXPECT_EQ(find_pattern_mismatch(bbuf.data(), len, seed), -1);
+        std::memset(abuf.data(), 0, len);
+        auto r = a->read(*id, am, 0, bd, 0, len);
+        ASSERT_TRUE(r.ok());
+        XferStatus st;
+        do {
+            st = a->poll(*r);
+        } while (st.state == XferState::kInProgress);
+        ASSERT_EQ(st.state, XferState::kDone) << st.error.to_string();
+        EXPECT_EQ(find_pattern_mismatch(abuf.data(), len, seed), -1);
+    }
+    // A KV-shaped vector: 2,000 scattered pieces of 1 B to 16 KiB, written then read back.
+    std::mt19937_64 rng(9);
+    fill_pattern(abuf.data(), kSize, 77);
+    std::vector<IoVec> iov;
+    uint64_t at = 0, rat = 0;
+    for (int k = 0; k < 2000; ++k) {
+        const uint64_t len = 1 + rng() % (16 << 10);
+        iov.push_back(IoVec{am, at, bd, rat, len});
+        at += len + rng() % 100;
+        rat += len + rng() % 100;
+    }
+    ASSERT_LT(std::max(at, rat), kSize);
+    auto wv = a->writev(*id, iov, std::string_view("pieces"));
+    ASSERT_TRUE(wv.ok());
+    ASSERT_TRUE(a->wait(*wv, 20s).ok());
+    ASSERT_TRUE(heard_of("pieces"));
+    for (const IoVec& v : iov) {
+        ASSERT_EQ(std::memcmp(abuf.data() + v.offset, bbuf.data() + v.remote_offset, v.len), 0);
+    }
+    EXPECT_EQ(count_io_threads(), threads_before);
+}
+
 TEST_F(EnginePair, RefusedRequestsTouchNothingAndTheConnectionSurvives) {
     // The target's memory before: every refused request must leave all of it as it was.
     fill_pattern(bbuf_->data(), kSize, 4242);

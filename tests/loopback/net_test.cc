@@ -508,10 +508,10 @@ TEST_P(NetTest, CloseWithRequestsInFlightIsSafe) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, NetTest,
-                         ::testing::Values(Provider::kSocket, Provider::kSocketV7,
-                                           Provider::kNcclPluginV7, Provider::kNcclPluginV8,
-                                           Provider::kNcclPluginV9, Provider::kNcclPluginV10,
-                                           Provider::kNcclPluginV11),
+                         ::testing::Values(Provider::kSocket, Provider::kSocketInCaller,
+                                           Provider::kSocketV7, Provider::kNcclPluginV7,
+                                           Provider::kNcclPluginV8, Provider::kNcclPluginV9,
+                                           Provider::kNcclPluginV10, Provider::kNcclPluginV11),
                          [](const auto& p) { return provider_name(p.param); });
 
 // --- resources (C++ provider only: the v7 table's net lives as long as the process)
@@ -603,6 +603,50 @@ TEST(NetResources, ThreadCountDoesNotGrowWithComms) {
     }
     EXPECT_EQ(count_io_threads(), threads);
     for (auto& p : pairs) close_pair(net.get(), p);
+}
+
+// Io::kInCaller: no I/O thread at all, and bytes move only inside progress(): a 4 MiB message
+// (far more than the sockets' buffers) stays in flight while only test() is called, then
+// arrives, every byte checked, once progress() is called too.
+TEST(NetInCaller, BytesMoveOnlyInsideProgress) {
+    const int threads_before = count_io_threads();
+    auto net = make_net(Provider::kSocketInCaller, loopback_settings());
+    ASSERT_NE(net, nullptr);
+    EXPECT_EQ(count_io_threads(), threads_before);
+    CommPair pair = connect_pair(net.get());
+    ASSERT_NE(pair.send, nullptr);
+    constexpr size_t kSize = 4 << 20;
+    std::vector<uint8_t> src(kSize), dst(kSize, 0);
+    fill_pattern(src.data(), kSize, 41);
+    Request* r = nullptr;
+    Request* s = nullptr;
+    int tag = 3;
+    void* data = dst.data();
+    size_t size = kSize;
+    ASSERT_TRUE(net->irecv(pair.recv, 1, &data, &size, &tag, nullptr, &r).ok());
+    ASSERT_TRUE(net->isend(pair.send, src.data(), kSize, 3, nullptr, &s).ok());
+    ASSERT_NE(r, nullptr);
+    ASSERT_NE(s, nullptr);
+    bool sent = false, received = false;
+    for (int i = 0; i < 2000; ++i) {
+        size_t sizes[1] = {};
+        ASSERT_TRUE(net->test(s, &sent, sizes).ok());
+        ASSERT_TRUE(net->test(r, &received, sizes).ok());
+        ASSERT_FALSE(received) << "received without progress()";
+        std::this_thread::yield();
+    }
+    EXPECT_FALSE(sent);
+    EXPECT_EQ(count_io_threads(), threads_before);
+    size_t got = 0;
+    ASSERT_TRUE(wait_request(net.get(), s).ok());
+    ASSERT_TRUE(wait_request(net.get(), r, &got).ok());
+    EXPECT_EQ(got, kSize);
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), kSize, 41), -1);
+    ASSERT_TRUE(net->irecv_consumed(pair.recv, 1, r).ok());
+    // Closing with a receive pending returns (the close runs the rounds itself).
+    Request* pending = nullptr;
+    ASSERT_TRUE(post_recv(net.get(), pair.recv, dst.data(), kSize, 3, &pending).ok());
+    close_pair(net.get(), pair);
 }
 
 // --- segment lists (isendv/irecvv; the socket transport only) -----------------------------------

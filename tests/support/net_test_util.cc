@@ -45,6 +45,7 @@ int plugin_version(Provider p) {
 
 std::string provider_name(Provider p) {
     if (p == Provider::kSocket) return "Socket";
+    if (p == Provider::kSocketInCaller) return "SocketInCaller";
     if (p == Provider::kSocketV7) return "SocketV7";
     return "NcclPluginV" + std::to_string(plugin_version(p));
 }
@@ -57,8 +58,10 @@ void set_socket_env(const Settings& settings) {
 }
 
 std::unique_ptr<net::Net> make_net(Provider provider, const Settings& settings) {
-    if (provider == Provider::kSocket) {
-        auto net = net::SocketNet::create(settings);
+    if (provider == Provider::kSocket || provider == Provider::kSocketInCaller) {
+        auto net = net::SocketNet::create(settings, provider == Provider::kSocket
+                                                        ? net::SocketNet::Io::kThreads
+                                                        : net::SocketNet::Io::kInCaller);
         if (!net.ok()) return nullptr;
         return std::move(net).value();
     }
@@ -124,6 +127,7 @@ Status wait_request(net::Net* net, net::Request* request, size_t* sizes,
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     size_t local_sizes[8] = {};
     while (true) {
+        net->progress();
         bool done = false;
         Status st = net->test(request, &done, sizes != nullptr ? sizes : local_sizes);
         if (done || !st.ok()) return st;
@@ -137,9 +141,10 @@ Status wait_request(net::Net* net, net::Request* request, size_t* sizes,
 namespace {
 
 template <typename Post>
-Status post_with_retry(Post post, net::Request** request) {
+Status post_with_retry(net::Net* net, Post post, net::Request** request) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (true) {
+        net->progress();  // the room comes from requests that finish
         *request = nullptr;
         TCPX_RETURN_IF_ERROR(post());
         if (*request != nullptr) return Status();
@@ -154,14 +159,14 @@ Status post_with_retry(Post post, net::Request** request) {
 
 Status post_send(net::Net* net, net::SendComm* comm, const void* data, size_t size, int tag,
                  net::Request** request) {
-    return post_with_retry([&] { return net->isend(comm, data, size, tag, nullptr, request); },
-                           request);
+    return post_with_retry(
+        net, [&] { return net->isend(comm, data, size, tag, nullptr, request); }, request);
 }
 
 Status post_recv(net::Net* net, net::RecvComm* comm, void* data, size_t size, int tag,
                  net::Request** request) {
     return post_with_retry(
-        [&] { return net->irecv(comm, 1, &data, &size, &tag, nullptr, request); }, request);
+        net, [&] { return net->irecv(comm, 1, &data, &size, &tag, nullptr, request); }, request);
 }
 
 namespace {

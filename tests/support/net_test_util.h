@@ -23,6 +23,7 @@ Settings loopback_settings();
 // wrapped through the loader's adapter for its version.
 enum class Provider {
     kSocket,
+    kSocketInCaller,  // the socket transport with no I/O threads: progress() moves the bytes
     kSocketV7,
     kNcclPluginV7,
     kNcclPluginV8,
@@ -47,8 +48,8 @@ struct CommPair {
 CommPair connect_pair(net::Net* net, std::chrono::milliseconds timeout = std::chrono::seconds(10));
 void close_pair(net::Net* net, CommPair pair);
 
-// Polls `request` until done or the deadline; returns the status test() gave. On timeout returns
-// kTimeout and leaves the request in flight.
+// Polls `request` (and drives the net's I/O, net::Net::progress()) until done or the deadline;
+// returns the status test() gave. On timeout returns kTimeout and leaves the request in flight.
 Status wait_request(net::Net* net, net::Request* request, size_t* sizes = nullptr,
                     std::chrono::milliseconds timeout = std::chrono::seconds(30));
 

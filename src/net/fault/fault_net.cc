@@ -273,6 +273,8 @@ class FaultNet final : public Net {
         return inner_->check_peer_handle(handle, peer_address);
     }
     void abandon_connect(Handle* handle) override { inner_->abandon_connect(handle); }
+    // The inner transport's I/O (faults act on requests, not on the I/O that carries them).
+    bool progress() override { return inner_->progress(); }
 
     Status listen(int dev, Handle* handle, ListenComm** listen_comm) override {
         *listen_comm = nullptr;

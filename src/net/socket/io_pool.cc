@@ -23,9 +23,10 @@ constexpr void* kWakeMarker = nullptr;
 
 }  // namespace
 
-StatusOr<std::unique_ptr<IoPool>> IoPool::create(int threads) {
+StatusOr<std::unique_ptr<IoPool>> IoPool::create(int threads, Mode mode) {
     if (threads < 1) return invalid_argument("I/O pool needs at least one thread");
     std::unique_ptr<IoPool> pool(new IoPool());
+    pool->driven_ = mode == Mode::kDriven;
     TCPX_ASSIGN_OR_RETURN(pool->completions_, Wakeup::create());
     for (int i = 0; i < threads; ++i) {
         auto t = std::make_unique<Thread>();
@@ -47,6 +48,7 @@ StatusOr<std::unique_ptr<IoPool>> IoPool::create(int threads) {
         }
         pool->threads_.push_back(std::move(t));
     }
+    if (pool->driven_) return pool;
     for (size_t i = 0; i < pool->threads_.size(); ++i) {
         Thread* raw = pool->threads_[i].get();
         IoPool* self = pool.get();
@@ -164,61 +166,82 @@ void IoPool::wake_locked(Thread* t) {
 
 void IoPool::run(Thread* t) {
     tls_current_thread = t;
+    while (!t->stop.load(std::memory_order_relaxed)) round(t, true);
+    tls_current_thread = nullptr;
+}
+
+bool IoPool::drive() {
+    if (!driven_) return false;
+    bool did = false;
+    for (auto& t : threads_) {
+        std::unique_lock<std::mutex> lock(t->round_mu, std::try_to_lock);
+        if (!lock.owns_lock()) continue;  // another caller is running this round
+        const void* outer = tls_current_thread;
+        tls_current_thread = t.get();
+        did = round(t.get(), false) || did;
+        tls_current_thread = outer;
+    }
+    return did;
+}
+
+bool IoPool::round(Thread* t, bool block) {
     constexpr int kMaxEvents = 128;
     epoll_event events[kMaxEvents];
-    std::vector<Handler*> kicks;
-    std::vector<std::function<void()>> tasks;
-    std::vector<Handler*> ready;
-    while (!t->stop.load(std::memory_order_relaxed)) {
-        {
-            std::lock_guard<std::mutex> lock(t->mu);
-            kicks.swap(t->kicks);
-            tasks.swap(t->tasks);
-            for (Handler* h : kicks) h->kicked_ = false;
-        }
-        for (Handler* h : kicks) h->service(0);
-        kicks.clear();
-        for (auto& task : tasks) task();
-        tasks.clear();
+    // The round's own lists, kept in the Thread so that steady traffic allocates nothing.
+    std::vector<Handler*>& kicks = t->round_kicks;
+    std::vector<std::function<void()>>& tasks = t->round_tasks;
+    std::vector<Handler*>& ready = t->round_ready;
+    {
+        std::lock_guard<std::mutex> lock(t->mu);
+        kicks.swap(t->kicks);
+        tasks.swap(t->tasks);
+        for (Handler* h : kicks) h->kicked_ = false;
+    }
+    bool did = !kicks.empty() || !tasks.empty();
+    for (Handler* h : kicks) h->service(0);
+    kicks.clear();
+    for (auto& task : tasks) task();
+    tasks.clear();
 
-        ready.swap(t->ready);
-        for (Handler* h : ready) h->ready_ = false;
-        // Swapped after the tasks ran, so a handler removed by a task is not in this list.
-        for (Handler* h : ready) h->service(0);
-        ready.clear();
+    ready.swap(t->ready);
+    for (Handler* h : ready) h->ready_ = false;
+    // Swapped after the tasks ran, so a handler removed by a task is not in this list.
+    for (Handler* h : ready) h->service(0);
+    did = did || !ready.empty();
+    ready.clear();
 
-        int timeout = -1;
-        {
-            std::lock_guard<std::mutex> lock(t->mu);
-            if (!t->kicks.empty() || !t->tasks.empty() || !t->ready.empty() ||
-                t->stop.load(std::memory_order_relaxed)) {
-                timeout = 0;
-            } else {
-                t->sleeping = true;
-            }
-        }
-        const int n = ::epoll_wait(t->epfd, events, kMaxEvents, timeout);
-        {
-            std::lock_guard<std::mutex> lock(t->mu);
-            t->sleeping = false;
-        }
-        if (n < 0) {
-            if (errno != EINTR) TCPX_ERROR("epoll_wait: %s", std::strerror(errno));
-            continue;
-        }
-        for (int i = 0; i < n; ++i) {
-            if (events[i].data.ptr == kWakeMarker) {
-                uint64_t value = 0;
-                while (::read(t->wakefd, &value, sizeof(value)) > 0) {
-                }
-                std::lock_guard<std::mutex> lock(t->mu);
-                t->wake_pending = false;
-                continue;
-            }
-            static_cast<Handler*>(events[i].data.ptr)->service(events[i].events);
+    int timeout = -1;
+    {
+        std::lock_guard<std::mutex> lock(t->mu);
+        if (!block || !t->kicks.empty() || !t->tasks.empty() || !t->ready.empty() ||
+            t->stop.load(std::memory_order_relaxed)) {
+            timeout = 0;
+        } else {
+            t->sleeping = true;
         }
     }
-    tls_current_thread = nullptr;
+    const int n = ::epoll_wait(t->epfd, events, kMaxEvents, timeout);
+    if (timeout != 0) {
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->sleeping = false;
+    }
+    if (n < 0) {
+        if (errno != EINTR) TCPX_ERROR("epoll_wait: %s", std::strerror(errno));
+        return did;
+    }
+    for (int i = 0; i < n; ++i) {
+        if (events[i].data.ptr == kWakeMarker) {
+            uint64_t value = 0;
+            while (::read(t->wakefd, &value, sizeof(value)) > 0) {
+            }
+            std::lock_guard<std::mutex> lock(t->mu);
+            t->wake_pending = false;
+            continue;
+        }
+        static_cast<Handler*>(events[i].data.ptr)->service(events[i].events);
+        did = true;
+    }
+    return did;
 }
 
 }  // namespace tcpx::net

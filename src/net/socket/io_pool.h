@@ -10,6 +10,13 @@
 // sockets it reports. Kicks run before tasks so that a task posted after a kick (closing a
 // connection, say) finds that kick already served; a handler is removed only from inside a task
 // on its own thread (remove()), after which no event, kick or requeue reaches it.
+//
+// A driven pool (create(n, kDriven)) starts no threads: its n "threads" are rounds that callers
+// run with drive(), each under a lock of its own, so a handler is still served by one thread at a
+// time. It is for an endpoint without a progress thread, whose application polls anyway: the
+// socket I/O then happens inside the application's own calls, with no thread to wake and no core
+// to share with one (on a machine of two cores, the difference between keeping up with a
+// transport that does its I/O in the caller's thread, as UCX does, and half of that).
 #pragma once
 
 #include <atomic>
@@ -45,12 +52,19 @@ class IoPool {
         bool ready_ = false;   // in the thread's ready list (owner thread only)
     };
 
-    static StatusOr<std::unique_ptr<IoPool>> create(int threads);
+    enum class Mode { kThreads, kDriven };
+    static StatusOr<std::unique_ptr<IoPool>> create(int threads, Mode mode = Mode::kThreads);
     ~IoPool();
     IoPool(const IoPool&) = delete;
     IoPool& operator=(const IoPool&) = delete;
 
     int size() const { return static_cast<int>(threads_.size()); }
+    bool driven() const { return driven_; }
+
+    // A driven pool: runs one round of every thread not being run by another caller, without
+    // blocking; true when a round served something (a handler, a kick or a task). A pool with
+    // threads: does nothing, false.
+    bool drive();
 
     // The thread with the least load (sum of weights); adds `weight` to it. Pair with unassign().
     int assign_thread(int weight);
@@ -93,14 +107,23 @@ class IoPool {
         std::vector<Handler*> ready;               // owner thread only
         std::atomic<int64_t> load{0};
         std::atomic<bool> stop{false};
+        std::mutex round_mu;  // a driven pool: held by the caller running this thread's round
+        // Whoever runs the round (the thread, or a driven pool's caller under round_mu):
+        std::vector<Handler*> round_kicks;
+        std::vector<std::function<void()>> round_tasks;
+        std::vector<Handler*> round_ready;
     };
 
     IoPool() = default;
     void run(Thread* t);
+    // One round of `t` on the calling thread (which is `t` for its duration); `block`: wait in
+    // epoll_wait when there is nothing to do. True when something was served.
+    bool round(Thread* t, bool block);
     void wake_locked(Thread* t);
 
     std::vector<std::unique_ptr<Thread>> threads_;
     std::unique_ptr<Wakeup> completions_;
+    bool driven_ = false;
 };
 
 }  // namespace tcpx::net

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
 #include "common/status_util.h"
@@ -128,6 +129,16 @@ void Comm::shut_down() {
             --shutdown_tasks_;
             cv_.notify_all();
         });
+    }
+    if (pool_->driven()) {
+        // No thread will run the tasks: run the rounds here (another caller may be running one,
+        // then it runs ours).
+        while (shutdown_tasks_ != 0) {
+            lock.unlock();
+            if (!pool_->drive()) std::this_thread::yield();
+            lock.lock();
+        }
+        return;
     }
     cv_.wait(lock, [this] { return shutdown_tasks_ == 0; });
 }

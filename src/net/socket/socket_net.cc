@@ -140,7 +140,7 @@ struct SocketNet::ConnectState {
     Clock::time_point deadline;
 };
 
-StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& requested) {
+StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& requested, Io io) {
     TCPX_RETURN_IF_ERROR(requested.validate());
     const Settings settings = requested.effective();
     AddressFamily family = AddressFamily::kAny;
@@ -152,12 +152,23 @@ StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& requested
     if (!devices.ok()) {
         return Status(devices.status()).with_context("socket transport: choosing interfaces");
     }
-    const int threads = static_cast<int>(settings.io_threads);
-    TCPX_ASSIGN_OR_RETURN(auto pool, IoPool::create(threads));
+    // In the caller's thread, one round serves every socket: more rounds would only be more
+    // epoll_wait calls per progress().
+    const bool in_caller = io == Io::kInCaller;
+    const int threads = in_caller ? 1 : static_cast<int>(settings.io_threads);
+    TCPX_ASSIGN_OR_RETURN(auto pool, IoPool::create(threads, in_caller ? IoPool::Mode::kDriven
+                                                                       : IoPool::Mode::kThreads));
     std::string names;
     for (const auto& d : *devices) names += " " + d.name + "=" + d.address.host_string();
-    TCPX_INFO("socket transport: %d I/O threads, %lld data sockets per comm, interfaces:%s",
-              threads, static_cast<long long>(settings.nsocks), names.c_str());
+    if (in_caller) {
+        TCPX_INFO(
+            "socket transport: I/O in the caller's thread, %lld data sockets per comm, "
+            "interfaces:%s",
+            static_cast<long long>(settings.nsocks), names.c_str());
+    } else {
+        TCPX_INFO("socket transport: %d I/O threads, %lld data sockets per comm, interfaces:%s",
+                  threads, static_cast<long long>(settings.nsocks), names.c_str());
+    }
     return std::unique_ptr<SocketNet>(
         new SocketNet(settings, std::move(devices).value(), std::move(pool)));
 }
@@ -171,6 +182,8 @@ SocketNet::~SocketNet() = default;
 int SocketNet::io_threads() const { return pool_->size(); }
 
 Wakeup* SocketNet::completion_wakeup() { return &pool_->completions(); }
+
+bool SocketNet::progress() { return pool_->drive(); }
 
 Status SocketNet::get_properties(int dev, Properties* props) const {
     if (dev < 0 || dev >= device_count()) {

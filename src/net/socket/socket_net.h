@@ -25,8 +25,12 @@ Status check_socket_handle(Handle* handle, const SocketAddress& peer_address);
 
 class SocketNet final : public Net {
  public:
+    // How the sockets' I/O is done: by a pool of IO_THREADS threads, or in the caller's thread,
+    // inside progress() (for an endpoint without a progress thread: io_pool.h).
+    enum class Io { kThreads, kInCaller };
     // One device per interface selected by settings.socket_ifname / socket_family.
-    static StatusOr<std::unique_ptr<SocketNet>> create(const Settings& settings);
+    static StatusOr<std::unique_ptr<SocketNet>> create(const Settings& settings,
+                                                       Io io = Io::kThreads);
     ~SocketNet() override;
 
     std::string_view name() const override { return "socket"; }
@@ -53,6 +57,7 @@ class SocketNet final : public Net {
     Status irecv_consumed(RecvComm* comm, int n, Request* request) override;
 
     Wakeup* completion_wakeup() override;
+    bool progress() override;
 
     Status close_send(SendComm* comm) override;
     Status close_recv(RecvComm* comm) override;
