@@ -229,6 +229,11 @@ void Endpoint::Impl::wake() {
     }
 }
 
+void Endpoint::Impl::api_progress() {
+    for (int pass = 0; pass < 4 && progress_once(); ++pass) {
+    }
+}
+
 bool Endpoint::Impl::progress_once(bool sleeper) {
     // A transport without threads of its own moves bytes only here.
     bool did = net_->progress();

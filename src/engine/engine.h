@@ -339,6 +339,11 @@ class Endpoint::Impl {
     // the transport's completion wakeup): another thread draining one could take a wakeup meant
     // for the sleeping progress thread, and leave it asleep with work to do.
     bool progress_once(bool sleeper = false);
+    // An API call's progress without a progress thread (poll, get_notifications): passes while
+    // they move something, a few at most. One pass often only starts what the next finishes (a
+    // READ_RESP posts the receive whose data is already in the socket; a WRITE_REQ the receives
+    // of the chunks behind it), and the caller may not call again for a while. Requires mu_.
+    void api_progress();
     // `ready`: its control socket has something for us; `tick`: time to check its timers.
     bool progress_peer(Peer& p, bool ready, bool tick);
     // Whether a peer needs attention on every pass (not only when its socket or a timer says so).

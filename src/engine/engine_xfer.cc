@@ -486,7 +486,7 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
 std::vector<Notification> Endpoint::Impl::get_notifications() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) lock.lock();
-    if (!own_progress_thread_) progress_once();
+    if (!own_progress_thread_) api_progress();
     std::vector<Notification> out;
     out.reserve(notifications_.size());
     for (QueuedNotification& q : notifications_) {
@@ -585,7 +585,7 @@ XferStatus Endpoint::Impl::poll(XferId xfer) {
     XferState state;
     if (xfers_->state(xfer, &state) && state == XferState::kInProgress && !own_progress_thread_) {
         std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-        if (lock.owns_lock()) progress_once();
+        if (lock.owns_lock()) api_progress();
     }
     if (!xfers_->state(xfer, &state)) {
         auto lock = api_lock();
