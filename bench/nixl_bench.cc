@@ -5,7 +5,8 @@
 // the target, the parent the initiator, and a socketpair between them carries the line-oriented
 // commands of the harness (bench/harness/roles.h: a ForkPeer; metadata as hex, preparing and
 // checking bytes for --verify). For
-// each backend, both processes create an agent holding that backend alone (progress thread on),
+// each backend, both processes create an agent holding that backend alone (with NIXL's progress
+// thread unless --progress-thread off),
 // register one region each and the initiator loads the target's metadata. Then, for every op and
 // size, the initiator creates one transfer request per slot (createXferReq, `--batch`
 // descriptors of `size` each) and measures
@@ -13,7 +14,9 @@
 //     soon as it completes, for about `--time` seconds and at least `--iters` rounds of `--depth`;
 //   - latency: one request at a time, post to completion, median and p99.
 // The target application does nothing but poll getNotifs until the initiator says stop: the
-// transfers are one-sided. A backend that cannot be created is reported and skipped.
+// transfers are one-sided. Every 1 ms with progress threads; without them (--progress-thread
+// off, as nixlbench runs), without pause, since only its calls move its side's data. A backend that
+// cannot be created is reported and skipped.
 //
 // UCX: unless UCX_TLS is set, the program sets UCX_TLS=tcp before the fork (so both agents see
 // it), for a TCP-against-TCP comparison.
@@ -81,8 +84,9 @@ struct Options {
     bool latency = true;
     bool json = false;
     bool progress = true;
-    double stall_seconds = 60;  // no completion for this long: the backend is stuck
-    bool kv = false;            // the KV workload (bench/kv_workload.h) instead of the sweep
+    bool progress_thread = true;  // NIXL's, in both agents (nixlAgentConfig::useProgThread)
+    double stall_seconds = 60;    // no completion for this long: the backend is stuck
+    bool kv = false;              // the KV workload (bench/kv_workload.h) instead of the sweep
     KvShape kv_shape;
 };
 
@@ -175,7 +179,7 @@ class Memory {
 // --- agents
 // ---------------------------------------------------------------------------------------
 
-// One nixlAgent holding one backend, with the progress thread on.
+// One nixlAgent holding one backend, with NIXL's progress thread as --progress-thread says.
 struct Agent {
     std::unique_ptr<nixlAgent> agent;
     nixlBackendH* backend = nullptr;
@@ -192,7 +196,7 @@ StatusOr<Agent> create_agent(const std::string& name, const std::string& backend
                              const Options& o) {
     Agent a;
     nixlAgentConfig cfg;
-    cfg.useProgThread = true;
+    cfg.useProgThread = o.progress_thread;
     try {
         a.agent = std::make_unique<nixlAgent>(name, cfg);
     } catch (const std::exception& e) {
@@ -265,7 +269,7 @@ class Target {
         while (true) {
             if (agent_.agent) poll_notifs();
             pollfd p{fd_, POLLIN, 0};
-            const int r = ::poll(&p, 1, agent_.agent ? 1 : -1);
+            const int r = ::poll(&p, 1, !agent_.agent ? -1 : o_.progress_thread ? 1 : 0);
             if (r <= 0) continue;
             std::string line;
             if (!channel_.read_line(&line)) return 1;  // the initiator is gone
@@ -762,6 +766,10 @@ void print_header(const Options& o, const Machine& m, const std::vector<BackendI
                 m.ucx_tls_set_here ? " (set by this program)" : " (from the environment)");
     if (!m.ucx_net_devices.empty()) std::printf(", UCX_NET_DEVICES=%s", m.ucx_net_devices.c_str());
     std::printf("\nNIXL_PLUGIN_DIR=%s\n", m.plugin_dir.empty() ? "(unset)" : m.plugin_dir.c_str());
+    std::printf("NIXL progress threads: %s\n",
+                o.progress_thread ? "on (both agents)"
+                                  : "off (data moves inside the applications' calls; the target "
+                                    "polls getNotifs without pause)");
     for (const BackendInfo& b : backends) {
         if (b.params.empty() && !b.error.empty()) {
             std::printf("%s: SKIPPED: %s\n", b.name.c_str(), b.error.c_str());
@@ -865,7 +873,7 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
                      {"min_seconds", o.min_seconds},
                      {"min_iters", o.min_iters},
                      {"verify", o.verify},
-                     {"progress_thread", true}};
+                     {"progress_thread", o.progress_thread}};
     if (o.vram) out["config"]["gpus"] = {o.initiator_gpu, o.target_gpu};
     out["backends"] = json::array();
     for (const BackendInfo& b : backends) {
@@ -1141,9 +1149,16 @@ int nixl_bench_main(int argc, char** argv) {
     add_kv_options(&app, &kv, &o.kv_shape);
     app.add_flag("--json", o.json, "Print JSON instead of a table");
     app.add_flag("--no-progress", no_progress, "No progress display on stderr");
+    std::string progress_thread = "on";
+    app.add_option("--progress-thread", progress_thread,
+                   "NIXL's progress thread in both agents: on, or off (as nixlbench runs: data "
+                   "moves only inside getXferStatus and getNotifs)")
+        ->check(CLI::IsMember({"on", "off"}))
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     o.latency = !no_latency;
     o.progress = !no_progress;
+    o.progress_thread = progress_thread == "on";
 
     auto usage = [](const std::string& msg) {
         std::fprintf(stderr, "%s: %s\n", kProgram, msg.c_str());
