@@ -120,5 +120,24 @@ TEST(NixlBenchCli, SweepReportsCpuSecondsPerGb) {
     EXPECT_GT(doc["results"][0].value("cpu_seconds_target_process", 0.0), 0) << j.output;
 }
 
+// Agents without NIXL's progress thread (the engine's socket I/O then runs inside the agents'
+// calls): every case verified byte for byte, the header and JSON say which mode ran.
+TEST(NixlBenchCli, WithoutProgressThreadsEveryCaseIsVerified) {
+    const CliResult r =
+        run_bench({"--progress-thread", "off", "--sizes", "4K,1M", "--batch", "3", "--verify"});
+    ASSERT_TRUE(exited_with(r, 0)) << r.output;
+    EXPECT_TRUE(has_all(r.output, {"NIXL progress threads: off", "verified"})) << r.output;
+    EXPECT_TRUE(positive_under(r.output, "backend op", {"GB/s"}));
+    const CliResult j = run_bench(
+        {"--progress-thread", "off", "--sizes", "64K", "--no-latency", "--ops", "read", "--json"});
+    ASSERT_TRUE(exited_with(j, 0)) << j.output;
+    const nlohmann::json doc = json_of(j.output);
+    ASSERT_TRUE(doc.is_object()) << j.output;
+    EXPECT_EQ(doc["config"].value("progress_thread", true), false) << j.output;
+    const CliResult bad = run_bench({"--progress-thread", "sometimes"});
+    EXPECT_FALSE(exited_with(bad, 0)) << bad.output;
+    EXPECT_TRUE(contains(bad.output, "--progress-thread: sometimes not in {on,off}")) << bad.output;
+}
+
 }  // namespace
 }  // namespace tcpx
