@@ -238,6 +238,12 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     // A second channel gives GPU staging copies and the wire two independent pipelines, which
     // pays where there are cores to drive them.
     if (s.channels == 0) s.channels = cores >= 16 ? 2 : 1;
+    // Without a progress thread the application's calls make all progress anyway; on a few
+    // cores, I/O threads only add handoffs between threads that share them (docs/engine.md,
+    // Progress; measured in docs/benchmarking.md, "I/O in the thread that makes progress").
+    if (s.socket_io == "auto") {
+        s.socket_io = s.progress_thread != "on" || cores <= 4 ? "caller" : "threads";
+    }
     return s;
 }
 

@@ -35,6 +35,8 @@ constexpr uint64_t kListenTag = 0;
 constexpr uint64_t kMaxUnpackChunk = 4u << 20;
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kCompletionTag = ~uint64_t{0} - 1;
+// The transport's progress fd (Net::progress_fd(): socket I/O done by the progress thread).
+constexpr uint64_t kNetTag = ~uint64_t{0} - 2;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
@@ -111,12 +113,13 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
                                   net::socket_ifname_for_gpu(config_, gpu, gpu_pci));
             if (!ifname.empty()) config_.socket_ifname = std::move(ifname);
         }
-        // Without a progress thread the application's calls drive everything, the sockets'
-        // I/O included: no I/O thread to wake per chunk (engine.md, Progress).
+        // SOCKET_IO=caller (always without a progress thread, and on small machines): whoever
+        // makes progress does the sockets' I/O, no I/O thread to wake per chunk (engine.md,
+        // Progress).
         TCPX_ASSIGN_OR_RETURN(net_,
-                              net::SocketNet::create(config, config.progress_thread == "on"
-                                                                 ? net::SocketNet::Io::kThreads
-                                                                 : net::SocketNet::Io::kInCaller));
+                              net::SocketNet::create(config, config.socket_io == "caller"
+                                                                 ? net::SocketNet::Io::kInCaller
+                                                                 : net::SocketNet::Io::kThreads));
     } else {
         TCPX_ASSIGN_OR_RETURN(net_, net::load_net_plugin(config.net_plugin, config));
         if (gpu >= 0) {
@@ -183,6 +186,13 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
             return errno_status(errno, "epoll_ctl");
         }
     }
+    if (own_progress_thread_ && net_->progress_fd() >= 0) {
+        // The transport's I/O is this thread's: it sleeps on the sockets too.
+        ev.data.u64 = kNetTag;
+        if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, net_->progress_fd(), &ev) != 0) {
+            return errno_status(errno, "epoll_ctl");
+        }
+    }
     if (own_progress_thread_) progress_thread_ = std::thread([this] { run_progress_thread(); });
     TCPX_INFO("endpoint '%s' listening on %s (%d channels, window %d)", name_.c_str(),
               listen_addr_.to_string().c_str(), static_cast<int>(config.channels), window_);
@@ -240,10 +250,11 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
     // Every control socket with something for us, in one call: the buffer has room for every
     // watched socket, so however many are ready, each is served in this pass (level-triggered:
     // one left out would come back at once and could starve the rest).
-    events_.resize(peers_.size() + 3);  // + the listener and the two wakeups
+    events_.resize(peers_.size() + 4);  // + the listener, the two wakeups and the transport
     const int n = ::epoll_wait(epfd_, events_.data(), static_cast<int>(events_.size()), 0);
     std::unordered_set<PeerId> ready;
     bool listen_ready = false;
+    bool net_ready = false;
     for (int i = 0; i < n; ++i) {
         const uint64_t tag = events_[static_cast<size_t>(i)].data.u64;
         if (tag == kListenTag) {
@@ -256,6 +267,8 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
             }
         } else if (tag == kCompletionTag) {
             if (sleeper) completions_->drain();  // the requests are tested below either way
+        } else if (tag == kNetTag) {
+            net_ready = true;  // sockets became ready since this pass's progress() above
         } else {
             ready.insert(tag);
         }
@@ -264,6 +277,7 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
         accept_inbound();
         did = true;
     }
+    if (net_ready && net_->progress()) did = true;
     const auto now = Clock::now();
     const bool tick = now >= next_tick_;
     if (tick) next_tick_ = now + kTick;

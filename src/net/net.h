@@ -194,6 +194,9 @@ class Net {
     // threads of its own (SocketNet::Io::kInCaller), whose requests then move only while someone
     // calls this; true when it did something. Transports with threads: nothing, false.
     virtual bool progress() { return false; }
+    // With progress(): an fd (for epoll) that turns readable when progress() has something to do,
+    // for a caller that sleeps between calls; -1 when there is none (a transport with threads).
+    virtual int progress_fd() { return -1; }
 
     virtual Status close_send(SendComm* comm) = 0;
     virtual Status close_recv(RecvComm* comm) = 0;

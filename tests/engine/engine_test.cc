@@ -754,6 +754,7 @@ TEST(EngineEndpoints, WithoutProgressThreadsTheCallsDoTheSocketIo) {
     const int threads_before = count_io_threads();
     Config config = engine_test_config();
     config.progress_thread = "off";
+    config.socket_io = "auto";  // caller without a progress thread, whatever the machine
     auto a = make_endpoint("polled-a", config);
     auto b = make_endpoint("polled-b", config);
     ASSERT_TRUE(a && b);
@@ -1169,6 +1170,7 @@ TEST(EngineEndpoints, ManyPeersConcurrently) {
 TEST(EngineEndpoints, ProgressWithoutAThreadWhenTheApplicationPolls) {
     Config config = engine_test_config();
     config.progress_thread = "off";
+    config.socket_io = "auto";  // caller without a progress thread, whatever the machine
     auto a = make_endpoint("polled-a", config);
     auto b = make_endpoint("threaded-b");
     ASSERT_TRUE(a && b);

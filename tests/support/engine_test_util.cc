@@ -17,6 +17,8 @@ Config engine_test_config() {
     c.peer_timeout_ms = 5000;
     c.connect_timeout_ms = 5000;
     c.handshake_timeout_ms = 5000;
+    // Who does the socket I/O (auto by default): set to run the tests in either mode.
+    if (const char* io = std::getenv("TCPX_P2P_SOCKET_IO"); io != nullptr) c.socket_io = io;
     // Where CTest says the plugin probe is (the test binaries are not where the loader looks).
     if (const char* probe = std::getenv("TCPX_P2P_PLUGIN_PROBE_PATH"); probe != nullptr) {
         c.plugin_probe_path = probe;

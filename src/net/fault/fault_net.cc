@@ -275,6 +275,7 @@ class FaultNet final : public Net {
     void abandon_connect(Handle* handle) override { inner_->abandon_connect(handle); }
     // The inner transport's I/O (faults act on requests, not on the I/O that carries them).
     bool progress() override { return inner_->progress(); }
+    int progress_fd() override { return inner_->progress_fd(); }
 
     Status listen(int dev, Handle* handle, ListenComm** listen_comm) override {
         *listen_comm = nullptr;

@@ -152,10 +152,17 @@ void IoPool::post(int thread, std::function<void()> task) {
 
 bool IoPool::on_thread(int thread) const { return tls_current_thread == threads_[thread].get(); }
 
+int IoPool::wait_fd() {
+    if (!driven_ || threads_.size() != 1) return -1;
+    driven_wakeups_.store(true);
+    return threads_[0]->epfd;
+}
+
 void IoPool::wake_locked(Thread* t) {
     // Only a thread blocked (or about to block) in epoll_wait needs the eventfd; one that is
-    // running checks its lists before it next blocks.
-    if (t->sleeping && !t->wake_pending) {
+    // running checks its lists before it next blocks. A driven pool's caller may sleep on the
+    // set at any time (wait_fd()): it gets the eventfd whenever there is no wakeup pending.
+    if ((t->sleeping || driven_wakeups_.load(std::memory_order_relaxed)) && !t->wake_pending) {
         const uint64_t one = 1;
         if (::write(t->wakefd, &one, sizeof(one)) < 0 && errno != EAGAIN) {
             TCPX_WARN("eventfd write: %s", std::strerror(errno));

@@ -65,6 +65,11 @@ class IoPool {
     // blocking; true when a round served something (a handler, a kick or a task). A pool with
     // threads: does nothing, false.
     bool drive();
+    // A driven pool of one thread: an fd that turns readable (for an outer epoll) when drive()
+    // has something to do: a socket event, a kick or a task. From the first call on, kicks and
+    // tasks write the thread's wake eventfd (which sits in that set) for whoever sleeps on it.
+    // Otherwise -1.
+    int wait_fd();
 
     // The thread with the least load (sum of weights); adds `weight` to it. Pair with unassign().
     int assign_thread(int weight);
@@ -124,6 +129,7 @@ class IoPool {
     std::vector<std::unique_ptr<Thread>> threads_;
     std::unique_ptr<Wakeup> completions_;
     bool driven_ = false;
+    std::atomic<bool> driven_wakeups_{false};  // wait_fd() was asked for
 };
 
 }  // namespace tcpx::net

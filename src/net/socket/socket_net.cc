@@ -185,6 +185,8 @@ Wakeup* SocketNet::completion_wakeup() { return &pool_->completions(); }
 
 bool SocketNet::progress() { return pool_->drive(); }
 
+int SocketNet::progress_fd() { return pool_->wait_fd(); }
+
 Status SocketNet::get_properties(int dev, Properties* props) const {
     if (dev < 0 || dev >= device_count()) {
         return invalid_argument(

@@ -58,6 +58,7 @@ class SocketNet final : public Net {
 
     Wakeup* completion_wakeup() override;
     bool progress() override;
+    int progress_fd() override;
 
     Status close_send(SendComm* comm) override;
     Status close_recv(RecvComm* comm) override;
