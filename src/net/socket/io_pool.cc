@@ -243,6 +243,10 @@ bool IoPool::round(Thread* t, bool block) {
             }
             std::lock_guard<std::mutex> lock(t->mu);
             t->wake_pending = false;
+            // A kick or task that came after this round took the lists, and found the eventfd
+            // already written, has no wakeup left: report work so the caller drives again
+            // (a thread's next round takes it anyway; a driven pool's caller might sleep).
+            did = true;
             continue;
         }
         static_cast<Handler*>(events[i].data.ptr)->service(events[i].events);

@@ -160,15 +160,10 @@ StatusOr<std::unique_ptr<SocketNet>> SocketNet::create(const Settings& requested
                                                                        : IoPool::Mode::kThreads));
     std::string names;
     for (const auto& d : *devices) names += " " + d.name + "=" + d.address.host_string();
-    if (in_caller) {
-        TCPX_INFO(
-            "socket transport: I/O in the caller's thread, %lld data sockets per comm, "
-            "interfaces:%s",
-            static_cast<long long>(settings.nsocks), names.c_str());
-    } else {
-        TCPX_INFO("socket transport: %d I/O threads, %lld data sockets per comm, interfaces:%s",
-                  threads, static_cast<long long>(settings.nsocks), names.c_str());
-    }
+    const std::string io_text =
+        in_caller ? "I/O in the caller's thread" : std::to_string(threads) + " I/O threads";
+    TCPX_INFO("socket transport: %s, %lld data sockets per comm, interfaces:%s", io_text.c_str(),
+              static_cast<long long>(settings.nsocks), names.c_str());
     return std::unique_ptr<SocketNet>(
         new SocketNet(settings, std::move(devices).value(), std::move(pool)));
 }
