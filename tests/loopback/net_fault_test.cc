@@ -18,6 +18,7 @@
 #include "net/socket/wire.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/subprocess.h"
 
 #ifndef TCPX_NET_PEER_PATH
@@ -393,13 +394,9 @@ std::map<std::string, std::string> peer_env(const Settings& s) {
             {"TCPX_P2P_LOG_LEVEL", "error"}};
 }
 
-// What a peer killed 50 ms into a transfer leaves unfinished: 1 GiB, or 256 MiB under
-// ThreadSanitizer, whose copies are about ten times slower (and whose 1 GiB runs took 80 s).
-#if defined(__SANITIZE_THREAD__)
-constexpr size_t kMidTransferBytes = 256ULL << 20;
-#else
-constexpr size_t kMidTransferBytes = 1ULL << 30;
-#endif
+// What a peer killed 50 ms into a transfer leaves unfinished: 1 GiB, or 256 MiB under a sanitizer,
+// whose copies are several times slower (the 1 GiB runs took 80 s under TSan, 20 s under ASan).
+constexpr size_t kMidTransferBytes = testing::unless_sanitized(1ULL << 30, 256ULL << 20);
 
 TEST(NetPeerDeath, SenderKilledMidTransferFailsTheReceive) {
     const Settings s = loopback_settings();

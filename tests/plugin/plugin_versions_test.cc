@@ -18,6 +18,7 @@
 #include "tests/fakes/versioned_net.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
+#include "tests/support/sanitizers.h"
 
 #ifndef TCPX_TEST_NET_DIR
 #error "TCPX_TEST_NET_DIR must name the folder of the libnccl-net-test*.so plugins"
@@ -117,7 +118,13 @@ TEST_P(NewerTable, TransfersAreByteExact) {
     ASSERT_NE(pair.send, nullptr);
     ASSERT_NE(pair.recv, nullptr);
     // Several sizes at once, all in flight together (6 < the 8 requests a comm takes).
-    const std::vector<size_t> sizes = {0, 1, 4095, (64 << 10) + 3, (1 << 20) + 7, 40 << 20};
+    // The last one cut in many chunks: 40 MiB, 8 MiB under a sanitizer.
+    const std::vector<size_t> sizes = {0,
+                                       1,
+                                       4095,
+                                       (64 << 10) + 3,
+                                       (1 << 20) + 7,
+                                       testing::unless_sanitized<size_t>(40 << 20, 8 << 20)};
     std::vector<size_t> offsets;
     size_t total = 0;
     for (size_t s : sizes) {
@@ -272,7 +279,12 @@ TEST_P(NewerTable, TheEngineRunsOverIt) {
     ASSERT_TRUE(b->dereg(bm).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, NewerTable, ::testing::Range(8, 13),
+// v8 to v12; under ThreadSanitizer the oldest and the newest only: the versions differ in their
+// tables' shapes, which the other builds check, not in their threads.
+const std::vector<int> kVersions =
+    testing::kUnderThreadSanitizer ? std::vector<int>{8, 12} : std::vector<int>{8, 9, 10, 11, 12};
+
+INSTANTIATE_TEST_SUITE_P(Versions, NewerTable, ::testing::ValuesIn(kVersions),
                          [](const ::testing::TestParamInfo<int>& param) {
                              return "v" + std::to_string(param.param);
                          });
