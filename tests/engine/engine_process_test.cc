@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "common/strings.h"
@@ -10,6 +12,7 @@
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/subprocess.h"
+#include "tests/support/test_buffer.h"
 
 #ifndef TCPX_ENGINE_PEER_PATH
 #error "TCPX_ENGINE_PEER_PATH must point at the tcpx_engine_peer helper"
@@ -19,6 +22,11 @@ namespace tcpx::testing {
 namespace {
 
 using namespace std::chrono_literals;
+
+// For targets that are killed or stopped mid-transfer and never read back: their region stays
+// zero, and the test's source is a LazyBuffer, so neither side spends seconds filling 256 MiB
+// that the transfer never reaches.
+const std::map<std::string, std::string> kUnfilled = {{"TCPX_TEST_TARGET_UNFILLED", "1"}};
 
 // The endpoint serves a peer in this process: connect, write 1 MiB, every byte checked.
 void expect_serves_a_peer(Endpoint* ep) {
@@ -79,14 +87,15 @@ TEST(EngineProcesses, WriteReadAndNotifyAcrossProcesses) {
 TEST(EngineProcesses, TargetKilledMidWriteFailsOnlyItsTransfers) {
     constexpr size_t kBytes = 256 << 20;
     ChildTarget target;
-    ASSERT_TRUE(target.start(kBytes, true));
+    ASSERT_TRUE(target.start(kBytes, true, -1, kUnfilled));
     auto ep = make_endpoint("initiator");
     auto other = make_endpoint("bystander");
     ASSERT_TRUE(ep && other);
     auto peer = ep->connect(target.metadata);
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
     Link l = link(ep.get(), other.get());
-    std::vector<uint8_t> src(kBytes, 0x11);
+    LazyBuffer src(kBytes);
+    ASSERT_NE(src.data(), nullptr);
     MemId mem = *ep->reg(src.data(), kBytes);
     GuardedBuffer dst(4 << 20);
     MemId dmem = *other->reg(dst.data(), dst.size());
@@ -151,7 +160,7 @@ TEST(EngineProcesses, StoppedTargetFailsItsTransfersAfterThePeerTimeout) {
     // fail then; another peer is unaffected.
     constexpr size_t kBytes = 256 << 20;
     ChildTarget target;
-    ASSERT_TRUE(target.start(kBytes, true));
+    ASSERT_TRUE(target.start(kBytes, true, -1, kUnfilled));
     Config c = engine_test_config();
     ASSERT_EQ(c.peer_timeout_ms, 5000);
     auto ep = make_endpoint("initiator", c);
@@ -160,7 +169,8 @@ TEST(EngineProcesses, StoppedTargetFailsItsTransfersAfterThePeerTimeout) {
     auto peer = ep->connect(target.metadata);
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
     Link l = link(ep.get(), other.get());
-    std::vector<uint8_t> src(kBytes, 0x22);
+    LazyBuffer src(kBytes);
+    ASSERT_NE(src.data(), nullptr);
     MemId mem = *ep->reg(src.data(), kBytes);
     auto w = ep->write(*peer, mem, 0, target.mem, 0, kBytes);
     ASSERT_TRUE(w.ok());

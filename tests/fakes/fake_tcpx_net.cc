@@ -194,8 +194,11 @@ bool mem_copy(void* dst, const void* src, size_t len) {
 
 // --- comms and requests ------------------------------------------------------------------------
 
+struct FakeComm;
+
 struct FakeMr {
     uint32_t magic = kMrMagic;
+    FakeComm* comm = nullptr;  // registered with it: its close releases what is left
     int type = 0;
     uintptr_t base = 0;  // what was registered
     size_t size = 0;
@@ -211,7 +214,6 @@ bool mr_holds(void* mh, const void* data, size_t size) {
 }
 bool is_cuda_mr(void* mh) { return static_cast<FakeMr*>(mh)->type == TCPX_NCCL_PTR_CUDA; }
 
-struct FakeComm;
 struct Link;
 
 struct FakeReq {
@@ -351,6 +353,9 @@ struct FakeComm {
     // yet consumed. At most kMaxRequests.
     std::deque<FakeReq*> queue;
     std::unique_ptr<UnpackState> unpack;  // receive comms
+    // Registrations not yet deregistered: close releases them, as a transport's close does (the
+    // engine closes a comm whose requests outlived their grace with its registrations).
+    std::unordered_set<FakeMr*> mrs;
     std::mutex mu;
 };
 
@@ -1014,17 +1019,27 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
     }
     if (type != TCPX_NCCL_PTR_HOST && type != TCPX_NCCL_PTR_CUDA) return tcpx_ncclInternalError;
     auto* mr = new FakeMr;
+    mr->comm = as_comm(comm);
     mr->type = type;
     mr->base = reinterpret_cast<uintptr_t>(data);
     mr->size = static_cast<size_t>(size);
+    {
+        std::lock_guard<std::mutex> lock(mr->comm->mu);
+        mr->comm->mrs.insert(mr);
+    }
     *mhandle = mr;
     return tcpx_ncclSuccess;
 }
 
 tcpx_ncclResult_t fake_dereg_mr(void* /*comm*/, void* mhandle) {
     if (!valid_mr(mhandle)) return tcpx_ncclInternalError;
-    static_cast<FakeMr*>(mhandle)->magic = 0;
-    delete static_cast<FakeMr*>(mhandle);
+    auto* mr = static_cast<FakeMr*>(mhandle);
+    {
+        std::lock_guard<std::mutex> lock(mr->comm->mu);
+        mr->comm->mrs.erase(mr);
+    }
+    mr->magic = 0;
+    delete mr;
     return tcpx_ncclSuccess;
 }
 
@@ -1249,6 +1264,10 @@ tcpx_ncclResult_t close_comm(void* c) {
         st = comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
     }
     for (FakeReq* r : comm->queue) delete r;
+    for (FakeMr* mr : comm->mrs) {
+        mr->magic = 0;
+        delete mr;
+    }
     free_unpack(comm->unpack.get());
     comm->magic = 0;
     delete comm;

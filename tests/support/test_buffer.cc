@@ -1,6 +1,7 @@
 #include "tests/support/test_buffer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstring>
 
@@ -112,6 +113,15 @@ class CudaBuffer final : public TestBuffer {
 }  // namespace
 
 std::unique_ptr<TestBuffer> host_buffer(size_t size) { return std::make_unique<HostBuffer>(size); }
+
+LazyBuffer::LazyBuffer(size_t size) : size_(size) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+LazyBuffer::~LazyBuffer() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+}
 
 std::unique_ptr<TestBuffer> device_buffer(size_t size, int gpu, HostDevice* emu) {
     if (emu != nullptr) return std::make_unique<EmulatedDeviceBuffer>(size, gpu, emu);

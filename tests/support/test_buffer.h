@@ -33,6 +33,24 @@ class TestBuffer {
 };
 
 std::unique_ptr<TestBuffer> host_buffer(size_t size);
+
+// Host memory whose pages cost nothing until touched: an anonymous mapping, reading as zeros.
+// For the big buffers of tests that kill a peer mid-transfer, where only the first part is ever
+// touched (a zero-filled 1 GiB vector took seconds of page faults, ten times that on a busy
+// 2-core CI machine). data() is null when the mapping failed.
+class LazyBuffer {
+ public:
+    explicit LazyBuffer(size_t size);
+    ~LazyBuffer();
+    LazyBuffer(const LazyBuffer&) = delete;
+    LazyBuffer& operator=(const LazyBuffer&) = delete;
+    uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+
+ private:
+    size_t size_;
+    uint8_t* data_;
+};
 // GPU memory of `gpu`: emulated when `emu` is given, else real (null when there is no CUDA).
 std::unique_ptr<TestBuffer> device_buffer(size_t size, int gpu, HostDevice* emu);
 
