@@ -46,8 +46,18 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 // kMinBusySleep, then doubling up to kMaxBusySleep. The time bound matters on a loaded machine:
 // there each yield can hand the core to another process for milliseconds, and a thread that
 // sleeps is woken sooner than one that keeps yielding.
+// The spin is skipped while it does not pay: when most of the recent waits for work (requests in
+// flight, completions the transport signals) lasted longer than kBusySpinFor (an exponential
+// average over about kWaitHistory waits of whether a spin would have caught it; a count, so that
+// one long stall of a loaded machine does not turn the spin off). That is a wire slower than the
+// machine (a rate-limited NIC, a far peer): each wake moves a little (a writable socket, one
+// completion), and a spin after each cost a third of the CPU per GB moved in caller mode on a
+// 1 Gbit/s link. On a fast wire the work comes within microseconds, and the spin catches it
+// sooner and cheaper than a sleep and a wakeup would.
 constexpr int kBusySpins = 256;
 constexpr auto kBusySpinFor = std::chrono::microseconds(100);
+constexpr int kWaitHistory = 8;
+constexpr int kSpinScoreOne = 128;  // a caught wait's weight: the score runs from 0 to 8 of them
 // An API call waiting for a transfer (drive()): polls, yielding, this long, then sleeps until
 // the progress thread moves something.
 constexpr auto kDriveSpinFor = std::chrono::microseconds(200);
@@ -369,6 +379,10 @@ void Endpoint::Impl::run_progress_thread() {
     int idle = 0;                  // passes in a row that moved nothing
     Clock::time_point idle_since;  // since the first of them
     int naps = 0;  // timed sleeps in a row that moved nothing, while requests are in flight
+    // Since when nothing moved while something was in flight (unset: moving, or nothing to wait
+    // for), and how many recent such waits a spin would have caught: whether it pays (above).
+    Clock::time_point waiting_since{};
+    int spin_score = kWaitHistory * kSpinScoreOne;
     while (!stop_.load()) {
         const uint64_t posted = posted_.load();
         bool did = false;
@@ -398,12 +412,24 @@ void Endpoint::Impl::run_progress_thread() {
         // for it again and again).
         for (int i = 0; i < 1000 && api_waiting_.load() > 0; ++i) std::this_thread::yield();
         if (did) {
+            if (waiting_since != Clock::time_point{}) {
+                const bool caught = Clock::now() - waiting_since < kBusySpinFor;
+                spin_score += (caught ? kSpinScoreOne : 0) - spin_score / kWaitHistory;
+                waiting_since = Clock::time_point{};
+            }
             idle = 0;
             naps = 0;
             continue;
         }
+        if (!busy) {
+            waiting_since = Clock::time_point{};
+        } else if (waiting_since == Clock::time_point{}) {
+            waiting_since = Clock::now();
+        }
         if (idle++ == 0) idle_since = Clock::now();
-        if (busy && idle < kBusySpins && Clock::now() - idle_since < kBusySpinFor) {
+        // GPU work signals nothing: it is always spun for (then napped for) as before.
+        const bool spin_pays = poll || spin_score >= kWaitHistory * kSpinScoreOne / 2;
+        if (busy && spin_pays && idle < kBusySpins && Clock::now() - idle_since < kBusySpinFor) {
             std::this_thread::yield();
             continue;
         }
