@@ -61,6 +61,11 @@ bool host_figures(const EngineBenchOptions& o) {
     return o.mem == MemType::kVram && o.host_baseline;
 }
 
+std::string io_threads_phrase(int io_threads) {
+    return io_threads > 0 ? strformat("%d I/O threads per endpoint", io_threads)
+                          : std::string("socket I/O by each endpoint's progress thread (caller)");
+}
+
 namespace {
 
 // The size column is followed by a mark: `*` where the concurrency was cut.
@@ -133,11 +138,11 @@ void print_engine_line(const Config& c, const Setup& s) {
     if (c.net_plugin.empty()) {
         std::printf(
             "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
-            "inline up to %s, %d I/O threads per endpoint\n",
+            "inline up to %s, %s\n",
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             static_cast<long long>(c.nsocks), s.raw_streams,
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
-            format_bytes(c.xfer_inline_threshold).c_str(), s.io_threads);
+            format_bytes(c.xfer_inline_threshold).c_str(), io_threads_phrase(s.io_threads).c_str());
     } else {
         std::printf(
             "engine: %lld channel%s, chunk %s, window %lld, inline up to %s; net: ncclNet plugin "
@@ -273,7 +278,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         {"xfer_chunk_size", c.xfer_chunk_size},
         {"window", c.window},
         {"xfer_inline_threshold", c.xfer_inline_threshold},
-        {"io_threads_per_endpoint", s.io_threads},
+        {"io_threads_per_endpoint", s.io_threads},  // 0: caller mode (no I/O thread)
         {"target", s.target},
         {"min_seconds", o.min_seconds},
         {"min_iters", o.min_iters},
@@ -353,12 +358,10 @@ void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s
     // With an ncclNet plugin the data sockets and their threads are the plugin's (not NSOCKS nor
     // our I/O threads): the line says so, as the sweep's header does.
     if (c.net_plugin.empty()) {
-        std::printf(
-            "engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %d I/O threads per "
-            "endpoint\n",
-            static_cast<long long>(c.channels), plural(c.channels),
-            static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
-            static_cast<long long>(c.window), s.io_threads);
+        std::printf("engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %s\n",
+                    static_cast<long long>(c.channels), plural(c.channels),
+                    static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
+                    static_cast<long long>(c.window), io_threads_phrase(s.io_threads).c_str());
     } else {
         std::printf("engine: %lld channel%s, chunk %s, window %lld\n",
                     static_cast<long long>(c.channels), plural(c.channels),

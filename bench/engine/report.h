@@ -35,7 +35,7 @@ struct Row {
 // What ran, for the header lines.
 struct Setup {
     int raw_streams = 0;
-    int io_threads = 0;  // per endpoint
+    int io_threads = 0;  // per endpoint; 0: none, the progress thread does the I/O (caller)
     std::string target;  // with --connect: what the target said of its engine
 };
 
@@ -43,6 +43,10 @@ struct Setup {
 // from each peer's seconds.
 void split_directions(const std::vector<double>& secs, uint64_t bytes, uint64_t iters, double* all,
                       std::vector<double>* per_peer);
+
+// How the header names the endpoints' socket I/O: "N I/O threads per endpoint", or for 0 (caller
+// mode) that each endpoint's progress thread does it.
+std::string io_threads_phrase(int io_threads);
 
 // Whether the rows carry the host figures of --mem vram.
 bool host_figures(const EngineBenchOptions& o);
