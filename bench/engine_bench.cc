@@ -700,18 +700,13 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
 
 // The engine's settings as a line for the other side's header.
 std::string engine_summary(const Config& c) {
-    const int threads =
-        c.socket_io == "caller" ? 0
-        : c.io_threads > 0
-            ? static_cast<int>(c.io_threads)
-            : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
     if (!c.net_plugin.empty()) {
         return strformat("%lld channel%s, ncclNet plugin %s", static_cast<long long>(c.channels),
                          c.channels == 1 ? "" : "s", c.net_plugin.c_str());
     }
     return strformat("%lld channel%s x %lld data sockets, %s", static_cast<long long>(c.channels),
                      c.channels == 1 ? "" : "s", static_cast<long long>(c.nsocks),
-                     io_threads_phrase(threads).c_str());
+                     io_threads_phrase(io_threads_per_endpoint(c)).c_str());
 }
 
 // --connect: the side channel to the targets, greeted; with no --interface, the interface that
@@ -904,13 +899,7 @@ Status run(const EngineBenchOptions& options) {
             (void)serve_targets(target_config, o.interface, o.bidir, ch);
         });
     }
-    // With SOCKET_IO=caller (automatic on a small machine) the progress thread does the socket
-    // I/O and no I/O thread runs: 0 says so in the header.
-    setup.io_threads = config.socket_io == "caller" ? 0 : static_cast<int>(config.io_threads);
-    if (setup.io_threads == 0 && config.socket_io != "caller") {
-        setup.io_threads =
-            static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
-    }
+    setup.io_threads = io_threads_per_endpoint(config);
     std::vector<Row> rows;
     std::vector<KvRow> kv_rows;
     std::optional<std::pair<Stats, Stats>> counters;  // --stats: ours, the targets'

@@ -1,7 +1,9 @@
 #include "bench/engine/common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/harness/measure.h"
@@ -56,6 +58,12 @@ StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
     if (!o.window.empty()) TCPX_RETURN_IF_ERROR(c.set("WINDOW", o.window));
     TCPX_RETURN_IF_ERROR(c.validate());
     return c.effective();  // what runs, so that the header and the raw baseline match it
+}
+
+int io_threads_per_endpoint(const Config& c) {
+    if (c.socket_io == "caller") return 0;
+    if (c.io_threads > 0) return static_cast<int>(c.io_threads);
+    return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 16U));
 }
 
 bool parse_mem(const std::string& word, MemType* type) {

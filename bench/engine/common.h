@@ -62,6 +62,10 @@ enum Side { kInitiatorSide = 0, kTargetSide = 1 };
 // makes it current before transports allocate per-connection GPU memory.
 StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side);
 
+// The socket transport's I/O threads per endpoint under `c` (effective): 0 with SOCKET_IO=caller
+// (automatic on a small machine), where the progress thread does the I/O.
+int io_threads_per_endpoint(const Config& c);
+
 // --- memory ------------------------------------------------------------------------------------
 
 bool parse_mem(const std::string& word, MemType* type);

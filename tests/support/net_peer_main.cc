@@ -5,7 +5,6 @@
 //
 // Prints "posted" once the transfer is posted and "done" when it completes, then exits 0; exits 1
 // with a message on stderr on any error. Settings come from the TCPX_P2P_* environment.
-#include <sys/mman.h>
 
 #include <chrono>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "net/socket/socket_net.h"
+#include "tests/support/test_buffer.h"
 
 using namespace tcpx;
 
@@ -27,11 +27,6 @@ namespace {
 int fail(const Status& st) {
     std::fprintf(stderr, "tcpx_net_peer: %s\n", st.to_string().c_str());
     return 1;
-}
-
-void* map_buffer(size_t bytes) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
 }
 
 Status wait(net::Net* net, net::Request* req) {
@@ -70,11 +65,11 @@ int main(int argc, char** argv) {
             Status st = net->connect(0, &handle, &comm, nullptr);
             if (!st.ok()) return fail(st);
         }
-        void* buf = map_buffer(bytes);
-        if (buf == nullptr) return fail(internal_error("mmap"));
+        testing::LazyBuffer mapped(bytes);
+        if (mapped.data() == nullptr) return fail(internal_error("mmap"));
         net::Request* req = nullptr;
         while (req == nullptr) {
-            Status st = net->isend(comm, buf, bytes, 0, nullptr, &req);
+            Status st = net->isend(comm, mapped.data(), bytes, 0, nullptr, &req);
             if (!st.ok()) return fail(st);
         }
         std::printf("posted\n");
@@ -100,8 +95,9 @@ int main(int argc, char** argv) {
             if (!st.ok()) return fail(st);
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        void* buf = map_buffer(bytes);
-        if (buf == nullptr) return fail(internal_error("mmap"));
+        testing::LazyBuffer mapped(bytes);
+        if (mapped.data() == nullptr) return fail(internal_error("mmap"));
+        void* buf = mapped.data();
         net::Request* req = nullptr;
         int tag = 0;
         while (req == nullptr) {

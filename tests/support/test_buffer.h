@@ -45,7 +45,6 @@ class LazyBuffer {
     LazyBuffer(const LazyBuffer&) = delete;
     LazyBuffer& operator=(const LazyBuffer&) = delete;
     uint8_t* data() const { return data_; }
-    size_t size() const { return size_; }
 
  private:
     size_t size_;
