@@ -643,33 +643,21 @@ std::vector<std::string> serve_args(const EngineBenchOptions& o) {
 constexpr const char* kHello = "hello tcpx-p2p-bench-engine 1";
 
 std::string hello_line(const EngineBenchOptions& o) {
-    std::string line = kHello;
-    auto add = [&](const char* key, const std::string& v) {
-        if (!v.empty()) line += strformat(" %s=%s", key, v.c_str());
-    };
-    add("mem", mem_name(o.mem));
-    if (o.gpus.size() == 2) add("gpus", strformat("%d,%d", o.gpus[0], o.gpus[1]));
-    add("channels", o.channels);
-    add("nsocks", o.nsocks);
-    add("chunk", o.chunk);
-    add("window", o.window);
-    add("bidir", o.bidir ? "1" : "0");
-    add("time", strformat("%g", o.min_seconds));
-    return line;
+    return greeting_line(
+        kHello, {{"mem", mem_name(o.mem)},
+                 {"gpus", o.gpus.size() == 2 ? strformat("%d,%d", o.gpus[0], o.gpus[1]) : ""},
+                 {"channels", o.channels},
+                 {"nsocks", o.nsocks},
+                 {"chunk", o.chunk},
+                 {"window", o.window},
+                 {"bidir", o.bidir ? "1" : "0"},
+                 {"time", strformat("%g", o.min_seconds)}});
 }
 
 // The target's options from a hello line (its own --interface stays).
 Status parse_hello(const std::string& line, EngineBenchOptions* o) {
-    const std::string prefix = std::string(kHello);
-    if (line.rfind(prefix, 0) != 0 || (line.size() > prefix.size() && line[prefix.size()] != ' ')) {
-        return invalid_argument(
-            "not a tcpx-p2p bench engine initiator of this version (expected \"" + prefix + "\")");
-    }
-    for (const std::string& w : words(line.substr(prefix.size()))) {
-        const size_t eq = w.find('=');
-        if (eq == std::string::npos) return invalid_argument("hello: '" + w + "' is not key=value");
-        const std::string key = w.substr(0, eq);
-        const std::string value = w.substr(eq + 1);
+    TCPX_ASSIGN_OR_RETURN(auto settings, greeting_settings(line, kHello, "tcpx-p2p bench engine"));
+    for (const auto& [key, value] : settings) {
         if (key == "mem") {
             if (!parse_mem(value, &o->mem)) return invalid_argument("hello: bad mem");
         } else if (key == "gpus") {
@@ -692,7 +680,7 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
                 return invalid_argument("hello: bad time");
             }
         } else {
-            return invalid_argument("hello: unknown '" + w.substr(0, 64) + "'");
+            return invalid_argument("hello: unknown '" + (key + "=" + value).substr(0, 64) + "'");
         }
     }
     return Status();

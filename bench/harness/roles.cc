@@ -44,6 +44,11 @@ std::string LineQueue::pop() {
     return line;
 }
 
+bool LineQueue::wait(int ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return !lines_.empty(); });
+}
+
 bool QueueChannel::write_line(const std::string& line) {
     out_->push(line);
     return true;
@@ -85,12 +90,28 @@ bool FdChannel::write_line(const std::string& line) {
     return true;
 }
 
+bool FdChannel::wait_input(int ms) {
+    if (expired_ || buffer_.find('\n') != std::string::npos) return true;
+    if (timeout_ms_ >= 0 &&
+        std::chrono::steady_clock::now() - last_line_ > std::chrono::milliseconds(timeout_ms_)) {
+        why_ = strformat("no answer for %.1f s", timeout_ms_ / 1000.0);
+        expired_ = true;
+        return true;
+    }
+    pollfd pfd{in_, POLLIN, 0};
+    const int rc = ::poll(&pfd, 1, ms);
+    // Input, the end of it, or an error: read_line tells which.
+    return rc != 0 && !(rc < 0 && errno == EINTR);
+}
+
 bool FdChannel::read_line(std::string* line) {
+    if (expired_) return false;
     while (true) {
         const size_t nl = buffer_.find('\n');
         if (nl != std::string::npos) {
             *line = buffer_.substr(0, nl);
             buffer_.erase(0, nl + 1);
+            last_line_ = std::chrono::steady_clock::now();
             return true;
         }
         if (buffer_.size() > kMaxLineBytes) {
@@ -124,9 +145,18 @@ bool unhex_blob(const std::string& hex, std::string* bytes) {
 
 // --- the responder's loop ----------------------------------------------------------------------
 
-Status serve_commands(Channel* ch, const CommandFn& handle, const std::function<void()>& close) {
+Status serve_commands(Channel* ch, const CommandFn& handle, const std::function<void()>& close,
+                      const IdleWork* idle) {
     std::string line;
-    while (ch->read_line(&line)) {
+    while (true) {
+        if (idle != nullptr) {
+            const int ms = idle->every_ms();
+            if (ms >= 0) {
+                idle->run();
+                if (!ch->wait_input(ms)) continue;
+            }
+        }
+        if (!ch->read_line(&line)) break;
         const auto w = words(line);
         if (w.empty()) continue;
         if (w[0] == "quit") {
@@ -392,6 +422,30 @@ StatusOr<std::unique_ptr<SocketPeer>> connect_to_target(const std::string& addr,
     if (!parsed.ok()) return Status(parsed.status()).with_context("--connect");
     return SocketPeer::connect(*parsed, static_cast<int>(connect_timeout_s * 1000),
                                reply_timeout_ms);
+}
+
+std::string greeting_line(const std::string& hello,
+                          const std::vector<std::pair<std::string, std::string>>& settings) {
+    std::string line = hello;
+    for (const auto& [key, value] : settings) {
+        if (!value.empty()) line += " " + key + "=" + value;
+    }
+    return line;
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> greeting_settings(
+    const std::string& line, const std::string& hello, const std::string& program) {
+    if (line.rfind(hello, 0) != 0 || (line.size() > hello.size() && line[hello.size()] != ' ')) {
+        return invalid_argument("not a " + program + " initiator of this version (expected \"" +
+                                hello + "\")");
+    }
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const std::string& w : words(line.substr(hello.size()))) {
+        const size_t eq = w.find('=');
+        if (eq == std::string::npos) return invalid_argument("hello: '" + w + "' is not key=value");
+        out.emplace_back(w.substr(0, eq), w.substr(eq + 1));
+    }
+    return out;
 }
 
 StatusOr<std::string> greet_target(Peer* peer, const std::string& hello,

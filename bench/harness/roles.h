@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/socket.h"
@@ -32,6 +34,10 @@ class Channel {
     virtual bool read_line(std::string* line) = 0;
     // Why the last read_line or write_line failed, when it says more than "the peer went away".
     virtual std::string why() const { return ""; }
+    // Waits at most `ms` (0: not at all) for input; false when none came, so that the caller may
+    // do other work and ask again. True when read_line has something to read or would fail at
+    // once (the channel ended, or went without a line for longer than its timeout).
+    virtual bool wait_input(int ms) = 0;
 };
 
 // The longest line a channel accepts (the metadata of 256 endpoints fits many times over): a
@@ -43,6 +49,8 @@ class LineQueue {
  public:
     void push(std::string line);
     std::string pop();
+    // Whether a line is there, waiting at most `ms` for one.
+    bool wait(int ms);
 
  private:
     std::mutex mu_;
@@ -55,6 +63,7 @@ class QueueChannel final : public Channel {
     QueueChannel(LineQueue* out, LineQueue* in) : out_(out), in_(in) {}
     bool write_line(const std::string& line) override;
     bool read_line(std::string* line) override;
+    bool wait_input(int ms) override { return in_->wait(ms); }
 
  private:
     LineQueue* out_;
@@ -63,14 +72,23 @@ class QueueChannel final : public Channel {
 
 // Over a pair of file descriptors (a child's stdin/stdout, or one socket twice). A line longer
 // than kMaxLineBytes ends the channel; so does waiting longer than `timeout_ms` (-1: forever)
-// for a line to complete or for a write to make progress.
+// for a line to complete or for a write to make progress, and (through wait_input) going that
+// long without a line.
 class FdChannel final : public Channel {
  public:
-    FdChannel(int in, int out, int timeout_ms = -1) : in_(in), out_(out), timeout_ms_(timeout_ms) {}
+    FdChannel(int in, int out, int timeout_ms = -1)
+        : in_(in),
+          out_(out),
+          timeout_ms_(timeout_ms),
+          last_line_(std::chrono::steady_clock::now()) {}
     bool write_line(const std::string& line) override;
     bool read_line(std::string* line) override;
     std::string why() const override { return why_; }
-    void set_timeout(int timeout_ms) { timeout_ms_ = timeout_ms; }
+    bool wait_input(int ms) override;
+    void set_timeout(int timeout_ms) {
+        timeout_ms_ = timeout_ms;
+        last_line_ = std::chrono::steady_clock::now();
+    }
 
  private:
     // Waits until `fd` is ready for `events`; false (with why_) on a timeout or an error.
@@ -79,6 +97,8 @@ class FdChannel final : public Channel {
     int in_;
     int out_;
     int timeout_ms_;
+    std::chrono::steady_clock::time_point last_line_;  // read, or the timeout set
+    bool expired_ = false;  // wait_input saw no line for timeout_ms_: read_line fails
     std::string buffer_;
     std::string why_;
 };
@@ -97,11 +117,21 @@ bool unhex_blob(const std::string& hex, std::string* bytes);
 using CommandFn = std::function<Status(const std::vector<std::string>& w, const std::string& line,
                                        std::string* reply)>;
 
+// Work a responder does between commands (a NIXL target polling its agent's notifications, which
+// without a progress thread is what moves its side's data). Before each wait for a command,
+// `every_ms` says how long that wait may last before `run` runs (then the wait begins again):
+// -1 for no work now (wait for the command as long as the channel lets it), 0 for none at all.
+struct IdleWork {
+    std::function<int()> every_ms;
+    std::function<void()> run;
+};
+
 // Serves commands from `ch` until "quit" (then `close`, and "bye") or until the channel breaks
 // (then `close`, and UNAVAILABLE saying why). A number that does not parse (std::stoull and
 // friends throw) is an error reply, not the end of the process: on a side channel the commands
-// come from the network. Empty lines are ignored.
-Status serve_commands(Channel* ch, const CommandFn& handle, const std::function<void()>& close);
+// come from the network. Empty lines are ignored. With `idle`, its work runs between commands.
+Status serve_commands(Channel* ch, const CommandFn& handle, const std::function<void()>& close,
+                      const IdleWork* idle = nullptr);
 
 // Answers every command with "error <why>" until "quit" (answered "bye"): a responder that could
 // not start, so that the initiator reports the reason.
@@ -215,6 +245,15 @@ int reply_timeout_ms(double min_seconds);
 StatusOr<std::unique_ptr<SocketPeer>> connect_to_target(const std::string& addr,
                                                         double connect_timeout_s,
                                                         int reply_timeout_ms);
+
+// A greeting: `hello`, then " key=value" for every setting whose value is not empty.
+std::string greeting_line(const std::string& hello,
+                          const std::vector<std::pair<std::string, std::string>>& settings);
+
+// The settings of a greeting, in order: kInvalidArgument when `line` is not `hello` followed by
+// words key=value ("not a <program> initiator of this version", or which word is not).
+StatusOr<std::vector<std::pair<std::string, std::string>>> greeting_settings(
+    const std::string& line, const std::string& hello, const std::string& program);
 
 // Sends the greeting `hello_line` (which starts with `hello`) and returns what the target said
 // of itself after its own `hello`; an answer without it is not a target of this program's

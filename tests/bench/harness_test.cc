@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/harness/measure.h"
@@ -142,6 +144,81 @@ TEST(BenchRoles, RefusedCommandsSayWhy) {
         ASSERT_FALSE(r.ok());
         EXPECT_NE(r.status().message().find("no engine here"), std::string::npos);
     }
+}
+
+// Work between commands (IdleWork): it runs while no command comes, not while one is served,
+// and not at all while every_ms says -1.
+TEST(BenchRoles, IdleWorkRunsBetweenCommands) {
+    std::atomic<int> runs{0};
+    std::atomic<bool> working{true};
+    IdleWork idle;
+    idle.every_ms = [&] { return working ? 1 : -1; };
+    idle.run = [&] { ++runs; };
+    ThreadPeer peer([&](Channel* ch) {
+        (void)serve_commands(
+            ch,
+            [&](const std::vector<std::string>& w, const std::string&, std::string* reply) {
+                if (w[0] == "runs") *reply = std::to_string(runs.load());
+                if (w[0] == "stop") working = false;
+                return Status();
+            },
+            [] {}, &idle);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto r = peer.call("runs");
+    ASSERT_TRUE(r.ok());
+    EXPECT_GT(std::stoi(*r), 5);  // about one a millisecond while it waited
+    ASSERT_TRUE(peer.call("stop").ok());
+    const int stopped = runs.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_LE(runs.load(), stopped + 1);  // at most the one before the wait that saw -1
+    EXPECT_TRUE(peer.call("runs").ok());
+}
+
+TEST(BenchRoles, FdChannelWaitInputAndItsTimeout) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    {
+        FdChannel ch(fds[0], fds[1], 200);
+        EXPECT_FALSE(ch.wait_input(0));
+        EXPECT_FALSE(ch.wait_input(10));
+        ASSERT_TRUE(ch.write_line("a line"));
+        EXPECT_TRUE(ch.wait_input(0));
+        std::string line;
+        ASSERT_TRUE(ch.read_line(&line));
+        EXPECT_EQ(line, "a line");
+        // No line for longer than the timeout: wait_input says so, and read_line fails at once.
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        EXPECT_TRUE(ch.wait_input(0));
+        EXPECT_FALSE(ch.read_line(&line));
+        EXPECT_NE(ch.why().find("no answer for 0.2 s"), std::string::npos) << ch.why();
+    }
+    ::close(fds[0]);
+    ::close(fds[1]);
+}
+
+TEST(BenchRoles, GreetingsRoundTripAndRefuseStrangers) {
+    const std::string hello = "hello test-bench 1";
+    const std::string line = greeting_line(hello, {{"a", "1"}, {"empty", ""}, {"b", "x,y"}});
+    EXPECT_EQ(line, hello + " a=1 b=x,y");
+    auto settings = greeting_settings(line, hello, "test bench");
+    ASSERT_TRUE(settings.ok()) << settings.status().to_string();
+    EXPECT_EQ(*settings,
+              (std::vector<std::pair<std::string, std::string>>{{"a", "1"}, {"b", "x,y"}}));
+    settings = greeting_settings(hello, hello, "test bench");
+    ASSERT_TRUE(settings.ok());
+    EXPECT_TRUE(settings->empty());
+    for (const std::string& bad :
+         {std::string("GET / HTTP/1.0"), hello + "0 a=1", std::string("hello test-bench 2 a=1")}) {
+        settings = greeting_settings(bad, hello, "test bench");
+        ASSERT_FALSE(settings.ok()) << bad;
+        EXPECT_NE(settings.status().message().find("not a test bench initiator of this version"),
+                  std::string::npos)
+            << settings.status().to_string();
+    }
+    settings = greeting_settings(hello + " a=1 junk", hello, "test bench");
+    ASSERT_FALSE(settings.ok());
+    EXPECT_NE(settings.status().message().find("'junk' is not key=value"), std::string::npos);
 }
 
 TEST(BenchMemory, PatternsAndPoison) {
