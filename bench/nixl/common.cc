@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "bench/harness/roles.h"
 #include "common/status_util.h"
 
 namespace tcpx::bench::nixl_bench {
@@ -30,6 +31,11 @@ uint64_t region_bytes(const Options& o) {
                                     static_cast<uint64_t>(depth_for(o, size)));
     }
     return bytes;
+}
+
+int side_timeout_ms(const Options& o) {
+    return std::max(reply_timeout_ms(o.min_seconds),
+                    static_cast<int>((o.stall_seconds + 60) * 1000));
 }
 
 }  // namespace tcpx::bench::nixl_bench

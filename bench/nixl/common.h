@@ -38,7 +38,9 @@ struct Options {
     bool vram = false;
     int initiator_gpu = 0;
     int target_gpu = 0;
-    std::string interface = "=lo";  // the TCPX backend's "interface" parameter
+    // The TCPX backend's "interface" parameter; empty with --listen / --connect: the interface
+    // that holds this side's end of the side channel.
+    std::string interface = "=lo";
     // Backend parameters from --param BACKEND:key=value, applied over the plugin's defaults.
     std::vector<std::pair<std::string, std::pair<std::string, std::string>>> params;
     bool verify = true;
@@ -49,6 +51,12 @@ struct Options {
     double stall_seconds = 60;    // no completion for this long: the backend is stuck
     bool kv = false;              // the KV workload (bench/kv_workload.h) instead of the sweep
     KvShape kv_shape;
+    // Roles on two hosts: the target serves the initiator's commands on a TCP side channel
+    // accepted at `listen` (HOST:PORT, port 0: ephemeral); the initiator connects to `connect`.
+    // Both empty: both roles on this host, the target in a forked child.
+    std::string listen;
+    std::string connect;
+    double connect_timeout = 30;  // seconds the initiator tries to reach --connect
 };
 
 // "DRAM" or "VRAM", as the table says.
@@ -62,5 +70,10 @@ int depth_for(const Options& o, uint64_t size);
 
 // The region each side registers: room for the largest case.
 uint64_t region_bytes(const Options& o);
+
+// How long either end of the side channel waits for the other: a measurement's run, or a stuck
+// backend's --timeout (a --verify round waits that long for its notifications), with room to
+// spare.
+int side_timeout_ms(const Options& o);
 
 }  // namespace tcpx::bench::nixl_bench

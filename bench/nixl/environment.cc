@@ -86,4 +86,11 @@ Machine prepare_environment(char** argv, bool quiet) {
     return machine;
 }
 
+std::string describe(const Machine& m) {
+    return strformat("UCX_TLS=%s%s, NIXL_PLUGIN_DIR=%s, %ld cores, %s, %s", m.ucx_tls.c_str(),
+                     m.ucx_tls_set_here ? " (set by this program)" : "",
+                     m.plugin_dir.empty() ? "(unset)" : m.plugin_dir.c_str(), m.cores,
+                     m.cpu.empty() ? "?" : m.cpu.c_str(), m.kernel.c_str());
+}
+
 }  // namespace tcpx::bench::nixl_bench

@@ -14,7 +14,12 @@ struct Machine {
     bool ucx_tls_set_here = false;
     std::string ucx_net_devices;
     std::string plugin_dir;
+    // With --connect: where the target runs, as it described itself ("ADDR: ...").
+    std::string target;
 };
+
+// This host as the other end's header shows it: its environment and machine, on one line.
+std::string describe(const Machine& m);
 
 // Sets what both processes need before any agent exists: UCX over TCP unless the user chose its
 // transports (UCX_TLS), and this build's plugin directory unless NIXL_PLUGIN_DIR is set; the

@@ -1,25 +1,30 @@
 // tcpx-nixl-bench: NIXL backends side by side (TCPX and UCX by default), in one run, through
 // NIXL's public agent API only (nixlAgent) — what an application using NIXL would see.
 //
-// Two processes on this host: the program forks before any agent or thread exists; the child is
-// the target, the parent the initiator, and a socketpair between them carries the line-oriented
-// commands of the harness (bench/harness/roles.h: a ForkPeer; metadata as hex, preparing and
-// checking bytes for --verify). For each backend, both processes create an agent holding that
-// backend alone (with NIXL's progress thread unless --progress-thread off), register one region
-// each and the initiator loads the target's metadata. Then, for every op and size, the initiator
-// creates one transfer request per slot (createXferReq, `--batch` descriptors of `size` each)
-// and measures
+// Two processes on this host (the default): the program forks before any agent or thread exists;
+// the child is the target, the parent the initiator, and a socketpair between them carries the
+// line-oriented commands of the harness (bench/harness/roles.h: a ForkPeer; metadata as hex,
+// preparing and checking bytes for --verify). For each backend, both processes create an agent
+// holding that backend alone (with NIXL's progress thread unless --progress-thread off), register
+// one region each and the initiator loads the target's metadata. Then, for every op and size, the
+// initiator creates one transfer request per slot (createXferReq, `--batch` descriptors of `size`
+// each) and measures
 //   - throughput: `--depth` requests in flight, each reposted (postXferReq on the same handle) as
 //     soon as it completes, for about `--time` seconds and at least `--iters` rounds of `--depth`;
 //   - latency: one request at a time, post to completion, median and p99.
 // The target application does nothing but poll getNotifs until the initiator says stop: the
 // transfers are one-sided. A backend that cannot be created is reported and skipped.
 //
+// Two hosts: the target runs with --listen HOST:PORT, the initiator with --connect HOST:PORT
+// and every measurement option; the same commands then travel over the harness's TCP side
+// channel (side_channel.cc), and the output is the same as on one host.
+//
 // UCX: unless UCX_TLS is set, the program sets UCX_TLS=tcp before the fork (so both agents see
-// it), for a TCP-against-TCP comparison.
+// it; on two hosts, each side for its own), for a TCP-against-TCP comparison.
 //
 // The files of bench/nixl/, each with one job:
 //   main.cc         the options, the environment, the roles (this file)
+//   side_channel.*  two hosts: --connect's greeting, --listen's target
 //   common.{h,cc}   the names, operations and options both sides share; depth and region sizes
 //   environment.*   NIXL_PLUGIN_DIR and UCX_TLS before any agent exists; the machine
 //   agent.{h,cc}    a side's registered region (with --verify's slots) and its NIXL agent
@@ -42,6 +47,7 @@
 #include "bench/kv_workload.h"
 #include "bench/nixl/common.h"
 #include "bench/nixl/environment.h"
+#include "bench/nixl/side_channel.h"
 #include "bench/nixl/sweep.h"
 #include "bench/nixl/target.h"
 #include "common/params.h"
@@ -63,7 +69,8 @@ bool split_list(const std::string& text, std::vector<std::string>* out) {
 int nixl_bench_main(int argc, char** argv) {
     CLI::App app{
         "tcpx-nixl-bench: NIXL backends (TCPX, UCX, ...) side by side through nixlAgent, "
-        "initiator and target in two processes on this host"};
+        "initiator and target in two processes on this host, or on two hosts (--listen / "
+        "--connect)"};
     Options o;
     std::string backends = "TCPX,UCX";
     std::string ops = "write,read";
@@ -101,9 +108,23 @@ int nixl_bench_main(int argc, char** argv) {
         ->check(CLI::IsMember({"dram", "vram"}));
     app.add_option("--gpus", gpus, "With --mem vram: initiator GPU,target GPU")
         ->capture_default_str();
-    app.add_option("--interface", o.interface,
-                   "The TCPX backend's 'interface' parameter (TCPX_P2P_SOCKET_IFNAME syntax)")
-        ->capture_default_str();
+    auto* interface_opt =
+        app.add_option("--interface", o.interface,
+                       "The TCPX backend's 'interface' parameter (TCPX_P2P_SOCKET_IFNAME syntax) "
+                       "of this host's agent (default: =lo; with --listen / --connect the side "
+                       "channel's)")
+            ->capture_default_str();
+    auto* listen_opt = app.add_option(
+        "--listen", o.listen,
+        "Be the target side of two hosts: serve the initiator's commands on a TCP side channel "
+        "at HOST:PORT (port 0: any; the banner says which); plaintext, unauthenticated");
+    auto* connect_opt = app.add_option(
+        "--connect", o.connect,
+        "Be the initiator side of two hosts: drive the target listening at HOST:PORT");
+    app.add_option("--connect-timeout", o.connect_timeout,
+                   "Seconds --connect keeps trying while nothing listens there yet")
+        ->capture_default_str()
+        ->check(CLI::Range(0.1, 3600.0));
     app.add_option("--param", params,
                    "A backend parameter over the plugin's default, BACKEND:key=value (repeatable), "
                    "e.g. TCPX:nsocks=4 or UCX:num_workers=2");
@@ -134,6 +155,23 @@ int nixl_bench_main(int argc, char** argv) {
         std::fprintf(stderr, "%s: %s\n", kProgram, msg.c_str());
         return 2;
     };
+    // Roles: the combinations that cannot work, before anything starts.
+    const bool listen = listen_opt->count() > 0;
+    const bool connect = connect_opt->count() > 0;
+    if (listen && connect) return usage("--listen and --connect: one host has one role");
+    if ((listen || connect) && interface_opt->count() == 0) o.interface.clear();
+    if (listen) {
+        for (const char* name :
+             {"--backends",   "--ops",     "--sizes",      "--depth",   "--batch",
+              "--max-memory", "--time",    "--iters",      "--mem",     "--gpus",
+              "--param",      "--verify",  "--no-latency", "--timeout", "--kv",
+              "--kv-shape",   "--kv-pool", "--kv-blocks",  "--json",    "--progress-thread"}) {
+            if (app.get_option(name)->count() > 0) {
+                return usage(std::string("--listen: ") + name +
+                             " is the initiator's to choose (give it to --connect)");
+            }
+        }
+    }
     if (!split_list(backends, &o.backends)) return usage("--backends: no backend");
     o.kv = kv.kv;
     if (Status st = parse_kv_options(kv, &o.kv_shape); !st.ok()) {
@@ -196,6 +234,24 @@ int nixl_bench_main(int argc, char** argv) {
     const Machine machine = prepare_environment(argv, o.json);
 
     ::signal(SIGPIPE, SIG_IGN);
+    if (listen) {
+        Status st = listen_and_serve(o, machine);
+        if (!st.ok()) {
+            std::fprintf(stderr, "%s: %s\n", kProgram, st.to_string().c_str());
+            return 1;
+        }
+        std::fprintf(stderr, "%s: the initiator is done\n", kProgram);
+        return 0;
+    }
+    if (connect) {
+        Machine here = machine;
+        StatusOr<std::unique_ptr<Peer>> peer = connect_target(&o, &here.target);
+        if (!peer.ok()) {
+            std::fprintf(stderr, "%s: %s\n", kProgram, peer.status().to_string().c_str());
+            return 1;
+        }
+        return run_initiator(o, std::move(*peer), here);
+    }
     // No agent, no thread and no CUDA context exists yet: both sides start clean.
     StatusOr<std::unique_ptr<ForkPeer>> peer = ForkPeer::fork([&o](int fd) {
         FdChannel channel(fd, fd);

@@ -38,7 +38,10 @@ std::string usecs(double v) {
 
 // The machine, the environment and every backend's parameters.
 void print_header(const Options& o, const Machine& m, const std::vector<BackendInfo>& backends) {
-    std::printf("%s: NIXL backends through nixlAgent, 2 processes on this host, %s%s\n", kProgram,
+    const std::string where = o.connect.empty()
+                                  ? "2 processes on this host"
+                                  : "initiator here, target on " + o.connect + " (side channel)";
+    std::printf("%s: NIXL backends through nixlAgent, %s, %s%s\n", kProgram, where.c_str(),
                 mem_name(o), o.kv ? ", a paged KV cache (--kv), one request at a time" : "");
     std::printf("machine: %ld cores, %s, %s\n", m.cores, m.cpu.empty() ? "?" : m.cpu.c_str(),
                 m.kernel.c_str());
@@ -46,6 +49,7 @@ void print_header(const Options& o, const Machine& m, const std::vector<BackendI
                 m.ucx_tls_set_here ? " (set by this program)" : " (from the environment)");
     if (!m.ucx_net_devices.empty()) std::printf(", UCX_NET_DEVICES=%s", m.ucx_net_devices.c_str());
     std::printf("\nNIXL_PLUGIN_DIR=%s\n", m.plugin_dir.empty() ? "(unset)" : m.plugin_dir.c_str());
+    if (!m.target.empty()) std::printf("target: %s\n", m.target.c_str());
     std::printf("NIXL progress threads: %s\n",
                 o.progress_thread ? "on (both agents)"
                                   : "off (data moves inside the applications' calls; the target "
@@ -162,6 +166,10 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
                      {"verify", o.verify},
                      {"progress_thread", o.progress_thread}};
     if (o.vram) out["config"]["gpus"] = {o.initiator_gpu, o.target_gpu};
+    if (!o.connect.empty()) {
+        out["config"]["connect"] = o.connect;
+        out["config"]["target"] = m.target;
+    }
     out["backends"] = json::array();
     for (const BackendInfo& b : backends) {
         json j = {{"name", b.name},

@@ -38,7 +38,7 @@ namespace {
 // them (--progress-thread off), without pause, since only its calls move its side's data.
 class Target {
  public:
-    explicit Target(const Options& o) : o_(o) {}
+    Target(const Options& o, uint64_t max_region) : o_(o), max_region_(max_region) {}
     ~Target() { end(); }
 
     Status serve(Channel* ch) {
@@ -97,6 +97,10 @@ class Target {
 
     Status alloc(uint64_t bytes) {
         if (bytes == 0) return invalid_argument("alloc: 0 bytes");
+        if (bytes > max_region_) {
+            return invalid_argument(
+                strformat("alloc: more than %s per side", format_bytes(max_region_).c_str()));
+        }
         end();  // the agent's registration is of the old region
         memory_.reset();
         TCPX_ASSIGN_OR_RETURN(memory_, Memory::allocate(o_.vram, o_.target_gpu, bytes));
@@ -170,6 +174,7 @@ class Target {
     }
 
     const Options& o_;
+    const uint64_t max_region_;
     std::unique_ptr<Memory> memory_;
     Agent agent_;  // after memory_: goes first
     bool registered_ = false;
@@ -179,8 +184,8 @@ class Target {
 
 }  // namespace
 
-Status serve_target(const Options& o, Channel* ch) {
-    Target target(o);
+Status serve_target(const Options& o, Channel* ch, uint64_t max_region) {
+    Target target(o, max_region);
     return target.serve(ch);
 }
 

@@ -1,13 +1,21 @@
 // tcpx-nixl-bench, run as a user runs it, with the TCPX backend only (the NIXL of a test machine
 // may have no other): the KV workload (--kv) verified byte for byte, its options refused with a
-// clear message and exit code, and the CPU time per GB of both processes in every row.
+// clear message and exit code, the CPU time per GB of both processes in every row, and the two
+// roles over loopback (--listen on 127.0.0.1, --connect from a second process): the same rows as
+// the forked run, strays and hostile commands refused, bad addresses and roles refused.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "common/socket.h"
 #include "tests/cli/cli_run.h"
+#include "tests/cli/roles_run.h"
 
 namespace tcpx {
 namespace {
@@ -18,7 +26,15 @@ using testing::exited_with;
 using testing::has_all;
 using testing::json_of;
 using testing::lines_of;
+using testing::ListeningTarget;
 using testing::positive_under;
+
+const std::map<std::string, std::string> kEnv = {{"LD_LIBRARY_PATH", TCPX_NIXL_LIB_DIR}};
+
+// Without the short-measurement options: a --listen target refuses them.
+CliResult run_plain(std::vector<std::string> args) {
+    return testing::run_program(TCPX_NIXL_BENCH_PATH, std::move(args), kEnv);
+}
 
 CliResult run_bench(std::vector<std::string> args) {
     // Short measurements: these tests check behaviour, not speed.
@@ -26,8 +42,39 @@ CliResult run_bench(std::vector<std::string> args) {
          {"--backends", "TCPX", "--time", "0.02", "--iters", "2", "--no-progress"}) {
         args.push_back(a);
     }
-    return testing::run_program(TCPX_NIXL_BENCH_PATH, std::move(args),
-                                {{"LD_LIBRARY_PATH", TCPX_NIXL_LIB_DIR}});
+    return run_plain(std::move(args));
+}
+
+// A target listening on 127.0.0.1, an ephemeral port.
+bool start_target(ListeningTarget* target) {
+    return target->start_program({TCPX_NIXL_BENCH_PATH, "--listen", "127.0.0.1:0"}, kEnv);
+}
+
+// A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
+std::string closed_port() {
+    auto fd = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 1);
+    EXPECT_TRUE(fd.ok());
+    return std::to_string(local_address(fd->get()).value().port());
+}
+
+// A raw client of the target's side channel: sends `lines`, returns what came back until the
+// target closed (or 5 s passed).
+std::string side_channel_exchange(const ListeningTarget& target, const std::string& lines) {
+    const auto addr =
+        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
+    EXPECT_TRUE(addr.ok());
+    auto fd = connect_blocking(*addr, 5000);
+    EXPECT_TRUE(fd.ok());
+    if (!fd.ok()) return "";
+    EXPECT_TRUE(send_all(fd->get(), lines.data(), lines.size()).ok());
+    timeval tv{5, 0};
+    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd->get(), buf, sizeof(buf), 0)) > 0;) {
+        got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
 }
 
 // --kv at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces, one NIXL request of
@@ -137,6 +184,167 @@ TEST(NixlBenchCli, WithoutProgressThreadsEveryCaseIsVerified) {
     const CliResult bad = run_bench({"--progress-thread", "sometimes"});
     EXPECT_FALSE(exited_with(bad, 0)) << bad.output;
     EXPECT_TRUE(contains(bad.output, "--progress-thread: sometimes not in {on,off}")) << bad.output;
+}
+
+// The two roles in two processes over loopback: the same rows as the forked run of the same
+// options, every figure measured, every case verified; the header and JSON name the target.
+TEST(NixlBenchRoles, ListenAndConnectGiveTheRowsOfTheForkedRun) {
+    const std::vector<std::string> args = {"--sizes", "64K", "--verify", "--json"};
+    const CliResult forked = run_bench(args);
+    ASSERT_TRUE(exited_with(forked, 0));
+    const nlohmann::json want = json_of(forked.output);
+    ASSERT_TRUE(want.is_object()) << forked.output;
+
+    ListeningTarget target;
+    ASSERT_TRUE(start_target(&target));
+    EXPECT_TRUE(contains(target.output(), "plaintext, unauthenticated")) << target.output();
+    std::vector<std::string> connect = {"--connect", target.address()};
+    connect.insert(connect.end(), args.begin(), args.end());
+    const CliResult r = run_bench(connect);
+    ASSERT_TRUE(exited_with(r, 0));
+    const nlohmann::json doc = json_of(r.output);
+    ASSERT_TRUE(doc.is_object()) << r.output;
+    EXPECT_EQ(doc.value("benchmark", ""), "nixl");
+    EXPECT_EQ(doc["config"].value("connect", ""), target.address());
+    EXPECT_TRUE(contains(doc["config"].value("target", ""), "=lo")) << r.output;
+    EXPECT_FALSE(want["config"].contains("connect")) << forked.output;
+    // The TCPX backend's interface: the side channel's (loopback), as in the forked run.
+    EXPECT_EQ(doc["backends"][0]["params"].value("interface", ""), "=lo") << r.output;
+
+    auto cases = [](const nlohmann::json& d) {
+        std::vector<std::tuple<std::string, std::string, std::string, uint64_t, int, int>> out;
+        for (const auto& row : d["results"]) {
+            out.emplace_back(row.value("backend", ""), row.value("op", ""), row.value("mem", ""),
+                             row.value("size", uint64_t{0}), row.value("batch", 0),
+                             row.value("depth", 0));
+        }
+        return out;
+    };
+    EXPECT_EQ(cases(doc), cases(want)) << r.output;
+    ASSERT_EQ(doc["results"].size(), 2u) << r.output;  // WRITE and READ
+    for (const auto& row : doc["results"]) {
+        SCOPED_TRACE(row.dump());
+        EXPECT_FALSE(row.contains("error"));
+        EXPECT_TRUE(row.value("verified", false));
+        EXPECT_GT(row.value("gbps", 0.0), 0);
+        EXPECT_GT(row.value("requests", 0), 0);
+        EXPECT_GT(row.value("cpu_s_per_gb", 0.0), 0);
+        // The target is the other process: its CPU time is reported back and counted.
+        EXPECT_GT(row.value("cpu_seconds_target_process", 0.0), 0);
+        EXPECT_GT(row["latency"].value("p50_us", 0.0), 0);
+        EXPECT_GT(row["latency"].value("p99_us", 0.0), 0);
+    }
+    const int status = target.finish();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << target.output();
+    EXPECT_TRUE(has_all(target.output(), {"serving 127.0.0.1:", "the initiator is done"}));
+}
+
+// The table over the side channel: the forked run's header and columns, the target named.
+TEST(NixlBenchRoles, TheTableNamesTheTarget) {
+    ListeningTarget target;
+    ASSERT_TRUE(start_target(&target));
+    const CliResult r = run_bench({"--connect", target.address(), "--sizes", "4K,1M", "--batch",
+                                   "2", "--progress-thread", "off", "--verify"});
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(contains(r.output, "target on " + target.address() + " (side channel)"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "target: " + target.address() + ": =lo")) << r.output;
+    EXPECT_TRUE(has_all(r.output, {"NIXL progress threads: off", "TCPX    WRITE DRAM",
+                                   "TCPX    READ  DRAM", "verified: "}));
+    EXPECT_TRUE(positive_under(r.output, "backend op", {"GB/s", "CPU s/GB"}));
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
+// A stray client (a wrong greeting, or the right one with a setting it does not know) is refused
+// and the target goes on listening for the real initiator.
+TEST(NixlBenchRoles, StraysAreRefusedAndTheTargetStillServes) {
+    ListeningTarget target;
+    ASSERT_TRUE(start_target(&target));
+    std::string got = side_channel_exchange(target, "GET / HTTP/1.0\n");
+    EXPECT_TRUE(has_all(got, {"error ", "not a tcpx-nixl-bench initiator of this version"}));
+    got = side_channel_exchange(target, "hello tcpx-nixl-bench 1 mem=disk\n");
+    EXPECT_TRUE(has_all(got, {"error ", "hello: unknown 'mem=disk'"}));
+    got = side_channel_exchange(target, "hello tcpx-nixl-bench 1 param=zz\n");
+    EXPECT_TRUE(has_all(got, {"error ", "hello: bad param"}));
+    const CliResult r =
+        run_bench({"--connect", target.address(), "--sizes", "4K", "--ops", "write"});
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_EQ(target.finish(), 0) << target.output();
+    EXPECT_TRUE(contains(target.output(), "refused")) << target.output();
+}
+
+// A client that greets correctly and then sends what no initiator would: every command gets an
+// error reply (malformed numbers, a region past the side channel's bound, commands out of
+// order), never a crash, and the target ends cleanly on quit.
+TEST(NixlBenchRoles, HostileCommandsGetErrorReplies) {
+    ListeningTarget target;
+    ASSERT_TRUE(start_target(&target));
+    const std::string got = side_channel_exchange(target,
+                                                  "hello tcpx-nixl-bench 1 mem=dram time=0.1\n"
+                                                  "alloc lots\n"
+                                                  "alloc 999999999999999\n"
+                                                  "alloc 0\n"
+                                                  "begin TCPX\n"
+                                                  "prepare 1 4096 2 fill\n"
+                                                  "alloc 4096\n"
+                                                  "prepare 1 18446744073709551615 2 fill\n"
+                                                  "check 1 4096 1 1 data\n"
+                                                  "kvcheck 1 0 1\n"
+                                                  "nonsense\n"
+                                                  "quit\n");
+    EXPECT_TRUE(
+        has_all(got, {"hello tcpx-nixl-bench 1 =lo, UCX_TLS=", "malformed command",
+                      "alloc: more than 64 GiB per side", "alloc: 0 bytes", "begin before alloc",
+                      "prepare before alloc", "slots beyond the registered region",
+                      "check outside begin/end", "no KV pool", "unknown command", "bye"}))
+        << got;
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
+TEST(NixlBenchRoles, NothingListeningIsAClearErrorInBoundedTime) {
+    const auto start = std::chrono::steady_clock::now();
+    const CliResult r = run_bench(
+        {"--connect", "127.0.0.1:" + closed_port(), "--connect-timeout", "1", "--sizes", "4K"});
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(has_all(r.output, {"no benchmark target answers at 127.0.0.1:", "refused"}));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(NixlBenchRoles, BadAddressesAndRolesAreRefused) {
+    for (const char* where : {"127.0.0.1", "127.0.0.1:", ":7000", "127.0.0.1:99999", "127.0.0.1:0",
+                              "::1:7000", "[::1]7000", "127.0.0.1:7x"}) {
+        SCOPED_TRACE(std::string("--connect '") + where + "'");
+        const CliResult r = run_bench({"--connect", where, "--sizes", "4K"});
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(contains(r.output, "--connect: ")) << r.output;
+        EXPECT_TRUE(contains(r.output, "HOST:PORT") || contains(r.output, "[IPV6]:PORT"))
+            << r.output;
+    }
+    for (const char* where : {"127.0.0.1:port", "127.0.0.1", "127.0.0.1:70000"}) {
+        SCOPED_TRACE(std::string("--listen '") + where + "'");
+        const CliResult r = run_plain({"--listen", where});
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(has_all(r.output, {"--listen: ", "HOST:PORT"}));
+        EXPECT_FALSE(contains(r.output, "listening on")) << r.output;
+    }
+    struct Case {
+        std::vector<std::string> args;
+        const char* says;
+    };
+    const std::string p = "127.0.0.1:" + closed_port();
+    const std::vector<Case> cases = {
+        {{"--listen", p, "--connect", p}, "one host has one role"},
+        {{"--listen", p, "--sizes", "4K"}, "--listen: --sizes is the initiator's to choose"},
+        {{"--listen", p, "--backends", "TCPX"}, "--listen: --backends is the initiator's"},
+        {{"--listen", p, "--kv"}, "--listen: --kv is the initiator's to choose"},
+        {{"--listen", p, "--json"}, "--listen: --json is the initiator's to choose"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.says);
+        const CliResult r = run_plain(c.args);
+        EXPECT_TRUE(exited_with(r, 2));
+        EXPECT_TRUE(contains(r.output, c.says)) << r.output;
+    }
 }
 
 }  // namespace

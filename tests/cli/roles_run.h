@@ -1,11 +1,13 @@
-// The two roles of `tcpx-p2p bench engine` as two processes: the target (--listen) started in the
-// background and its banner read for the address it listens on, the initiator (--connect) run to
-// completion. `prefix` runs the target under another command (`ip netns exec NS`).
+// The two roles of `tcpx-p2p bench engine` (or of tcpx-nixl-bench, which has the same) as two
+// processes: the target (--listen) started in the background and its banner read for the address
+// it listens on, the initiator (--connect) run to completion. `prefix` runs the target under
+// another command (`ip netns exec NS`).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,7 +29,14 @@ class ListeningTarget {
             argv.push_back(a);
         }
         argv.insert(argv.end(), extra.begin(), extra.end());
-        if (!p_.start(argv, {}, /*merge_stderr=*/true)) {
+        return start_program(argv);
+    }
+
+    // Starts another program's target (`argv` holds its --listen) with `env` added to the
+    // environment, and waits for its banner as start() does.
+    bool start_program(const std::vector<std::string>& argv,
+                       const std::map<std::string, std::string>& env = {}) {
+        if (!p_.start(argv, env, /*merge_stderr=*/true)) {
             ADD_FAILURE() << "could not start the target";
             return false;
         }
