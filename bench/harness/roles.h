@@ -119,8 +119,9 @@ using CommandFn = std::function<Status(const std::vector<std::string>& w, const 
 
 // Work a responder does between commands (a NIXL target polling its agent's notifications, which
 // without a progress thread is what moves its side's data). Before each wait for a command,
-// `every_ms` says how long that wait may last before `run` runs (then the wait begins again):
-// -1 for no work now (wait for the command as long as the channel lets it), 0 for none at all.
+// `every_ms` says whether `run` runs and how long the wait after it may last before it runs
+// again: -1, no work now (wait for the command as long as the channel lets it); 0, run it again
+// at once (poll without pause); more, at most that many milliseconds apart.
 struct IdleWork {
     std::function<int()> every_ms;
     std::function<void()> run;
