@@ -33,7 +33,10 @@ std::string cpu_cell(const Throughput& t) {
 }
 
 std::string gbps_cell(const Throughput& t) {
-    return t.iters ? strformat("%.2f", t.gbps) : std::string("-");
+    if (!t.iters) return "-";
+    // Two decimals, or two significant digits below 0.1: a slow run (a loaded machine, 4 KiB
+    // transfers) still shows what it moved instead of 0.00.
+    return strformat(t.gbps >= 0.095 || t.gbps <= 0 ? "%.2f" : "%.2g", t.gbps);
 }
 
 std::string usecs_cell(double us, uint64_t iters) {

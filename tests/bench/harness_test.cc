@@ -433,6 +433,11 @@ TEST(BenchReport, Cells) {
     t.seconds = 1;
     t.cpu_seconds = 0.5;
     EXPECT_EQ(gbps_cell(t), "2.00");
+    t.gbps = 0.0034;  // a slow run shows what it moved, not 0.00
+    EXPECT_EQ(gbps_cell(t), "0.0034");
+    t.gbps = 0.1;
+    EXPECT_EQ(gbps_cell(t), "0.10");
+    t.gbps = 2;
     EXPECT_EQ(cpu_cell(t), "0.250");
     EXPECT_EQ(usecs_cell(12.34, 1), "12.3 us");
     EXPECT_EQ(usecs_cell(12.34, 0), "-");
