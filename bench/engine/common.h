@@ -1,4 +1,4 @@
-// The pieces of `tcpx-p2p bench engine` that its initiator (bench/engine_bench.cc), its targets
+// The pieces of `tcpx-p2p bench engine` that its initiator (initiator.cc, sweep.cc), its targets
 // (target.cc) and its report (report.cc) share: the operations, the counters' line, each side's
 // settings, registered memory, and the loop that keeps transfers in flight on lanes.
 #pragma once

@@ -1,0 +1,131 @@
+#include "bench/engine/side_channel.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bench/engine/common.h"
+#include "bench/engine/report.h"
+#include "bench/engine/target.h"
+#include "bench/harness/measure.h"
+#include "common/status_util.h"
+#include "common/strings.h"
+#include "tcpx/config.h"
+
+namespace tcpx::bench::engine_bench {
+namespace {
+
+constexpr const char* kHello = "hello tcpx-p2p-bench-engine 1";
+
+std::string hello_line(const EngineBenchOptions& o) {
+    return greeting_line(
+        kHello, {{"mem", mem_name(o.mem)},
+                 {"gpus", o.gpus.size() == 2 ? strformat("%d,%d", o.gpus[0], o.gpus[1]) : ""},
+                 {"channels", o.channels},
+                 {"nsocks", o.nsocks},
+                 {"chunk", o.chunk},
+                 {"window", o.window},
+                 {"bidir", o.bidir ? "1" : "0"},
+                 {"time", strformat("%g", o.min_seconds)}});
+}
+
+// The target's options from a hello line (its own --interface stays).
+Status parse_hello(const std::string& line, EngineBenchOptions* o) {
+    TCPX_ASSIGN_OR_RETURN(auto settings, greeting_settings(line, kHello, "tcpx-p2p bench engine"));
+    for (const auto& [key, value] : settings) {
+        if (key == "mem") {
+            if (!parse_mem(value, &o->mem)) return invalid_argument("hello: bad mem");
+        } else if (key == "gpus") {
+            if (!parse_gpu_pair(value, &o->gpus)) return invalid_argument("hello: bad gpus");
+        } else if (key == "channels") {
+            o->channels = value;
+        } else if (key == "nsocks") {
+            o->nsocks = value;
+        } else if (key == "chunk") {
+            o->chunk = value;
+        } else if (key == "window") {
+            o->window = value;
+        } else if (key == "bidir" && (value == "0" || value == "1")) {
+            o->bidir = value == "1";
+        } else if (key == "time") {
+            char* end = nullptr;
+            o->min_seconds = std::strtod(value.c_str(), &end);
+            if (end == value.c_str() || *end != '\0' || !(o->min_seconds > 0) ||
+                o->min_seconds > 600) {
+                return invalid_argument("hello: bad time");
+            }
+        } else {
+            return invalid_argument("hello: unknown '" + (key + "=" + value).substr(0, 64) + "'");
+        }
+    }
+    return Status();
+}
+
+// The engine's settings as a line for the other side's header.
+std::string engine_summary(const Config& c) {
+    if (!c.net_plugin.empty()) {
+        return strformat("%lld channel%s, ncclNet plugin %s", static_cast<long long>(c.channels),
+                         c.channels == 1 ? "" : "s", c.net_plugin.c_str());
+    }
+    return strformat("%lld channel%s x %lld data sockets, %s", static_cast<long long>(c.channels),
+                     c.channels == 1 ? "" : "s", static_cast<long long>(c.nsocks),
+                     io_threads_phrase(io_threads_per_endpoint(c)).c_str());
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Peer>> connect_targets(EngineBenchOptions* o, std::string* target) {
+    TCPX_ASSIGN_OR_RETURN(auto peer, connect_to_target(o->connect, o->connect_timeout,
+                                                       reply_timeout_ms(o->min_seconds)));
+    if (o->interface.empty()) {
+        StatusOr<std::string> name = interface_of(peer->local());
+        if (!name.ok()) {
+            return Status(name.status()).with_context("--connect without --interface");
+        }
+        o->interface = "=" + *name;
+    }
+    TCPX_ASSIGN_OR_RETURN(std::string said, greet_target(peer.get(), kHello, hello_line(*o),
+                                                         "tcpx-p2p bench engine", o->connect));
+    *target = o->connect + ": " + said;
+    return std::unique_ptr<Peer>(std::move(peer));
+}
+
+Status listen_and_serve(const EngineBenchOptions& options) {
+    EngineBenchOptions o = options;
+    TCPX_ASSIGN_OR_RETURN(Fd listener,
+                          listen_side_channel("tcpx-p2p bench engine", options.listen));
+    TCPX_ASSIGN_OR_RETURN(SideChannel side, accept_initiator("tcpx-p2p bench engine", listener,
+                                                             [&](const std::string& line) {
+                                                                 o = options;
+                                                                 return parse_hello(line, &o);
+                                                             }));
+    FdChannel& ch = *side.channel;
+    Status st;
+    if (o.interface.empty()) {
+        TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
+        StatusOr<std::string> name = interface_of(local);
+        if (!name.ok()) {
+            st = Status(name.status()).with_context("--listen without --interface");
+            ch.write_line("error " + st.to_string());
+            return st;
+        }
+        o.interface = "=" + *name;
+    }
+    StatusOr<Config> config = bench_config(o, kTargetSide);
+    if (!config.ok()) {
+        st = Status(config.status()).with_context("target");
+        ch.write_line("error " + st.to_string());
+        return st;
+    }
+    std::fprintf(stderr, "tcpx-p2p bench engine: serving %s on %s\n", side.who.c_str(),
+                 o.interface.c_str());
+    if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " + engine_summary(*config))) {
+        return unavailable("initiator " + side.who + " went away");
+    }
+    ch.set_timeout(reply_timeout_ms(o.min_seconds));
+    return serve_targets(*config, o.interface, o.bidir, &ch).with_context("initiator " + side.who);
+}
+
+}  // namespace tcpx::bench::engine_bench
