@@ -80,11 +80,7 @@ StatusOr<std::unique_ptr<Peer>> connect_targets(EngineBenchOptions* o, std::stri
     TCPX_ASSIGN_OR_RETURN(auto peer, connect_to_target(o->connect, o->connect_timeout,
                                                        reply_timeout_ms(o->min_seconds)));
     if (o->interface.empty()) {
-        StatusOr<std::string> name = interface_of(peer->local());
-        if (!name.ok()) {
-            return Status(name.status()).with_context("--connect without --interface");
-        }
-        o->interface = "=" + *name;
+        TCPX_ASSIGN_OR_RETURN(o->interface, side_channel_interface(peer->local(), "--connect"));
     }
     TCPX_ASSIGN_OR_RETURN(std::string said, greet_target(peer.get(), kHello, hello_line(*o),
                                                          "tcpx-p2p bench engine", o->connect));
@@ -105,13 +101,12 @@ Status listen_and_serve(const EngineBenchOptions& options) {
     Status st;
     if (o.interface.empty()) {
         TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
-        StatusOr<std::string> name = interface_of(local);
+        StatusOr<std::string> name = side_channel_interface(local, "--listen");
         if (!name.ok()) {
-            st = Status(name.status()).with_context("--listen without --interface");
-            ch.write_line("error " + st.to_string());
-            return st;
+            ch.write_line("error " + name.status().to_string());
+            return name.status();
         }
-        o.interface = "=" + *name;
+        o.interface = *name;
     }
     StatusOr<Config> config = bench_config(o, kTargetSide);
     if (!config.ok()) {

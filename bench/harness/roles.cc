@@ -411,6 +411,12 @@ StatusOr<std::string> interface_of(const SocketAddress& addr) {
 
 // --- two hosts: the side channel ----------------------------------------------------------------
 
+StatusOr<std::string> side_channel_interface(const SocketAddress& local, const std::string& flag) {
+    StatusOr<std::string> name = interface_of(local);
+    if (!name.ok()) return Status(name.status()).with_context(flag + " without --interface");
+    return "=" + *name;
+}
+
 int reply_timeout_ms(double min_seconds) {
     return static_cast<int>(std::min(3600.0, 10 * min_seconds + 180) * 1000);
 }

@@ -237,6 +237,11 @@ StatusOr<SocketAddress> parse_host_port(const std::string& text, bool allow_port
 // (a wildcard address, or another host's).
 StatusOr<std::string> interface_of(const SocketAddress& addr);
 
+// Either side of two hosts run without --interface: the interface that holds its end of the side
+// channel (`local`), as a --interface value ("=NAME"). The error says that `flag` ("--connect" or
+// "--listen") ran without --interface, and why no interface would do.
+StatusOr<std::string> side_channel_interface(const SocketAddress& local, const std::string& flag);
+
 // How long the initiator waits for an answer: a measurement's run, or the engine's connect
 // timeout, with room to spare.
 int reply_timeout_ms(double min_seconds);

@@ -83,11 +83,7 @@ StatusOr<std::unique_ptr<Peer>> connect_target(Options* o, std::string* target) 
     TCPX_ASSIGN_OR_RETURN(auto peer,
                           connect_to_target(o->connect, o->connect_timeout, side_timeout_ms(*o)));
     if (o->interface.empty()) {
-        StatusOr<std::string> name = interface_of(peer->local());
-        if (!name.ok()) {
-            return Status(name.status()).with_context("--connect without --interface");
-        }
-        o->interface = "=" + *name;
+        TCPX_ASSIGN_OR_RETURN(o->interface, side_channel_interface(peer->local(), "--connect"));
     }
     TCPX_ASSIGN_OR_RETURN(std::string said,
                           greet_target(peer.get(), kHello, hello_line(*o), kProgram, o->connect));
@@ -106,13 +102,12 @@ Status listen_and_serve(const Options& options, const Machine& machine) {
     FdChannel& ch = *side.channel;
     if (o.interface.empty()) {
         TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
-        StatusOr<std::string> name = interface_of(local);
+        StatusOr<std::string> name = side_channel_interface(local, "--listen");
         if (!name.ok()) {
-            Status st = Status(name.status()).with_context("--listen without --interface");
-            ch.write_line("error " + st.to_string());
-            return st;
+            ch.write_line("error " + name.status().to_string());
+            return name.status();
         }
-        o.interface = "=" + *name;
+        o.interface = *name;
     }
     std::fprintf(stderr, "%s: serving %s on %s\n", kProgram, side.who.c_str(), o.interface.c_str());
     if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " + describe(machine))) {

@@ -86,6 +86,14 @@ TEST(BenchSideChannel, HostPorts) {
     auto lo = interface_of(*a);
     ASSERT_TRUE(lo.ok()) << lo.status().to_string();
     EXPECT_EQ(*lo, "lo");
+    // Two hosts without --interface: the side channel's, as the option's value, or why not.
+    auto value = side_channel_interface(*a, "--connect");
+    ASSERT_TRUE(value.ok()) << value.status().to_string();
+    EXPECT_EQ(*value, "=lo");
+    auto none = side_channel_interface(*parse_host_port("0.0.0.0:80", false), "--listen");
+    ASSERT_FALSE(none.ok());
+    EXPECT_NE(none.status().to_string().find("--listen without --interface"), std::string::npos)
+        << none.status().to_string();
 }
 
 TEST(BenchSideChannel, StrayRefusedThenInitiatorServed) {
