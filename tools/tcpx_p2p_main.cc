@@ -7,6 +7,7 @@
 
 #include "bench/engine_bench.h"
 #include "bench/harness/measure.h"
+#include "bench/harness/roles.h"
 #include "bench/net_bench.h"
 #include "bench/soak_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA
@@ -321,16 +322,13 @@ int main(int argc, char** argv) {
         }
         if ((listen || connect) && eng_interface_opt->count() == 0) eng_opts.interface.clear();
         if (listen) {
-            for (const char* o : {"--pairs", "--bidir", "--peers", "--gpus", "--sizes", "--op",
-                                  "--json", "--verify", "--mem"}) {
-                if (bench_engine->get_option(o)->count() > 0) {
-                    std::fprintf(stderr,
-                                 "tcpx-p2p bench engine: --listen: %s is the initiator's to "
-                                 "choose (give it to --connect)\n",
-                                 o);
-                    return 2;
-                }
-            }
+            const tcpx::Status st = tcpx::bench::check_initiator_only(
+                {"--pairs", "--bidir", "--peers", "--gpus", "--sizes", "--op", "--json", "--verify",
+                 "--mem"},
+                [&](const std::string& name) {
+                    return bench_engine->get_option(name)->count() > 0;
+                });
+            if (!st.ok()) return usage(std::string(st.message()).c_str());
             return tcpx::bench::listen_engine_bench(eng_opts);
         }
         if (eng_gpus_opt->count() > 0 && eng_gpus == "all") {

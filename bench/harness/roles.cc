@@ -411,6 +411,17 @@ StatusOr<std::string> interface_of(const SocketAddress& addr) {
 
 // --- two hosts: the side channel ----------------------------------------------------------------
 
+Status check_initiator_only(const std::vector<std::string>& initiator_only,
+                            const std::function<bool(const std::string&)>& given) {
+    for (const std::string& name : initiator_only) {
+        if (given(name)) {
+            return invalid_argument("--listen: " + name +
+                                    " is the initiator's to choose (give it to --connect)");
+        }
+    }
+    return Status();
+}
+
 StatusOr<std::string> side_channel_interface(const SocketAddress& local, const std::string& flag) {
     StatusOr<std::string> name = interface_of(local);
     if (!name.ok()) return Status(name.status()).with_context(flag + " without --interface");

@@ -237,6 +237,13 @@ StatusOr<SocketAddress> parse_host_port(const std::string& text, bool allow_port
 // (a wildcard address, or another host's).
 StatusOr<std::string> interface_of(const SocketAddress& addr);
 
+// The target of two hosts gets what it needs in the initiator's greeting: with --listen, an option
+// that only the initiator chooses is an error. INVALID_ARGUMENT for the first of `initiator_only`
+// that `given` says is on the command line ("--listen: NAME is the initiator's to choose (give it
+// to --connect)"); OK when none is.
+Status check_initiator_only(const std::vector<std::string>& initiator_only,
+                            const std::function<bool(const std::string&)>& given);
+
 // Either side of two hosts run without --interface: the interface that holds its end of the side
 // channel (`local`), as a --interface value ("=NAME"). The error says that `flag` ("--connect" or
 // "--listen") ran without --interface, and why no interface would do.

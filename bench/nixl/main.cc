@@ -161,16 +161,13 @@ int nixl_bench_main(int argc, char** argv) {
     if (listen && connect) return usage("--listen and --connect: one host has one role");
     if ((listen || connect) && interface_opt->count() == 0) o.interface.clear();
     if (listen) {
-        for (const char* name :
-             {"--backends",   "--ops",     "--sizes",      "--depth",   "--batch",
-              "--max-memory", "--time",    "--iters",      "--mem",     "--gpus",
-              "--param",      "--verify",  "--no-latency", "--timeout", "--kv",
-              "--kv-shape",   "--kv-pool", "--kv-blocks",  "--json",    "--progress-thread"}) {
-            if (app.get_option(name)->count() > 0) {
-                return usage(std::string("--listen: ") + name +
-                             " is the initiator's to choose (give it to --connect)");
-            }
-        }
+        const Status st = check_initiator_only(
+            {"--backends",   "--ops",     "--sizes",      "--depth",   "--batch",
+             "--max-memory", "--time",    "--iters",      "--mem",     "--gpus",
+             "--param",      "--verify",  "--no-latency", "--timeout", "--kv",
+             "--kv-shape",   "--kv-pool", "--kv-blocks",  "--json",    "--progress-thread"},
+            [&](const std::string& name) { return app.get_option(name)->count() > 0; });
+        if (!st.ok()) return usage(std::string(st.message()));
     }
     if (!split_list(backends, &o.backends)) return usage("--backends: no backend");
     o.kv = kv.kv;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -219,6 +220,21 @@ TEST(BenchRoles, GreetingsRoundTripAndRefuseStrangers) {
     settings = greeting_settings(hello + " a=1 junk", hello, "test bench");
     ASSERT_FALSE(settings.ok());
     EXPECT_NE(settings.status().message().find("'junk' is not key=value"), std::string::npos);
+}
+
+TEST(BenchRoles, ListenRefusesTheInitiatorsOptions) {
+    const std::vector<std::string> initiator_only = {"--sizes", "--json"};
+    auto given = [](std::vector<std::string> on_line) {
+        return [on_line](const std::string& name) {
+            return std::find(on_line.begin(), on_line.end(), name) != on_line.end();
+        };
+    };
+    EXPECT_TRUE(check_initiator_only(initiator_only, given({"--interface"})).ok());
+    const Status st = check_initiator_only(initiator_only, given({"--json", "--sizes"}));
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    // The first of the list that is given, whatever the command line's order.
+    EXPECT_EQ(st.message(),
+              "--listen: --sizes is the initiator's to choose (give it to --connect)");
 }
 
 TEST(BenchMemory, PatternsAndPoison) {
