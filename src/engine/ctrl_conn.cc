@@ -58,7 +58,9 @@ Status CtrlConn::read(bool* eof) {
         if (begin_ == end_) begin_ = end_ = 0;
         // A peer cannot make us buffer without bound: past two maximal messages, what is here
         // gets handled before more is read (TCP holds the rest back).
-        if (end_ - begin_ > 2 * (sizeof(wire::Header) + max_message_)) return Status();
+        if (end_ - begin_ > 2 * (sizeof(wire::Header) + max_message_ + inline_allowance_)) {
+            return Status();
+        }
         if (in_.size() - end_ < kReadChunk) {
             if (begin_ > 0) {
                 std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
@@ -82,9 +84,11 @@ StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* bo
     if (header->magic != wire::kMagic) {
         return protocol_error(strformat("corrupt control stream (magic 0x%08x)", header->magic));
     }
-    if (header->length > max_message_) {
+    const uint32_t limit =
+        max_message_ + ((header->flags & wire::kFlagInline) ? inline_allowance_ : 0);
+    if (header->length > limit) {
         return protocol_error(strformat("control message of %u bytes exceeds the limit of %u",
-                                        header->length, max_message_));
+                                        header->length, limit));
     }
     if (end_ - begin_ < sizeof(wire::Header) + header->length) return false;
     *body = std::string_view(in_.data() + begin_ + sizeof(wire::Header), header->length);

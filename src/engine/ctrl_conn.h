@@ -27,8 +27,15 @@ class CtrlConn {
     void close() { fd_.reset(); }
 
     // The largest message body accepted from now on (kHandshakeMessage until the handshake is
-    // done; at most MAX_CTRL_MESSAGE after).
-    void set_max_message(uint32_t bytes) { max_message_ = bytes; }
+    // done; at most MAX_CTRL_MESSAGE after), and how many more bytes a message flagged
+    // kFlagInline may carry (a transfer's data, at most XFER_INLINE_THRESHOLD's and
+    // XFER_INLINE_ALONE's largest value: 0 until the handshake is done). The sender counts only
+    // the request itself against its limit, so a peer with a lower MAX_CTRL_MESSAGE still takes
+    // small transfers inline.
+    void set_max_message(uint32_t bytes, uint32_t inline_bytes = 0) {
+        max_message_ = bytes;
+        inline_allowance_ = inline_bytes;
+    }
 
     // Queues a complete message (header included).
     void queue(std::string msg);
@@ -53,6 +60,7 @@ class CtrlConn {
     size_t end_ = 0;
     size_t consumed_ = 0;  // bytes of the message handed out last, dropped at the next call
     uint32_t max_message_ = wire::kHandshakeMessage;
+    uint32_t inline_allowance_ = 0;
 };
 
 }  // namespace tcpx::engine

@@ -198,7 +198,7 @@ std::string encode_write_ack(uint64_t xfer, const Status& st) {
 }
 
 std::string encode_read_req(const ReadReq& m) {
-    std::string msg = begin_message(MsgType::kReadReq, 0);
+    std::string msg = begin_message(MsgType::kReadReq, m.flags & kFlagInline);
     Writer w(&msg);
     w.u64(m.xfer);
     w.u64(m.chunk);
@@ -341,8 +341,9 @@ Status decode_write_ack(std::string_view body, WriteAck* m) {
     return Status();
 }
 
-Status decode_read_req(std::string_view body, ReadReq* m) {
+Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m) {
     Reader r(body);
+    m->flags = flags & kFlagInline;
     m->xfer = r.u64();
     m->chunk = r.u64();
     if (m->chunk != 0 && m->chunk < kMinChunk) return malformed(MsgType::kReadReq);

@@ -36,6 +36,9 @@ inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
 inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
+// The most bytes a transfer carries inside its control message (XFER_INLINE_THRESHOLD's and
+// XFER_INLINE_ALONE's upper bound): accepted beyond MAX_CTRL_MESSAGE (ctrl_conn.h).
+inline constexpr uint32_t kMaxInlineData = 1u << 20;
 // Before a peer is ready (authenticated, HELLO exchanged) no message may be larger than this: a
 // HELLO with 16 handles is under 3 KiB.
 inline constexpr uint32_t kHandshakeMessage = 64u << 10;
@@ -182,6 +185,9 @@ struct WriteAck {
 };
 
 struct ReadReq {
+    // kFlagInline: the reader is alone with us and reads into host memory: data up to our
+    // XFER_INLINE_ALONE is welcome inside the READ_RESP. Other bits are ignored.
+    uint16_t flags = 0;
     uint64_t xfer = 0;
     uint64_t chunk = 0;  // as WriteReq::chunk
     std::vector<Segment> segs;
@@ -248,7 +254,7 @@ Status decode_auth_fail(std::string_view body, std::string_view* reason);
 Status decode_hello(std::string_view body, Hello* m);
 Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
 Status decode_write_ack(std::string_view body, WriteAck* m);
-Status decode_read_req(std::string_view body, ReadReq* m);
+Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m);
 Status decode_read_resp(std::string_view body, uint16_t flags, ReadResp* m);
 Status decode_notif(std::string_view body, std::string_view* payload);
 Status decode_send_rts(std::string_view body, SendRts* m);

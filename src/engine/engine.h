@@ -450,6 +450,14 @@ class Endpoint::Impl {
     void maybe_finish(Xfer* x);
     void destroy(Xfer* x);
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
+    // A WRITE's, before it is posted to `p`: more for host memory when nothing else is in flight
+    // with the peer (the data then rides in the request, one message on one socket; under load
+    // the data channels, which spread over sockets, carry it).
+    uint64_t inline_limit(const Peer& p, bool gpu) const {
+        return gpu || !p.xfers.empty()
+                   ? config_.xfer_inline_threshold
+                   : std::max(config_.xfer_inline_threshold, config_.xfer_inline_alone);
+    }
 
     Status check_serving_limit(const Peer& p) const;
     // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
@@ -461,7 +469,7 @@ class Endpoint::Impl {
     StatusOr<Xfer*> take_awaiting(Peer& p, uint64_t wire_id, Xfer::Kind kind, const char* what);
     Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_write_ack(Peer& p, std::string_view body);
-    Status on_read_req(Peer& p, std::string_view body);
+    Status on_read_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_read_resp(Peer& p, uint16_t flags, std::string_view body);
     Status on_send_rts(Peer& p, std::string_view body);
     Status on_recv_cts(Peer& p, std::string_view body);

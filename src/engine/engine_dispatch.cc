@@ -33,7 +33,7 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
         case wire::MsgType::kWriteAck:
             return on_write_ack(p, body);
         case wire::MsgType::kReadReq:
-            return on_read_req(p, body);
+            return on_read_req(p, h.flags, body);
         case wire::MsgType::kReadResp:
             return on_read_resp(p, h.flags, body);
         case wire::MsgType::kNotif: {
@@ -204,9 +204,9 @@ Status Endpoint::Impl::on_write_ack(Peer& p, std::string_view body) {
     return Status();
 }
 
-Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
+Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view body) {
     wire::ReadReq req;
-    TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, &req));
+    TCPX_RETURN_IF_ERROR(wire::decode_read_req(body, flags, &req));
     TCPX_RETURN_IF_ERROR(check_request_chunk(p, req.chunk, "READ_REQ"));
     TCPX_RETURN_IF_ERROR(check_serving_limit(p));
     std::vector<Region*> regions;
@@ -229,7 +229,14 @@ Status Endpoint::Impl::on_read_req(Peer& p, std::string_view body) {
         count(p, &Stats::requests_served);
         return Status();
     }
-    if (total <= inline_limit()) {
+    // Inline up to the threshold; a reader alone with us (it asks) into host memory, from host
+    // memory here, up to XFER_INLINE_ALONE.
+    bool host_only = true;
+    for (const Region* r : regions) host_only = host_only && r->kind != MemKind::kCuda;
+    const uint64_t limit = (req.flags & wire::kFlagInline) && host_only
+                               ? std::max(inline_limit(), config_.xfer_inline_alone)
+                               : inline_limit();
+    if (total <= limit) {
         std::string payload;
         Status st;
         for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {

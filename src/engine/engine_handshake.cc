@@ -488,8 +488,9 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
 
 void Endpoint::Impl::become_ready(Peer& p) {
     p.state = State::kReady;
-    // From now on the peer's requests may be as large as MAX_CTRL_MESSAGE.
-    p.ctrl.set_max_message(static_cast<uint32_t>(config_.max_ctrl_message));
+    // From now on the peer's requests may be as large as MAX_CTRL_MESSAGE, plus a transfer's
+    // bytes inline (at most the largest inline limit a peer can be configured with).
+    p.ctrl.set_max_message(static_cast<uint32_t>(config_.max_ctrl_message), wire::kMaxInlineData);
     const auto now = Clock::now();
     for (Channel& ch : p.tx) ch.last_progress = now;
     for (Channel& ch : p.rx) ch.last_progress = now;

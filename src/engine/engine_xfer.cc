@@ -314,10 +314,10 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("write", iov));
     uint64_t total = 0;
     for (const IoVec& v : iov) total += v.len;
-    // The request must fit one control message (the peer refuses larger ones).
-    const uint64_t request_bytes = 64 + 24 * iov.size() +
-                                   (notification ? notification->size() : 0) +
-                                   (total <= inline_limit() ? total : 0);
+    const bool gpu = touches_gpu(iov, regions);
+    // The request must fit one control message (the peer refuses larger ones; inline data may
+    // come on top, see CtrlConn::set_max_message).
+    const uint64_t request_bytes = 64 + 24 * iov.size() + (notification ? notification->size() : 0);
     if (request_bytes > config_.max_ctrl_message) {
         return invalid_argument(strformat(
             "write: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
@@ -325,7 +325,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
             iov.size(), notification ? notification->size() : size_t{0},
             static_cast<unsigned long long>(config_.max_ctrl_message)));
     }
-    const bool is_inline = total <= inline_limit();
+    const bool is_inline = total <= inline_limit(*p, gpu);
     std::string payload;  // an inline write's bytes, read before anything is sent
     if (is_inline) {
         for (size_t i = 0; i < iov.size(); ++i) {
@@ -351,7 +351,6 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     wire::end_message(&msg);
     const XferId id = x->user_id;
     // (An inline write's bytes were read above: what the region holds at the post is sent.)
-    const bool gpu = touches_gpu(iov, regions);
     issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg)]() mutable {
         // The chunk size is the peer's (known once connected), or less for a short GPU transfer
         // that has the peer to itself (under load, smaller chunks would only hold staging slots
@@ -405,6 +404,13 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     uint64_t total = 0;
     for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
     const bool gpu = touches_gpu(iov, regions);
+    // Alone with the peer (x is all it has) and into host memory: the target may answer with the
+    // data inline (it checks its own memory and limit).
+    bool local_host = true;
+    for (const Region* r : regions) local_host = local_host && r->kind != MemKind::kCuda;
+    if (local_host && p->xfers.size() == 1 && config_.xfer_inline_alone > 0) {
+        req.flags |= wire::kFlagInline;
+    }
     issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
         x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
         wire::set_request_chunk(&msg, x->chunk);

@@ -227,6 +227,51 @@ TEST(EngineFault, DropOnOnePeersCommLeavesTheOtherPeerWorking) {
         "drop:isend:2@comm1,drop:isend:2@comm2,drop:isend:2@comm3,drop:isend:2@comm4");
 }
 
+// A host-memory transfer of up to XFER_INLINE_ALONE (64 KiB) that has its peer to itself rides in
+// its control message: a data channel whose every send fails is never used, for a WRITE (the
+// initiator's sends) or a READ (the target's, asked by the reader). Without the rule
+// (XFER_INLINE_ALONE=0) the same transfers take the data channel and fail. A target whose
+// MAX_CTRL_MESSAGE is the smallest allowed takes the 64 KiB of data on top of it.
+TEST(EngineFault, ALoneSmallHostTransferTravelsInline) {
+    for (const bool alone_inline : {true, false}) {
+        SCOPED_TRACE(alone_inline ? "XFER_INLINE_ALONE 64 KiB" : "XFER_INLINE_ALONE 0");
+        for (const Direction dir : {Direction::kWrite, Direction::kRead}) {
+            SCOPED_TRACE(dir == Direction::kWrite ? "write" : "read");
+            Config ca = fault_config(dir == Direction::kWrite ? "fail:isend:1" : "");
+            Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
+            cb.max_ctrl_message = 64 * 1024;
+            ca.max_ctrl_message = 64 * 1024;
+            if (!alone_inline) ca.xfer_inline_alone = cb.xfer_inline_alone = 0;
+            Pair p;
+            ASSERT_TRUE(p.open(ca, cb));
+            constexpr uint64_t kLen64K = 64 * 1024;
+            GuardedBuffer* src = dir == Direction::kWrite ? p.abuf.get() : p.bbuf.get();
+            GuardedBuffer* dst = dir == Direction::kWrite ? p.bbuf.get() : p.abuf.get();
+            fill_pattern(src->data() + kOffset, kLen64K, 77);
+            auto x = dir == Direction::kWrite
+                         ? p.a->write(p.link.a_to_b, p.amem, kOffset, p.bdesc, kOffset, kLen64K)
+                         : p.a->read(p.link.a_to_b, p.amem, kOffset, p.bdesc, kOffset, kLen64K);
+            ASSERT_TRUE(x.ok()) << x.status().to_string();
+            const Status st = p.a->wait(*x, kBound);
+            ASSERT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+            if (alone_inline) {
+                ASSERT_TRUE(st.ok()) << st.to_string();
+                EXPECT_EQ(find_pattern_mismatch(dst->data() + kOffset, kLen64K, 77), -1);
+                // One byte past 64 KiB is a chunk on the data channel again: it fails.
+                auto big = p.a->write(p.link.a_to_b, p.amem, 0, p.bdesc, 0, kLen64K + 1);
+                if (dir == Direction::kWrite) {
+                    ASSERT_TRUE(big.ok());
+                    EXPECT_FALSE(p.a->wait(*big, kBound).ok());
+                }
+            } else {
+                EXPECT_FALSE(st.ok());
+            }
+            EXPECT_TRUE(p.abuf->canaries_intact());
+            EXPECT_TRUE(p.bbuf->canaries_intact());
+        }
+    }
+}
+
 TEST(EngineFault, MalformedFaultSpecIsRefusedAtCreation) {
     auto ep = Endpoint::create(fault_config("fail:isend:1,bogus"), "x");
     ASSERT_FALSE(ep.ok());

@@ -103,14 +103,15 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
         }
         case w::MsgType::kReadReq: {
             w::ReadReq m;
-            if (!w::decode_read_req(body, &m).ok()) return false;
+            if (!w::decode_read_req(body, flags, &m).ok()) return false;
             FUZZ_CHECK(m.segs.size() <= w::kMaxSegments);
             FUZZ_CHECK(m.chunk == 0 || m.chunk >= w::kMinChunk);
+            FUZZ_CHECK(m.flags == (flags & w::kFlagInline));
             const std::string msg = w::encode_read_req(m);
-            FUZZ_CHECK(body_of(msg, type, 0) == body);
+            FUZZ_CHECK(body_of(msg, type, m.flags) == body);
             w::ReadReq again;
-            FUZZ_CHECK(w::decode_read_req(body_of(msg, type, 0), &again).ok());
-            FUZZ_CHECK(again.xfer == m.xfer && again.chunk == m.chunk &&
+            FUZZ_CHECK(w::decode_read_req(body_of(msg, type, m.flags), m.flags, &again).ok());
+            FUZZ_CHECK(again.xfer == m.xfer && again.chunk == m.chunk && again.flags == m.flags &&
                        same_segments(again.segs, m.segs));
             return true;
         }

@@ -1,7 +1,8 @@
 // The engine's control-connection framing (engine::CtrlConn: read + next_message) on an
 // arbitrary byte stream, each message it hands out decoded like the engine would. The stream
 // arrives through a socketpair in two writes, so messages also straddle reads.
-// Input: one byte that picks where the stream is split, then the stream.
+// Input: one byte that picks where the stream is split (and with its low bit, limits as after the
+// handshake: a small MAX_CTRL_MESSAGE, and inline data on top of it), then the stream.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,7 +32,7 @@ void write_all(int fd, const uint8_t* p, size_t n) {
 
 // Reads what arrived, then hands out every complete message. Returns false after a protocol
 // error (the engine drops the connection then).
-bool drain(tcpx::engine::CtrlConn* conn, size_t* handed_out) {
+bool drain(tcpx::engine::CtrlConn* conn, uint32_t limit, size_t* handed_out) {
     bool eof = false;
     FUZZ_CHECK(conn->read(&eof).ok());
     while (true) {
@@ -45,6 +46,7 @@ bool drain(tcpx::engine::CtrlConn* conn, size_t* handed_out) {
         if (!*got) return true;
         FUZZ_CHECK(h.magic == w::kMagic);
         FUZZ_CHECK(h.length <= w::kMaxBody && body.size() == h.length);
+        FUZZ_CHECK(h.length <= limit + ((h.flags & w::kFlagInline) ? w::kMaxInlineData : 0));
         *handed_out += sizeof(w::Header) + body.size();
         tcpx::fuzz::check_message(static_cast<w::MsgType>(h.type), h.flags, body);
     }
@@ -66,14 +68,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // fresh one would map and zero its 256 KiB read buffer every time (100x slower).
     static auto* conn = new tcpx::engine::CtrlConn;
     conn->reset(tcpx::Fd(fds[0]));
+    // After the handshake: a limit small enough for fuzzed messages to cross, and the inline
+    // allowance above it (otherwise the handshake's 64 KiB, no allowance).
+    const bool ready = (data[0] & 1) != 0;
+    const uint32_t limit = ready ? 512 : w::kHandshakeMessage;
+    conn->set_max_message(limit, ready ? w::kMaxInlineData : 0);
 
     size_t handed_out = 0;
     write_all(writer.get(), stream, split);
-    bool good = drain(conn, &handed_out);
+    bool good = drain(conn, limit, &handed_out);
     if (good) {
         write_all(writer.get(), stream + split, len - split);
         writer.reset();
-        good = drain(conn, &handed_out);
+        good = drain(conn, limit, &handed_out);
     }
     if (good) FUZZ_CHECK(handed_out + conn->buffered() == len);
     FUZZ_CHECK(handed_out <= len);

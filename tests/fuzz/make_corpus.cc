@@ -91,6 +91,8 @@ std::vector<Msg> control_messages() {
     rreq.chunk = 128 * 1024;
     rreq.segs = segs;
     out.push_back({"read_req", w::encode_read_req(rreq)});
+    rreq.flags = w::kFlagInline;
+    out.push_back({"read_req_inline_welcome", w::encode_read_req(rreq)});
     out.push_back({"read_resp_inline",
                    closed(w::encode_read_resp(43, w::kFlagInline, tcpx::Status()), "abcdefg")});
     out.push_back({"read_resp_chunks", closed(w::encode_read_resp(43, 0, tcpx::Status()))});

@@ -65,11 +65,19 @@ TEST(CtrlWire, RequestsCarryTheirChunkSize) {
     r.segs = {{1, 0, 10}};
     ReadReq rout;
     msg = encode_read_req(r);
-    ASSERT_TRUE(decode_read_req(body_of(msg), &rout).ok());
+    ASSERT_TRUE(decode_read_req(body_of(msg), flags_of(msg), &rout).ok());
     EXPECT_EQ(rout.chunk, kMinChunk);
+    EXPECT_EQ(rout.flags, 0);
+    // The reader's "inline welcome" travels in the header; other bits are ignored.
+    r.flags = kFlagInline;
+    ASSERT_TRUE(
+        decode_read_req(body_of(encode_read_req(r)), flags_of(encode_read_req(r)), &rout).ok());
+    EXPECT_EQ(rout.flags, kFlagInline);
+    ASSERT_TRUE(decode_read_req(body_of(msg), 0xfffd, &rout).ok());
+    EXPECT_EQ(rout.flags, 0);
     // Below the smallest chunk (but not 0, "the agreed one"): malformed.
     set_request_chunk(&msg, kMinChunk - 1);
-    EXPECT_EQ(decode_read_req(body_of(msg), &rout).code(), StatusCode::kProtocol);
+    EXPECT_EQ(decode_read_req(body_of(msg), 0, &rout).code(), StatusCode::kProtocol);
     msg = encode_write_req(w);
     end_message(&msg);
     set_request_chunk(&msg, 1);
@@ -88,7 +96,7 @@ TEST(CtrlWire, EveryTruncationIsRefused) {
     const std::string messages[] = {
         w,
         encode_write_ack(5, Status(StatusCode::kNotFound, "nope")),
-        encode_read_req(ReadReq{9, 0, {{1, 2, 3}}}),
+        encode_read_req(ReadReq{kFlagInline, 9, 0, {{1, 2, 3}}}),
         encode_recv_cts(1, 2, Status()),
         encode_send_rts(SendRts{1, 2, 3}),
         encode_notif("payload"),
@@ -114,7 +122,7 @@ TEST(CtrlWire, EveryTruncationIsRefused) {
                 }
                 case MsgType::kReadReq: {
                     ReadReq m;
-                    st = decode_read_req(part, &m);
+                    st = decode_read_req(part, flags, &m);
                     break;
                 }
                 case MsgType::kRecvCts: {
