@@ -194,13 +194,18 @@ class Target {
         s.batch = std::stoi(w[5]);
         s.conc = std::stoi(w[6]);
         const int n = std::stoi(w[7]);
+        if (s.size == 0 || s.batch < 1 || s.conc < 1 || count == 0) {
+            return invalid_argument("xfer: a size, batch, concurrency or count of 0");
+        }
+        // The initiator's own bounds (--batch, --concurrency), and a size no region here holds
+        // more of: the slot arithmetic below cannot overflow.
+        if (s.size > kMaxSideBytes || s.batch > 65536 || s.conc > 4096) {
+            return invalid_argument("xfer: a size, batch or concurrency past its bound");
+        }
         if (!bidir_) return failed_precondition("xfer without --bidir");
         TCPX_RETURN_IF_ERROR(in_range(n));
         if (peers_.size() < static_cast<size_t>(n))
             return failed_precondition("xfer before accept");
-        if (s.size == 0 || s.batch < 1 || s.conc < 1 || count == 0) {
-            return invalid_argument("xfer: a size, batch, concurrency or count of 0");
-        }
         std::vector<Lane> lanes;
         for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
             const Region& r = rev_[i][type];

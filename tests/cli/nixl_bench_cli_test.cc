@@ -28,6 +28,7 @@ using testing::json_of;
 using testing::lines_of;
 using testing::ListeningTarget;
 using testing::positive_under;
+using testing::side_channel_exchange;
 
 const std::map<std::string, std::string> kEnv = {{"LD_LIBRARY_PATH", TCPX_NIXL_LIB_DIR}};
 
@@ -55,26 +56,6 @@ std::string closed_port() {
     auto fd = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 1);
     EXPECT_TRUE(fd.ok());
     return std::to_string(local_address(fd->get()).value().port());
-}
-
-// A raw client of the target's side channel: sends `lines`, returns what came back until the
-// target closed (or 5 s passed).
-std::string side_channel_exchange(const ListeningTarget& target, const std::string& lines) {
-    const auto addr =
-        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
-    EXPECT_TRUE(addr.ok());
-    auto fd = connect_blocking(*addr, 5000);
-    EXPECT_TRUE(fd.ok());
-    if (!fd.ok()) return "";
-    EXPECT_TRUE(send_all(fd->get(), lines.data(), lines.size()).ok());
-    timeval tv{5, 0};
-    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string got;
-    char buf[4096];
-    for (ssize_t n; (n = ::recv(fd->get(), buf, sizeof(buf), 0)) > 0;) {
-        got.append(buf, static_cast<size_t>(n));
-    }
-    return got;
 }
 
 // --kv at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces, one NIXL request of

@@ -6,12 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <chrono>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/socket.h"
 #include "tests/cli/cli_run.h"
 #include "tests/support/subprocess.h"
 
@@ -70,5 +74,25 @@ class ListeningTarget {
     std::string address_;
     std::string output_;
 };
+
+// A raw client of the target's side channel: sends `lines`, returns what came back until the
+// target closed (or 5 s passed).
+inline std::string side_channel_exchange(const ListeningTarget& target, const std::string& lines) {
+    const auto addr =
+        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
+    EXPECT_TRUE(addr.ok());
+    auto fd = connect_blocking(*addr, 5000);
+    EXPECT_TRUE(fd.ok());
+    if (!fd.ok()) return "";
+    EXPECT_TRUE(send_all(fd->get(), lines.data(), lines.size()).ok());
+    timeval tv{5, 0};
+    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd->get(), buf, sizeof(buf), 0)) > 0;) {
+        got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+}
 
 }  // namespace tcpx::testing

@@ -28,6 +28,7 @@ using testing::has_all;
 using testing::json_of;
 using testing::ListeningTarget;
 using testing::positive_under;
+using testing::side_channel_exchange;
 
 CliResult run_cli(std::vector<std::string> args) {
     return testing::run_program(TCPX_P2P_CLI_PATH, std::move(args));
@@ -145,6 +146,35 @@ TEST(BenchEngineRoles, StraysAreRefusedAndTheTargetStillServes) {
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_EQ(target.finish(), 0) << target.output();
     EXPECT_TRUE(has_all(target.output(), {"refused", "a line longer than"}));
+}
+
+// Commands from the side channel are the network's: numbers that do not parse, sizes, counts
+// and bounds a real initiator never sends get error replies, and the target serves on.
+TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const std::string got =
+        side_channel_exchange(target,
+                              "hello tcpx-p2p-bench-engine 1 mem=host bidir=1 time=0.1\n"
+                              "endpoints lots\n"
+                              "endpoints 100000\n"
+                              "mem host 4096\n"
+                              "endpoints 1\n"
+                              "mem host 99999999999999\n"
+                              "xfer write host 1 4096 1 2147483647 1\n"
+                              "xfer write host 1 18446744073709551615 1 1 1\n"
+                              "xfer write host 1 4096 70000 1 1\n"
+                              "xfer write host 1 0 1 1 1\n"
+                              "xfer write host 1 4096 1 1 1\n"
+                              "nonsense\n"
+                              "quit\n");
+    EXPECT_TRUE(has_all(
+        got, {"hello tcpx-p2p-bench-engine 1", "endpoints: n not in 1..256", "mem before endpoints",
+              "more than 16 GiB per side", "xfer: a size, batch or concurrency past its bound",
+              "xfer: a size, batch, concurrency or count of 0", "xfer before accept",
+              "unknown command", "bye"}))
+        << got;
+    EXPECT_EQ(target.finish(), 0) << target.output();
 }
 
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
