@@ -99,15 +99,7 @@ Status listen_and_serve(const EngineBenchOptions& options) {
                                                              }));
     FdChannel& ch = *side.channel;
     Status st;
-    if (o.interface.empty()) {
-        TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
-        StatusOr<std::string> name = side_channel_interface(local, "--listen");
-        if (!name.ok()) {
-            ch.write_line("error " + name.status().to_string());
-            return name.status();
-        }
-        o.interface = *name;
-    }
+    TCPX_RETURN_IF_ERROR(target_interface(side, &o.interface));
     StatusOr<Config> config = bench_config(o, kTargetSide);
     if (!config.ok()) {
         st = Status(config.status()).with_context("target");

@@ -428,6 +428,19 @@ StatusOr<std::string> side_channel_interface(const SocketAddress& local, const s
     return "=" + *name;
 }
 
+Status target_interface(const SideChannel& side, std::string* interface) {
+    if (!interface->empty()) return Status();
+    StatusOr<SocketAddress> local = local_address(side.fd.get());
+    StatusOr<std::string> name = local.ok() ? side_channel_interface(*local, "--listen")
+                                            : StatusOr<std::string>(local.status());
+    if (!name.ok()) {
+        side.channel->write_line("error " + name.status().to_string());
+        return name.status();
+    }
+    *interface = *name;
+    return Status();
+}
+
 int reply_timeout_ms(double min_seconds) {
     return static_cast<int>(std::min(3600.0, 10 * min_seconds + 180) * 1000);
 }

@@ -283,6 +283,11 @@ struct SideChannel {
     std::string hello;  // its greeting
 };
 
+// The target's --interface once an initiator is accepted: `*interface` as given, or when empty the
+// side channel's (side_channel_interface for "--listen"); on failure the initiator is answered
+// "error <why>" too.
+Status target_interface(const SideChannel& side, std::string* interface);
+
 // The target's side: listens at `listen` (HOST:PORT, port 0: any) and says where on stdout
 // ("<program>: target listening on ADDR (...)").
 StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& listen);

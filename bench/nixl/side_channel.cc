@@ -100,15 +100,7 @@ Status listen_and_serve(const Options& options, const Machine& machine) {
                               return parse_hello(line, &o);
                           }));
     FdChannel& ch = *side.channel;
-    if (o.interface.empty()) {
-        TCPX_ASSIGN_OR_RETURN(SocketAddress local, local_address(side.fd.get()));
-        StatusOr<std::string> name = side_channel_interface(local, "--listen");
-        if (!name.ok()) {
-            ch.write_line("error " + name.status().to_string());
-            return name.status();
-        }
-        o.interface = *name;
-    }
+    TCPX_RETURN_IF_ERROR(target_interface(side, &o.interface));
     std::fprintf(stderr, "%s: serving %s on %s\n", kProgram, side.who.c_str(), o.interface.c_str());
     if (!ch.write_line(std::string(kHello) + " " + o.interface + ", " + describe(machine))) {
         return unavailable("initiator " + side.who + " went away");

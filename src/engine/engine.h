@@ -27,6 +27,7 @@
 
 #include <sys/epoll.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -408,6 +409,11 @@ class Endpoint::Impl {
     // Whether a one-sided transfer touches GPU memory on either side (remote: by its descriptor).
     static bool touches_gpu(std::span<const IoVec> iov,
                             const std::vector<engine::Region*>& regions);
+    // Whether every region is host memory (a READ's inline-alone rule, each side its own).
+    static bool all_host(const std::vector<engine::Region*>& regions) {
+        return std::none_of(regions.begin(), regions.end(),
+                            [](const engine::Region* r) { return r->kind == MemKind::kCuda; });
+    }
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
     // Queues x's pieces, cut into chunk requests on p's channels (packer.h); pieces with no
     // region drain into scratch.

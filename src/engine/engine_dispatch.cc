@@ -231,9 +231,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     }
     // Inline up to the threshold; a reader alone with us (it asks) into host memory, from host
     // memory here, up to XFER_INLINE_ALONE.
-    bool host_only = true;
-    for (const Region* r : regions) host_only = host_only && r->kind != MemKind::kCuda;
-    const uint64_t limit = (req.flags & wire::kFlagInline) && host_only
+    const uint64_t limit = (req.flags & wire::kFlagInline) && all_host(regions)
                                ? std::max(inline_limit(), config_.xfer_inline_alone)
                                : inline_limit();
     if (total <= limit) {

@@ -406,9 +406,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     const bool gpu = touches_gpu(iov, regions);
     // Alone with the peer (x is all it has) and into host memory: the target may answer with the
     // data inline (it checks its own memory and limit).
-    bool local_host = true;
-    for (const Region* r : regions) local_host = local_host && r->kind != MemKind::kCuda;
-    if (local_host && p->xfers.size() == 1 && config_.xfer_inline_alone > 0) {
+    if (all_host(regions) && p->xfers.size() == 1 && config_.xfer_inline_alone > 0) {
         req.flags |= wire::kFlagInline;
     }
     issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
