@@ -24,6 +24,16 @@ Status check_kv_shape(const KvShape& k) {
         return invalid_argument("--kv-shape: a dimension larger than any model's");
     }
     if (k.pool > (64ULL << 30)) return invalid_argument("--kv-pool: at most 64 GiB");
+    // A request's offsets are drawn from a list of every block of a tensor, and listed one per
+    // piece: both bounded (128 MiB and 32 MiB of offsets), whatever a peer's kvshape says.
+    if (k.tensor_blocks() > (1ULL << 24)) {
+        return invalid_argument(
+            "--kv-pool: more than 16 Mi blocks per layer's K or V; use larger "
+            "blocks or a smaller pool");
+    }
+    if (k.pieces() > (1ULL << 22)) {
+        return invalid_argument("--kv-blocks: more than 4 Mi pieces per request");
+    }
     if (k.tensor_blocks() < static_cast<uint64_t>(k.request_blocks)) {
         return invalid_argument(strformat(
             "--kv-pool %s holds %llu blocks of %s per layer's K and V; a request takes %d",

@@ -45,14 +45,14 @@ namespace {
 //   quit                           -> "bye"
 // GPU memory is allocated on the GPU the endpoint serves (Config::gpu_index). On a side channel
 // the commands come from the network: numbers that do not parse are an error reply, and what a
-// command may make us allocate is bounded (kMaxEndpoints, kMaxSideBytes).
+// command may make us allocate or wait for is bounded (TargetLimits).
 class Target {
  public:
-    static constexpr int kMaxEndpoints = 256;
-    static constexpr uint64_t kMaxSideBytes = 16ULL << 30;  // registered memory per type
-
-    Target(Config config, const std::string& interface, bool bidir)
-        : config_(std::move(config)), bidir_(bidir), raw_(interface) {}
+    Target(Config config, const std::string& interface, bool bidir, const TargetLimits& limits)
+        : config_(std::move(config)),
+          bidir_(bidir),
+          limits_(limits),
+          raw_(interface, limits.raw_wait_ms) {}
     ~Target() { close(); }
 
     Status serve(Channel* ch) {
@@ -60,7 +60,7 @@ class Target {
         // a served read's last send completion (the initiator has its bytes already), and its
         // threads must never share bytes with the baseline's.
         const RawTcpResponder::BufferFn raw_buffer = [this](uint64_t bytes) -> StatusOr<uint8_t*> {
-            if (bytes > kMaxSideBytes) return invalid_argument("raw TCP baseline: too large");
+            if (bytes > limits_.side_bytes) return invalid_argument("raw TCP baseline: too large");
             if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
             return raw_mem_.data();
         };
@@ -120,7 +120,9 @@ class Target {
 
     Status endpoints(int n, bool per_gpu, std::string* reply) {
         if (!eps_.empty()) return failed_precondition("endpoints exist already");
-        if (n < 1 || n > kMaxEndpoints) return invalid_argument("endpoints: n not in 1..256");
+        if (n < 1 || n > limits_.endpoints) {
+            return invalid_argument(strformat("endpoints: n not in 1..%d", limits_.endpoints));
+        }
         *reply = "md";
         for (int i = 0; i < n; ++i) {
             Config c = config_;
@@ -141,6 +143,10 @@ class Target {
     // connection are established before it measures (see setup()), and --bidir to know the peer
     // its own transfers go to.
     Status accept(int64_t timeout_ms) {
+        if (timeout_ms < 0 || timeout_ms > limits_.accept_ms) {
+            return invalid_argument(
+                strformat("accept: ms not in 0..%lld", static_cast<long long>(limits_.accept_ms)));
+        }
         peers_.clear();
         for (size_t i = 0; i < eps_.size(); ++i) {
             auto peer = eps_[i]->accept(std::chrono::milliseconds(timeout_ms));
@@ -155,8 +161,9 @@ class Target {
 
     Status mem(MemType type, uint64_t bytes, std::string* reply) {
         if (eps_.empty()) return failed_precondition("mem before endpoints");
-        if (bytes > kMaxSideBytes / eps_.size() / (bidir_ ? 2 : 1)) {
-            return invalid_argument("mem: more than 16 GiB per side");
+        if (bytes > limits_.side_bytes / eps_.size() / (bidir_ ? 2 : 1)) {
+            return invalid_argument("mem: more than " + format_bytes(limits_.side_bytes) +
+                                    " per side");
         }
         *reply = "mem";
         for (size_t i = 0; i < eps_.size(); ++i) {
@@ -199,7 +206,7 @@ class Target {
         }
         // The initiator's own bounds (--batch, --concurrency), and a size no region here holds
         // more of: the slot arithmetic below cannot overflow.
-        if (s.size > kMaxSideBytes || s.batch > 65536 || s.conc > 4096) {
+        if (s.size > limits_.side_bytes || s.batch > 65536 || s.conc > 4096) {
             return invalid_argument("xfer: a size, batch or concurrency past its bound");
         }
         if (!bidir_) return failed_precondition("xfer without --bidir");
@@ -267,6 +274,7 @@ class Target {
 
     Config config_;
     bool bidir_;
+    TargetLimits limits_;
     KvShape kv_;
     std::vector<ByMem<Region>> regions_;    // declared before eps_: outlive them
     std::vector<ByMem<Region>> rev_;        // --bidir: the regions of the targets' own transfers
@@ -280,8 +288,9 @@ class Target {
 
 }  // namespace
 
-Status serve_targets(const Config& config, const std::string& interface, bool bidir, Channel* ch) {
-    Target target(config, interface, bidir);
+Status serve_targets(const Config& config, const std::string& interface, bool bidir, Channel* ch,
+                     const TargetLimits& limits) {
+    Target target(config, interface, bidir, limits);
     return target.serve(ch);
 }
 

@@ -1,14 +1,19 @@
 #include "bench/harness/raw_tcp.h"
 
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <mutex>
 #include <thread>
 #include <utility>
 
 #include "bench/harness/measure.h"
 #include "common/status_util.h"
+#include "common/strings.h"
 
 namespace tcpx::bench {
 
@@ -90,23 +95,43 @@ Status RawTcpResponder::listen(std::string* reply) {
     return Status();
 }
 
-// `streams` stream connections then one ping-pong connection, each announcing its index.
+// `streams` stream connections then one ping-pong connection, each announcing its index; all
+// within wait_ms_, and each connection's later sends and receives fail after wait_ms_ without
+// progress (SO_SNDTIMEO, SO_RCVTIMEO).
 Status RawTcpResponder::accept(int streams) {
     if (!listen_.valid()) return failed_precondition("raw-accept before raw-listen");
-    if (streams < 1) return invalid_argument("raw-accept: no streams");
+    if (streams < 1 || streams > kMaxStreams) {
+        return invalid_argument(strformat("raw-accept: streams not in 1..%d", kMaxStreams));
+    }
     conns_.clear();
-    conns_.resize(static_cast<size_t>(streams) + 1);
+    std::vector<Fd> conns(static_cast<size_t>(streams) + 1);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms_);
+    const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
     for (int i = 0; i <= streams; ++i) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        pollfd pfd{listen_.get(), POLLIN, 0};
+        const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+        if (ready < 0 && errno != EINTR) return errno_status(errno, "raw-accept: poll");
+        if (ready <= 0) {
+            return timeout_error(
+                strformat("raw-accept: %d of %d connections in %d ms", i, streams + 1, wait_ms_));
+        }
         Fd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!fd.valid()) return errno_status(errno, "accept");
+        if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress, sizeof(progress)) != 0 ||
+            ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress, sizeof(progress)) != 0) {
+            return errno_status(errno, "raw-accept: setsockopt");
+        }
         uint32_t index = 0;
         TCPX_RETURN_IF_ERROR(recv_all(fd.get(), &index, sizeof(index)));
-        if (index >= conns_.size() || conns_[index].valid()) {
+        if (index >= conns.size() || conns[index].valid()) {
             return protocol_error("bad raw stream index");
         }
         TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
-        conns_[index] = std::move(fd);
+        conns[index] = std::move(fd);
     }
+    conns_ = std::move(conns);
     return Status();
 }
 
@@ -114,7 +139,13 @@ Status RawTcpResponder::stream(uint64_t size, uint64_t count, uint64_t slots, bo
                                const BufferFn& buffer) {
     if (conns_.size() < 2) return failed_precondition("raw-stream before raw-accept");
     if (slots == 0) return invalid_argument("raw-stream: no slots");
-    TCPX_ASSIGN_OR_RETURN(uint8_t * buf, buffer(size * slots));
+    // The buffer holds size x slots bytes: a product that wraps would ask for a small buffer and
+    // then receive far outside it.
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(size, slots, &bytes)) {
+        return invalid_argument("raw-stream: size x slots overflows");
+    }
+    TCPX_ASSIGN_OR_RETURN(uint8_t * buf, buffer(bytes));
     return move_streams(conns_, static_cast<int>(conns_.size()) - 1, send, size, count, buf, slots);
 }
 

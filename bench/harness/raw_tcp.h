@@ -33,8 +33,16 @@ Status run_threads(int n, const std::function<Status(int)>& fn);
 // The responder's half: serves the raw-* commands.
 class RawTcpResponder {
  public:
-    // `interface`: where to listen (TCPX_P2P_SOCKET_IFNAME syntax).
-    explicit RawTcpResponder(std::string interface) : interface_(std::move(interface)) {}
+    // The most streams raw-accept takes: the initiator asks for channels x data sockets, at most
+    // 16 x 64. Each is a connection and, while a raw-stream runs, a thread.
+    static constexpr int kMaxStreams = 1024;
+
+    // `interface`: where to listen (TCPX_P2P_SOCKET_IFNAME syntax). `wait_ms`: how long raw-accept
+    // waits for its connections, and how long any raw connection may go without progress, before
+    // the command fails: the commands and connections come from the network, and a peer that
+    // stops must not hold the responder for ever.
+    explicit RawTcpResponder(std::string interface, int wait_ms = 60000)
+        : interface_(std::move(interface)), wait_ms_(wait_ms) {}
 
     // Buffer of at least `bytes` for the data of a raw command.
     using BufferFn = std::function<StatusOr<uint8_t*>(uint64_t bytes)>;
@@ -43,7 +51,9 @@ class RawTcpResponder {
     // success when the command has nothing to say); false when it is not one.
     //   raw-listen                                  -> "port <port> <host>"
     //   raw-accept <streams>                        accepts streams + 1 connections
-    //   raw-stream <size> <count> <slots> [send]    receives (or sends) `count` messages
+    //                                               (1 <= streams <= kMaxStreams)
+    //   raw-stream <size> <count> <slots> [send]    receives (or sends) `count` messages, in a
+    //                                               buffer of size x slots bytes
     //   raw-pingpong <size> <count> [<reply>]       receives size bytes, answers reply (= size)
     bool handle(const std::vector<std::string>& w, const BufferFn& buffer, Status* st,
                 std::string* reply);
@@ -56,6 +66,7 @@ class RawTcpResponder {
     Status pingpong(uint64_t size, uint64_t count, uint64_t reply, const BufferFn& buffer);
 
     std::string interface_;
+    int wait_ms_;
     Fd listen_;
     std::vector<Fd> conns_;  // streams, then the ping-pong connection
 };

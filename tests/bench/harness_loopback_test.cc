@@ -3,6 +3,7 @@
 // with a stray connection refused before the real initiator is served.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -72,6 +73,72 @@ TEST(BenchRawTcpLoopback, RefusesOutOfOrderCommands) {
     ASSERT_TRUE(raw.handle({"raw-accept", "1"}, none, &st, &reply));
     EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
     EXPECT_FALSE(raw.handle({"stream", "1"}, none, &st, &reply));  // not a raw-* command
+}
+
+// The raw-* commands come from the side channel, so from the network: counts and sizes past
+// their bounds are refused before anything is allocated, and a peer that stops (connects without
+// its index, or sends nothing of a stream) ends the command after the responder's wait, not never.
+TEST(BenchRawTcpLoopback, HostileCountsSizesAndSilencesEndInErrors) {
+    constexpr int kWaitMs = 200;
+    RawTcpResponder raw("=lo", kWaitMs);
+    int buffers_asked = 0;
+    std::vector<uint8_t> mem(4096);
+    const RawTcpResponder::BufferFn buffer = [&](uint64_t bytes) -> StatusOr<uint8_t*> {
+        ++buffers_asked;
+        if (bytes > mem.size()) return invalid_argument("too large");
+        return mem.data();
+    };
+    Status st;
+    std::string reply;
+    ASSERT_TRUE(raw.handle({"raw-listen"}, buffer, &st, &reply));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const auto w = words(reply);
+    ASSERT_EQ(w.size(), 3u) << reply;
+    const auto addr = SocketAddress::parse(w[2], static_cast<uint16_t>(std::stoi(w[1])));
+    ASSERT_TRUE(addr.ok());
+
+    for (const char* n : {"0", "-1", "1025", "2147483647"}) {
+        SCOPED_TRACE(std::string("raw-accept ") + n);
+        ASSERT_TRUE(raw.handle({"raw-accept", n}, buffer, &st, &reply));
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+        EXPECT_NE(st.to_string().find("streams not in 1..1024"), std::string::npos);
+    }
+
+    // Nobody connects; then a connection that never says which stream it is.
+    auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(raw.handle({"raw-accept", "1"}, buffer, &st, &reply));
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    auto silent = connect_blocking(*addr, 1000);
+    ASSERT_TRUE(silent.ok());
+    ASSERT_TRUE(raw.handle({"raw-accept", "1"}, buffer, &st, &reply));
+    EXPECT_FALSE(st.ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+
+    // Two connections with their indices: accepted.
+    std::vector<Fd> conns;
+    for (uint32_t i = 0; i < 2; ++i) {
+        auto fd = connect_blocking(*addr, 1000);
+        ASSERT_TRUE(fd.ok());
+        ASSERT_TRUE(send_all(fd->get(), &i, sizeof(i)).ok());
+        conns.push_back(std::move(*fd));
+    }
+    ASSERT_TRUE(raw.handle({"raw-accept", "1"}, buffer, &st, &reply));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+
+    // size x slots = 2^64: it would wrap to a buffer of 0 bytes.
+    ASSERT_TRUE(raw.handle({"raw-stream", "9223372036854775808", "1", "2"}, buffer, &st, &reply));
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.to_string().find("size x slots overflows"), std::string::npos);
+    EXPECT_EQ(buffers_asked, 0);
+
+    // A stream whose sender sends nothing, and a ping-pong whose peer says nothing.
+    start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(raw.handle({"raw-stream", "1000", "1", "1"}, buffer, &st, &reply));
+    EXPECT_FALSE(st.ok());
+    ASSERT_TRUE(raw.handle({"raw-pingpong", "100", "1"}, buffer, &st, &reply));
+    EXPECT_FALSE(st.ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    raw.close();
 }
 
 TEST(BenchSideChannel, HostPorts) {

@@ -166,13 +166,18 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
                               "xfer write host 1 4096 70000 1 1\n"
                               "xfer write host 1 0 1 1 1\n"
                               "xfer write host 1 4096 1 1 1\n"
+                              "accept 86400001\n"
+                              "kvshape 1 1 1 1 1 68719476736 1\n"
+                              "raw-listen\n"
+                              "raw-accept 2147483647\n"
                               "nonsense\n"
                               "quit\n");
     EXPECT_TRUE(has_all(
         got, {"hello tcpx-p2p-bench-engine 1", "endpoints: n not in 1..256", "mem before endpoints",
               "more than 16 GiB per side", "xfer: a size, batch or concurrency past its bound",
               "xfer: a size, batch, concurrency or count of 0", "xfer before accept",
-              "unknown command", "bye"}))
+              "accept: ms not in 0..86400000", "more than 16 Mi blocks",
+              "raw-accept: streams not in 1..1024", "unknown command", "bye"}))
         << got;
     EXPECT_EQ(target.finish(), 0) << target.output();
 }

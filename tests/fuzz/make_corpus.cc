@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/strings.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
 #include "net/net.h"
@@ -289,5 +290,35 @@ int main(int argc, char** argv) {
     }
     put("fuzz_socket_hello", "control", raw(control) + raw(accepted) + raw(nonce) + raw(nsocks));
     put("fuzz_socket_hello", "data", raw(data) + raw(refused) + raw(nonce) + raw(nsocks));
+
+    // The engine bench's target: a byte (its low bit: --bidir), then command lines. A session as
+    // an initiator runs it (within the fuzzer's limits: 2 endpoints, 1 MiB per memory type), the
+    // --bidir commands with descriptors of the target's own regions' shape, the raw baseline's
+    // commands (raw-accept times out: nobody connects), and numbers past every bound.
+    put("fuzz_bench_target", "session",
+        std::string(1, '\0') +
+            "endpoints 1\nchannels\nmem host 262144\nprep write host 1 0 4096 1\n"
+            "check host 1 0 4096 1\nprep read host 2 100 1000 1\ncheck host 2 100 1000 1\n"
+            "kvshape 2 16 1 128 2 262144 2\nkvfill host 1 0\nkvcheck host 1 0\ncpu\nstats\n"
+            "quit\n");
+    m.kind = tcpx::MemKind::kHost;
+    m.device = -1;
+    m.len = 4096;
+    std::string desc;
+    for (unsigned char c : m.serialize()) desc += tcpx::strformat("%02x", c);
+    put("fuzz_bench_target", "bidir",
+        std::string(1, '\x01') + "endpoints 2\nmem host 65536\nrmem host " + desc + " " + desc +
+            "\naccept 1\nxfer write host 1 4096 1 1 1\nprep read host 1 0 4096 2 rev\n"
+            "check host 1 0 4096 2 rev\nquit\n");
+    put("fuzz_bench_target", "raw",
+        std::string(1, '\0') +
+            "raw-listen\nraw-accept 1\nraw-stream 4096 1 1\nraw-pingpong 64 1 32\nquit\n");
+    put("fuzz_bench_target", "bounds",
+        std::string(1, '\0') +
+            "endpoints 99999999999999999999\nendpoints 3\nendpoints 1 pergpu\n"
+            "mem host 18446744073709551615\nmem vram 4096\naccept -1\naccept 86400001\n"
+            "raw-listen\nraw-accept 2147483647\nraw-stream 9223372036854775808 1 2\n"
+            "kvshape 1 1 1 1 1 68719476736 1\nprep write host 1 18446744073709551615 2 1\n"
+            "xfer read host 1 1 1 1 0\nrmem host zz\n\n  \nnothing\n");
     return 0;
 }
