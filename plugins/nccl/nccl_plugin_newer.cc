@@ -104,7 +104,7 @@ bool known(void* ctx) {
 tcpx_ncclResult_t init_v11(void** ctx, uint64_t comm_id, tcpx_ncclNetCommConfig_t* /*config*/,
                            tcpx_ncclDebugLogger_t logger, tcpx_ncclProfilerCallback_t /*prof*/) {
     if (ctx == nullptr) return tcpx_ncclInvalidArgument;
-    const tcpx_ncclResult_t rc = core().init(logger);
+    const tcpx_ncclResult_t rc = plugin_init(logger);
     if (rc != tcpx_ncclSuccess) return rc;
     auto* c = new Context{comm_id};
     {
@@ -136,7 +136,7 @@ tcpx_ncclResult_t set_net_attr_v11(void* ctx, tcpx_ncclNetAttr_t* /*attr*/) {
 }
 #elif TCPX_NCCL_PLUGIN_VERSION == 10
 tcpx_ncclResult_t init_v10(tcpx_ncclDebugLogger_t logger, tcpx_ncclProfilerCallback_t /*prof*/) {
-    return core().init(logger);
+    return plugin_init(logger);
 }
 // The traffic class (config) is a hint for NICs with QoS; TCP here has none.
 tcpx_ncclResult_t connect_v10(int dev, tcpx_ncclNetCommConfig_t* /*config*/, void* handle,
@@ -172,7 +172,7 @@ Table make_table() {
     t.listen = core().listen;
     t.connect = connect_v10;
 #else
-    t.init = core().init;
+    t.init = plugin_init;
     t.listen = core().listen;
     t.connect = core().connect;
 #endif

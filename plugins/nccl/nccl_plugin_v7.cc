@@ -1,4 +1,5 @@
 // ncclNetPlugin_v7: the socket transport's own v7 table under the plugin's name.
+#include "nccl_defaults.h"
 #include "nccl_plugin.h"
 #include "net/socket/socket_v7.h"
 
@@ -6,11 +7,18 @@ namespace tcpx::nccl_plugin {
 
 const tcpx_ncclNet_v7_t& core() { return *net::socket_net_v7(); }
 
+tcpx_ncclResult_t plugin_init(tcpx_ncclDebugLogger_t logger) {
+    const tcpx_ncclResult_t rc = core().init(logger);
+    if (rc == tcpx_ncclSuccess) apply_nccl_defaults();
+    return rc;
+}
+
 namespace {
 
 tcpx_ncclNet_v7_t make_v7_table() {
     tcpx_ncclNet_v7_t t = core();
     t.name = kName;
+    t.init = plugin_init;
     return t;
 }
 

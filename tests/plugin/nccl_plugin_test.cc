@@ -212,6 +212,7 @@ TEST(NcclPlugin, FailedInitIsAnErrorAndLeavesThePluginInert) {
             const auto* v11 = table<tcpx_ncclNet_v11_t>(11);
             if (v7 == nullptr || v11 == nullptr) std::_Exit(10);
             ::setenv("TCPX_P2P_SOCKET_IFNAME", "=tcpx-no-such-if0", 1);
+            ::unsetenv("NCCL_P2P_NET_CHUNKSIZE");
             if (v7->init(count_logger) == tcpx_ncclSuccess) std::_Exit(11);
             void* ctx = nullptr;
             if (v11->init(&ctx, 1, nullptr, count_logger, nullptr) == tcpx_ncclSuccess) {
@@ -223,6 +224,50 @@ TEST(NcclPlugin, FailedInitIsAnErrorAndLeavesThePluginInert) {
             void* listen = nullptr;
             if (v7->listen(0, handle, &listen) == tcpx_ncclSuccess) std::_Exit(14);
             if (g_log_lines.load() == 0) std::_Exit(15);  // the reason went to NCCL's log
+            // NCCL falls back to its own transport with its own settings.
+            if (std::getenv("NCCL_P2P_NET_CHUNKSIZE") != nullptr) std::_Exit(16);
+            std::_Exit(0);
+        },
+        ::testing::ExitedWithCode(0), "");
+}
+
+// NCCL reads its P2P chunk size (and channels per network peer) from the environment after the
+// network's init: the plugin's init puts its values there, never over the user's.
+TEST(NcclPlugin, InitProvidesNcclSettingsTheEnvironmentLacks) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_EXIT(
+        {
+            const auto* v7 = table<tcpx_ncclNet_v7_t>(7);
+            const auto* v11 = table<tcpx_ncclNet_v11_t>(11);
+            if (v7 == nullptr || v11 == nullptr) std::_Exit(10);
+            for (const char* name :
+                 {"NCCL_P2P_NET_CHUNKSIZE", "NCCL_NCHANNELS_PER_NET_PEER",
+                  "TCPX_P2P_NCCL_P2P_CHUNK_SIZE", "TCPX_P2P_NCCL_CHANNELS_PER_PEER"}) {
+                ::unsetenv(name);
+            }
+            auto is = [](const char* name, const char* want) {
+                const char* got = std::getenv(name);
+                return want == nullptr ? got == nullptr
+                                       : got != nullptr && std::strcmp(got, want) == 0;
+            };
+            // The defaults: 512 KiB chunks; NCCL's own channel count.
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(11);
+            if (!is("NCCL_P2P_NET_CHUNKSIZE", "524288")) std::_Exit(12);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", nullptr)) std::_Exit(13);
+            // The user's value stays; the plugin's own parameters choose the others.
+            ::setenv("NCCL_P2P_NET_CHUNKSIZE", "65536", 1);
+            ::setenv("TCPX_P2P_NCCL_CHANNELS_PER_PEER", "4", 1);
+            void* ctx = nullptr;
+            if (v11->init(&ctx, 1, nullptr, count_logger, nullptr) != tcpx_ncclSuccess) {
+                std::_Exit(14);
+            }
+            if (!is("NCCL_P2P_NET_CHUNKSIZE", "65536")) std::_Exit(15);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", "4")) std::_Exit(16);
+            // 0 leaves NCCL's.
+            ::unsetenv("NCCL_P2P_NET_CHUNKSIZE");
+            ::setenv("TCPX_P2P_NCCL_P2P_CHUNK_SIZE", "0", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(17);
+            if (!is("NCCL_P2P_NET_CHUNKSIZE", nullptr)) std::_Exit(18);
             std::_Exit(0);
         },
         ::testing::ExitedWithCode(0), "");
