@@ -107,13 +107,14 @@ Status RawTcpResponder::accept(int streams) {
     std::vector<Fd> conns(static_cast<size_t>(streams) + 1);
     const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms_);
     const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
-    for (int i = 0; i <= streams; ++i) {
+    for (int i = 0; i <= streams;) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         pollfd pfd{listen_.get(), POLLIN, 0};
         const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-        if (ready < 0 && errno != EINTR) return errno_status(errno, "raw-accept: poll");
-        if (ready <= 0) {
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) return errno_status(errno, "raw-accept: poll");
+        if (ready == 0) {
             return timeout_error(
                 strformat("raw-accept: %d of %d connections in %d ms", i, streams + 1, wait_ms_));
         }
@@ -130,6 +131,7 @@ Status RawTcpResponder::accept(int streams) {
         }
         TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
         conns[index] = std::move(fd);
+        ++i;
     }
     conns_ = std::move(conns);
     return Status();

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <strings.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -413,12 +414,40 @@ Status set_dead_peer_timeout(int fd, int64_t timeout_ms) {
     return Status();
 }
 
+// --- what the kernel orders and ThreadSanitizer cannot see ------------------------------------
+//
+// TSan's send and sendmsg release the socket's sync object (one for every socket of the process)
+// before the call and mark the message's bytes read after it, so a receiver (its recv acquires
+// that object) is ordered after everything the sender did before the send but not after that
+// read. Where the receiver completes an operation on those bytes and the sender's memory is
+// written next (a READ's target and initiator in one process: the test rewrites the target's
+// memory once the read completes), TSan reports a race the kernel rules out: it copied the bytes
+// before the receiver could see them. So under TSan a send is what it is: the buffer's reads, then
+// the release (an intercepted send of no bytes), then the syscall, not intercepted, so that
+// nothing is recorded after the release. Other builds call sendmsg and nothing else.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_read_range(void* addr, unsigned long size);
+namespace {
+ssize_t sendmsg_ordered(int fd, const msghdr* msg, int flags) {
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+        __tsan_read_range(msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+    }
+    (void)::send(fd, nullptr, 0, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return ::syscall(SYS_sendmsg, fd, msg, flags);
+}
+}  // namespace
+#else
+namespace {
+ssize_t sendmsg_ordered(int fd, const msghdr* msg, int flags) { return ::sendmsg(fd, msg, flags); }
+}  // namespace
+#endif
+
 StatusOr<size_t> send_some(int fd, const iovec* iov, int iovcnt) {
     msghdr msg{};
     msg.msg_iov = const_cast<iovec*>(iov);
     msg.msg_iovlen = static_cast<size_t>(iovcnt);
     while (true) {
-        const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        const ssize_t n = sendmsg_ordered(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n >= 0) return static_cast<size_t>(n);
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
@@ -462,7 +491,11 @@ StatusOr<size_t> recv_some_iov(int fd, const iovec* iov, int iovcnt, bool* eof) 
 Status send_all(int fd, const void* buf, size_t len) {
     const auto* p = static_cast<const uint8_t*>(buf);
     while (len > 0) {
-        const ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+        iovec iov{const_cast<uint8_t*>(p), len};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        const ssize_t n = sendmsg_ordered(fd, &msg, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR) continue;
             return errno_status(errno, "send");
