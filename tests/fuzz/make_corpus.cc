@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/harness/roles.h"
 #include "common/socket.h"
-#include "common/strings.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
 #include "net/net.h"
@@ -304,8 +304,7 @@ int main(int argc, char** argv) {
     m.kind = tcpx::MemKind::kHost;
     m.device = -1;
     m.len = 4096;
-    std::string desc;
-    for (unsigned char c : m.serialize()) desc += tcpx::strformat("%02x", c);
+    const std::string desc = tcpx::bench::hex_blob(m.serialize());
     put("fuzz_bench_target", "bidir",
         std::string(1, '\x01') + "endpoints 2\nmem host 65536\nrmem host " + desc + " " + desc +
             "\naccept 1\nxfer write host 1 4096 1 1 1\nprep read host 1 0 4096 2 rev\n"
