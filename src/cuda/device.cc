@@ -17,22 +17,28 @@ Status CopyRing::unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
                       static_cast<unsigned long long>(count), kUnpackMaxEntries));
     }
     uint64_t total = 0;
-    bool all_here = segs.size() <= kMaxKernelSegs;
-    for (const Seg& seg : segs) {
-        total += seg.len;
-        all_here = all_here && seg.device == device();
-    }
-    if (total > length(i)) return internal_error("unpack larger than a staging slot");
-    if (all_here) {
+    for (const Seg& seg : segs) total += seg.len;
+    if (total > slot_bytes()) return internal_error("unpack larger than a staging slot");
+    if (unpacks_into(segs)) {
         TCPX_ASSIGN_OR_RETURN(CopyEntry * list, copy_list(i));
         const UnpackPlan plan =
             plan_unpack_scatter(entries, count, bounce, segs, list, copy_capacity(), &plan_starts_);
         if (plan.fits) return run_copy_list(i, plan.count, plan.bad);
     }
-    // Not one list: the pages into the slot's GPU twin, then the scatter out of it.
+    // Not one list: the pages into the slot's GPU twin, then the scatter out of it (which needs
+    // the slot's allocation: a receive posted as one that unpacks_into() its pieces holds none).
+    if (total > length(i)) return internal_error("unpack larger than its staging slot");
     TCPX_ASSIGN_OR_RETURN(uint8_t * staged, twin());
     TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, staged + offset(i), total));
     return scatter(i, segs, /*twin_only=*/true);
+}
+
+bool CopyRing::unpacks_into(std::span<const Seg> segs) const {
+    if (segs.size() > kMaxKernelSegs) return false;
+    for (const Seg& seg : segs) {
+        if (seg.device != device()) return false;
+    }
+    return true;
 }
 
 // Defined by cuda_device.cc (CUDA builds) or no_cuda_device.cc.

@@ -88,6 +88,9 @@ class CopyRing : public SlotFifo {
     // same decision for every ring (device.cc), so the tests' emulation runs the CUDA ring's.
     Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                           std::span<const Seg> segs);
+    // Whether unpack_scatter() takes a receive straight into `segs` (all on the ring's GPU, at
+    // most kMaxKernelSegs of them): such a receive needs a slot's record, not its buffer.
+    bool unpacks_into(std::span<const Seg> segs) const;
     // The GPU twin of the pinned buffer (the same size rounded up to whole 4 KiB pages, starting
     // on one; each slot's allocation at the same offset), made on first call: where a transport
     // that takes GPU memory sends a gathered chunk from and receives one to be scattered into.

@@ -117,6 +117,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         uint8_t* ptr = op.ptr;
         net::MemHandle* mh = nullptr;
         int rx_slot = -1;
+        uint64_t rx_hold = op.len;  // bytes of its staging ring a receive holds
         // Several host pieces to a transport that takes segment lists: straight from and into
         // the pieces, no staging.
         const bool segments = op.path == OpPath::kGather && props_.segments;
@@ -136,11 +137,18 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 if (!st.ok()) return failed(st);
             }
             cuda::CopyRing& ring = ring_for(ch, op);
+            // A devmem receive that the unpack takes straight into its pieces leaves the twin
+            // untouched (the transport lands the bytes in its own pages): it holds one of the
+            // ring's records, not chunk bytes of its buffer, so a channel keeps its whole window
+            // of such receives posted, not only as many as the staging buffer holds.
+            const bool direct = !tx && twin && ch.dev_handle.type == net::DeviceType::kUnpack &&
+                                ring.unpacks_into(this->segments(op));
+            if (direct) rx_hold = 0;
             if (!tx) {
-                if (!ring.has_free(op.len)) break;
+                if (!ring.has_free(rx_hold)) break;
                 rx_slot = ring.next();
             }
-            const uint64_t at = tx ? ring.offset(op.slot) : ring.next_offset(op.len);
+            const uint64_t at = tx ? ring.offset(op.slot) : direct ? 0 : ring.next_offset(op.len);
             ptr = twin ? ch.gtwin + at : ring.base() + at;
             mh = twin ? ch.gtwin_mr : gather ? ch.gring_mr : ch.ring_mr;
         } else if (segments) {
@@ -192,7 +200,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             break;
         }
         // (where next_offset() said: nothing was taken in between)
-        if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(op.len);
+        if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(rx_hold);
         if (op.region == nullptr) ch.scratch_busy = true;
         if (ch.inflight.empty()) ch.last_progress = Clock::now();
         ch.inflight.push_back(Channel::InFlight{op, req});

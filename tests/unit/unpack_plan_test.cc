@@ -11,7 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "cuda/device.h"
 #include "cuda/unpack.h"
+#include "tests/support/host_device.h"
 #include "tests/support/sanitizers.h"
 
 namespace tcpx::cuda {
@@ -193,6 +195,75 @@ TEST(UnpackPlan, NoPiecesTakeNothing) {
     EXPECT_TRUE(plan.fits);
     EXPECT_TRUE(plan.bad);  // the second reaches past an empty chunk
     EXPECT_EQ(plan.count, 0u);
+}
+
+// The engine posts a devmem receive that unpacks straight into its pieces on a record of the
+// ring alone (acquire(0)): such receives, many more than the ring's buffer holds, each land
+// right. One whose pieces the ring cannot take straight (another GPU's) is refused rather than
+// unpacked into a buffer allocation it does not have.
+TEST(UnpackScatter, StraightIntoPiecesNeedsARecordNotTheBuffer) {
+    testing::HostDevice dev(2);
+    constexpr size_t kSlotBytes = 64 * 1024;
+    // Two slots' worth of buffer, eight records.
+    auto made = dev.make_ring(0, kSlotBytes, 2, 8);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    CopyRing& ring = **made;
+    std::mt19937_64 rng(17);
+    struct Posted {
+        std::unique_ptr<Pieces> pieces;
+        Receive receive;
+        int slot;
+    };
+    std::vector<Posted> posted;
+    for (int k = 0; k < 6; ++k) {
+        auto p = std::make_unique<Pieces>(std::vector<uint64_t>{3000, 20000, 1, 41000});
+        for (Seg& s : p->segs) s.device = 0;
+        dev.declare(p->arena.data(), p->arena.size(), 0);
+        Receive r(p->total(), rng);
+        ASSERT_TRUE(ring.unpacks_into(p->segs));
+        ASSERT_TRUE(ring.has_free(0)) << "receive " << k;
+        const int slot = ring.acquire(0);
+        ASSERT_LE(ring.length(slot), 1u);  // no chunk bytes of the buffer held
+        Status st =
+            ring.unpack_scatter(slot, r.entries.data(), r.entries.size(), r.bounce.data(), p->segs);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        posted.push_back(Posted{std::move(p), std::move(r), slot});
+    }
+    EXPECT_EQ(ring.in_use(), 6);  // more than the buffer's two slots at once
+    EXPECT_EQ(dev.direct_unpacks(), 6u);
+    for (Posted& q : posted) {
+        bool done = false;
+        for (int polls = 0; !done && polls < 4; ++polls) {
+            auto ready = ring.ready(q.slot);
+            ASSERT_TRUE(ready.ok()) << ready.status().to_string();
+            done = *ready;
+        }
+        ASSERT_TRUE(done);
+        std::vector<uint8_t> want(q.pieces->total(), 0);
+        ASSERT_TRUE(unpack_reference(q.receive.entries.data(), q.receive.entries.size(),
+                                     q.receive.bounce.data(), want.data(), want.size()));
+        EXPECT_EQ(q.pieces->joined(), want);
+        EXPECT_TRUE(q.pieces->guards_intact());
+        ASSERT_TRUE(ring.release(q.slot));
+    }
+
+    // Pieces on the other GPU: not taken straight, and the record has no allocation to unpack
+    // into first: an error, and nothing written.
+    Pieces other({5000, 7000});
+    for (Seg& s : other.segs) s.device = 1;
+    dev.declare(other.arena.data(), other.arena.size(), 1);
+    const std::vector<uint8_t> before = other.arena;
+    Receive r(other.total(), rng);
+    EXPECT_FALSE(ring.unpacks_into(other.segs));
+    const int slot = ring.acquire(0);
+    Status st =
+        ring.unpack_scatter(slot, r.entries.data(), r.entries.size(), r.bounce.data(), other.segs);
+    EXPECT_FALSE(st.ok());
+    ring.synchronize();
+    EXPECT_EQ(other.arena, before);
+    EXPECT_EQ(dev.direct_unpacks(), 6u);
+    for (Posted& q : posted) dev.forget(q.pieces->arena.data());
+    dev.forget(other.arena.data());
 }
 
 }  // namespace
