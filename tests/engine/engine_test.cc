@@ -755,7 +755,7 @@ TEST(EngineEndpoints, ReadNotificationSentByWaitWithoutAProgressThread) {
 // (the socket transport's I/O runs inside the API calls), the target polls get_notifications()
 // as NIXL's target does, and writes, reads and vectors of many pieces land byte for byte.
 TEST(EngineEndpoints, WithoutProgressThreadsTheCallsDoTheSocketIo) {
-    const int threads_before = count_io_threads();
+    const int threads_before = settled_io_threads();
     Config config = engine_test_config();
     config.progress_thread = "off";
     config.socket_io = "auto";  // caller without a progress thread, whatever the machine

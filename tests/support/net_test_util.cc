@@ -247,6 +247,17 @@ int count_io_threads() {
     return n;
 }
 
+int settled_io_threads() {
+    int n = count_io_threads();
+    for (int i = 0; i < 200; ++i) {  // at most about 2 s
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        const int again = count_io_threads();
+        if (again == n) return n;
+        n = again;
+    }
+    return n;
+}
+
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!cond()) {

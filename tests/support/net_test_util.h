@@ -67,6 +67,10 @@ int64_t find_pattern_mismatch(const void* data, size_t size, uint64_t seed);
 int count_open_fds();
 // Threads of this process named tcpx-io-* (the transports' I/O threads).
 int count_io_threads();
+// The same, once no thread is still leaving: a joined thread stays listed in /proc/self/task
+// for a moment after join() returns (the kernel wakes the joiner before it reaps the thread), so
+// a count taken right after another test's transport closed may still include its threads.
+int settled_io_threads();
 
 // Retries `cond` until true or `timeout`.
 bool eventually(const std::function<bool()>& cond,
