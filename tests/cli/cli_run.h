@@ -39,6 +39,14 @@ inline CliResult run_program(const std::string& program, std::vector<std::string
     return r;
 }
 
+#ifdef TCPX_P2P_CLI_PATH
+// The tcpx-p2p tool of this build.
+inline CliResult run_cli(std::vector<std::string> args,
+                         const std::map<std::string, std::string>& env = {}) {
+    return run_program(TCPX_P2P_CLI_PATH, std::move(args), env);
+}
+#endif
+
 // Exited by itself with `code` (not killed by a signal).
 inline ::testing::AssertionResult exited_with(const CliResult& r, int code) {
     if (r.status == -1) return ::testing::AssertionFailure() << "did not exit\n" << r.output;

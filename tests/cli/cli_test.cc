@@ -30,10 +30,7 @@ using testing::has_all;
 using testing::json_of;
 using testing::positive_under;
 
-CliResult run_cli(std::vector<std::string> args,
-                  const std::map<std::string, std::string>& env = {}) {
-    return testing::run_program(TCPX_P2P_CLI_PATH, std::move(args), env);
-}
+using testing::run_cli;
 
 // Short measurements: these tests check behaviour, not speed.
 std::vector<std::string> quick(std::vector<std::string> args) {

@@ -30,13 +30,11 @@ using testing::ListeningTarget;
 using testing::positive_under;
 using testing::side_channel_exchange;
 
-CliResult run_cli(std::vector<std::string> args) {
-    return testing::run_program(TCPX_P2P_CLI_PATH, std::move(args));
-}
+using testing::run_cli;
 
 // Short measurements. Under ThreadSanitizer without the raw baseline and --verify (their buffers
 // pass between the processes through the wire, which it cannot see; see cli_test.cc).
-std::vector<std::string> quick(std::vector<std::string> args) {
+std::vector<std::string> role_quick(std::vector<std::string> args) {
     for (const char* a : {"--time", "0.05", "--iters", "2", "--no-progress"}) args.push_back(a);
 #if defined(__SANITIZE_THREAD__)
     args.push_back("--no-baseline");
@@ -58,7 +56,7 @@ TEST(BenchEngineRoles, ListenAndConnectOverLoopback) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
     EXPECT_TRUE(contains(target.output(), "plaintext, unauthenticated")) << target.output();
-    const CliResult r = run_cli(quick(
+    const CliResult r = run_cli(role_quick(
         {"bench", "engine", "--connect", target.address(), "--sizes", "4K,1M", "--no-latency"}));
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_TRUE(has_all(r.output, {"targets on 127.0.0.1:", "=lo", "engine: ", "target: "}));
@@ -76,8 +74,8 @@ TEST(BenchEngineRoles, BidirAndPairsOverLoopback) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
     const CliResult r =
-        run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes", "64K",
-                       "--bidir", "--pairs", "2", "--no-latency", "--no-single-peer"}));
+        run_cli(role_quick({"bench", "engine", "--connect", target.address(), "--sizes", "64K",
+                            "--bidir", "--pairs", "2", "--no-latency", "--no-single-peer"}));
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_TRUE(has_all(r.output, {"2 endpoint pairs", "both directions at once"}));
     EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "i->t", "t->i", "#0", "#1"}));
@@ -88,8 +86,8 @@ TEST(BenchEngineRoles, JsonNamesTheTargets) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
     const CliResult r =
-        run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes", "4K", "--op",
-                       "write", "--bidir", "--no-latency", "--json"}));
+        run_cli(role_quick({"bench", "engine", "--connect", target.address(), "--sizes", "4K",
+                            "--op", "write", "--bidir", "--no-latency", "--json"}));
     ASSERT_TRUE(exited_with(r, 0));
     const auto doc = json_of(r.output);
     ASSERT_FALSE(doc.is_discarded()) << r.output;
@@ -106,8 +104,8 @@ TEST(BenchEngineRoles, JsonNamesTheTargets) {
 TEST(BenchEngineRoles, PairsAndBidirOnOneHost) {
     for (const char* procs : {"1", "2"}) {
         SCOPED_TRACE(std::string("--procs ") + procs);
-        const CliResult r = run_cli(quick({"bench", "engine", "--procs", procs, "--sizes", "64K",
-                                           "--pairs", "2", "--bidir", "--no-latency"}));
+        const CliResult r = run_cli(role_quick({"bench", "engine", "--procs", procs, "--sizes",
+                                                "64K", "--pairs", "2", "--bidir", "--no-latency"}));
         ASSERT_TRUE(exited_with(r, 0));
         EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "i->t", "t->i", "#0", "#1"}));
     }
@@ -141,8 +139,8 @@ TEST(BenchEngineRoles, StraysAreRefusedAndTheTargetStillServes) {
             if (!send_all(fd->get(), junk.data(), junk.size()).ok()) break;  // it closed on us
         }
     }
-    const CliResult r = run_cli(quick({"bench", "engine", "--connect", target.address(), "--sizes",
-                                       "4K", "--op", "write", "--no-latency"}));
+    const CliResult r = run_cli(role_quick({"bench", "engine", "--connect", target.address(),
+                                            "--sizes", "4K", "--op", "write", "--no-latency"}));
     ASSERT_TRUE(exited_with(r, 0));
     EXPECT_EQ(target.finish(), 0) << target.output();
     EXPECT_TRUE(has_all(target.output(), {"refused", "a line longer than"}));

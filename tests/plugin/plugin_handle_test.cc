@@ -13,6 +13,7 @@
 #include "net/plugin/v7_net.h"
 #include "net/socket/socket_v7.h"
 #include "net/socket/wire.h"
+#include "tests/plugin/plugin_test_util.h"
 #include "tests/support/net_test_util.h"
 
 #ifndef TCPX_FAKE_TCPX_PATH
@@ -23,20 +24,6 @@ namespace tcpx::testing {
 namespace {
 
 namespace gt = net::google_tcpx;
-
-std::unique_ptr<net::Net> load_fake() {
-    setenv("TCPX_P2P_SOCKET_IFNAME", "=lo", 1);
-    setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
-    setenv("TCPX_P2P_NSOCKS", "2", 1);
-    setenv("TCPX_P2P_IO_THREADS", "2", 1);
-    setenv("FAKETCPX_MEMORY", "host", 1);
-    auto settings = Settings::from_env();
-    EXPECT_TRUE(settings.ok()) << settings.status().to_string();
-    if (!settings.ok()) return nullptr;
-    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH, *settings);
-    EXPECT_TRUE(net.ok()) << net.status().to_string();
-    return net.ok() ? std::move(net).value() : nullptr;
-}
 
 SocketAddress loopback_peer() {
     auto addr = SocketAddress::parse("127.0.0.1", 40000);

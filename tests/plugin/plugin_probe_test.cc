@@ -8,6 +8,7 @@
 #include <string>
 
 #include "net/plugin/plugin_loader.h"
+#include "tests/plugin/plugin_test_util.h"
 #include "tests/support/net_test_util.h"
 
 #ifndef TCPX_FAKE_TCPX_PATH
@@ -16,10 +17,6 @@
 
 namespace tcpx::testing {
 namespace {
-
-std::string test_net_path(const std::string& stem) {
-    return std::string(TCPX_TEST_NET_DIR) + "/libnccl-net-" + stem + ".so";
-}
 
 Settings probe_settings() {
     auto settings = Settings::from_env();

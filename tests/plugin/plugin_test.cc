@@ -14,6 +14,7 @@
 #include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
 #include "net/plugin/v7_net.h"
+#include "tests/plugin/plugin_test_util.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
@@ -27,22 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using net::Request;
-
-std::unique_ptr<net::Net> load_fake() {
-    // The plugin builds its transport from the environment, like the real one from NCCL_*.
-    setenv("TCPX_P2P_SOCKET_IFNAME", "=lo", 1);
-    setenv("TCPX_P2P_SOCKET_FAMILY", "ipv4", 1);
-    setenv("TCPX_P2P_NSOCKS", "2", 1);
-    setenv("TCPX_P2P_IO_THREADS", "2", 1);
-    // "CUDA" memory is host memory here, GPU or not (the GPU mode runs in tcpx_gpu_tests).
-    setenv("FAKETCPX_MEMORY", "host", 1);
-    auto settings = Settings::from_env();
-    EXPECT_TRUE(settings.ok()) << settings.status().to_string();
-    if (!settings.ok()) return nullptr;
-    auto net = net::load_net_plugin(TCPX_FAKE_TCPX_PATH, *settings);
-    EXPECT_TRUE(net.ok()) << net.status().to_string();
-    return net.ok() ? std::move(net).value() : nullptr;
-}
 
 struct Pair {
     net::SendComm* send = nullptr;

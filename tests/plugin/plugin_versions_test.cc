@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "net/plugin/plugin_loader.h"
 #include "tests/fakes/versioned_net.h"
+#include "tests/plugin/plugin_test_util.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
@@ -30,10 +31,6 @@ namespace {
 using namespace std::chrono_literals;
 using net::MemHandle;
 using net::Request;
-
-std::string test_net_path(const std::string& stem) {
-    return std::string(TCPX_TEST_NET_DIR) + "/libnccl-net-" + stem + ".so";
-}
 
 StatusOr<std::unique_ptr<net::Net>> load_test_net(const std::string& stem) {
     set_socket_env(loopback_settings());
