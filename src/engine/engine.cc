@@ -47,20 +47,23 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 // there each yield can hand the core to another process for milliseconds, and a thread that
 // sleeps is woken sooner than one that keeps yielding.
 // The spin is skipped while it does not pay: when most of the recent waits for work (requests in
-// flight, completions the transport signals) lasted longer than kBusySpinFor (an exponential
-// average over about kWaitHistory waits of whether a spin would have caught it; a count, so that
-// one long stall of a loaded machine does not turn the spin off). That is a wire slower than the
-// machine (a rate-limited NIC, a far peer): each wake moves a little (a writable socket, one
-// completion), and a spin after each cost a third of the CPU per GB moved in caller mode on a
-// 1 Gbit/s link. On a fast wire the work comes within microseconds, and the spin catches it
-// sooner and cheaper than a sleep and a wakeup would.
+// flight, completions the transport signals) lasted longer than kBusySpinFor (engine::SpinScore).
+// That is a wire slower than the machine (a rate-limited NIC, a far peer): each wake moves a
+// little (a writable socket, one completion), and a spin after each cost a third of the CPU per GB
+// moved in caller mode on a 1 Gbit/s link. On a fast wire the work comes within microseconds, and
+// the spin catches it sooner and cheaper than a sleep and a wakeup would.
 constexpr int kBusySpins = 256;
 constexpr auto kBusySpinFor = std::chrono::microseconds(100);
-constexpr int kWaitHistory = 8;
-constexpr int kSpinScoreOne = 128;  // a caught wait's weight: the score runs from 0 to 8 of them
 // An API call waiting for a transfer (drive()): polls, yielding, this long, then sleeps until
-// the progress thread moves something.
+// what it waits for happens (wake_waiters()). The spin is skipped, as the progress thread's is,
+// while most recent waits were long (a wire slower than the machine): an application that waits
+// with a short timeout again and again (1 ms in the benchmark's window) would otherwise spin for
+// a fifth of its time, and be woken every few KiB.
 constexpr auto kDriveSpinFor = std::chrono::microseconds(200);
+// A wait that ends within this counts as short: spinning (and waking the waiter after every pass
+// that moved something, so that it steps in while the progress thread sleeps) pays. A lone 1 MiB
+// transfer over loopback on two cores takes 200-300 us; on a 1 Gbit/s wire it takes 9 ms.
+constexpr auto kShortWait = std::chrono::milliseconds(1);
 constexpr int kShortNaps = 4;
 constexpr auto kMinBusySleep = std::chrono::nanoseconds(50'000);
 constexpr auto kMaxBusySleep = std::chrono::nanoseconds(400'000);
@@ -338,12 +341,21 @@ bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
 }
 
 bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point deadline) {
-    const auto spin_until = Clock::now() + kDriveSpinFor;
+    const auto start = Clock::now();
+    const auto spin_until = wait_spin_.pays() ? start + kDriveSpinFor : start;
+    // Whether what this call waited for came soon enough for the spin to pay; a call that gave
+    // up sooner (a poll with a short timeout) says nothing either way.
+    const auto finish = [&](bool finished) {
+        const bool quick = Clock::now() - start < kShortWait;
+        if (quick && !finished) return false;
+        wait_spin_.record(quick);
+        return finished;
+    };
     for (int spins = 0;; ++spins) {
         {
             std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
             if (lock.owns_lock()) {
-                if (done()) return true;
+                if (done()) return finish(true);
                 // The progress thread, while awake, is already polling: only step in when there
                 // is none or it sleeps (then this thread sees a reply first, with no wakeup).
                 // A pass here that moved something may have started transport requests the
@@ -353,18 +365,19 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
                     const uint64_t ops = active_ops_;
                     if ((progress_once() || active_ops_ != ops) && own_progress_thread_) wake();
                 }
-                if (done()) return true;
+                if (done()) return finish(true);
             }
         }
         const auto now = Clock::now();
-        if (now >= deadline) return false;
+        if (now >= deadline) return finish(false);
         if (spins < 2000 && now < spin_until) {
             std::this_thread::yield();
         } else if (own_progress_thread_) {
-            // The progress thread moves everything: sleep until a pass of it moves something (it
-            // notifies while anyone sleeps here), a tick at most.
+            // The progress thread moves everything: sleep until what this call waits for happens
+            // (wake_waiters(): a transfer finishes, a peer becomes ready or fails; while waits
+            // are short, any pass that moved something), a tick at most.
             std::unique_lock<std::mutex> lock(mu_);
-            if (done()) return true;
+            if (done()) return finish(true);
             ++progress_waiters_;
             progress_cv_.wait_until(lock, std::min(deadline, Clock::now() + kTick));
             --progress_waiters_;
@@ -382,7 +395,7 @@ void Endpoint::Impl::run_progress_thread() {
     // Since when nothing moved while something was in flight (unset: moving, or nothing to wait
     // for), and how many recent such waits a spin would have caught: whether it pays (above).
     Clock::time_point waiting_since{};
-    int spin_score = kWaitHistory * kSpinScoreOne;
+    engine::SpinScore spin;
     while (!stop_.load()) {
         const uint64_t posted = posted_.load();
         bool did = false;
@@ -403,7 +416,10 @@ void Endpoint::Impl::run_progress_thread() {
                     break;
                 }
             }
-            if (did) wake_waiters();
+            // While waits are short (a fast wire), a waiter woken by every pass that moved
+            // something steps in when this thread sleeps (drive()) and sees its reply with no
+            // further wakeup; on a slow wire that would wake it every few KiB for nothing.
+            if (did && wait_spin_.pays()) wake_waiters();
             // Timers are checked every tick: sleep no longer than that.
             heartbeat_ms = static_cast<int>(
                 std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, kTick.count()));
@@ -414,7 +430,7 @@ void Endpoint::Impl::run_progress_thread() {
         if (did) {
             if (waiting_since != Clock::time_point{}) {
                 const bool caught = Clock::now() - waiting_since < kBusySpinFor;
-                spin_score += (caught ? kSpinScoreOne : 0) - spin_score / kWaitHistory;
+                spin.record(caught);
                 waiting_since = Clock::time_point{};
             }
             idle = 0;
@@ -428,7 +444,7 @@ void Endpoint::Impl::run_progress_thread() {
         }
         if (idle++ == 0) idle_since = Clock::now();
         // GPU work signals nothing: it is always spun for (then napped for) as before.
-        const bool spin_pays = poll || spin_score >= kWaitHistory * kSpinScoreOne / 2;
+        const bool spin_pays = poll || spin.pays();
         if (busy && spin_pays && idle < kBusySpins && Clock::now() - idle_since < kBusySpinFor) {
             std::this_thread::yield();
             continue;
@@ -457,7 +473,7 @@ void Endpoint::Impl::run_progress_thread() {
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 moved = progress_once(true);
-                if (moved) wake_waiters();
+                if (moved && wait_spin_.pays()) wake_waiters();
             }
             if (!moved) ::epoll_wait(epfd_, &ev, 1, heartbeat_ms);
             naps = 0;
@@ -706,6 +722,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         TCPX_DEBUG("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
     }
     p.state = Peer::State::kFailed;
+    wake_waiters();  // connect() waits for this peer's fate
     count(p, &Stats::errors);
     // The channels go first: their requests end (complete, or are abandoned by closing the comm,
     // after which the transport touches none of their buffers), then the transfers can be failed
@@ -767,7 +784,6 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         if (x->user_id != 0) {
             count(p, &Stats::transfers_failed);
             xfers_->finish(x->user_id, p.error);
-            wake_waiters();
         }
         destroy(x);
     }

@@ -53,6 +53,7 @@
 #include "engine/ctrl_conn.h"
 #include "engine/packer.h"
 #include "engine/registry.h"
+#include "engine/spin_score.h"
 #include "engine/xfer_table.h"
 #include "net/net.h"
 #include "tcpx/endpoint.h"
@@ -530,18 +531,22 @@ class Endpoint::Impl {
     // The transport's completion wakeup, watched by the progress thread's epoll; null where the
     // transport signals none (its requests are polled) or no progress thread runs.
     Wakeup* completions_ = nullptr;
-    // API calls sleeping in drive() until the progress thread moves something (under mu_), and
-    // what wakes them: the progress thread after every pass that did something while any sleep.
+    // API calls sleeping in drive() (under mu_) until what they wait for happens, and what
+    // wakes them.
     int progress_waiters_ = 0;
     std::condition_variable progress_cv_;
-    // Under mu_, when a transfer finishes (whichever pass or call finished it) and after every
-    // pass of the progress thread that moved something.
+    // Under mu_, whichever pass or call made it happen: a transfer finishes, a peer becomes
+    // ready (or joins the accept queue) or fails; and while wait_spin_ pays, after every pass of
+    // the progress thread that moved something (not on a slow wire: there that is every few KiB,
+    // each a wakeup of every waiter for nothing).
     void wake_waiters() {
         if (progress_waiters_ > 0) progress_cv_.notify_all();
     }
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
+    // Whether drive()'s spin pays: most of the endpoint's recent waits were short.
+    engine::SpinScore wait_spin_;
     std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
     std::atomic<int> api_waiting_{0};  // API calls waiting for mu_
     bool own_progress_thread_ = false;

@@ -504,6 +504,7 @@ void Endpoint::Impl::become_ready(Peer& p) {
         p.in_accept_queue = true;
         accept_queue_.push_back(p.id);
     }
+    wake_waiters();  // connect() waits for this peer, accept() for the queue
 }
 
 }  // namespace tcpx

@@ -112,6 +112,8 @@ void Endpoint::Impl::destroy(Xfer* x) {
     }
     if (x->peer != nullptr) x->peer->xfers.erase(x);
     delete x;
+    // wait() may wait for this transfer, dereg() for a region it held (a served request's too).
+    wake_waiters();
 }
 
 void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x) {
@@ -253,7 +255,6 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             [[fallthrough]];
         default:
             xfers_->finish(x->user_id, x->result);
-            wake_waiters();
             break;
     }
     destroy(x);
