@@ -24,9 +24,17 @@ Status CopyRing::unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
         const UnpackPlan plan =
             plan_unpack_scatter(entries, count, bounce, segs, list, copy_capacity(), &plan_starts_);
         if (plan.fits) return run_copy_list(i, plan.count, plan.bad);
+        // Entries that tile the chunk once never need more copies than a list holds: these
+        // overlap. The engine posted the receive as one taken straight into its pieces, holding
+        // no room in the twin to go through instead.
+        if (total > length(i)) {
+            return protocol_error(strformat(
+                "the transport described a receive in %llu entries that overlap (more than %zu "
+                "copies into its pieces)",
+                static_cast<unsigned long long>(count), copy_capacity()));
+        }
     }
-    // Not one list: the pages into the slot's GPU twin, then the scatter out of it (which needs
-    // the slot's allocation: a receive posted as one that unpacks_into() its pieces holds none).
+    // Not one list: the pages into the slot's GPU twin, then the scatter out of it.
     if (total > length(i)) return internal_error("unpack larger than its staging slot");
     TCPX_ASSIGN_OR_RETURN(uint8_t * staged, twin());
     TCPX_RETURN_IF_ERROR(unpack(i, entries, count, bounce, staged + offset(i), total));

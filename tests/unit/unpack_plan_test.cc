@@ -247,6 +247,26 @@ TEST(UnpackScatter, StraightIntoPiecesNeedsARecordNotTheBuffer) {
         ASSERT_TRUE(ring.release(q.slot));
     }
 
+    // Entries overlapping many times over (no real receive's): more copies than a list holds,
+    // and no room to go through the twin: refused, nothing written.
+    {
+        Pieces p(std::vector<uint64_t>(64, kSlotBytes / 64));
+        for (Seg& s : p.segs) s.device = 0;
+        dev.declare(p.arena.data(), p.arena.size(), 0);
+        const std::vector<uint8_t> before = p.arena;
+        std::vector<uint8_t> bounce(kSlotBytes, 0x5a);
+        std::vector<LoadMeta> entries(kUnpackMaxEntries,
+                                      LoadMeta{0, static_cast<uint32_t>(kSlotBytes), 0});
+        const int slot = ring.acquire(0);
+        Status st =
+            ring.unpack_scatter(slot, entries.data(), entries.size(), bounce.data(), p.segs);
+        EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+        ring.synchronize();
+        EXPECT_EQ(p.arena, before);
+        ASSERT_TRUE(ring.release(slot));
+        dev.forget(p.arena.data());
+    }
+
     // Pieces on the other GPU: not taken straight, and the record has no allocation to unpack
     // into first: an error, and nothing written.
     Pieces other({5000, 7000});
