@@ -84,8 +84,10 @@ class CopyRing : public SlotFifo {
     // back to back): one copy list over the receive's entries composed with the pieces
     // (unpack_plan.h, run by run_copy_list), when the pieces are all on the ring's GPU and the
     // copies fit a slot's list; otherwise the unpack into slot i's GPU twin and the scatter out
-    // of it. Entries are checked as unpack() checks them (ready(i) reports a bad receive). The
-    // same decision for every ring (device.cc), so the tests' emulation runs the CUDA ring's.
+    // of it, which needs slot i's allocation (a slot taken without one, for pieces that
+    // unpacks_into() takes, gets a protocol error when overlapping entries overflow the list).
+    // Entries are checked as unpack() checks them (ready(i) reports a bad receive). The same
+    // decision for every ring (device.cc), so the tests' emulation runs the CUDA ring's.
     Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
                           std::span<const Seg> segs);
     // Whether unpack_scatter() takes a receive straight into `segs` (all on the ring's GPU, at
