@@ -1,4 +1,5 @@
 // The device layer over the CUDA runtime.
+#include <cuda.h>  // types only: the driver's two context calls come through the runtime
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +24,86 @@ Status cuda_status(cudaError_t err, const char* what) {
     return Status(StatusCode::kCuda, strformat("%s: %s", what, cudaGetErrorString(err)));
 }
 
+// The driver's current-context calls, reached through the runtime (the build links the runtime
+// only); null where the driver does not give them.
+struct ContextCalls {
+    CUresult (*get)(CUcontext*) = nullptr;
+    CUresult (*set)(CUcontext) = nullptr;
+};
+
+const ContextCalls& context_calls() {
+    static const ContextCalls calls = [] {
+        ContextCalls c;
+        void* get = nullptr;
+        void* set = nullptr;
+        cudaDriverEntryPointQueryResult q1{}, q2{};
+        if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault,
+                                             &q1) == cudaSuccess &&
+            cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
+                                             &q2) == cudaSuccess &&
+            q1 == cudaDriverEntryPointSuccess && q2 == cudaDriverEntryPointSuccess) {
+            c.get = reinterpret_cast<CUresult (*)(CUcontext*)>(get);
+            c.set = reinterpret_cast<CUresult (*)(CUcontext)>(set);
+        }
+        cudaGetLastError();
+        return c;
+    }();
+    return calls;
+}
+
+// What is current in the calling thread, for put_back(): its context (exactly, one the
+// application made itself included), or without the driver's calls the runtime's device + 1; 0
+// where nothing is.
+uintptr_t what_is_current() {
+    const ContextCalls& c = context_calls();
+    if (c.get != nullptr) {
+        CUcontext ctx = nullptr;
+        return c.get(&ctx) == CUDA_SUCCESS ? reinterpret_cast<uintptr_t>(ctx) : 0;
+    }
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return static_cast<uintptr_t>(d) + 1;
+}
+
+// Makes `device` current; `*previous` is what was current before where put_back() has anything
+// to do, else 0 (nothing was current, or it already was this device's).
+Status switch_to(int device, uintptr_t* previous) {
+    const uintptr_t before = what_is_current();
+    *previous = 0;
+    TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+    if (before != 0 && what_is_current() != before) *previous = before;
+    return Status();
+}
+
+void put_back(uintptr_t previous) {
+    if (previous == 0) return;
+    const ContextCalls& c = context_calls();
+    if (c.set != nullptr) {
+        c.set(reinterpret_cast<CUcontext>(previous));
+    } else {
+        cudaSetDevice(static_cast<int>(previous - 1));
+    }
+    cudaGetLastError();
+}
+
+// The ring's calls run in the application's threads too (API calls make progress): each makes
+// the ring's GPU current for its scope and puts back the caller's after (cuda::ScopedGpu's rule).
+class OnGpu {
+ public:
+    explicit OnGpu(int device) : status_(switch_to(device, &previous_)) {}
+    ~OnGpu() { put_back(previous_); }
+    OnGpu(const OnGpu&) = delete;
+    OnGpu& operator=(const OnGpu&) = delete;
+    const Status& status() const { return status_; }
+
+ private:
+    uintptr_t previous_ = 0;
+    Status status_;
+};
+
 // Slots on two streams: each slot's completion is an event recorded after its last work; a pinned
 // staging buffer when slot_bytes > 0; a mapped flag per slot for unpacks the kernel found bad.
 class CudaCopyRing final : public CopyRing {
@@ -31,7 +112,8 @@ class CudaCopyRing final : public CopyRing {
                                                       int records) {
         if (slots < 1) return invalid_argument("copy ring: no slots");
         if (records < 1) records = slots;
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+        OnGpu on(device);
+        TCPX_RETURN_IF_ERROR(on.status());
         void* base = nullptr;
         if (slot_bytes > 0) {
             TCPX_RETURN_IF_ERROR(
@@ -48,7 +130,7 @@ class CudaCopyRing final : public CopyRing {
     }
 
     ~CudaCopyRing() override {
-        cudaSetDevice(device());
+        OnGpu on(device());
         for (cudaStream_t st : streams_) {
             if (st != nullptr) cudaStreamSynchronize(st);
         }
@@ -68,7 +150,8 @@ class CudaCopyRing final : public CopyRing {
     }
 
     Status copy_in(int i, const void* src, size_t len) override {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(
             cuda_status(cudaMemcpyAsync(slot(i), src, len, cudaMemcpyDefault, stream(i)),
                         "staging a chunk out of GPU memory"));
@@ -76,7 +159,8 @@ class CudaCopyRing final : public CopyRing {
     }
 
     Status copy_out(int i, void* dst, size_t len) override {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(
             cuda_status(cudaMemcpyAsync(dst, slot(i), len, cudaMemcpyDefault, stream(i)),
                         "staging a chunk into GPU memory"));
@@ -90,7 +174,8 @@ class CudaCopyRing final : public CopyRing {
                 strformat("the transport described a receive in %llu pieces (at most %d)",
                           static_cast<unsigned long long>(count), kUnpackMaxEntries));
         }
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(ensure_lists());
         // The slot's previous work finished before it was given back: nothing reads its flag or
         // its list any more.
@@ -119,13 +204,15 @@ class CudaCopyRing final : public CopyRing {
     }
 
     StatusOr<CopyEntry*> copy_list(int i) override {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(ensure_copy_lists());
         return host_copies_ + static_cast<size_t>(i) * copy_capacity();
     }
 
     Status run_copy_list(int i, size_t n, bool bad) override {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(ensure_copy_lists());
         flags_[i] = bad ? 1 : 0;  // ready(i) reports it, as after the unpack kernel
         unpacked_[static_cast<size_t>(i)] = true;
@@ -141,7 +228,8 @@ class CudaCopyRing final : public CopyRing {
     }
 
     StatusOr<uint8_t*> twin() override {
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         TCPX_RETURN_IF_ERROR(ensure_copy_lists());
         return device_slots_;
     }
@@ -165,7 +253,7 @@ class CudaCopyRing final : public CopyRing {
     }
 
     void synchronize() override {
-        cudaSetDevice(device());
+        OnGpu on(device());
         for (cudaStream_t st : streams_) cudaStreamSynchronize(st);
     }
 
@@ -265,7 +353,8 @@ class CudaCopyRing final : public CopyRing {
             total += seg.len;
             all_here = all_here && seg.device == device();
         }
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device()), "cudaSetDevice"));
+        OnGpu on(device());
+        TCPX_RETURN_IF_ERROR(on.status());
         if (twin_only) TCPX_RETURN_IF_ERROR(ensure_copy_lists());
         // The staged side: the pinned buffer, or the GPU twin.
         uint8_t* pinned = twin_only ? device_slots_ + offset(i) : slot(i);
@@ -388,12 +477,14 @@ class CudaDevice final : public Device {
         return CudaCopyRing::create(device, slot_bytes, slots, records);
     }
 
-    Status select(int device) override {
+    Status select(int device, uintptr_t* previous) override {
         if (device < 0 || device >= count()) {
             return invalid_argument(strformat("GPU %d: %d usable", device, count()));
         }
-        return cuda_status(cudaSetDevice(device), "cudaSetDevice");
+        return switch_to(device, previous);
     }
+
+    void restore(uintptr_t previous) override { put_back(previous); }
 
     std::string pci_bus_id(int device) override {
         if (device < 0 || device >= count()) return "";

@@ -63,4 +63,18 @@ Device& device() {
 
 void set_device_for_testing(Device* d) { g_override.store(d, std::memory_order_release); }
 
+ScopedGpu::ScopedGpu(int gpu) {
+    Device& d = device();
+    if (gpu < 0 || gpu >= d.count()) {
+        status_ = invalid_argument(strformat("GPU %d: %d usable", gpu, d.count()));
+        return;
+    }
+    status_ = d.select(gpu, &previous_);
+    selected_ = status_.ok();
+}
+
+ScopedGpu::~ScopedGpu() {
+    if (selected_) device().restore(previous_);
+}
+
 }  // namespace tcpx::cuda

@@ -146,10 +146,35 @@ class Device {
                                                           int records = 0) = 0;
     // Makes GPU `device` the calling thread's current one: what a transport allocates for the
     // caller then lands there (Google's TCPX plugin puts a receive comm's bounce buffer on it).
-    virtual Status select(int device) = 0;
+    // On success `*previous` says what was current before, for restore(); ScopedGpu pairs them.
+    virtual Status select(int device, uintptr_t* previous) = 0;
+    // Makes current again what select() found current (its `previous`). Where nothing was (a
+    // thread that never used a GPU), it leaves the selected GPU current.
+    virtual void restore(uintptr_t previous) = 0;
     // GPU `device`'s PCI bus id ("0000:86:00.0"), which places it on the PCI tree for the
     // GPU-to-NIC choice (common/topology.h); empty when there is no such GPU.
     virtual std::string pci_bus_id(int device) = 0;
+};
+
+// Makes GPU `device` current in the calling thread for the scope, and what was current before
+// current again at its end. The engine runs in the application's threads too (API calls make
+// progress), and a library call must leave the caller's current GPU as it found it, as NCCL's
+// calls do. Where nothing was current (a thread that never used a GPU), the GPU stays selected:
+// making GPU 0 current "again" would create a context on it (cudaSetDevice does so since CUDA
+// 12), holding memory on a GPU the application may never use. A device that is not usable is
+// not selected (status() says why).
+class ScopedGpu {
+ public:
+    explicit ScopedGpu(int device);
+    ~ScopedGpu();
+    ScopedGpu(const ScopedGpu&) = delete;
+    ScopedGpu& operator=(const ScopedGpu&) = delete;
+    const Status& status() const { return status_; }
+
+ private:
+    Status status_;
+    bool selected_ = false;
+    uintptr_t previous_ = 0;
 };
 
 // The device layer in use.

@@ -15,9 +15,10 @@ class NoDevice final : public Device {
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int, size_t, int, int) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
-    Status select(int) override {
+    Status select(int, uintptr_t*) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
+    void restore(uintptr_t) override {}
     std::string pci_bus_id(int) override { return ""; }
 };
 

@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -396,6 +397,9 @@ class Endpoint::Impl {
     Status on_auth_proof(Peer& p, std::string_view body);
     Status on_auth_fail(Peer& p, std::string_view body);
     Status send_hello(Peer& p);
+    // The endpoint's GPU made current for the caller's scope (where it has a usable one), for
+    // transports that allocate on or record the current GPU; the caller's own is put back after.
+    void serve_gpu(std::optional<cuda::ScopedGpu>* gpu) const;
     Status start_channels(Peer& p, int channels);
     Status handle_hello(Peer& p, std::string_view body);
     // The peer's handles are checked by the transport before any is used.

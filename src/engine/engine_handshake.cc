@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common/log.h"
 #include "common/status_util.h"
@@ -336,13 +337,19 @@ Status Endpoint::Impl::on_auth_proof(Peer& p, std::string_view body) {
     return Status();
 }
 
+void Endpoint::Impl::serve_gpu(std::optional<cuda::ScopedGpu>* gpu) const {
+    if (config_.gpu_index < 0 || config_.gpu_index >= cuda::device_count()) return;
+    gpu->emplace(static_cast<int>(config_.gpu_index));
+    if (!(*gpu)->status().ok()) {
+        TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), (*gpu)->status().to_string().c_str());
+    }
+}
+
 Status Endpoint::Impl::start_channels(Peer& p, int channels) {
     // Transports allocate per-comm GPU memory (Google's TCPX: the receive bounce buffer) and
-    // record the current GPU at listen: make it the one this endpoint serves.
-    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
-        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
-        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
-    }
+    // record the current GPU at listen: make it the one this endpoint serves, for this call.
+    std::optional<cuda::ScopedGpu> gpu;
+    serve_gpu(&gpu);
     for (int i = 0; i < channels; ++i) {
         net::Handle handle;
         net::ListenComm* listen = nullptr;
@@ -449,10 +456,8 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
     if (p.state != State::kChannels) return false;
     bool did = false;
     bool all = true;
-    if (config_.gpu_index >= 0 && config_.gpu_index < cuda::device_count()) {
-        Status st = cuda::device().select(static_cast<int>(config_.gpu_index));
-        if (!st.ok()) TCPX_LOG(kDebug, "endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
-    }
+    std::optional<cuda::ScopedGpu> gpu;  // as in start_channels: connect and accept allocate too
+    serve_gpu(&gpu);
     for (int i = 0; i < p.channels; ++i) {
         Channel& tx = p.tx[static_cast<size_t>(i)];
         Channel& rx = p.rx[static_cast<size_t>(i)];

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "cuda/device.h"
+#if TCPX_TEST_REAL_GPU
+#include <cuda_runtime_api.h>
+#endif
 #include "tests/support/engine_test_util.h"
 #include "tests/support/host_device.h"
 #include "tests/support/net_test_util.h"
@@ -401,6 +404,68 @@ TEST_P(EngineDevice, ShortGpuTransfersAreCutInSubChunksBothSidesAgreeOn) {
     }
     a.reset();
     b.reset();
+}
+
+// The calling thread's current GPU, as the application sees it.
+int caller_gpu() {
+#if TCPX_TEST_REAL_GPU
+    int d = -1;
+    return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+#else
+    return HostDevice::current();
+#endif
+}
+
+void set_caller_gpu(int d) {
+#if TCPX_TEST_REAL_GPU
+    ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+#else
+    HostDevice::set_current(d);
+#endif
+}
+
+TEST_P(EngineDevice, TheCallersCurrentGpuIsLeftAsItWas) {
+    // The engine makes its GPU current for the transport's listen, connect and accept and for
+    // its copies and kernels, in whatever thread makes progress: here the application's, which
+    // has another GPU current. Every call must leave that one current, as NCCL's calls do.
+    if (gpus_ < 2) GTEST_SKIP() << "one GPU: the engine's GPU is the caller's";
+    const int mine = gpus_ - 1;  // the caller's; the polled endpoint serves GPU 0
+    set_caller_gpu(mine);
+    Config polled_config = a_config_;
+    polled_config.progress_thread = "off";  // the caller's calls do everything
+    std::vector<Reg> polled_bufs;
+    auto polled = make_endpoint("polled", polled_config);
+    ASSERT_NE(polled, nullptr);
+    auto to_b = polled->connect(b_->metadata());
+    ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
+    EXPECT_EQ(caller_gpu(), mine) << "after connect()";
+    add(polled.get(), device_buffer(kSize, 0, emulation()), &polled_bufs);
+    set_caller_gpu(mine);  // the test's own allocation may have changed it
+    const Reg& ours = polled_bufs[0];
+    const Reg& theirs = b_bufs_[1];
+    uint64_t seed = 1200;
+    for (const uint64_t len : {uint64_t{100}, uint64_t{3} << 20}) {
+        SCOPED_TRACE(len);
+        fill(ours.buf.get(), 5, len, ++seed);
+        set_caller_gpu(mine);
+        auto w = polled->write(*to_b, ours.mem, 5, theirs.desc, 9, len);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        EXPECT_EQ(caller_gpu(), mine) << "after write()";
+        ASSERT_TRUE(polled->wait(*w, 30s).ok());
+        EXPECT_EQ(caller_gpu(), mine) << "after wait() of a write";
+        EXPECT_EQ(mismatch(theirs.buf.get(), 9, len, seed), -1);
+
+        fill(theirs.buf.get(), 11, len, ++seed);
+        set_caller_gpu(mine);
+        auto r = polled->read(*to_b, ours.mem, 13, theirs.desc, 11, len);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_TRUE(polled->wait(*r, 30s).ok());
+        EXPECT_EQ(caller_gpu(), mine) << "after wait() of a read";
+        EXPECT_EQ(mismatch(ours.buf.get(), 13, len, seed), -1);
+    }
+    polled.reset();
+    EXPECT_EQ(caller_gpu(), mine) << "after the endpoint's destruction";
+    EXPECT_TRUE(ours.buf->canaries_intact());
 }
 
 TEST_P(EngineDevice, ReadNotificationFollowsTheDataIntoDeviceMemory) {

@@ -18,7 +18,12 @@
 //     never pass a peer's connect_args through: V7Net::check_peer_handle resets it);
 //   - connect() completes on a later call than the first, with the same handle buffer;
 //   - accept() needs a device-handle pointer to fill in;
-//   - iflush() must not be called.
+//   - iflush() must not be called;
+//   - (cuda mode) a receive comm belongs to the GPU current when it was made: the real plugin
+//     records the current GPU at listen (its flow-steering requests name it) and allocates the
+//     comm's bounce buffer on it at accept. So accept() must run with the listen's GPU current,
+//     and regMr() of CUDA memory of another GPU on a receive comm is refused (stricter than the
+//     real plugin, so that a caller whose GPU was not current at listen and accept is caught).
 //
 // Receives into CUDA memory are delivered as devmem-TCP delivers them: the bytes land in randomly
 // chosen 4 KiB pages of the receive comm's bounce buffer, as whole pages or random pieces at random
@@ -165,6 +170,28 @@ bool gpu_usable() {
 #else
     return false;
 #endif
+}
+
+// The calling thread's current GPU in cuda mode, else -1 (nothing to check).
+int current_gpu() {
+#if TCPX_P2P_HAVE_CUDA
+    int d = -1;
+    if (g_cuda && cudaGetDevice(&d) == cudaSuccess) return d;
+#endif
+    return -1;
+}
+
+// The GPU CUDA memory at `p` lives on, or -1 where it is not known (host mode, host memory).
+int gpu_of(const void* p) {
+#if TCPX_P2P_HAVE_CUDA
+    cudaPointerAttributes a{};
+    if (g_cuda && cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
+        return a.device;
+    cudaGetLastError();
+#else
+    (void)p;
+#endif
+    return -1;
 }
 
 // Device memory (cuda mode) or host memory.
@@ -353,6 +380,7 @@ struct FakeComm {
     // yet consumed. At most kMaxRequests.
     std::deque<FakeReq*> queue;
     std::unique_ptr<UnpackState> unpack;  // receive comms
+    int gpu = -1;                         // cuda mode: the GPU current when it was made
     // Registrations not yet deregistered: close releases them, as a transport's close does (the
     // engine closes a comm whose requests outlived their grace with its registrations).
     std::unordered_set<FakeMr*> mrs;
@@ -372,6 +400,15 @@ struct NoWireListen {
 };
 std::unordered_map<uint64_t, NoWireListen*> g_listens;
 uint64_t g_next_listen = 1;
+// Cuda mode: each open listen comm's GPU, current at listen (under g_mu).
+std::unordered_map<void*, int> g_listen_gpu;
+
+void remember_listen_gpu(void* listen_comm) {
+    const int gpu = current_gpu();
+    if (gpu < 0) return;
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_listen_gpu[listen_comm] = gpu;
+}
 
 size_t pool_bytes() {
     const char* mb = std::getenv("FAKETCPX_POOL_MB");
@@ -805,6 +842,7 @@ tcpx_ncclResult_t fake_listen(int dev, void* handle, void** listen_comm) {
         h.num_socks = 1;
         put_handle(h, handle);
         *listen_comm = l;
+        remember_listen_gpu(l);
         return tcpx_ncclSuccess;
     }
     // The socket transport listens; its handle is translated into Google's layout, which has
@@ -836,6 +874,7 @@ tcpx_ncclResult_t fake_listen(int dev, void* handle, void** listen_comm) {
     std::memcpy(&h.port_count, reinterpret_cast<const uint8_t*>(&blob.listen_nonce) + 4, 4);
     h.num_socks = blob.nsocks;
     put_handle(h, handle);
+    remember_listen_gpu(*listen_comm);
     return tcpx_ncclSuccess;
 }
 
@@ -919,6 +958,7 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
             return fail("connect: no such no-wire listener in this process");
         }
         auto* comm = new FakeComm;
+        comm->gpu = current_gpu();
         comm->link = std::make_shared<Link>();
         it->second->pending.push_back(comm->link);
         *send_comm = comm;
@@ -933,6 +973,7 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
     }
     if (inner == nullptr) return tcpx_ncclSuccess;
     auto* comm = new FakeComm;
+    comm->gpu = current_gpu();
     comm->send_comm = inner;
     *send_comm = comm;
     finish();
@@ -975,6 +1016,18 @@ tcpx_ncclResult_t fake_accept(void* listen_comm, void** recv_comm,
             "accept without a device-handle pointer (the real plugin crashes on the first "
             "receive)");
     }
+    const int gpu = current_gpu();
+    if (gpu >= 0) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        auto it = g_listen_gpu.find(listen_comm);
+        if (it != g_listen_gpu.end() && it->second != gpu) {
+            FAKE_WARN(
+                "accept with GPU %d current on a listen made with GPU %d current: the real "
+                "plugin's flow steering would name one GPU and its bounce buffer sit on the other",
+                gpu, it->second);
+            return tcpx_ncclInvalidUsage;
+        }
+    }
     if (start_accept(listen_comm)) return tcpx_ncclSuccess;  // the "thread" starts
     tcpx_ncclResult_t rc = accept_now(listen_comm, recv_comm, recv_dev_comm);
     if (rc != tcpx_ncclSuccess || *recv_comm != nullptr) end_accept(listen_comm);
@@ -998,6 +1051,7 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     auto comm = std::make_unique<FakeComm>();
     comm->recv = true;
     comm->recv_comm = inner;
+    comm->gpu = current_gpu();
     comm->link = std::move(link);
     comm->unpack = make_unpack();
     if (!comm->unpack) {
@@ -1018,6 +1072,16 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
         return tcpx_ncclInternalError;
     }
     if (type != TCPX_NCCL_PTR_HOST && type != TCPX_NCCL_PTR_CUDA) return tcpx_ncclInternalError;
+    if (type == TCPX_NCCL_PTR_CUDA && as_comm(comm)->recv && as_comm(comm)->gpu >= 0) {
+        const int gpu = gpu_of(data);
+        if (gpu >= 0 && gpu != as_comm(comm)->gpu) {
+            FAKE_WARN(
+                "regMr: CUDA memory %p of GPU %d on a receive comm accepted with GPU %d current "
+                "(its bounce buffer is there)",
+                data, gpu, as_comm(comm)->gpu);
+            return tcpx_ncclInvalidUsage;
+        }
+    }
     auto* mr = new FakeMr;
     mr->comm = as_comm(comm);
     mr->type = type;
@@ -1278,6 +1342,10 @@ tcpx_ncclResult_t fake_close_listen(void* listen_comm) {
     if (accepting(listen_comm)) {
         // The real plugin frees the listen comm its accept thread is using.
         return fail("closeListen while an accept is in progress on the listener");
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        g_listen_gpu.erase(listen_comm);
     }
     if (NoWireListen* l = as_no_wire_listen(listen_comm)) {
         std::lock_guard<std::mutex> lock(g_mu);

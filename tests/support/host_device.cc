@@ -276,10 +276,25 @@ StatusOr<std::unique_ptr<cuda::CopyRing>> HostDevice::make_ring(int device, size
         new HostCopyRing(this, device, slot_bytes, slots, records));
 }
 
-Status HostDevice::select(int device) {
+namespace {
+thread_local int t_current = -1;
+}  // namespace
+
+Status HostDevice::select(int device, uintptr_t* previous) {
     if (device < 0 || device >= gpus_) return invalid_argument("select: no such GPU");
+    // As the CUDA layer: something to put back only where another GPU was current.
+    *previous = t_current >= 0 && t_current != device ? static_cast<uintptr_t>(t_current) + 1 : 0;
+    t_current = device;
     return Status();
 }
+
+void HostDevice::restore(uintptr_t previous) {
+    if (previous != 0) t_current = static_cast<int>(previous - 1);
+}
+
+int HostDevice::current() { return t_current; }
+
+void HostDevice::set_current(int device) { t_current = device; }
 
 std::string HostDevice::pci_bus_id(int device) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -33,7 +33,13 @@ class HostDevice final : public cuda::Device {
     Status copy(void* dst, const void* src, size_t len) override;
     StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
                                                         int records) override;
-    Status select(int device) override;
+    // The calling thread's "current GPU" (-1: none, as in a thread that never used one), which
+    // select() sets and restore() puts back, so that tests can see what the engine leaves
+    // current in a caller's thread.
+    Status select(int device, uintptr_t* previous) override;
+    void restore(uintptr_t previous) override;
+    static int current();
+    static void set_current(int device);
     // Empty unless the test gave the GPUs bus ids (set_pci_bus_ids).
     std::string pci_bus_id(int device) override;
     void set_pci_bus_ids(std::vector<std::string> ids);
