@@ -266,6 +266,61 @@ TEST_F(NetFaultTest, CorruptStreamFailsTheCommAndTellsThePeer) {
     (void)net_->close_recv(recv);
 }
 
+TEST_F(NetFaultTest, TrickledChunksArriveWholeAndOneCutShortFails) {
+    // The receiving data socket asks to be woken once up to SOCKET_RCVLOWAT bytes of its chunk
+    // are there (never more than the chunk still lacks). A hand-made sender trickles chunks in
+    // small pieces: each must complete byte for byte (a socket told to wait for more than will
+    // come would never wake), and one cut short by a close must fail, not hang.
+    ASSERT_GT(loopback_settings().socket_rcvlowat, 0u);
+    const uint64_t nonce = 778;
+    const int nsocks = static_cast<int>(decode(handle_).nsocks);
+    std::vector<Fd> socks;
+    for (int i = 0; i <= nsocks; ++i) {
+        socks.push_back(raw_connect(handle_));
+        const wire::Hello hello =
+            i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
+                   : valid_hello(handle_, wire::Role::kData, static_cast<uint16_t>(i - 1), nonce);
+        ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
+    }
+    net::RecvComm* recv = accept_for(2s);
+    ASSERT_NE(recv, nullptr);
+    auto trickle = [&](int fd, uint64_t seq, const std::vector<uint8_t>& msg, size_t upto) {
+        const wire::ChunkHeader h{
+            wire::kChunkMagic, static_cast<uint32_t>(msg.size()), seq, msg.size(), 0, 0, 0};
+        ASSERT_TRUE(send_all(fd, &h, sizeof(h)).ok());
+        for (size_t at = 0, n = 0; at < upto; at += 4096, ++n) {
+            ASSERT_TRUE(send_all(fd, msg.data() + at, std::min<size_t>(4096, upto - at)).ok());
+            if (n % 16 == 15) std::this_thread::sleep_for(1ms);
+        }
+    };
+    // Larger than the default cap and smaller, on two data sockets.
+    const size_t sizes[] = {300 * 1024 + 7, 20000};
+    for (size_t k = 0; k < 2; ++k) {
+        SCOPED_TRACE(sizes[k]);
+        std::vector<uint8_t> msg(sizes[k]), dst(sizes[k], 0);
+        fill_pattern(msg.data(), msg.size(), 40 + k);
+        Request* req = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
+        trickle(socks[1 + k % static_cast<size_t>(nsocks)].get(), k, msg, msg.size());
+        ASSERT_TRUE(wait_request(net_.get(), req, nullptr, 10s).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 40 + k), -1);
+    }
+    // A chunk 1000 bytes short, then every socket closed: the receive fails at end of stream.
+    std::vector<uint8_t> msg(200000), dst(200000, 0);
+    fill_pattern(msg.data(), msg.size(), 50);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
+    trickle(socks[1].get(), 2, msg, msg.size() - 1000);
+    std::this_thread::sleep_for(20ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    socks.clear();
+    Status st = wait_request(net_.get(), req, nullptr, 10s);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    (void)net_->close_recv(recv);
+}
+
 // A raw listener that plays the receiving side badly, to check what the connecting side does.
 class FakeReceiver {
  public:

@@ -126,6 +126,7 @@ struct CommConfig {
     uint64_t min_chunk_size = 0;
     uint64_t inline_threshold = 0;
     int max_requests = 0;
+    uint64_t rcvlowat = 0;  // data sockets' SO_RCVLOWAT at most (RecvDataConn::wake_at)
 };
 
 class Comm;
@@ -366,6 +367,12 @@ class RecvDataConn final : public Conn {
     bool bound_ = false;
     const MsgMemory* dest_ = nullptr;  // null: discard (else the chunk lands at hdr_.offset)
     uint64_t got_ = 0;
+    // Before waiting for readiness again: `bytes` are sure to come (the rest of the chunk being
+    // received; 1 between chunks), so readiness is asked for once that many, at most
+    // CommConfig::rcvlowat, have arrived. Never more than will come: the socket would not wake.
+    void wake_at(uint64_t bytes);
+    int lowat_ = 1;            // the socket's SO_RCVLOWAT
+    bool lowat_works_ = true;  // false after a failed setsockopt: not tried again
 };
 
 class RecvComm final : public Comm {

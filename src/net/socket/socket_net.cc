@@ -84,6 +84,7 @@ CommConfig comm_config(const Settings& s) {
     c.min_chunk_size = s.min_chunk_size;
     c.inline_threshold = s.inline_threshold;
     c.max_requests = static_cast<int>(s.max_requests);
+    c.rcvlowat = s.socket_rcvlowat;
     return c;
 }
 
