@@ -291,6 +291,31 @@ int main(int argc, char** argv) {
     put("fuzz_socket_hello", "control", raw(control) + raw(accepted) + raw(nonce) + raw(nsocks));
     put("fuzz_socket_hello", "data", raw(data) + raw(refused) + raw(nonce) + raw(nsocks));
 
+    // The socket transport's streams after the handshake (fuzz_socket_stream): a flags byte (the
+    // receives posted), then records [socket u8][length u16][bytes] for the control socket (0)
+    // and the data sockets (1, 2).
+    {
+        auto rec = [](uint8_t sock, const std::string& bytes) {
+            return std::string(1, static_cast<char>(sock)) +
+                   raw(static_cast<uint16_t>(bytes.size())) + bytes;
+        };
+        auto inline_msg = [](uint64_t seq, uint64_t size, int32_t tag) {
+            return raw(sw::MsgHeader{sw::kMsgMagic, 0, seq, size, tag, 0}) + std::string(size, 'm');
+        };
+        auto chunk = [](uint64_t seq, uint64_t size, uint64_t offset, uint32_t len) {
+            return raw(sw::ChunkHeader{sw::kChunkMagic, len, seq, size, offset, 0, 0}) +
+                   std::string(len, 'c');
+        };
+        put("fuzz_socket_stream", "inline", "" + rec(0, inline_msg(0, 100, 0)));
+        put("fuzz_socket_stream", "chunks",
+            "" + rec(1, chunk(0, 3000, 0, 1000)) + rec(2, chunk(0, 3000, 1000, 2000)));
+        put("fuzz_socket_stream", "all_receives",
+            "" + rec(0, inline_msg(0, 50, 0)) + rec(1, chunk(1, 21007, 0, 7000)) +
+                rec(2, chunk(1, 21007, 7000, 14007)) + rec(0, inline_msg(2, 4096, 0)) +
+                rec(1, chunk(3, 30000, 0, 30000)));
+        put("fuzz_socket_stream", "ahead", "" + rec(2, chunk(1, 1000, 0, 1000)));
+    }
+
     // The engine bench's target: a byte (its low bit: --bidir), then command lines. A session as
     // an initiator runs it (within the fuzzer's limits: 2 endpoints, 1 MiB per memory type), the
     // --bidir commands with descriptors of the target's own regions' shape, the raw baseline's

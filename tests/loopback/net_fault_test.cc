@@ -321,6 +321,58 @@ TEST_F(NetFaultTest, TrickledChunksArriveWholeAndOneCutShortFails) {
     (void)net_->close_recv(recv);
 }
 
+TEST_F(NetFaultTest, AStreamAheadOfAMessageThatNeverStartsFailsOnceThePeerCloses) {
+    // A sender puts messages on each socket in order. A hand-made one starts message 1 on a data
+    // socket, message 0 nowhere, then closes every socket (as a sender killed while one socket
+    // was ahead of the others would). The socket holding message 1 waits for message 0 and reads
+    // no further, so it never sees its own end of stream: the receive must fail once every other
+    // socket has reached its end, not wait for ever. Then the same with the sockets left open:
+    // every socket parked on a later message than the next is as stuck.
+    for (const bool close_them : {true, false}) {
+        SCOPED_TRACE(close_them ? "closed" : "left open");
+        const uint64_t nonce = close_them ? 779 : 780;
+        const int nsocks = static_cast<int>(decode(handle_).nsocks);
+        std::vector<Fd> socks;
+        for (int i = 0; i <= nsocks; ++i) {
+            socks.push_back(raw_connect(handle_));
+            const wire::Hello hello = i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
+                                             : valid_hello(handle_, wire::Role::kData,
+                                                           static_cast<uint16_t>(i - 1), nonce);
+            ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
+        }
+        net::RecvComm* recv = accept_for(2s);
+        ASSERT_NE(recv, nullptr);
+        std::vector<uint8_t> dst(4096, 0);
+        Request* req = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
+        const std::vector<uint8_t> payload(1000, 0x77);
+        if (close_them) {
+            const wire::ChunkHeader h{wire::kChunkMagic, 1000, 1, 1000, 0, 0, 0};
+            ASSERT_TRUE(send_all(socks[1].get(), &h, sizeof(h)).ok());
+            ASSERT_TRUE(send_all(socks[1].get(), payload.data(), payload.size()).ok());
+            std::this_thread::sleep_for(20ms);
+            socks.clear();
+        } else {
+            // Message 1 inline on the control socket, chunks of messages 2.. on every data
+            // socket: all ahead of message 0.
+            const wire::MsgHeader m{wire::kMsgMagic, 0, 1, 10, 0, 0};
+            ASSERT_TRUE(send_all(socks[0].get(), &m, sizeof(m)).ok());
+            ASSERT_TRUE(send_all(socks[0].get(), payload.data(), 10).ok());
+            for (int i = 1; i <= nsocks; ++i) {
+                const wire::ChunkHeader h{
+                    wire::kChunkMagic, 1000, static_cast<uint64_t>(1 + i), 1000, 0, 0, 0};
+                ASSERT_TRUE(send_all(socks[static_cast<size_t>(i)].get(), &h, sizeof(h)).ok());
+            }
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = wait_request(net_.get(), req, nullptr, 10s);
+        EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+        EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096) << "bytes landed in the buffer";
+        (void)net_->close_recv(recv);
+    }
+}
+
 // A raw listener that plays the receiving side badly, to check what the connecting side does.
 class FakeReceiver {
  public:

@@ -640,6 +640,25 @@ void RecvComm::park_locked(Conn* conn, uint64_t seq) {
         conn->parked_ = true;
         parked_.push_back(conn);
     }
+    fail_if_stuck_locked();
+}
+
+void RecvComm::fail_if_stuck_locked() {
+    // A sender puts messages on each socket in order, so a conn parked on a later message than
+    // the next to bind waits for a message that must start on another socket. Once every other
+    // socket has reached its end of stream (or waits the same way), none can: without this the
+    // receives would wait for ever, with the peer gone (killed mid-transfer while one socket was
+    // ahead of the others) or with a peer that skipped a message (a parked socket reads no more,
+    // so it would not even see its own end of stream).
+    size_t ahead = 0;
+    for (const Conn* conn : parked_) {
+        if (conn->park_seq_ > bound_upto_) ++ahead;
+    }
+    if (ahead == 0 || static_cast<size_t>(eofs_) + ahead < conns_.size()) return;
+    fail_locked(unavailable(
+        strformat("peer closed or stalled every socket while message %llu never started (a later "
+                  "one had)",
+                  static_cast<unsigned long long>(bound_upto_))));
 }
 
 void RecvComm::wake_parked_locked() {
@@ -669,7 +688,9 @@ void RecvComm::complete_locked(const RecvMsg& msg) {
 void RecvComm::eof_locked() {
     if (++eofs_ == static_cast<int>(conns_.size())) {
         fail_locked(unavailable("peer closed the connection"));
+        return;
     }
+    fail_if_stuck_locked();
 }
 
 // --- MsgMemory ---------------------------------------------------------------------------------
