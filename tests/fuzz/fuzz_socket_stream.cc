@@ -128,6 +128,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_CHECK(l.net->accept(l.listen, &comm, nullptr).ok());
     }
     FUZZ_CHECK(comm != nullptr);
+    // The handshake reply, read so that the peer's closes are clean ends of stream (a socket
+    // closed with unread bytes resets the connection instead).
+    wire::HelloReply reply{};
+    FUZZ_CHECK(tcpx::recv_all(socks[0].get(), &reply, sizeof(reply)).ok());
 
     // The receives the flags ask for, posted in order (messages bind to them in that order).
     const uint8_t flags = data[0];

@@ -644,21 +644,24 @@ void RecvComm::park_locked(Conn* conn, uint64_t seq) {
 }
 
 void RecvComm::fail_if_stuck_locked() {
-    // A sender puts messages on each socket in order, so a conn parked on a later message than
-    // the next to bind waits for a message that must start on another socket. Once every other
-    // socket has reached its end of stream (or waits the same way), none can: without this the
-    // receives would wait for ever, with the peer gone (killed mid-transfer while one socket was
-    // ahead of the others) or with a peer that skipped a message (a parked socket reads no more,
-    // so it would not even see its own end of stream).
+    // A sender puts messages on each socket in order: a socket whose next chunk (or message) is
+    // of message p carries nothing of an earlier one any more. The oldest message still needed
+    // is the oldest one bound with bytes missing, else the next to bind. Once every socket has
+    // reached its end of stream or waits on a later message than that, it can never come, and
+    // the receives would wait for ever: with the peer gone (killed while one socket was ahead of
+    // the others), or with a peer that skipped a message or sent less than it announced. A
+    // waiting socket reads no more, so it would not even see its own end of stream.
+    uint64_t needed = bound_upto_;
+    for (const auto& [seq, msg] : chunked_) needed = std::min(needed, seq);
     size_t ahead = 0;
     for (const Conn* conn : parked_) {
-        if (conn->park_seq_ > bound_upto_) ++ahead;
+        if (conn->park_seq_ > needed) ++ahead;
     }
     if (ahead == 0 || static_cast<size_t>(eofs_) + ahead < conns_.size()) return;
-    fail_locked(unavailable(
-        strformat("peer closed or stalled every socket while message %llu never started (a later "
-                  "one had)",
-                  static_cast<unsigned long long>(bound_upto_))));
+    fail_locked(unavailable(strformat(
+        "peer closed or stalled every socket while message %llu can no longer arrive (each "
+        "socket is past it)",
+        static_cast<unsigned long long>(needed))));
 }
 
 void RecvComm::wake_parked_locked() {
