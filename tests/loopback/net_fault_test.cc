@@ -135,6 +135,28 @@ class NetFaultTest : public ::testing::Test {
         (void)net_->close_recv(recv);
     }
 
+    // A hand-made sender: the control socket and one data socket per NSOCKS, each with a valid
+    // Hello for comm `nonce`, accepted as *recv. With `read_reply`, the handshake reply is read,
+    // so that closing the sockets sends clean ends of stream (a socket closed with unread bytes
+    // resets the connection, which fails the comm on its own).
+    void hand_made_sender(uint64_t nonce, bool read_reply, std::vector<Fd>* socks,
+                          net::RecvComm** recv) {
+        const int nsocks = static_cast<int>(decode(handle_).nsocks);
+        for (int i = 0; i <= nsocks; ++i) {
+            socks->push_back(raw_connect(handle_));
+            const wire::Hello hello = i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
+                                             : valid_hello(handle_, wire::Role::kData,
+                                                           static_cast<uint16_t>(i - 1), nonce);
+            ASSERT_TRUE(send_all(socks->back().get(), &hello, sizeof(hello)).ok());
+        }
+        *recv = accept_for(2s);
+        ASSERT_NE(*recv, nullptr);
+        if (read_reply) {
+            wire::HelloReply reply{};
+            ASSERT_TRUE(recv_all((*socks)[0].get(), &reply, sizeof(reply)).ok());
+        }
+    }
+
     std::unique_ptr<net::SocketNet> net_;
     net::Handle handle_;
     net::ListenComm* listen_ = nullptr;
@@ -239,18 +261,10 @@ TEST_F(NetFaultTest, SilentStraysDoNotDelayRealConnections) {
 
 TEST_F(NetFaultTest, CorruptStreamFailsTheCommAndTellsThePeer) {
     // A hand-made sender: valid handshakes, then garbage where a chunk header belongs.
-    const uint64_t nonce = 777;
     const int nsocks = static_cast<int>(decode(handle_).nsocks);
     std::vector<Fd> socks;
-    for (int i = 0; i <= nsocks; ++i) {
-        socks.push_back(raw_connect(handle_));
-        const wire::Hello hello =
-            i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
-                   : valid_hello(handle_, wire::Role::kData, static_cast<uint16_t>(i - 1), nonce);
-        ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
-    }
-    net::RecvComm* recv = accept_for(2s);
-    ASSERT_NE(recv, nullptr);
+    net::RecvComm* recv = nullptr;
+    ASSERT_NO_FATAL_FAILURE(hand_made_sender(777, false, &socks, &recv));
     std::vector<uint8_t> dst(4096, 0);
     Request* req = nullptr;
     ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
@@ -272,18 +286,10 @@ TEST_F(NetFaultTest, TrickledChunksArriveWholeAndOneCutShortFails) {
     // small pieces: each must complete byte for byte (a socket told to wait for more than will
     // come would never wake), and one cut short by a close must fail, not hang.
     ASSERT_GT(loopback_settings().socket_rcvlowat, 0u);
-    const uint64_t nonce = 778;
     const int nsocks = static_cast<int>(decode(handle_).nsocks);
     std::vector<Fd> socks;
-    for (int i = 0; i <= nsocks; ++i) {
-        socks.push_back(raw_connect(handle_));
-        const wire::Hello hello =
-            i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
-                   : valid_hello(handle_, wire::Role::kData, static_cast<uint16_t>(i - 1), nonce);
-        ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
-    }
-    net::RecvComm* recv = accept_for(2s);
-    ASSERT_NE(recv, nullptr);
+    net::RecvComm* recv = nullptr;
+    ASSERT_NO_FATAL_FAILURE(hand_made_sender(778, true, &socks, &recv));
     auto trickle = [&](int fd, uint64_t seq, const std::vector<uint8_t>& msg, size_t upto) {
         const wire::ChunkHeader h{
             wire::kChunkMagic, static_cast<uint32_t>(msg.size()), seq, msg.size(), 0, 0, 0};
@@ -334,22 +340,11 @@ TEST_F(NetFaultTest, AStreamAheadOfAMessageThatNeverStartsFailsOnceThePeerCloses
     for (const Shape shape : {kClosed, kLeftOpen, kShortMessage}) {
         SCOPED_TRACE(shape == kClosed ? "closed" : shape == kLeftOpen ? "left open" : "short");
         const bool close_them = shape != kLeftOpen;
-        const uint64_t nonce = 779 + static_cast<uint64_t>(shape);
         const int nsocks = static_cast<int>(decode(handle_).nsocks);
         std::vector<Fd> socks;
-        for (int i = 0; i <= nsocks; ++i) {
-            socks.push_back(raw_connect(handle_));
-            const wire::Hello hello = i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
-                                             : valid_hello(handle_, wire::Role::kData,
-                                                           static_cast<uint16_t>(i - 1), nonce);
-            ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
-        }
-        net::RecvComm* recv = accept_for(2s);
-        ASSERT_NE(recv, nullptr);
-        // The handshake reply read, so that closing sends a clean end of stream (a socket closed
-        // with unread bytes resets the connection, which fails the comm on its own).
-        wire::HelloReply reply{};
-        ASSERT_TRUE(recv_all(socks[0].get(), &reply, sizeof(reply)).ok());
+        net::RecvComm* recv = nullptr;
+        ASSERT_NO_FATAL_FAILURE(
+            hand_made_sender(779 + static_cast<uint64_t>(shape), true, &socks, &recv));
         std::vector<uint8_t> dst(4096, 0);
         Request* req = nullptr;
         ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
