@@ -397,8 +397,9 @@ class RecvComm final : public Comm {
     void park_locked(Conn* conn, uint64_t seq);
     // Under mu_: kicks every parked conn to try again.
     void wake_parked_locked();
-    // Under mu_: fails the comm when no conn can bind the next message any more (every conn at
-    // its end of stream or parked on a later message).
+    // Under mu_: fails the comm when the oldest message still needed (bound with bytes missing,
+    // else the next to bind) can no longer arrive: every conn at its end of stream or parked on
+    // a later message.
     void fail_if_stuck_locked();
     // Under mu_: `msg` has all its bytes.
     void complete_locked(const RecvMsg& msg);
