@@ -676,6 +676,287 @@ TEST(EngineHostile, HundredPeersWriteAtTheSameMoment) {
     EXPECT_TRUE(hub_buf.canaries_intact());
 }
 
+// --- what a peer may say, and when: requests past the bounds, replies we did not ask for
+
+// Reads the endpoint's next message (heartbeats skipped); false on EOF or timeout.
+bool read_next(int fd, wire::Header* h, std::string* body) {
+    do {
+        if (!read_message(fd, h, body)) return false;
+    } while (h->type == static_cast<uint16_t>(wire::MsgType::kPing));
+    return true;
+}
+
+// A peer may have at most MAX_TRANSFERS of its requests served at once: one more fails it.
+// The reads here stay in flight because the raw peer never takes their data.
+TEST(EngineHostile, RequestsPastTheTransferLimitFailThePeer) {
+    Config c = engine_test_config();
+    c.max_transfers = 16;       // the least it may be
+    c.peer_timeout_ms = 60000;  // stalled reads must not end the peer first
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    // Larger than what the sockets' buffers take without a reader: none of them can finish.
+    constexpr size_t kLen = 64 << 20;
+    GuardedBuffer src(kLen);
+    RemoteMem desc = *ep->describe(*ep->reg(src.data(), kLen));
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto read_req = [&](uint64_t id) {
+        wire::ReadReq req;
+        req.xfer = id;
+        req.segs = {wire::Segment{desc.key, 0, kLen}};
+        return wire::encode_read_req(req);
+    };
+    for (uint64_t i = 1; i <= 16; ++i) send_all(raw.fd(), read_req(i));
+    // 16 are answered (their data goes to the data channel, where nobody takes it) ...
+    for (int i = 0; i < 16; ++i) {
+        wire::Header h;
+        std::string body;
+        ASSERT_TRUE(read_next(raw.fd(), &h, &body)) << i;
+        EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp)) << i;
+    }
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "failed within the limit";
+    // ... the 17th is one too many.
+    send_all(raw.fd(), read_req(17));
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a 17th request in flight was served";
+    EXPECT_TRUE(src.canaries_intact());
+    expect_serves(ep.get());
+}
+
+// Sends the application has not posted receives for are held, MAX_TRANSFERS of them at most.
+TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
+    Config c = engine_test_config();
+    c.max_transfers = 16;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    for (uint64_t i = 1; i <= 16; ++i) {
+        send_all(raw.fd(), wire::encode_send_rts(wire::SendRts{i, 100 + i, 4096}));
+    }
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "failed within the limit";
+    send_all(raw.fd(), wire::encode_send_rts(wire::SendRts{17, 117, 4096}));
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a 17th unmatched send was held";
+    expect_serves(ep.get());
+}
+
+// Replies naming a transfer of ours that does not exist (or is of another kind) fail the peer;
+// nothing of ours is written.
+TEST(EngineHostile, RepliesToNoTransferOfOursFailThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    std::vector<std::pair<const char*, std::string>> replies;
+    replies.emplace_back("WRITE_ACK", wire::encode_write_ack(77, Status()));
+    replies.emplace_back("RECV_CTS", wire::encode_recv_cts(77, 1, Status()));
+    {
+        std::string m = wire::encode_read_resp(77, wire::kFlagInline, Status());
+        m.append(64, 'z');
+        wire::end_message(&m);
+        replies.emplace_back("READ_RESP", std::move(m));
+    }
+    {
+        std::string m = wire::encode_send_data(77, wire::kFlagInline, 64);
+        m.append(64, 'z');
+        wire::end_message(&m);
+        replies.emplace_back("SEND_DATA", std::move(m));
+    }
+    for (const auto& [what, msg] : replies) {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok()) << what;
+        send_all(raw.fd(), msg);
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << what << " for no transfer was taken";
+    }
+    expect_serves(ep.get());
+}
+
+// Our read answered inline with more bytes than it asked for: the read fails, the peer is
+// failed, and not a byte lands in our buffer.
+TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
+    auto ep = make_endpoint("initiator", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    constexpr size_t kLen = 4096;
+    GuardedBuffer dst(kLen);
+    std::memset(dst.data(), 0xee, kLen);
+    MemId d = *ep->reg(dst.data(), kLen);
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = kLen;
+    theirs.key = 0x77;
+    auto r = ep->read(*peer, d, 0, theirs, 0, kLen);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadReq));
+    wire::ReadReq req;
+    ASSERT_TRUE(wire::decode_read_req(body, h.flags, &req).ok());
+    std::string resp = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
+    resp.append(kLen + 100, 'z');
+    wire::end_message(&resp);
+    send_all(raw.fd(), resp);
+    Status st = ep->wait(*r, 10s);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
+    for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i << " written";
+    EXPECT_TRUE(dst.canaries_intact());
+    expect_serves(ep.get());
+}
+
+// A send whose data is longer than the send it announced: our receive fails, the peer is failed,
+// and not a byte lands in the receive's buffer.
+TEST(EngineHostile, SendDataLongerThanItsSendWritesNothing) {
+    auto ep = make_endpoint("receiver", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    constexpr size_t kLen = 4096;
+    GuardedBuffer dst(kLen);
+    std::memset(dst.data(), 0xee, kLen);
+    MemId d = *ep->reg(dst.data(), kLen);
+    auto r = ep->recv(*peer, d, 0, kLen, 5);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    send_all(raw.fd(), wire::encode_send_rts(wire::SendRts{1, 5, 100}));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kRecvCts));
+    wire::RecvCts cts;
+    ASSERT_TRUE(wire::decode_recv_cts(body, &cts).ok());
+    ASSERT_EQ(cts.result.code, 0u);
+    std::string data = wire::encode_send_data(cts.recv_xfer, wire::kFlagInline, 200);
+    data.append(200, 'z');
+    wire::end_message(&data);
+    send_all(raw.fd(), data);
+    Status st = ep->wait(*r, 10s);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
+    for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i << " written";
+    EXPECT_TRUE(dst.canaries_intact());
+    expect_serves(ep.get());
+}
+
+// Each handshake state takes only the message it waits for: anything else, in any order, ends
+// the connection before a data channel is opened.
+TEST(EngineHostile, HandshakeMessagesOutOfOrderEndIt) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");
+    wire::Hello hello;
+    hello.channels = 1;
+    hello.chunk = 1 << 20;
+    hello.name = "early";
+    hello.handles = {socket_handle("127.0.0.1", trap.port)};
+    wire::WriteReq write;
+    write.xfer = 1;
+    write.segs = {wire::Segment{1, 0, 16}};
+    std::string write_msg = wire::encode_write_req(write);
+    wire::end_message(&write_msg);
+    const std::string proof(wire::kAuthBytes, 'p');
+    const std::vector<std::pair<const char*, std::vector<std::string>>> cases = {
+        {"READY first", {wire::encode_empty(wire::MsgType::kReady)}},
+        {"WRITE_REQ first", {write_msg}},
+        {"BYE first", {wire::encode_empty(wire::MsgType::kBye)}},
+        {"AUTH_PROOF first", {wire::encode_auth_proof(wire::AuthProof{proof})}},
+        {"AUTH_CHALLENGE first",
+         {wire::encode_auth_challenge(wire::AuthChallenge{proof, "x", {proof}})}},
+    };
+    for (const auto& [what, msgs] : cases) {
+        const int fd = raw_connect(address_of(*ep));
+        ASSERT_GE(fd, 0);
+        for (const std::string& m : msgs) send_all(fd, m);
+        EXPECT_TRUE(closed_by_peer(fd, 5s)) << what;
+        ::close(fd);
+    }
+    EXPECT_FALSE(trap.connected_within(100ms));
+    // After a HELLO (the endpoint connects its channels): another HELLO, or a request, before
+    // READY ends it too; the channels it opened are closed.
+    for (const char* what : {"HELLO twice", "WRITE_REQ before READY"}) {
+        const int fd = raw_connect(address_of(*ep));
+        ASSERT_GE(fd, 0);
+        send_all(fd, wire::encode_hello(hello));
+        wire::Header h;
+        std::string body;
+        ASSERT_TRUE(read_next(fd, &h, &body)) << what;
+        ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kHello)) << what;
+        send_all(fd, std::string(what) == "HELLO twice" ? wire::encode_hello(hello) : write_msg);
+        EXPECT_TRUE(closed_by_peer(fd, 5s)) << what;
+        ::close(fd);
+    }
+    std::vector<Fd> held;
+    while (trap.connected_within(200ms)) {
+        SocketAddress from;
+        auto s = accept_tcp(trap.fd.get(), &from);
+        if (!s.ok() || !s->valid()) break;
+        held.push_back(std::move(s).value());
+    }
+    for (Fd& s : held) EXPECT_TRUE(closed_by_peer(s.get(), 5s)) << "a channel socket lingered";
+    EXPECT_FALSE(ep->accept(100ms).ok()) << "a peer that never finished its handshake";
+    expect_serves(ep.get());
+}
+
+// The answer a connector gets is checked as a request is: a listener answering with more
+// channels or larger chunks than offered, or chunks below the minimum, is refused, and the
+// connector connects nowhere it said.
+TEST(EngineHostile, AListenerAnsweringOutsideTheOfferIsRefused) {
+    auto connector = make_endpoint("connector", engine_test_config());  // 2 channels, 256 KiB
+    ASSERT_NE(connector, nullptr);
+    Trap trap("127.0.0.1");
+    struct Answer {
+        const char* what;
+        uint16_t channels;
+        uint64_t chunk;
+        const char* error;
+    };
+    for (const Answer& a : {Answer{"3 channels", 3, 256 << 10, "channels, we offered"},
+                            Answer{"1 MiB chunks", 1, 1 << 20, "chunks of 1048576 bytes"},
+                            Answer{"100-byte chunks", 1, 100, "chunks of 100 bytes"}}) {
+        Fd server = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 4).value();
+        engine::EndpointAddress liar;
+        liar.name = "liar";
+        liar.address = local_address(server.get()).value();
+        std::thread answer([&] {
+            pollfd p{server.get(), POLLIN, 0};
+            if (::poll(&p, 1, 5000) <= 0) return;
+            SocketAddress from;
+            auto s = accept_tcp(server.get(), &from);
+            if (!s.ok() || !s->valid()) return;
+            const int fd = s->get();
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+            wire::Header h;
+            std::string body;
+            if (!read_next(fd, &h, &body)) return;
+            wire::Hello reply;
+            reply.channels = a.channels;
+            reply.chunk = a.chunk;
+            reply.name = "liar";
+            for (int i = 0; i < a.channels; ++i) {
+                reply.handles.push_back(socket_handle("127.0.0.1", trap.port));
+            }
+            send_all(fd, wire::encode_hello(reply));
+            closed_by_peer(fd, 5s);
+        });
+        auto id = connector->connect(engine::encode_metadata(liar));
+        answer.join();
+        ASSERT_FALSE(id.ok()) << a.what;
+        EXPECT_EQ(id.status().code(), StatusCode::kProtocol) << id.status().to_string();
+        EXPECT_NE(id.status().message().find(a.error), std::string::npos)
+            << a.what << ": " << id.status().to_string();
+    }
+    EXPECT_FALSE(trap.connected_within(200ms)) << "connected to a channel of a refused answer";
+    // The connector is none the worse for it.
+    auto real = make_endpoint("real", engine_test_config());
+    ASSERT_NE(real, nullptr);
+    auto id = connector->connect(real->metadata());
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+}
+
 // --- authentication
 
 Config with_secret(std::string secret, std::string previous = "") {
@@ -758,6 +1039,47 @@ TEST(EngineAuth, AShortSecretIsAConfigurationError) {
     auto ep = Endpoint::create(c, "x");
     EXPECT_FALSE(ep.ok());
     EXPECT_EQ(ep.status().code(), StatusCode::kInvalidArgument);
+}
+
+// A connector that does not know the secret can still send a proof: a forged one is refused
+// with AUTH_FAIL, and no channel is opened for it.
+TEST(EngineAuth, AForgedProofIsRefused) {
+    auto ep = make_endpoint("target", with_secret(kNew));
+    ASSERT_NE(ep, nullptr);
+    const int fd = raw_connect(address_of(*ep));
+    ASSERT_GE(fd, 0);
+    const std::string nonce(wire::kAuthBytes, 'n');
+    send_all(fd, wire::encode_auth_init(wire::AuthInit{wire::kVersion, nonce, "forger"}));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_next(fd, &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kAuthChallenge));
+    const std::string forged(wire::kAuthBytes, 'f');
+    send_all(fd, wire::encode_auth_proof(wire::AuthProof{forged}));
+    ASSERT_TRUE(read_next(fd, &h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kAuthFail));
+    EXPECT_TRUE(closed_by_peer(fd, 5s));
+    ::close(fd);
+    EXPECT_FALSE(ep->accept(100ms).ok());
+    expect_serves(ep.get(), with_secret(kNew));
+}
+
+// Metadata naming one endpoint but pointing at another (which knows the secret too): the
+// connector refuses the endpoint it reached.
+TEST(EngineAuth, AnEndpointOtherThanTheOneNamedIsRefused) {
+    auto a = make_endpoint("a", with_secret(kNew));
+    auto b = make_endpoint("b", with_secret(kNew));
+    auto c = make_endpoint("c", with_secret(kNew));
+    ASSERT_TRUE(a && b && c);
+    engine::EndpointAddress forged = engine::decode_metadata(a->metadata()).value();
+    forged.address = address_of(*b);
+    auto id = c->connect(engine::encode_metadata(forged));
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kUnauthenticated) << id.status().to_string();
+    EXPECT_NE(id.status().message().find("is 'b', not 'a'"), std::string::npos)
+        << id.status().to_string();
+    EXPECT_FALSE(b->accept(300ms).ok());
+    EXPECT_TRUE(c->connect(a->metadata()).ok());
 }
 
 }  // namespace
