@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -386,6 +387,92 @@ TEST_F(NetFaultTest, AStreamAheadOfAMessageThatNeverStartsFailsOnceThePeerCloses
         EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
         if (shape != kShortMessage) {
             EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096) << "bytes landed";
+        }
+        (void)net_->close_recv(recv);
+    }
+}
+
+TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessage) {
+    // What a hand-made sender may forge after the handshake, each on a fresh comm with two
+    // receives of 4096 bytes posted: a control message with a bad magic; message 0 sent twice;
+    // a chunk reaching past its message's end; a chunk announcing another size for its message;
+    // chunks overlapping so that more than the message arrives; a control message cut short by
+    // a close. Each fails the receive (the one in progress, and so the comm), none hangs, and no
+    // byte lands past what the first message announced.
+    struct Shape {
+        const char* what;
+        StatusCode code;
+        uint64_t announced;  // bytes of message 0 the forged stream may fill
+        std::function<void(std::vector<Fd>&)> forge;
+    };
+    const std::vector<uint8_t> payload(200, 0x77);
+    auto control = [&](std::vector<Fd>& socks, uint32_t magic, uint64_t seq, uint64_t size,
+                       size_t send) {
+        const wire::MsgHeader m{magic, 0, seq, size, 0, 0};
+        ASSERT_TRUE(send_all(socks[0].get(), &m, sizeof(m)).ok());
+        ASSERT_TRUE(send_all(socks[0].get(), payload.data(), send).ok());
+    };
+    auto chunk = [&](std::vector<Fd>& socks, size_t sock, uint64_t seq, uint64_t size,
+                     uint64_t offset, uint32_t len) {
+        const wire::ChunkHeader h{wire::kChunkMagic, len, seq, size, offset, 0, 0};
+        ASSERT_TRUE(send_all(socks[sock].get(), &h, sizeof(h)).ok());
+        ASSERT_TRUE(send_all(socks[sock].get(), payload.data(), len).ok());
+    };
+    const std::vector<Shape> shapes = {
+        {"a control message with a bad magic", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) { control(socks, 0x12345678, 0, 16, 16); }},
+        {"message 0 twice", StatusCode::kProtocol, 16,
+         [&](std::vector<Fd>& socks) {
+             control(socks, wire::kMsgMagic, 0, 16, 16);
+             control(socks, wire::kMsgMagic, 0, 16, 16);
+         }},
+        {"a chunk past its message's end", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 100, 90, 20); }},
+        {"a chunk announcing another size", StatusCode::kProtocol, 100,
+         [&](std::vector<Fd>& socks) {
+             chunk(socks, 1, 0, 100, 0, 50);
+             chunk(socks, 2, 0, 200, 50, 50);
+         }},
+        {"chunks overlapping past the message's size", StatusCode::kProtocol, 100,
+         [&](std::vector<Fd>& socks) {
+             chunk(socks, 1, 0, 100, 0, 60);
+             chunk(socks, 1, 0, 100, 40, 60);
+         }},
+        {"a control message cut short by a close", StatusCode::kUnavailable, 64,
+         [&](std::vector<Fd>& socks) {
+             control(socks, wire::kMsgMagic, 0, 64, 10);
+             std::this_thread::sleep_for(20ms);
+             socks.clear();
+         }},
+    };
+    ASSERT_GE(decode(handle_).nsocks, 2u);
+    uint64_t nonce = 800;
+    for (const Shape& shape : shapes) {
+        SCOPED_TRACE(shape.what);
+        std::vector<Fd> socks;
+        net::RecvComm* recv = nullptr;
+        ASSERT_NO_FATAL_FAILURE(hand_made_sender(nonce++, true, &socks, &recv));
+        std::vector<uint8_t> dst0(4096, 0), dst1(4096, 0);
+        Request* req0 = nullptr;
+        Request* req1 = nullptr;
+        ASSERT_TRUE(post_recv(net_.get(), recv, dst0.data(), dst0.size(), 0, &req0).ok());
+        ASSERT_TRUE(post_recv(net_.get(), recv, dst1.data(), dst1.size(), 0, &req1).ok());
+        ASSERT_NO_FATAL_FAILURE(shape.forge(socks));
+        // Message 0 may complete (sent twice, its first copy is whole); the comm fails after.
+        Status st0 = wait_request(net_.get(), req0, nullptr, 10s);
+        Status st1 = wait_request(net_.get(), req1, nullptr, 10s);
+        const Status& failed = st0.ok() ? st1 : st0;
+        EXPECT_EQ(failed.code(), shape.code) << failed.to_string();
+        EXPECT_NE(st1.code(), StatusCode::kTimeout) << st1.to_string();
+        EXPECT_EQ(
+            std::count(dst0.begin() + static_cast<std::ptrdiff_t>(shape.announced), dst0.end(), 0),
+            static_cast<std::ptrdiff_t>(4096 - shape.announced))
+            << "bytes landed past message 0";
+        EXPECT_EQ(std::count(dst1.begin(), dst1.end(), 0), 4096) << "bytes landed in receive 1";
+        // The peer learns at once: its sockets are shut down.
+        for (Fd& s : socks) {
+            std::string rest;
+            EXPECT_TRUE(closed_by_peer(s.get(), 2s, &rest));
         }
         (void)net_->close_recv(recv);
     }
