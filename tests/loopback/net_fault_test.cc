@@ -2,9 +2,11 @@
 // handshakes, and peers that die (other processes, killed with SIGKILL).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -250,6 +252,108 @@ TEST_F(NetFaultTest, DuplicateOrOutOfRangeSocketsAreRefused) {
     EXPECT_EQ(accept_for(500ms), nullptr);
     EXPECT_TRUE(closed_by_peer(control.get(), 2s));
     expect_listener_serves();
+}
+
+TEST_F(NetFaultTest, SocketsDisagreeingOnTheirCountAreRefused) {
+    // A comm's sockets must all announce the same socket count: the first one seen sets it, and
+    // a later one naming another is refused with a reply (it would leave the group waiting for
+    // sockets that never come, or index past its table).
+    const uint16_t nsocks = decode(handle_).nsocks;
+    ASSERT_GE(nsocks, 2);
+    const uint64_t nonce = 4343;
+    Fd control = raw_connect(handle_);
+    const wire::Hello hello = valid_hello(handle_, wire::Role::kControl, 0, nonce);
+    ASSERT_TRUE(send_all(control.get(), &hello, sizeof(hello)).ok());
+    EXPECT_EQ(accept_for(50ms), nullptr);
+    Fd odd = raw_connect(handle_);
+    wire::Hello data = valid_hello(handle_, wire::Role::kData, 0, nonce);
+    data.nsocks = static_cast<uint16_t>(nsocks - 1);
+    ASSERT_TRUE(send_all(odd.get(), &data, sizeof(data)).ok());
+    EXPECT_EQ(accept_for(100ms), nullptr);
+    std::string reply;
+    EXPECT_TRUE(closed_by_peer(odd.get(), 2s, &reply));
+    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
+    wire::HelloReply r;
+    std::memcpy(&r, reply.data(), sizeof(r));
+    EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kBadHello));
+    // The group never completes and goes after the handshake timeout.
+    EXPECT_EQ(accept_for(500ms), nullptr);
+    EXPECT_TRUE(closed_by_peer(control.get(), 2s));
+    expect_listener_serves();
+}
+
+TEST(NetHandshakeLimit, ConnectionsPastTheLimitInHandshakeAreClosedAtOnce) {
+    // A listener holds at most 1024 connections that have not finished their handshake; more are
+    // closed as they arrive, and those it holds are not disturbed. Once they go, it serves again.
+    constexpr int kLimit = 1024;
+    rlimit nofile{};
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    if (nofile.rlim_cur < 2 * kLimit + 256) {
+        nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 4 * kLimit);
+        setrlimit(RLIMIT_NOFILE, &nofile);
+        getrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    if (nofile.rlim_cur < 2 * kLimit + 256) {
+        GTEST_SKIP() << "needs " << 2 * kLimit + 256 << " file descriptors, RLIMIT_NOFILE is "
+                     << nofile.rlim_cur;
+    }
+    Settings s = loopback_settings();
+    s.handshake_timeout_ms = 60000;
+    auto net = net::SocketNet::create(s);
+    ASSERT_TRUE(net.ok()) << net.status().to_string();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE((*net)->listen(0, &handle, &listen).ok());
+    auto accept_some = [&] {
+        net::RecvComm* comm = nullptr;
+        for (int i = 0; i < 5; ++i) {
+            EXPECT_TRUE((*net)->accept(listen, &comm, nullptr).ok());
+            EXPECT_EQ(comm, nullptr);
+            std::this_thread::sleep_for(2ms);
+        }
+    };
+    std::vector<Fd> held;
+    for (int i = 0; i < kLimit; ++i) {
+        held.push_back(raw_connect(handle));
+        ASSERT_TRUE(held.back().valid()) << i;
+        if (i % 128 == 127) accept_some();
+    }
+    accept_some();
+    std::vector<Fd> extra;
+    for (int i = 0; i < 8; ++i) extra.push_back(raw_connect(handle));
+    accept_some();
+    for (Fd& fd : extra) EXPECT_TRUE(closed_by_peer(fd.get(), 2s)) << "a connection past the limit";
+    for (size_t i = 0; i < held.size(); i += 97) {
+        EXPECT_FALSE(closed_by_peer(held[i].get(), 1ms)) << "held connection " << i << " closed";
+    }
+    held.clear();
+    // The listener sees them go on its next calls; then a real comm gets through.
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while ((send == nullptr || recv == nullptr) && std::chrono::steady_clock::now() < deadline) {
+        if (send == nullptr) {
+            ASSERT_TRUE((*net)->connect(0, &handle, &send, nullptr).ok());
+        }
+        if (recv == nullptr) {
+            ASSERT_TRUE((*net)->accept(listen, &recv, nullptr).ok());
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_NE(send, nullptr);
+    ASSERT_NE(recv, nullptr);
+    std::vector<uint8_t> src(100000), dst(100000);
+    fill_pattern(src.data(), src.size(), 5);
+    Request* rq = nullptr;
+    Request* sq = nullptr;
+    ASSERT_TRUE(post_recv(net->get(), recv, dst.data(), dst.size(), 0, &rq).ok());
+    ASSERT_TRUE(post_send(net->get(), send, src.data(), src.size(), 0, &sq).ok());
+    ASSERT_TRUE(wait_request(net->get(), sq).ok());
+    ASSERT_TRUE(wait_request(net->get(), rq).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 5), -1);
+    (void)(*net)->close_send(send);
+    (void)(*net)->close_recv(recv);
+    (void)(*net)->close_listen(listen);
 }
 
 TEST_F(NetFaultTest, SilentStraysDoNotDelayRealConnections) {
