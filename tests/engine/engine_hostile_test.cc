@@ -739,6 +739,40 @@ TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
     expect_serves(ep.get());
 }
 
+// dereg waits for the transfers using its region for at most the peer timeout: a peer that holds
+// one up (it never takes a read's data) is disconnected by then, and nothing touches the region
+// once dereg has returned. The region's memory is freed (unmapped) right after: any later access
+// would crash this test.
+TEST(EngineHostile, DeregOfARegionAStuckPeerHoldsReturnsAndDropsThePeer) {
+    Config c = engine_test_config();
+    c.peer_timeout_ms = 1000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    constexpr size_t kLen = 64 << 20;  // more than the sockets' buffers take without a reader
+    auto src = std::make_unique<GuardedBuffer>(kLen);
+    const MemId mem = *ep->reg(src->data(), kLen);
+    const RemoteMem desc = *ep->describe(mem);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::ReadReq req;
+    req.xfer = 1;
+    req.segs = {wire::Segment{desc.key, 0, kLen}};
+    send_all(raw.fd(), wire::encode_read_req(req));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(ep->dereg(mem).ok());
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, 10s);
+    EXPECT_FALSE(ep->describe(mem).ok());
+    src.reset();
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer holding the region up stayed";
+    std::this_thread::sleep_for(200ms);
+    expect_serves(ep.get());
+}
+
 // Replies naming a transfer of ours that does not exist (or is of another kind) fail the peer;
 // nothing of ours is written.
 TEST(EngineHostile, RepliesToNoTransferOfOursFailThePeer) {

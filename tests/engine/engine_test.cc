@@ -1476,6 +1476,55 @@ TEST(EngineEndpoints, MalformedControlTrafficIsDroppedAndOthersCarryOn) {
     EXPECT_TRUE(buf.canaries_intact());
 }
 
+// What could never travel in one request is refused by the posting call, before anything is
+// sent: a notification over MAX_NOTIFICATION_SIZE, a piece list over MAX_CTRL_MESSAGE, more
+// pieces than a transfer may have (2^20; a local copy too).
+TEST(EngineEndpoints, OversizedRequestsAreRefusedAtThePost) {
+    Config c = engine_test_config();
+    c.max_ctrl_message = 64 * 1024;  // the least it may be
+    c.max_notification_size = 1024;
+    auto a = make_endpoint("alpha", c);
+    auto b = make_endpoint("beta", c);
+    ASSERT_TRUE(a && b);
+    Link l = link(a.get(), b.get());
+    constexpr size_t kLen = 1 << 20;
+    GuardedBuffer abuf(kLen), bbuf(kLen, 0x5c);
+    const MemId am = *a->reg(abuf.data(), kLen);
+    const MemId bm = *b->reg(bbuf.data(), kLen);
+    const RemoteMem bd = *b->describe(bm);
+    auto refused = [](const StatusOr<XferId>& x, const char* words) {
+        ASSERT_FALSE(x.ok()) << words;
+        EXPECT_EQ(x.status().code(), StatusCode::kInvalidArgument) << x.status().to_string();
+        EXPECT_NE(x.status().message().find(words), std::string::npos) << x.status().to_string();
+    };
+    const std::string note(1025, 'n');
+    refused(a->write(l.a_to_b, am, 0, bd, 0, 16, note), "TCPX_P2P_MAX_NOTIFICATION_SIZE");
+    EXPECT_EQ(a->notify(l.a_to_b, note).code(), StatusCode::kInvalidArgument);
+    // 3000 pieces: 72 KB of piece list, more than one request of 64 KiB holds.
+    std::vector<IoVec> iov;
+    for (uint64_t k = 0; k < 3000; ++k) iov.push_back(IoVec{am, 16 * k, bd, 16 * k, 16});
+    refused(a->writev(l.a_to_b, iov), "split it");
+    refused(a->readv(l.a_to_b, iov), "split it");
+    // One piece past the limit of a transfer (ctrl_wire.h: kMaxSegments).
+    const std::vector<IoVec> many((1u << 20) + 1, IoVec{am, 0, bd, 0, 1});
+    refused(a->writev(l.a_to_b, many), "exceed the limit");
+    refused(a->readv(l.a_to_b, many), "exceed the limit");
+    const std::vector<LocalCopy> copies((1u << 20) + 1, LocalCopy{am, 0, am, 1, 1});
+    EXPECT_EQ(a->copy(copies).code(), StatusCode::kInvalidArgument);
+    // Nothing arrived; a list that fits goes through, every piece in place.
+    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(b->get_notifications().empty());
+    EXPECT_EQ(std::count(bbuf.data(), bbuf.data() + kLen, 0x5c), static_cast<long>(kLen));
+    iov.resize(2000);
+    fill_pattern(abuf.data(), kLen, 9);
+    auto w = a->writev(l.a_to_b, iov, std::string(1024, 'k'));
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(a->wait(*w, 20s).ok());
+    EXPECT_EQ(std::memcmp(bbuf.data(), abuf.data(), 2000 * 16), 0);
+    EXPECT_EQ(bbuf.data()[2000 * 16], 0x5c);
+    EXPECT_TRUE(abuf.canaries_intact() && bbuf.canaries_intact());
+}
+
 TEST(EngineEndpoints, InvalidConfigurationIsRefused) {
     Config c = engine_test_config();
     c.channels = 17;  // (0 is automatic: Config::effective)
