@@ -21,7 +21,10 @@ void CtrlConn::reset(Fd fd) {
     begin_ = end_ = consumed_ = 0;
 }
 
-void CtrlConn::queue(std::string msg) { out_.push_back(std::move(msg)); }
+void CtrlConn::queue(std::string msg, std::string tail) {
+    out_.push_back(std::move(msg));
+    if (!tail.empty()) out_.push_back(std::move(tail));
+}
 
 Status CtrlConn::flush() {
     while (!out_.empty()) {

@@ -37,8 +37,13 @@ class CtrlConn {
         inline_allowance_ = inline_bytes;
     }
 
-    // Queues a complete message (header included).
-    void queue(std::string msg);
+    // Queues a complete message (header included), or a message and its inline data (`tail`,
+    // counted by its header: wire::end_message's `trailing`), which then go out back to back
+    // without being copied into one buffer. Two buffers of half the size matter for a transfer's
+    // inline bytes: one of a message and its bytes, allocated and freed for every transfer,
+    // made malloc give the heap back and fault it in again each time (a 256 KiB inline write
+    // took 1.5 ms instead of 0.1 on a VM).
+    void queue(std::string msg, std::string tail = {});
     bool has_output() const { return !out_.empty(); }
     // Writes queued bytes until done or the socket is full.
     Status flush();

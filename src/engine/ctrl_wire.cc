@@ -73,8 +73,8 @@ std::string begin_message(MsgType type, uint16_t flags) {
     return msg;
 }
 
-void end_message(std::string* msg) {
-    const uint32_t len = static_cast<uint32_t>(msg->size() - sizeof(Header));
+void end_message(std::string* msg, size_t trailing) {
+    const uint32_t len = static_cast<uint32_t>(msg->size() - sizeof(Header) + trailing);
     std::memcpy(msg->data() + offsetof(Header, length), &len, sizeof(len));
 }
 

@@ -222,8 +222,9 @@ struct SendData {
 // A whole message (header + body) ready to queue. Inline data is appended by the caller after
 // encode_*() for messages that carry it (it is the body's tail).
 std::string begin_message(MsgType type, uint16_t flags);
-// Fixes the header's length once the body is complete.
-void end_message(std::string* msg);
+// Fixes the header's length once the body is complete: what `msg` holds after the header, and
+// `trailing` bytes that follow it on the wire (inline data queued on its own, CtrlConn::queue).
+void end_message(std::string* msg, size_t trailing = 0);
 
 std::string encode_auth_init(const AuthInit& m);
 std::string encode_auth_challenge(const AuthChallenge& m);
@@ -231,19 +232,19 @@ std::string encode_auth_proof(const AuthProof& m);
 std::string encode_auth_fail(std::string_view reason);
 std::string encode_hello(const Hello& m);
 std::string encode_empty(MsgType type);
-// WRITE_REQ without its inline data: append it, then end_message().
+// WRITE_REQ without its inline data: append it (or queue it after), then end_message().
 std::string encode_write_req(const WriteReq& m);
 // Sets the chunk field of an encoded WRITE_REQ or READ_REQ (it follows the transfer id), for a
 // request encoded before the peer's chunk size was known.
 void set_request_chunk(std::string* msg, uint64_t chunk);
 std::string encode_write_ack(uint64_t xfer, const Status& st);
 std::string encode_read_req(const ReadReq& m);
-// READ_RESP without its inline data: append it, then end_message().
+// READ_RESP without its inline data: append it (or queue it after), then end_message().
 std::string encode_read_resp(uint64_t xfer, uint16_t flags, const Status& st);
 std::string encode_notif(std::string_view payload);
 std::string encode_send_rts(const SendRts& m);
 std::string encode_recv_cts(uint64_t send_xfer, uint64_t recv_xfer, const Status& st);
-// SEND_DATA without its inline data: append it, then end_message().
+// SEND_DATA without its inline data: append it (or queue it after), then end_message().
 std::string encode_send_data(uint64_t recv_xfer, uint16_t flags, uint64_t len);
 
 // The views point into `body`.

@@ -610,8 +610,8 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::ready_peer(PeerId id) {
     return &p;
 }
 
-void Endpoint::Impl::send_ctrl(Peer& p, std::string msg) {
-    p.ctrl.queue(std::move(msg));
+void Endpoint::Impl::send_ctrl(Peer& p, std::string msg, std::string tail) {
+    p.ctrl.queue(std::move(msg), std::move(tail));
     p.last_send = Clock::now();
 }
 

@@ -378,7 +378,8 @@ class Endpoint::Impl {
     Status check_deferrable(const Peer& p) const;
     // Issues `issue` now if `p` is ready, else keeps it for when it is (api lock held).
     void issue_or_defer(Peer& p, std::function<void()> issue);
-    void send_ctrl(Peer& p, std::string msg);
+    // Queues a message (and its inline data, after it: CtrlConn::queue).
+    void send_ctrl(Peer& p, std::string msg, std::string tail = {});
     void fail_peer(Peer& p, Status why);
     // Adds a peer on a control socket and watches it (for writability too while connecting).
     StatusOr<Peer*> add_peer(Fd fd, bool outbound, const SocketAddress& address);

@@ -243,9 +243,9 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         std::string msg = st.ok()
                               ? wire::encode_read_resp(req.xfer, wire::kFlagInline, Status())
                               : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
-        if (st.ok()) msg.append(payload);
-        wire::end_message(&msg);
-        send_ctrl(p, std::move(msg));
+        if (!st.ok()) payload.clear();
+        wire::end_message(&msg, payload.size());
+        send_ctrl(p, std::move(msg), std::move(payload));
         count(p, &Stats::requests_served);
         if (st.ok()) count(p, &Stats::bytes_sent, total);
         return Status();
@@ -338,9 +338,8 @@ Status Endpoint::Impl::on_recv_cts(Peer& p, std::string_view body) {
     }
     std::string msg =
         wire::encode_send_data(cts.recv_xfer, is_inline ? wire::kFlagInline : 0, x->len);
-    msg.append(payload);
-    wire::end_message(&msg);
-    send_ctrl(p, std::move(msg));
+    wire::end_message(&msg, payload.size());
+    send_ctrl(p, std::move(msg), std::move(payload));
     if (!is_inline) {
         queue_chunks(p, true, x);
     }

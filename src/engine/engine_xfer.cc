@@ -348,17 +348,17 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     }
     if (is_inline) req.flags |= wire::kFlagInline;
     std::string msg = wire::encode_write_req(req);
-    msg.append(payload);
-    wire::end_message(&msg);
+    wire::end_message(&msg, payload.size());
     const XferId id = x->user_id;
     // (An inline write's bytes were read above: what the region holds at the post is sent.)
-    issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg)]() mutable {
+    issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg),
+                        payload = std::move(payload)]() mutable {
         // The chunk size is the peer's (known once connected), or less for a short GPU transfer
         // that has the peer to itself (under load, smaller chunks would only hold staging slots
         // with fewer bytes each).
         x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
         wire::set_request_chunk(&msg, x->chunk);
-        send_ctrl(*p, std::move(msg));
+        send_ctrl(*p, std::move(msg), std::move(payload));
         if (!is_inline) queue_chunks(*p, true, x);
         x->waiting = true;
         p->awaiting.emplace(x->wire_id, x);

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status_util.h"
 
@@ -99,6 +101,45 @@ TEST_F(CtrlConnLimits, PastTheAllowanceWithTheFlagIsRefused) {
         message(wire::MsgType::kWriteReq, wire::kFlagInline, kLimit + wire::kMaxInlineData + 1),
         &got);
     EXPECT_EQ(r.status().code(), StatusCode::kProtocol) << r.status().to_string();
+}
+
+// A message queued with its inline bytes apart (queue(msg, tail)) goes out as one message, in
+// order with the others, byte for byte, also when the socket takes it a piece at a time.
+TEST(CtrlConnQueue, AMessageAndItsInlineBytesGoOutAsOne) {
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
+    CtrlConn out(Fd{fds[0]}), in(Fd{fds[1]});
+    in.set_max_message(1 << 20, 1 << 20);
+    std::string tail(300 * 1024, '\0');
+    for (size_t i = 0; i < tail.size(); ++i) tail[i] = static_cast<char>(i * 7 + i / 4096);
+    std::string head = wire::begin_message(wire::MsgType::kWriteReq, wire::kFlagInline);
+    head.append("head");
+    wire::end_message(&head, tail.size());
+    out.queue(message(wire::MsgType::kPing, 0, 0));
+    out.queue(head, tail);
+    out.queue(message(wire::MsgType::kNotif, 0, 5));
+    std::vector<std::pair<uint16_t, std::string>> got;
+    for (int rounds = 0; got.size() < 3 && rounds < 100000; ++rounds) {
+        ASSERT_TRUE(out.flush().ok());
+        bool eof = false;
+        ASSERT_TRUE(in.read(&eof).ok());
+        ASSERT_FALSE(eof);
+        wire::Header h;
+        std::string_view body;
+        while (true) {
+            auto whole = in.next_message(&h, &body);
+            ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+            if (!*whole) break;
+            got.emplace_back(h.type, std::string(body));
+        }
+    }
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[0].first, static_cast<uint16_t>(wire::MsgType::kPing));
+    EXPECT_EQ(got[1].first, static_cast<uint16_t>(wire::MsgType::kWriteReq));
+    EXPECT_EQ(got[1].second, "head" + tail);
+    EXPECT_EQ(got[2].first, static_cast<uint16_t>(wire::MsgType::kNotif));
+    EXPECT_EQ(got[2].second.size(), 5u);
+    EXPECT_FALSE(out.has_output());
 }
 
 }  // namespace
