@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -802,36 +803,25 @@ TEST(EngineHostile, RepliesToNoTransferOfOursFailThePeer) {
     expect_serves(ep.get());
 }
 
-// Our read answered inline with more bytes than it asked for: the read fails, the peer is
-// failed, and not a byte lands in our buffer.
-TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
-    auto ep = make_endpoint("initiator", engine_test_config());
+// An endpoint posts a transfer toward a raw peer it knows (accept()), into a 4 KiB registration
+// poisoned with 0xee; `forge` answers it badly. The transfer must fail (not time out), the peer be
+// dropped, and not a byte of the registration change.
+void expect_forged_answer_writes_nothing(
+    const std::function<StatusOr<XferId>(Endpoint*, PeerId, MemId, uint64_t len)>& post,
+    const std::function<void(int fd)>& forge) {
+    auto ep = make_endpoint("poisoned", engine_test_config());
     ASSERT_NE(ep, nullptr);
     RawPeer raw(*ep);
     ASSERT_TRUE(raw.ok());
     auto peer = ep->accept(5s);
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
     constexpr size_t kLen = 4096;
-    GuardedBuffer dst(kLen);
-    std::memset(dst.data(), 0xee, kLen);
-    MemId d = *ep->reg(dst.data(), kLen);
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = kLen;
-    theirs.key = 0x77;
-    auto r = ep->read(*peer, d, 0, theirs, 0, kLen);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    wire::Header h;
-    std::string body;
-    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
-    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadReq));
-    wire::ReadReq req;
-    ASSERT_TRUE(wire::decode_read_req(body, h.flags, &req).ok());
-    std::string resp = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
-    resp.append(kLen + 100, 'z');
-    wire::end_message(&resp);
-    send_all(raw.fd(), resp);
-    Status st = ep->wait(*r, 10s);
+    GuardedBuffer dst(kLen, 0xee);
+    const MemId mem = *ep->reg(dst.data(), kLen);
+    auto x = post(ep.get(), *peer, mem, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_NO_FATAL_FAILURE(forge(raw.fd()));
+    Status st = ep->wait(*x, 10s);
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
     EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
@@ -840,40 +830,54 @@ TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
     expect_serves(ep.get());
 }
 
-// A send whose data is longer than the send it announced: our receive fails, the peer is failed,
-// and not a byte lands in the receive's buffer.
+// Reads the endpoint's next message, which must be of `type`.
+void read_expected(int fd, wire::MsgType type, wire::Header* h, std::string* body) {
+    ASSERT_TRUE(read_next(fd, h, body));
+    ASSERT_EQ(h->type, static_cast<uint16_t>(type));
+}
+
+// Our read answered inline with more bytes than it asked for.
+TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
+    expect_forged_answer_writes_nothing(
+        [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+            RemoteMem theirs;
+            theirs.addr = 0x100000;
+            theirs.len = len;
+            theirs.key = 0x77;
+            return ep->read(peer, mem, 0, theirs, 0, len);
+        },
+        [](int fd) {
+            wire::Header h;
+            std::string body;
+            ASSERT_NO_FATAL_FAILURE(read_expected(fd, wire::MsgType::kReadReq, &h, &body));
+            wire::ReadReq req;
+            ASSERT_TRUE(wire::decode_read_req(body, h.flags, &req).ok());
+            std::string resp = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
+            resp.append(4096 + 100, 'z');
+            wire::end_message(&resp);
+            send_all(fd, resp);
+        });
+}
+
+// A send whose data is longer than the send it announced.
 TEST(EngineHostile, SendDataLongerThanItsSendWritesNothing) {
-    auto ep = make_endpoint("receiver", engine_test_config());
-    ASSERT_NE(ep, nullptr);
-    RawPeer raw(*ep);
-    ASSERT_TRUE(raw.ok());
-    auto peer = ep->accept(5s);
-    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-    constexpr size_t kLen = 4096;
-    GuardedBuffer dst(kLen);
-    std::memset(dst.data(), 0xee, kLen);
-    MemId d = *ep->reg(dst.data(), kLen);
-    auto r = ep->recv(*peer, d, 0, kLen, 5);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    send_all(raw.fd(), wire::encode_send_rts(wire::SendRts{1, 5, 100}));
-    wire::Header h;
-    std::string body;
-    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
-    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kRecvCts));
-    wire::RecvCts cts;
-    ASSERT_TRUE(wire::decode_recv_cts(body, &cts).ok());
-    ASSERT_EQ(cts.result.code, 0u);
-    std::string data = wire::encode_send_data(cts.recv_xfer, wire::kFlagInline, 200);
-    data.append(200, 'z');
-    wire::end_message(&data);
-    send_all(raw.fd(), data);
-    Status st = ep->wait(*r, 10s);
-    EXPECT_FALSE(st.ok());
-    EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
-    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
-    for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i << " written";
-    EXPECT_TRUE(dst.canaries_intact());
-    expect_serves(ep.get());
+    expect_forged_answer_writes_nothing(
+        [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+            return ep->recv(peer, mem, 0, len, 5);
+        },
+        [](int fd) {
+            send_all(fd, wire::encode_send_rts(wire::SendRts{1, 5, 100}));
+            wire::Header h;
+            std::string body;
+            ASSERT_NO_FATAL_FAILURE(read_expected(fd, wire::MsgType::kRecvCts, &h, &body));
+            wire::RecvCts cts;
+            ASSERT_TRUE(wire::decode_recv_cts(body, &cts).ok());
+            ASSERT_EQ(cts.result.code, 0u);
+            std::string data = wire::encode_send_data(cts.recv_xfer, wire::kFlagInline, 200);
+            data.append(200, 'z');
+            wire::end_message(&data);
+            send_all(fd, data);
+        });
 }
 
 // Each handshake state takes only the message it waits for: anything else, in any order, ends
