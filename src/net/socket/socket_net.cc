@@ -101,6 +101,84 @@ void send_reply(int fd, wire::ReplyStatus status) {
     (void)send_some(fd, &iov, 1);
 }
 
+// Reads what the listener's connections in handshake have sent: each is dropped once it has
+// ended or its `timeout` has passed, refused with a reply when its hello is wrong, or joins its
+// comm's group.
+void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::milliseconds timeout) {
+    for (size_t i = 0; i < l->pending.size();) {
+        Pending& p = l->pending[i];
+        auto drop = [&] {
+            p = std::move(l->pending.back());
+            l->pending.pop_back();
+        };
+        bool eof = false;
+        auto n = recv_some(p.fd.get(), reinterpret_cast<uint8_t*>(&p.hello) + p.got,
+                           sizeof(p.hello) - p.got, &eof);
+        if (!n.ok() || eof) {
+            TCPX_INFO("connection from %s closed during its handshake: %s",
+                      p.peer.to_string().c_str(),
+                      n.ok() ? "end of stream" : n.status().to_string().c_str());
+            drop();
+            continue;
+        }
+        p.got += *n;
+        if (p.got < sizeof(p.hello)) {
+            if (now - p.since > timeout) {
+                TCPX_WARN(
+                    "closing connection from %s: no complete handshake within %lld ms "
+                    "(%zu of %zu bytes)",
+                    p.peer.to_string().c_str(), static_cast<long long>(timeout.count()), p.got,
+                    sizeof(p.hello));
+                drop();
+                continue;
+            }
+            ++i;
+            continue;
+        }
+        const wire::Hello& h = p.hello;
+        const std::optional<wire::ReplyStatus> verdict = wire::check_hello(h, l->nonce, l->nsocks);
+        if (!verdict) {
+            TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
+                      p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
+            drop();
+            continue;
+        }
+        wire::ReplyStatus refuse = *verdict;
+        Group* group = nullptr;
+        if (refuse == wire::ReplyStatus::kAccepted) {
+            auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);
+            group = &it->second;
+            if (fresh) {
+                group->nsocks = h.nsocks;
+                group->data.resize(h.nsocks);
+                group->peer = p.peer;
+                group->since = now;
+            }
+            if (h.nsocks != group->nsocks) {
+                refuse = wire::ReplyStatus::kBadHello;  // its sockets disagree on their count
+            }
+        }
+        if (refuse == wire::ReplyStatus::kAccepted) {
+            Fd& slot = h.role == static_cast<uint16_t>(wire::Role::kControl) ? group->control
+                                                                             : group->data[h.index];
+            if (slot.valid()) {
+                refuse = wire::ReplyStatus::kBadHello;  // a socket of this role arrived twice
+            } else {
+                slot = std::move(p.fd);
+                ++l->grouped_sockets;
+                if (h.role == static_cast<uint16_t>(wire::Role::kData)) ++group->have_data;
+            }
+        }
+        if (refuse != wire::ReplyStatus::kAccepted) {
+            TCPX_WARN("refused connection from %s: %s (its version %u, ours %u)",
+                      p.peer.to_string().c_str(), wire::reply_status_text(refuse), h.version,
+                      wire::kVersion);
+            send_reply(p.fd.get(), refuse);
+        }
+        drop();
+    }
+}
+
 StatusOr<SocketAddress> handle_address(const wire::HandleBlob& blob) {
     sockaddr_storage ss{};
     socklen_t len = 0;
@@ -431,89 +509,11 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     const auto now = Clock::now();
     const auto handshake_timeout = std::chrono::milliseconds(settings_.handshake_timeout_ms);
 
-    // Reads what the connections in handshake have sent: each is dropped once it has ended or
-    // timed out, refused with a reply when its hello is wrong, or joins its comm's group.
-    auto advance_handshakes = [&] {
-        for (size_t i = 0; i < l->pending.size();) {
-            Pending& p = l->pending[i];
-            auto drop = [&] {
-                p = std::move(l->pending.back());
-                l->pending.pop_back();
-            };
-            bool eof = false;
-            auto n = recv_some(p.fd.get(), reinterpret_cast<uint8_t*>(&p.hello) + p.got,
-                               sizeof(p.hello) - p.got, &eof);
-            if (!n.ok() || eof) {
-                TCPX_INFO("connection from %s closed during its handshake: %s",
-                          p.peer.to_string().c_str(),
-                          n.ok() ? "end of stream" : n.status().to_string().c_str());
-                drop();
-                continue;
-            }
-            p.got += *n;
-            if (p.got < sizeof(p.hello)) {
-                if (now - p.since > handshake_timeout) {
-                    TCPX_WARN(
-                        "closing connection from %s: no complete handshake within %lld ms "
-                        "(%zu of %zu bytes)",
-                        p.peer.to_string().c_str(),
-                        static_cast<long long>(settings_.handshake_timeout_ms), p.got,
-                        sizeof(p.hello));
-                    drop();
-                    continue;
-                }
-                ++i;
-                continue;
-            }
-            const wire::Hello& h = p.hello;
-            const std::optional<wire::ReplyStatus> verdict =
-                wire::check_hello(h, l->nonce, l->nsocks);
-            if (!verdict) {
-                TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
-                          p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
-                drop();
-                continue;
-            }
-            wire::ReplyStatus refuse = *verdict;
-            Group* group = nullptr;
-            if (refuse == wire::ReplyStatus::kAccepted) {
-                auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);
-                group = &it->second;
-                if (fresh) {
-                    group->nsocks = h.nsocks;
-                    group->data.resize(h.nsocks);
-                    group->peer = p.peer;
-                    group->since = now;
-                }
-                if (h.nsocks != group->nsocks) {
-                    refuse = wire::ReplyStatus::kBadHello;  // its sockets disagree on their count
-                }
-            }
-            if (refuse == wire::ReplyStatus::kAccepted) {
-                Fd& slot = h.role == static_cast<uint16_t>(wire::Role::kControl)
-                               ? group->control
-                               : group->data[h.index];
-                if (slot.valid()) {
-                    refuse = wire::ReplyStatus::kBadHello;  // a socket of this role arrived twice
-                } else {
-                    slot = std::move(p.fd);
-                    ++l->grouped_sockets;
-                    if (h.role == static_cast<uint16_t>(wire::Role::kData)) ++group->have_data;
-                }
-            }
-            if (refuse != wire::ReplyStatus::kAccepted) {
-                TCPX_WARN("refused connection from %s: %s (its version %u, ours %u)",
-                          p.peer.to_string().c_str(), wire::reply_status_text(refuse), h.version,
-                          wire::kVersion);
-                send_reply(p.fd.get(), refuse);
-            }
-            drop();
-        }
-    };
-
     // 1. New connections. With the handshakes in progress at the limit, first see which of them
     // have ended or timed out: their places go to the newcomers (not to the next call).
-    if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) advance_handshakes();
+    if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
+        advance_handshakes(l, now, handshake_timeout);
+    }
     for (int i = 0; i < kAcceptsPerCall; ++i) {
         SocketAddress peer;
         auto fd = accept_tcp(l->fd.get(), &peer);
@@ -528,7 +528,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     }
 
     // 2. Handshakes.
-    advance_handshakes();
+    advance_handshakes(l, now, handshake_timeout);
 
     // 3. Complete comms (one per call) and abandoned groups.
     for (auto it = l->groups.begin(); it != l->groups.end();) {
