@@ -84,6 +84,44 @@ bool closed_by_peer(int fd, std::chrono::milliseconds timeout, std::string* rece
     }
 }
 
+// A real connection to `listen` (at `handle`) gets through within `within`, and carries data.
+void expect_serves(net::SocketNet* net, net::Handle* handle, net::ListenComm* listen,
+                   std::chrono::milliseconds within = std::chrono::seconds(5)) {
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    while ((send == nullptr || recv == nullptr) && std::chrono::steady_clock::now() < deadline) {
+        if (send == nullptr) {
+            ASSERT_TRUE(net->connect(0, handle, &send, nullptr).ok());
+        }
+        if (recv == nullptr) {
+            ASSERT_TRUE(net->accept(listen, &recv, nullptr).ok());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_NE(send, nullptr);
+    ASSERT_NE(recv, nullptr);
+    std::vector<uint8_t> src(100000), dst(100000);
+    fill_pattern(src.data(), src.size(), 3);
+    Request* r = nullptr;
+    Request* s = nullptr;
+    ASSERT_TRUE(post_recv(net, recv, dst.data(), dst.size(), 0, &r).ok());
+    ASSERT_TRUE(post_send(net, send, src.data(), src.size(), 0, &s).ok());
+    ASSERT_TRUE(wait_request(net, s).ok());
+    ASSERT_TRUE(wait_request(net, r).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 3), -1);
+    (void)net->close_send(send);
+    (void)net->close_recv(recv);
+}
+
+// A refused connection: the listener's reply, whole, then the end of the connection.
+void read_refusal(int fd, wire::HelloReply* r) {
+    std::string reply;
+    EXPECT_TRUE(closed_by_peer(fd, std::chrono::seconds(2), &reply));
+    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
+    std::memcpy(r, reply.data(), sizeof(*r));
+}
+
 class NetFaultTest : public ::testing::Test {
  protected:
     void SetUp() override {
@@ -110,33 +148,7 @@ class NetFaultTest : public ::testing::Test {
     }
 
     // A real connection still gets through, and carries data.
-    void expect_listener_serves() {
-        net::SendComm* send = nullptr;
-        net::RecvComm* recv = nullptr;
-        const auto deadline = std::chrono::steady_clock::now() + 5s;
-        while ((send == nullptr || recv == nullptr) &&
-               std::chrono::steady_clock::now() < deadline) {
-            if (send == nullptr) {
-                ASSERT_TRUE(net_->connect(0, &handle_, &send, nullptr).ok());
-            }
-            if (recv == nullptr) {
-                ASSERT_TRUE(net_->accept(listen_, &recv, nullptr).ok());
-            }
-        }
-        ASSERT_NE(send, nullptr);
-        ASSERT_NE(recv, nullptr);
-        std::vector<uint8_t> src(100000), dst(100000);
-        fill_pattern(src.data(), src.size(), 3);
-        Request* r = nullptr;
-        Request* s = nullptr;
-        ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &r).ok());
-        ASSERT_TRUE(post_send(net_.get(), send, src.data(), src.size(), 0, &s).ok());
-        ASSERT_TRUE(wait_request(net_.get(), s).ok());
-        ASSERT_TRUE(wait_request(net_.get(), r).ok());
-        EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 3), -1);
-        (void)net_->close_send(send);
-        (void)net_->close_recv(recv);
-    }
+    void expect_listener_serves() { expect_serves(net_.get(), &handle_, listen_); }
 
     // A hand-made sender: the control socket and one data socket per NSOCKS, each with a valid
     // Hello for comm `nonce`, accepted as *recv. With `read_reply`, the handshake reply is read,
@@ -208,11 +220,8 @@ TEST_F(NetFaultTest, WrongVersionIsRefusedWithAReply) {
     hello.version = 99;
     ASSERT_TRUE(send_all(raw.get(), &hello, sizeof(hello)).ok());
     EXPECT_EQ(accept_for(100ms), nullptr);
-    std::string reply;
-    EXPECT_TRUE(closed_by_peer(raw.get(), 2s, &reply));
-    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
     wire::HelloReply r;
-    std::memcpy(&r, reply.data(), sizeof(r));
+    ASSERT_NO_FATAL_FAILURE(read_refusal(raw.get(), &r));
     EXPECT_EQ(r.magic, wire::kReplyMagic);
     EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kVersionMismatch));
     EXPECT_EQ(r.version, wire::kVersion);
@@ -227,11 +236,8 @@ TEST_F(NetFaultTest, StaleHandleIsRefused) {
     hello.listen_nonce ^= 1;  // as if from an earlier listener on the same port
     ASSERT_TRUE(send_all(raw.get(), &hello, sizeof(hello)).ok());
     EXPECT_EQ(accept_for(100ms), nullptr);
-    std::string reply;
-    EXPECT_TRUE(closed_by_peer(raw.get(), 2s, &reply));
-    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
     wire::HelloReply r;
-    std::memcpy(&r, reply.data(), sizeof(r));
+    ASSERT_NO_FATAL_FAILURE(read_refusal(raw.get(), &r));
     EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kWrongListener));
 }
 
@@ -270,11 +276,8 @@ TEST_F(NetFaultTest, SocketsDisagreeingOnTheirCountAreRefused) {
     data.nsocks = static_cast<uint16_t>(nsocks - 1);
     ASSERT_TRUE(send_all(odd.get(), &data, sizeof(data)).ok());
     EXPECT_EQ(accept_for(100ms), nullptr);
-    std::string reply;
-    EXPECT_TRUE(closed_by_peer(odd.get(), 2s, &reply));
-    ASSERT_EQ(reply.size(), sizeof(wire::HelloReply));
     wire::HelloReply r;
-    std::memcpy(&r, reply.data(), sizeof(r));
+    ASSERT_NO_FATAL_FAILURE(read_refusal(odd.get(), &r));
     EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kBadHello));
     // The group never completes and goes after the handshake timeout.
     EXPECT_EQ(accept_for(500ms), nullptr);
@@ -328,31 +331,7 @@ TEST(NetHandshakeLimit, ConnectionsPastTheLimitInHandshakeAreClosedAtOnce) {
     }
     held.clear();
     // The listener sees them go on its next calls; then a real comm gets through.
-    net::SendComm* send = nullptr;
-    net::RecvComm* recv = nullptr;
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while ((send == nullptr || recv == nullptr) && std::chrono::steady_clock::now() < deadline) {
-        if (send == nullptr) {
-            ASSERT_TRUE((*net)->connect(0, &handle, &send, nullptr).ok());
-        }
-        if (recv == nullptr) {
-            ASSERT_TRUE((*net)->accept(listen, &recv, nullptr).ok());
-        }
-        std::this_thread::sleep_for(1ms);
-    }
-    ASSERT_NE(send, nullptr);
-    ASSERT_NE(recv, nullptr);
-    std::vector<uint8_t> src(100000), dst(100000);
-    fill_pattern(src.data(), src.size(), 5);
-    Request* rq = nullptr;
-    Request* sq = nullptr;
-    ASSERT_TRUE(post_recv(net->get(), recv, dst.data(), dst.size(), 0, &rq).ok());
-    ASSERT_TRUE(post_send(net->get(), send, src.data(), src.size(), 0, &sq).ok());
-    ASSERT_TRUE(wait_request(net->get(), sq).ok());
-    ASSERT_TRUE(wait_request(net->get(), rq).ok());
-    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 5), -1);
-    (void)(*net)->close_send(send);
-    (void)(*net)->close_recv(recv);
+    ASSERT_NO_FATAL_FAILURE(expect_serves(net->get(), &handle, listen, std::chrono::seconds(10)));
     (void)(*net)->close_listen(listen);
 }
 
