@@ -127,4 +127,14 @@ void log_message(LogLevel level, const char* file, int line, const char* fmt, ..
     }
 }
 
+bool may_log_stranger_event() {
+    static std::atomic<int64_t> window{0};
+    static std::atomic<int> count{0};
+    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    if (window.exchange(now) != now) count.store(0);
+    return count.fetch_add(1) < 5;
+}
+
 }  // namespace tcpx

@@ -30,6 +30,11 @@ inline bool log_enabled(LogLevel level) { return level >= log_level() && level !
 void log_message(LogLevel level, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+// Whether a line about something a stranger did (a connection refused, closed or cut short) may
+// be logged now: a few a second at most, over the whole process, so that no one who can reach a
+// port can fill the log.
+bool may_log_stranger_event();
+
 }  // namespace tcpx
 
 #define TCPX_LOG(level, ...)                                                               \

@@ -361,6 +361,8 @@ class Endpoint::Impl {
     bool read_control(Peer& p);
     Status dispatch(Peer& p, const engine::wire::Header& h, std::string_view body);
     void accept_inbound();
+    // Closes the oldest inbound handshake of a peer that has not authenticated; false when none.
+    bool evict_stalest_handshake();
     void run_progress_thread();
     void wake();
     // Makes progress from the calling thread until `done()` (called under mu_) or `deadline`;

@@ -29,16 +29,6 @@ std::string_view view(const auth::Bytes& b) {
     return std::string_view(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-// Refusals from strangers are logged, but no stranger can fill the log: a few a second at most.
-bool may_log_refusal() {
-    static std::atomic<int64_t> window{0};
-    static std::atomic<int> count{0};
-    const int64_t now =
-        std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
-    if (window.exchange(now) != now) count.store(0);
-    return count.fetch_add(1) < 5;
-}
-
 }  // namespace
 
 // --- connections
@@ -82,9 +72,38 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::add_peer(Fd fd, bool outbound,
     return raw;
 }
 
+bool Endpoint::Impl::evict_stalest_handshake() {
+    // The oldest inbound connection still in its handshake that has not proved the shared secret
+    // (without a secret: the oldest of them all). A real peer finishes its handshake in a few
+    // round trips, so under a flood of connections that never finish the oldest is one of the
+    // flood; a peer that has proved the secret is never closed for a stranger.
+    Peer* stalest = nullptr;
+    for (const auto& [id, p] : peers_) {
+        if (p->outbound || p->authenticated || !in_handshake(*p)) continue;
+        if (stalest == nullptr || p->started < stalest->started) stalest = p.get();
+    }
+    if (stalest == nullptr) return false;
+    const auto held =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stalest->started);
+    if (may_log_stranger_event()) {
+        TCPX_WARN(
+            "endpoint '%s': connection from %s closed after %lld ms in its handshake, for a "
+            "newer one: TCPX_P2P_MAX_HANDSHAKES reached",
+            name_.c_str(), stalest->address.to_string().c_str(),
+            static_cast<long long>(held.count()));
+    }
+    fail_peer(*stalest, unavailable("closed in its handshake for a newer connection "
+                                    "(TCPX_P2P_MAX_HANDSHAKES reached)"));
+    peers_.erase(stalest->id);  // inbound, never accepted: nobody is to be told
+    return true;
+}
+
 void Endpoint::Impl::accept_inbound() {
     // Bounded: what strangers can make us hold is MAX_PEERS peers, of which at most
-    // MAX_HANDSHAKES still in their handshake (each gone after HANDSHAKE_TIMEOUT_MS).
+    // MAX_HANDSHAKES still in their handshake (each gone after HANDSHAKE_TIMEOUT_MS). At that
+    // limit a newcomer takes the place of the oldest unauthenticated handshake: connections that
+    // never finish theirs delay real peers by nothing, where refusing newcomers would let a few
+    // such connections per HANDSHAKE_TIMEOUT_MS keep every peer out.
     size_t handshakes = 0;
     for (const auto& [id, p] : peers_) handshakes += !p->outbound && in_handshake(*p);
     for (int i = 0; i < 64; ++i) {
@@ -95,6 +114,10 @@ void Endpoint::Impl::accept_inbound() {
             return;
         }
         if (!fd->valid()) return;
+        if (handshakes >= static_cast<size_t>(config_.max_handshakes) &&
+            evict_stalest_handshake()) {
+            --handshakes;
+        }
         const char* full = nullptr;
         if (peers_.size() >= static_cast<size_t>(config_.max_peers)) {
             full = "MAX_PEERS";
@@ -102,7 +125,7 @@ void Endpoint::Impl::accept_inbound() {
             full = "MAX_HANDSHAKES";
         }
         if (full != nullptr) {
-            if (may_log_refusal()) {
+            if (may_log_stranger_event()) {
                 TCPX_WARN("endpoint '%s': connection from %s closed: TCPX_P2P_%s reached",
                           name_.c_str(), from.to_string().c_str(), full);
             }
@@ -177,7 +200,7 @@ void Endpoint::Impl::refuse(Peer& p, Status why) {
         p.ctrl.queue(wire::encode_auth_fail(why.message()));
         (void)p.ctrl.flush();
     }
-    if (!p.outbound && may_log_refusal()) {
+    if (!p.outbound && may_log_stranger_event()) {
         TCPX_WARN("endpoint '%s': connection from %s refused: %s", name_.c_str(),
                   p.address.to_string().c_str(), why.to_string().c_str());
     }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "engine/auth.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
 #include "engine/packer.h"
@@ -231,21 +232,33 @@ TEST(EngineHostile, GarbageSilentAndHalfHelloClientsCostNothingLasting) {
         << count_open_fds() << " fds open, " << fds_before << " before";
 }
 
-TEST(EngineHostile, HandshakesPastTheLimitAreClosedAtOnce) {
+// At MAX_HANDSHAKES a newcomer takes the place of the oldest connection still in its handshake:
+// connections that never finish theirs cannot keep a real peer out (until 2026-11-27 the
+// newcomers were closed, and four silent connections per HANDSHAKE_TIMEOUT_MS kept every peer
+// out).
+TEST(EngineHostile, AtTheHandshakeLimitTheOldestHandshakeMakesWayForANewcomer) {
     Config c = engine_test_config();
     c.max_handshakes = 4;
     c.handshake_timeout_ms = 60000;
     auto ep = make_endpoint("target", c);
     ASSERT_NE(ep, nullptr);
     std::vector<int> fds;
-    for (int i = 0; i < 10; ++i) fds.push_back(raw_connect(address_of(*ep)));
-    int closed = 0;
-    for (int fd : fds) closed += closed_by_peer(fd, 500ms);
-    EXPECT_EQ(closed, 6);
-    for (int fd : fds) ::close(fd);
-    // Their slots free up once the endpoint has seen them go.
-    std::this_thread::sleep_for(300ms);
+    for (int i = 0; i < 10; ++i) {
+        fds.push_back(raw_connect(address_of(*ep)));
+        ASSERT_GE(fds.back(), 0);
+        std::this_thread::sleep_for(20ms);  // accepted one by one, in this order
+    }
+    for (int i = 0; i < 6; ++i) {
+        EXPECT_TRUE(closed_by_peer(fds[static_cast<size_t>(i)], 2s))
+            << "connection " << i << " (of the oldest six) is still open";
+    }
+    for (int i = 6; i < 10; ++i) {
+        EXPECT_FALSE(closed_by_peer(fds[static_cast<size_t>(i)], 200ms))
+            << "connection " << i << " (of the newest four) was closed";
+    }
+    // A real peer gets through while the four are still held (its handshake evicts one of them).
     expect_serves(ep.get());
+    for (int fd : fds) ::close(fd);
 }
 
 // A HELLO whose handle names a third host: no connection may go there.
@@ -1118,6 +1131,73 @@ TEST(EngineAuth, AnEndpointOtherThanTheOneNamedIsRefused) {
         << id.status().to_string();
     EXPECT_FALSE(b->accept(300ms).ok());
     EXPECT_TRUE(c->connect(a->metadata()).ok());
+}
+
+// A raw connector that proves the secret, then says nothing more: a peer in its handshake that
+// has authenticated.
+int authenticated_but_silent(const SocketAddress& to, const std::string& secret,
+                             const std::string& name) {
+    const int fd = raw_connect(to);
+    if (fd < 0) return -1;
+    const std::string nonce_c(wire::kAuthBytes, 'c');
+    send_all(fd, wire::encode_auth_init(wire::AuthInit{wire::kVersion, nonce_c, name}));
+    wire::Header h;
+    std::string body;
+    wire::AuthChallenge ch;
+    if (!read_next(fd, &h, &body) ||
+        h.type != static_cast<uint16_t>(wire::MsgType::kAuthChallenge) ||
+        !wire::decode_auth_challenge(body, &ch).ok()) {
+        ::close(fd);
+        return -1;
+    }
+    const engine::auth::Bytes m =
+        engine::auth::mac(secret, engine::auth::Role::kConnector, nonce_c, ch.nonce, name, ch.name);
+    const std::string proof(reinterpret_cast<const char*>(m.data()), m.size());
+    send_all(fd, wire::encode_auth_proof(wire::AuthProof{proof}));
+    return fd;
+}
+
+// At MAX_HANDSHAKES, strangers make way for a newcomer, but a peer that has proved the secret
+// is never closed for one: the newcomer is.
+TEST(EngineAuth, AtTheHandshakeLimitOnlyUnauthenticatedHandshakesMakeWay) {
+    Config c = with_secret(kNew);
+    c.max_handshakes = 4;
+    c.handshake_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    const SocketAddress to = address_of(*ep);
+    std::vector<int> proven;
+    for (int i = 0; i < 2; ++i) {
+        proven.push_back(authenticated_but_silent(to, kNew, "proven" + std::to_string(i)));
+        ASSERT_GE(proven.back(), 0);
+    }
+    std::this_thread::sleep_for(100ms);  // their proofs are read
+    std::vector<int> strangers;
+    for (int i = 0; i < 2; ++i) {
+        strangers.push_back(raw_connect(to));
+        ASSERT_GE(strangers.back(), 0);
+        std::this_thread::sleep_for(20ms);
+    }
+    // Full: a real peer gets through, in the place of the older stranger.
+    expect_serves(ep.get(), with_secret(kNew));
+    EXPECT_TRUE(closed_by_peer(strangers[0], 2s)) << "the older stranger is still open";
+    // Two more proven peers take the places of the newer stranger and the real peer (gone
+    // now); past that every place is held by a proven peer and newcomers are closed at once.
+    for (int i = 2; i < 4; ++i) {
+        proven.push_back(authenticated_but_silent(to, kNew, "proven" + std::to_string(i)));
+        ASSERT_GE(proven.back(), 0);
+        std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_TRUE(closed_by_peer(strangers[1], 2s)) << "the newer stranger is still open";
+    const int late = raw_connect(to);
+    ASSERT_GE(late, 0);
+    EXPECT_TRUE(closed_by_peer(late, 2s)) << "a newcomer took a proven peer's place";
+    for (int fd : proven) {
+        EXPECT_FALSE(closed_by_peer(fd, 100ms)) << "a proven peer was closed for a newcomer";
+    }
+    ::close(late);
+    for (int fd : strangers) ::close(fd);
+    for (int fd : proven) ::close(fd);
 }
 
 }  // namespace
