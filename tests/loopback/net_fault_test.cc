@@ -285,9 +285,18 @@ TEST_F(NetFaultTest, SocketsDisagreeingOnTheirCountAreRefused) {
     expect_listener_serves();
 }
 
-TEST(NetHandshakeLimit, ConnectionsPastTheLimitInHandshakeAreClosedAtOnce) {
-    // A listener holds at most 1024 connections that have not finished their handshake; more are
-    // closed as they arrive, and those it holds are not disturbed. Once they go, it serves again.
+// Whether the peer has closed `fd` by now (without waiting).
+bool closed_now(int fd) {
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+TEST(NetHandshakeLimit, AtTheLimitTheOldestHandshakeMakesWayForANewcomer) {
+    // A listener holds at most 1024 connections that have not finished their handshake. At that
+    // limit a newcomer takes the place of the oldest that has not sent its hello, so connections
+    // that never do cannot keep a real connector out (until 2026-11-27 the newcomers were closed:
+    // 1024 silent connections per HANDSHAKE_TIMEOUT_MS kept every comm out).
     constexpr int kLimit = 1024;
     rlimit nofile{};
     getrlimit(RLIMIT_NOFILE, &nofile);
@@ -325,12 +334,17 @@ TEST(NetHandshakeLimit, ConnectionsPastTheLimitInHandshakeAreClosedAtOnce) {
     std::vector<Fd> extra;
     for (int i = 0; i < 8; ++i) extra.push_back(raw_connect(handle));
     accept_some();
-    for (Fd& fd : extra) EXPECT_TRUE(closed_by_peer(fd.get(), 2s)) << "a connection past the limit";
-    for (size_t i = 0; i < held.size(); i += 97) {
-        EXPECT_FALSE(closed_by_peer(held[i].get(), 1ms)) << "held connection " << i << " closed";
+    std::this_thread::sleep_for(50ms);  // the closes reach this side
+    for (Fd& fd : extra) EXPECT_FALSE(closed_now(fd.get())) << "a newcomer was closed";
+    // Eight of the held ones made way, all from the first that arrived (accepted first).
+    int closed = 0;
+    for (size_t i = 0; i < held.size(); ++i) {
+        if (!closed_now(held[i].get())) continue;
+        ++closed;
+        EXPECT_LT(i, 128u) << "held connection " << i << " closed, not one of the oldest";
     }
-    held.clear();
-    // The listener sees them go on its next calls; then a real comm gets through.
+    EXPECT_EQ(closed, 8);
+    // Still full of silent connections: a real comm gets through all the same.
     ASSERT_NO_FATAL_FAILURE(expect_serves(net->get(), &handle, listen, std::chrono::seconds(10)));
     (void)(*net)->close_listen(listen);
 }

@@ -115,20 +115,24 @@ void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::mil
         auto n = recv_some(p.fd.get(), reinterpret_cast<uint8_t*>(&p.hello) + p.got,
                            sizeof(p.hello) - p.got, &eof);
         if (!n.ok() || eof) {
-            TCPX_INFO("connection from %s closed during its handshake: %s",
-                      p.peer.to_string().c_str(),
-                      n.ok() ? "end of stream" : n.status().to_string().c_str());
+            if (may_log_stranger_event()) {
+                TCPX_INFO("connection from %s closed during its handshake: %s",
+                          p.peer.to_string().c_str(),
+                          n.ok() ? "end of stream" : n.status().to_string().c_str());
+            }
             drop();
             continue;
         }
         p.got += *n;
         if (p.got < sizeof(p.hello)) {
             if (now - p.since > timeout) {
-                TCPX_WARN(
-                    "closing connection from %s: no complete handshake within %lld ms "
-                    "(%zu of %zu bytes)",
-                    p.peer.to_string().c_str(), static_cast<long long>(timeout.count()), p.got,
-                    sizeof(p.hello));
+                if (may_log_stranger_event()) {
+                    TCPX_WARN(
+                        "closing connection from %s: no complete handshake within %lld ms "
+                        "(%zu of %zu bytes)",
+                        p.peer.to_string().c_str(), static_cast<long long>(timeout.count()), p.got,
+                        sizeof(p.hello));
+                }
                 drop();
                 continue;
             }
@@ -138,8 +142,10 @@ void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::mil
         const wire::Hello& h = p.hello;
         const std::optional<wire::ReplyStatus> verdict = wire::check_hello(h, l->nonce, l->nsocks);
         if (!verdict) {
-            TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
-                      p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
+            if (may_log_stranger_event()) {
+                TCPX_WARN("refused connection from %s: not a tcpx-p2p handshake (first bytes %s)",
+                          p.peer.to_string().c_str(), to_hex(&h, 8).c_str());
+            }
             drop();
             continue;
         }
@@ -170,9 +176,11 @@ void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::mil
             }
         }
         if (refuse != wire::ReplyStatus::kAccepted) {
-            TCPX_WARN("refused connection from %s: %s (its version %u, ours %u)",
-                      p.peer.to_string().c_str(), wire::reply_status_text(refuse), h.version,
-                      wire::kVersion);
+            if (may_log_stranger_event()) {
+                TCPX_WARN("refused connection from %s: %s (its version %u, ours %u)",
+                          p.peer.to_string().c_str(), wire::reply_status_text(refuse), h.version,
+                          wire::kVersion);
+            }
             send_reply(p.fd.get(), refuse);
         }
         drop();
@@ -519,9 +527,32 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
         auto fd = accept_tcp(l->fd.get(), &peer);
         if (!fd.ok()) return Status(fd.status()).with_context("accept on " + l->addr.to_string());
         if (!fd->valid()) break;
+        if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking && !l->pending.empty()) {
+            // The newcomer takes the place of the oldest connection that has not sent its hello:
+            // a real connector sends it at once, so connections that never do cannot keep it
+            // out. Grouped sockets are never closed for a newcomer (their hello named this
+            // listener's nonce, which only the holder of its handle knows).
+            auto oldest = std::min_element(
+                l->pending.begin(), l->pending.end(),
+                [](const Pending& a, const Pending& b) { return a.since < b.since; });
+            if (may_log_stranger_event()) {
+                TCPX_WARN(
+                    "closing connection from %s after %lld ms without a handshake, for a newer "
+                    "one: %zu connections in handshake on %s",
+                    oldest->peer.to_string().c_str(),
+                    static_cast<long long>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since)
+                            .count()),
+                    kMaxHandshaking, l->addr.to_string().c_str());
+            }
+            std::iter_swap(oldest, l->pending.end() - 1);
+            l->pending.pop_back();
+        }
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
-            TCPX_WARN("closing connection from %s: %zu connections already in handshake on %s",
-                      peer.to_string().c_str(), kMaxHandshaking, l->addr.to_string().c_str());
+            if (may_log_stranger_event()) {
+                TCPX_WARN("closing connection from %s: %zu connections already in handshake on %s",
+                          peer.to_string().c_str(), kMaxHandshaking, l->addr.to_string().c_str());
+            }
             continue;
         }
         l->pending.push_back(Pending{std::move(fd).value(), peer, {}, 0, now});
