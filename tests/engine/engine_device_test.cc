@@ -584,6 +584,102 @@ TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
     EXPECT_EQ(mismatch(to.buf.get(), 0, 1 << 20, 31), -1);
 }
 
+// A transport plugin that reports a GPU receive done with a broken description of where its
+// bytes are (the emulated TCPX plugin's FAKETCPX_MISBEHAVE: an unpack slot outside its queue, an
+// entry count past the queue's, an entry placed past the receive's end). The transfer fails
+// with an error instead of a hang or a crash, the endpoint goes on serving, and nothing outside
+// the registration is written. A contiguous transfer (the unpack path) and a vector of pieces
+// (the unpack straight into the pieces), WRITE (the peer's receive) and READ (ours).
+class EngineBrokenPlugin : public ::testing::TestWithParam<const char*> {
+ protected:
+    void SetUp() override {
+#if TCPX_TEST_REAL_GPU
+        if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+#else
+        emu_.emplace(1);
+        ::setenv("FAKETCPX_MEMORY", "host", 1);
+#endif
+        ::setenv("FAKETCPX_MISBEHAVE", GetParam(), 1);  // read by accept: set before the link
+        Config config = engine_test_config();
+        config.net_plugin = TCPX_FAKE_TCPX_PATH;
+        config.gpu_index = 0;
+        config.xfer_chunk_size = 64 * 1024;
+        a_ = make_endpoint("alpha", config);
+        b_ = make_endpoint("beta", config);
+        ASSERT_TRUE(a_ && b_);
+        link_ = link(a_.get(), b_.get());
+        ASSERT_NE(link_.a_to_b, 0u);
+        HostDevice* emu = emu_ ? &emu_->get() : nullptr;
+        for (auto* buf : {&a_buf_, &b_buf_}) {
+            *buf = device_buffer(kSize, 0, emu);
+            ASSERT_NE(*buf, nullptr);
+        }
+        a_mem_ = *a_->reg(a_buf_->data(), kSize);
+        b_mem_ = *b_->reg(b_buf_->data(), kSize);
+        b_desc_ = *b_->describe(b_mem_);
+    }
+    void TearDown() override {
+        a_.reset();
+        b_.reset();
+        ::unsetenv("FAKETCPX_MISBEHAVE");
+    }
+
+    // `x` fails within a few seconds with something other than a timeout; every byte of
+    // `into` outside [off, off + len) still holds its poison, and its canaries are intact.
+    void expect_fails_inside(StatusOr<XferId> x, TestBuffer* into, uint64_t off, uint64_t len) {
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        const Status st = a_->wait(*x, 10s);
+        EXPECT_FALSE(st.ok()) << "a broken receive description went unnoticed";
+        EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+        const std::vector<uint8_t> got = into->download(0, kSize);
+        for (uint64_t i = 0; i < kSize; i += 1) {
+            if (i >= off && i < off + len) continue;
+            ASSERT_EQ(got[i], kPoison) << "byte " << i << " outside the transfer was written";
+        }
+        EXPECT_TRUE(into->canaries_intact());
+    }
+    void poison(TestBuffer* b) {
+        const std::vector<uint8_t> p(kSize, kPoison);
+        b->upload(0, p.data(), kSize);
+    }
+
+    static constexpr size_t kSize = 1 << 20;
+    static constexpr uint8_t kPoison = 0xee;
+    std::optional<ScopedHostDevice> emu_;
+    std::unique_ptr<Endpoint> a_, b_;
+    Link link_;
+    std::unique_ptr<TestBuffer> a_buf_, b_buf_;
+    MemId a_mem_ = 0, b_mem_ = 0;
+    RemoteMem b_desc_;
+};
+
+TEST_P(EngineBrokenPlugin, ABrokenReceiveDescriptionFailsTheTransferAndWritesNothingOutside) {
+    constexpr uint64_t kOff = 128 * 1024, kLen = 200 * 1024;
+    poison(b_buf_.get());
+    expect_fails_inside(a_->write(link_.a_to_b, a_mem_, 0, b_desc_, kOff, kLen), b_buf_.get(), kOff,
+                        kLen);
+    // A failed transfer drops its peer: a new link for the read.
+    link_ = link(a_.get(), b_.get());
+    ASSERT_NE(link_.a_to_b, 0u);
+    poison(a_buf_.get());
+    expect_fails_inside(a_->read(link_.a_to_b, a_mem_, kOff, b_desc_, 0, kLen), a_buf_.get(), kOff,
+                        kLen);
+    // Pieces, two in one chunk (and past the inline limit, so that they take a data channel):
+    // the unpack straight into them.
+    link_ = link(a_.get(), b_.get());
+    ASSERT_NE(link_.a_to_b, 0u);
+    poison(b_buf_.get());
+    std::vector<IoVec> iov(2);
+    for (size_t k = 0; k < iov.size(); ++k) {
+        iov[k].mem = a_mem_;
+        iov[k].offset = k * 65536;
+        iov[k].remote = b_desc_;
+        iov[k].remote_offset = kOff + k * 65536;
+        iov[k].len = 40960;
+    }
+    expect_fails_inside(a_->writev(link_.a_to_b, iov), b_buf_.get(), kOff, 65536 + 40960);
+}
+
 #if TCPX_TEST_REAL_GPU
 #define TCPX_ENGINE_DEVICE_SUITE Gpu
 #else
@@ -599,6 +695,8 @@ const std::vector<Transport> kTransports =
 // Distinct names in the two binaries, so that CTest keeps them (and their labels) apart.
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::ValuesIn(kTransports),
                          transport_name);
+INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
+                         ::testing::Values("slot", "count", "dst"));
 
 }  // namespace
 }  // namespace tcpx::testing

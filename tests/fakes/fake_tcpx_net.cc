@@ -50,6 +50,10 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
+//   FAKETCPX_MISBEHAVE=slot|count|dst (read by accept): every CUDA receive of that comm is
+//     reported done with a broken description, as a plugin with a bug might: an unpack slot index
+//     outside the queue, an entry count past kUnpackMaxEntries, or a first entry whose place is
+//     past the end of the receive. For the tests of what a caller does with a plugin's garbage.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -384,6 +388,7 @@ struct FakeComm {
     // Registrations not yet deregistered: close releases them, as a transport's close does (the
     // engine closes a comm whose requests outlived their grace with its registrations).
     std::unordered_set<FakeMr*> mrs;
+    std::string misbehave;  // FAKETCPX_MISBEHAVE at accept (receive comms)
     std::mutex mu;
 };
 
@@ -1054,6 +1059,7 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     comm->gpu = current_gpu();
     comm->link = std::move(link);
     comm->unpack = make_unpack();
+    if (const char* m = std::getenv("FAKETCPX_MISBEHAVE")) comm->misbehave = m;
     if (!comm->unpack) {
         if (inner != nullptr) (void)g_net->close_recv(inner);
         return fail("accept: allocating the bounce buffer and unpack queue");
@@ -1244,6 +1250,18 @@ bool warn_host_recv() {
     return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
+// FAKETCPX_MISBEHAVE: breaks the description of a completed CUDA receive `r`.
+void misbehave(const std::string& how, FakeReq* r) {
+    auto& slot = r->g.unpack_slot;
+    if (how == "slot") {
+        slot.idx += cu::kUnpackQueueDepth;
+    } else if (how == "count") {
+        *slot.cnt = cu::kUnpackMaxEntries + 1;
+    } else if (how == "dst") {
+        static_cast<cu::LoadMeta*>(slot.mem)[0].dst_off = r->size + (uint64_t{1} << 32);
+    }
+}
+
 tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never written*/) {
     *done = 0;
     auto* r = static_cast<FakeReq*>(request);
@@ -1282,7 +1300,10 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
         FAKE_WARN("host receive %p of %zu bytes completed", static_cast<void*>(r), r->size);
     }
     r->done = true;
-    if (r->recv && r->cuda) *r->g.unpack_slot.cnt = r->entries;
+    if (r->recv && r->cuda) {
+        *r->g.unpack_slot.cnt = r->entries;
+        misbehave(comm->misbehave, r);
+    }
     if (!r->recv) {  // a send is gone once reported; a receive waits for irecvConsumed()
         comm->queue.erase(std::find(comm->queue.begin(), comm->queue.end(), r));
         r->magic = 0;
