@@ -678,6 +678,18 @@ TEST_P(EngineBrokenPlugin, ABrokenReceiveDescriptionFailsTheTransferAndWritesNot
         iov[k].len = 40960;
     }
     expect_fails_inside(a_->writev(link_.a_to_b, iov), b_buf_.get(), kOff, 65536 + 40960);
+    // Both endpoints go on serving: a transfer small enough to go inline (no receive of the
+    // plugin) lands.
+    link_ = link(a_.get(), b_.get());
+    ASSERT_NE(link_.a_to_b, 0u);
+    std::vector<uint8_t> pattern(4096);
+    fill_pattern(pattern.data(), pattern.size(), 5);
+    a_buf_->upload(0, pattern.data(), pattern.size());
+    auto x = a_->write(link_.a_to_b, a_mem_, 0, b_desc_, 0, pattern.size());
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(a_->wait(*x, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(b_buf_->download(0, pattern.size()).data(), pattern.size(), 5),
+              -1);
 }
 
 #if TCPX_TEST_REAL_GPU
