@@ -244,6 +244,15 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     if (s.socket_io == "auto") {
         s.socket_io = s.progress_thread != "on" || cores <= 4 ? "caller" : "threads";
     }
+    // A lone WRITE inside its request: one message through one socket, where a chunk would
+    // add a second message and an acknowledgement. Where one thread does all the I/O that wins up
+    // to 256 KiB; where I/O threads move a chunk's sockets in parallel, only up to 64 KiB
+    // (measured: docs/engine.md, "Small transfers"). A lone READ answered inline measured slower
+    // past 64 KiB even where one thread does the I/O.
+    if (s.xfer_inline_alone == 0) {
+        s.xfer_inline_alone = s.socket_io == "caller" ? 256 * 1024 : 64 * 1024;
+    }
+    if (s.xfer_inline_alone_read == 0) s.xfer_inline_alone_read = 64 * 1024;
     return s;
 }
 

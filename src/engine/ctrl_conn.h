@@ -28,8 +28,8 @@ class CtrlConn {
 
     // The largest message body accepted from now on (kHandshakeMessage until the handshake is
     // done; at most MAX_CTRL_MESSAGE after), and how many more bytes a message flagged
-    // kFlagInline may carry (a transfer's data, at most XFER_INLINE_THRESHOLD's and
-    // XFER_INLINE_ALONE's largest value: 0 until the handshake is done). The sender counts only
+    // kFlagInline may carry (a transfer's data, at most the inline limits' largest value,
+    // wire::kMaxInlineData: 0 until the handshake is done). The sender counts only
     // the request itself against its limit, so a peer with a lower MAX_CTRL_MESSAGE still takes
     // small transfers inline.
     void set_max_message(uint32_t bytes, uint32_t inline_bytes = 0) {

@@ -36,8 +36,9 @@ inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
 inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
-// The most bytes a transfer carries inside its control message (XFER_INLINE_THRESHOLD's and
-// XFER_INLINE_ALONE's upper bound): accepted beyond MAX_CTRL_MESSAGE (ctrl_conn.h).
+// The most bytes a transfer carries inside its control message (the upper bound of
+// XFER_INLINE_THRESHOLD, XFER_INLINE_ALONE and XFER_INLINE_ALONE_READ): accepted beyond
+// MAX_CTRL_MESSAGE (ctrl_conn.h).
 inline constexpr uint32_t kMaxInlineData = 1u << 20;
 // Before a peer is ready (authenticated, HELLO exchanged) no message may be larger than this: a
 // HELLO with 16 handles is under 3 KiB.
@@ -186,7 +187,7 @@ struct WriteAck {
 
 struct ReadReq {
     // kFlagInline: the reader is alone with us and reads into host memory: data up to our
-    // XFER_INLINE_ALONE is welcome inside the READ_RESP. Other bits are ignored.
+    // XFER_INLINE_ALONE_READ is welcome inside the READ_RESP. Other bits are ignored.
     uint16_t flags = 0;
     uint64_t xfer = 0;
     uint64_t chunk = 0;  // as WriteReq::chunk

@@ -230,9 +230,9 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         return Status();
     }
     // Inline up to the threshold; a reader alone with us (it asks) into host memory, from host
-    // memory here, up to XFER_INLINE_ALONE.
+    // memory here, up to XFER_INLINE_ALONE_READ.
     const uint64_t limit = (req.flags & wire::kFlagInline) && all_host(regions)
-                               ? std::max(inline_limit(), config_.xfer_inline_alone)
+                               ? std::max(inline_limit(), config_.xfer_inline_alone_read)
                                : inline_limit();
     if (total <= limit) {
         std::string payload;

@@ -407,7 +407,8 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     const bool gpu = touches_gpu(iov, regions);
     // Alone with the peer (x is all it has) and into host memory: the target may answer with the
     // data inline (it checks its own memory and limit).
-    if (all_host(regions) && p->xfers.size() == 1 && config_.xfer_inline_alone > 0) {
+    if (all_host(regions) && p->xfers.size() == 1 &&
+        config_.xfer_inline_alone_read > config_.xfer_inline_threshold) {
         req.flags |= wire::kFlagInline;
     }
     issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {

@@ -227,11 +227,12 @@ TEST(EngineFault, DropOnOnePeersCommLeavesTheOtherPeerWorking) {
         "drop:isend:2@comm1,drop:isend:2@comm2,drop:isend:2@comm3,drop:isend:2@comm4");
 }
 
-// A host-memory transfer of up to XFER_INLINE_ALONE (64 KiB) that has its peer to itself rides in
-// its control message: a data channel whose every send fails is never used, for a WRITE (the
-// initiator's sends) or a READ (the target's, asked by the reader). Without the rule
-// (XFER_INLINE_ALONE=0) the same transfers take the data channel and fail. A target whose
-// MAX_CTRL_MESSAGE is the smallest allowed takes the 64 KiB of data on top of it.
+// A host-memory transfer of up to XFER_INLINE_ALONE (WRITE) or XFER_INLINE_ALONE_READ (READ),
+// both set to 64 KiB here, that has its peer to itself rides in its control message: a data
+// channel whose every send fails is never used, for a WRITE (the initiator's sends) or a READ
+// (the target's, asked by the reader). Without the rule (both 0) the same transfers take the
+// data channel and fail. A target whose MAX_CTRL_MESSAGE is the smallest allowed takes the
+// 64 KiB of data on top of it.
 TEST(EngineFault, ALoneSmallHostTransferTravelsInline) {
     for (const bool alone_inline : {true, false}) {
         SCOPED_TRACE(alone_inline ? "XFER_INLINE_ALONE 64 KiB" : "XFER_INLINE_ALONE 0");
@@ -241,7 +242,10 @@ TEST(EngineFault, ALoneSmallHostTransferTravelsInline) {
             Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
             cb.max_ctrl_message = 64 * 1024;
             ca.max_ctrl_message = 64 * 1024;
-            if (!alone_inline) ca.xfer_inline_alone = cb.xfer_inline_alone = 0;
+            // Off: any value up to XFER_INLINE_THRESHOLD (0 would pick one by the machine).
+            const uint64_t alone = alone_inline ? 64 * 1024 : 1;
+            ca.xfer_inline_alone = cb.xfer_inline_alone = alone;
+            ca.xfer_inline_alone_read = cb.xfer_inline_alone_read = alone;
             Pair p;
             ASSERT_TRUE(p.open(ca, cb));
             constexpr uint64_t kLen64K = 64 * 1024;
@@ -269,6 +273,44 @@ TEST(EngineFault, ALoneSmallHostTransferTravelsInline) {
             EXPECT_TRUE(p.abuf->canaries_intact());
             EXPECT_TRUE(p.bbuf->canaries_intact());
         }
+    }
+}
+
+// Where the thread making progress does the socket I/O, the automatic limits differ by
+// direction (measured: docs/engine.md): a lone WRITE rides inline up to 256 KiB, a lone READ up
+// to 64 KiB. One byte more takes the data channel, whose sends fail here.
+TEST(EngineFault, LoneWritesRideInlineFurtherThanLoneReads) {
+    Config in = engine_test_config();
+    in.socket_io = "caller";
+    const Config defaults = in.effective();
+    ASSERT_EQ(defaults.xfer_inline_alone, 256u * 1024);
+    ASSERT_EQ(defaults.xfer_inline_alone_read, 64u * 1024);
+    for (const Direction dir : {Direction::kWrite, Direction::kRead}) {
+        SCOPED_TRACE(dir == Direction::kWrite ? "write" : "read");
+        const uint64_t limit =
+            dir == Direction::kWrite ? defaults.xfer_inline_alone : defaults.xfer_inline_alone_read;
+        Pair p;
+        Config ca = fault_config(dir == Direction::kWrite ? "fail:isend:1" : "");
+        Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
+        ca.socket_io = cb.socket_io = "caller";
+        ASSERT_TRUE(p.open(ca, cb));
+        GuardedBuffer* src = dir == Direction::kWrite ? p.abuf.get() : p.bbuf.get();
+        GuardedBuffer* dst = dir == Direction::kWrite ? p.bbuf.get() : p.abuf.get();
+        fill_pattern(src->data() + kOffset, limit + 1, 78);
+        auto post = [&](uint64_t len) {
+            return dir == Direction::kWrite
+                       ? p.a->write(p.link.a_to_b, p.amem, kOffset, p.bdesc, kOffset, len)
+                       : p.a->read(p.link.a_to_b, p.amem, kOffset, p.bdesc, kOffset, len);
+        };
+        auto x = post(limit);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ASSERT_TRUE(p.a->wait(*x, kBound).ok()) << "a lone transfer of the limit went by a channel";
+        EXPECT_EQ(find_pattern_mismatch(dst->data() + kOffset, limit, 78), -1);
+        auto over = post(limit + 1);
+        ASSERT_TRUE(over.ok()) << over.status().to_string();
+        EXPECT_FALSE(p.a->wait(*over, kBound).ok()) << "one byte past the limit still went inline";
+        EXPECT_TRUE(p.abuf->canaries_intact());
+        EXPECT_TRUE(p.bbuf->canaries_intact());
     }
 }
 

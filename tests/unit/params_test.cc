@@ -74,6 +74,27 @@ TEST(Params, AutomaticValuesFollowTheCores) {
         EXPECT_EQ(s.nsocks, 5);
         EXPECT_EQ(s.channels, 7);
     }
+    // A lone WRITE inline: further where the thread making progress does the socket I/O (few
+    // cores, or no progress thread); a lone READ: 64 KiB. Explicit values stay.
+    for (int64_t cores : {2, 4, 16, 208}) {
+        for (const char* progress : {"on", "off"}) {
+            Settings in;
+            in.progress_thread = progress;
+            const Settings s = with_machine_defaults(in, cores);
+            const bool caller = cores <= 4 || std::string(progress) == "off";
+            EXPECT_EQ(s.socket_io, caller ? "caller" : "threads") << cores << " " << progress;
+            EXPECT_EQ(s.xfer_inline_alone, caller ? 256u * 1024 : 64u * 1024)
+                << cores << " cores, progress thread " << progress;
+            EXPECT_EQ(s.xfer_inline_alone_read, 64u * 1024);
+            in.xfer_inline_alone = 1;
+            in.xfer_inline_alone_read = 100000;
+            EXPECT_EQ(with_machine_defaults(in, cores).xfer_inline_alone, 1u);
+            EXPECT_EQ(with_machine_defaults(in, cores).xfer_inline_alone_read, 100000u);
+        }
+    }
+    Settings threads;
+    threads.socket_io = "threads";
+    EXPECT_EQ(with_machine_defaults(threads, 2).xfer_inline_alone, 64u * 1024);
     // effective() is the rule applied to this process's usable cores.
     const Settings here = Settings{}.effective();
     const Settings rule = with_machine_defaults(Settings{}, usable_cores());
