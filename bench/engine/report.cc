@@ -133,24 +133,31 @@ std::vector<Column<Row>> table_columns(const EngineBenchOptions& o) {
     return cols;
 }
 
+// The inline limits: every transfer's, then a lone host-memory WRITE's and READ's.
+std::string inline_text(const Config& c) {
+    return strformat(
+        "inline up to %s (alone: WRITE %s, READ %s)", format_bytes(c.xfer_inline_threshold).c_str(),
+        format_bytes(std::max(c.xfer_inline_threshold, c.xfer_inline_alone)).c_str(),
+        format_bytes(std::max(c.xfer_inline_threshold, c.xfer_inline_alone_read)).c_str());
+}
+
 // The engine's settings as they ran (Config::effective: automatic values resolved).
 void print_engine_line(const Config& c, const Setup& s) {
     if (c.net_plugin.empty()) {
         std::printf(
             "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
-            "inline up to %s, %s\n",
+            "%s, %s\n",
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             static_cast<long long>(c.nsocks), s.raw_streams,
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
-            format_bytes(c.xfer_inline_threshold).c_str(), io_threads_phrase(s.io_threads).c_str());
+            inline_text(c).c_str(), io_threads_phrase(s.io_threads).c_str());
     } else {
         std::printf(
-            "engine: %lld channel%s, chunk %s, window %lld, inline up to %s; net: ncclNet plugin "
+            "engine: %lld channel%s, chunk %s, window %lld, %s; net: ncclNet plugin "
             "%s, data sockets and their threads %s\n",
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
-            format_bytes(c.xfer_inline_threshold).c_str(), c.net_plugin.c_str(),
-            plugin_sockets_text().c_str());
+            inline_text(c).c_str(), c.net_plugin.c_str(), plugin_sockets_text().c_str());
     }
     if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
 }
