@@ -88,4 +88,11 @@ bool from_hex(std::string_view hex, std::vector<uint8_t>* out) {
     return true;
 }
 
+std::string printable(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (char c : text) out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+    return out;
+}
+
 }  // namespace tcpx

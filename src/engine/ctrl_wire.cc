@@ -174,6 +174,14 @@ std::string encode_hello(const Hello& m) {
 
 std::string encode_empty(MsgType type) { return finish(begin_message(type, 0)); }
 
+std::string encode_bye(std::string_view reason) {
+    if (reason.empty()) return encode_empty(MsgType::kBye);
+    std::string msg = begin_message(MsgType::kBye, 0);
+    Writer w(&msg);
+    w.str(reason.substr(0, kMaxByeReason));
+    return finish(std::move(msg));
+}
+
 std::string encode_write_req(const WriteReq& m) {
     std::string msg = begin_message(MsgType::kWriteReq, m.flags);
     Writer w(&msg);
@@ -284,6 +292,16 @@ Status decode_auth_fail(std::string_view body, std::string_view* reason) {
     Reader r(body);
     *reason = r.str(kMaxAuthReason);
     if (r.failed() || r.left() != 0) return malformed(MsgType::kAuthFail);
+    return Status();
+}
+
+Status decode_bye(std::string_view body, std::string_view* reason) {
+    *reason = {};
+    if (body.empty()) return Status();
+    Reader r(body);
+    *reason = r.str(kMaxByeReason);
+    // No reason is an empty body, never an empty string: one encoding for each BYE.
+    if (r.failed() || r.left() != 0 || reason->empty()) return malformed(MsgType::kBye);
     return Status();
 }
 

@@ -143,6 +143,9 @@ struct Hello {
 inline constexpr size_t kAuthBytes = 32;
 inline constexpr size_t kMaxAuthMacs = 2;  // one per secret the listener holds (rotation)
 inline constexpr size_t kMaxAuthReason = 256;
+// BYE: the sender closes the connection. Its body is empty, or the reason when an error ends it
+// (at most this many bytes; a reason of no bytes is sent as an empty body).
+inline constexpr size_t kMaxByeReason = 512;
 
 struct AuthInit {  // connector -> listener
     uint16_t version = kVersion;
@@ -233,6 +236,7 @@ std::string encode_auth_proof(const AuthProof& m);
 std::string encode_auth_fail(std::string_view reason);
 std::string encode_hello(const Hello& m);
 std::string encode_empty(MsgType type);
+std::string encode_bye(std::string_view reason);
 // WRITE_REQ without its inline data: append it (or queue it after), then end_message().
 std::string encode_write_req(const WriteReq& m);
 // Sets the chunk field of an encoded WRITE_REQ or READ_REQ (it follows the transfer id), for a
@@ -253,6 +257,7 @@ Status decode_auth_init(std::string_view body, AuthInit* m);
 Status decode_auth_challenge(std::string_view body, AuthChallenge* m);
 Status decode_auth_proof(std::string_view body, AuthProof* m);
 Status decode_auth_fail(std::string_view body, std::string_view* reason);
+Status decode_bye(std::string_view body, std::string_view* reason);
 Status decode_hello(std::string_view body, Hello* m);
 Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
 Status decode_write_ack(std::string_view body, WriteAck* m);

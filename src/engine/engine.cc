@@ -219,10 +219,7 @@ Endpoint::Impl::~Impl() {
     auto lock = api_lock();
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) continue;
-        if (p->ctrl.valid()) {
-            p->ctrl.queue(wire::encode_empty(wire::MsgType::kBye));
-            (void)p->ctrl.flush();
-        }
+        say_bye(*p, "");
         fail_peer(*p, cancelled("the endpoint was destroyed"));
     }
     peers_.clear();
@@ -529,8 +526,7 @@ Status Endpoint::Impl::disconnect(PeerId peer) {
             strformat("disconnect: no peer %llu", static_cast<unsigned long long>(peer)));
     Peer& p = *it->second;
     if (p.state != Peer::State::kFailed && p.ctrl.valid()) {
-        p.ctrl.queue(wire::encode_empty(wire::MsgType::kBye));
-        (void)p.ctrl.flush();
+        say_bye(p, "");
         fail_peer(p, cancelled("disconnected by this endpoint"));
     }
     peers_.erase(it);
@@ -711,8 +707,18 @@ bool Endpoint::Impl::progress_peer(Peer& p, bool ready, bool tick) {
     return did;
 }
 
+void Endpoint::Impl::say_bye(Peer& p, std::string_view reason) {
+    if (p.said_bye || !p.ctrl.valid()) return;
+    p.said_bye = true;
+    p.ctrl.queue(wire::encode_bye(reason));
+    (void)p.ctrl.flush();  // best effort: the connection closes right after
+}
+
 void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     if (p.state == Peer::State::kFailed) return;
+    // A ready peer learns why we end the connection (its transfers then fail with our reason,
+    // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost.
+    if (p.state == Peer::State::kReady) say_bye(p, why.to_string());
     p.error = std::move(why).with_context("peer '" + p.name + "'");
     const bool lost =
         std::any_of(p.xfers.begin(), p.xfers.end(), [](const Xfer* x) { return x->user_id != 0; });

@@ -253,6 +253,7 @@ struct Peer {
     std::vector<net::Handle> remote_handles;  // where to connect our send channels
     std::vector<Channel> tx, rx;
     bool ready_sent = false;
+    bool said_bye = false;  // our BYE is queued: nothing more goes out
     bool ready_received = false;
     uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
     uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
@@ -383,6 +384,8 @@ class Endpoint::Impl {
     // Queues a message (and its inline data, after it: CtrlConn::queue).
     void send_ctrl(Peer& p, std::string msg, std::string tail = {});
     void fail_peer(Peer& p, Status why);
+    // Queues BYE (with `reason`, when an error ends the connection) and sends what it can now.
+    void say_bye(Peer& p, std::string_view reason);
     // Adds a peer on a control socket and watches it (for writability too while connecting).
     StatusOr<Peer*> add_peer(Fd fd, bool outbound, const SocketAddress& address);
     Status watch(const Peer& p, bool writable);

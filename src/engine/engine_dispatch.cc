@@ -26,8 +26,13 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
     switch (type) {
         case wire::MsgType::kPing:
             return Status();
-        case wire::MsgType::kBye:
-            return unavailable("peer disconnected");
+        case wire::MsgType::kBye: {
+            std::string_view reason;
+            TCPX_RETURN_IF_ERROR(wire::decode_bye(body, &reason));
+            if (reason.empty()) return unavailable("peer disconnected");
+            // The peer's words (printable characters only): why it ended the connection.
+            return unavailable("peer disconnected: " + printable(reason));
+        }
         case wire::MsgType::kWriteReq:
             return on_write_req(p, h.flags, body);
         case wire::MsgType::kWriteAck:

@@ -291,9 +291,8 @@ Status Endpoint::Impl::on_auth_fail(Peer& p, std::string_view body) {
     std::string_view reason;
     TCPX_RETURN_IF_ERROR(wire::decode_auth_fail(body, &reason));
     // The reason is the peer's words: printable characters only reach our messages.
-    std::string clean;
-    for (char c : reason) clean.push_back(c >= 0x20 && c < 0x7f ? c : '?');
-    fail_peer(p, unauthenticated("authentication failed: the peer refused us: " + clean));
+    fail_peer(p,
+              unauthenticated("authentication failed: the peer refused us: " + printable(reason)));
     return Status();
 }
 

@@ -624,13 +624,18 @@ class EngineBrokenPlugin : public ::testing::TestWithParam<const char*> {
         ::unsetenv("FAKETCPX_MISBEHAVE");
     }
 
-    // `x` fails within a few seconds with something other than a timeout; every byte of
-    // `into` outside [off, off + len) still holds its poison, and its canaries are intact.
-    void expect_fails_inside(StatusOr<XferId> x, TestBuffer* into, uint64_t off, uint64_t len) {
+    // `x` fails within a few seconds with something other than a timeout (naming `why` when
+    // given); every byte of `into` outside [off, off + len) still holds its poison, and its
+    // canaries are intact.
+    void expect_fails_inside(StatusOr<XferId> x, TestBuffer* into, uint64_t off, uint64_t len,
+                             const char* why = nullptr) {
         ASSERT_TRUE(x.ok()) << x.status().to_string();
         const Status st = a_->wait(*x, 10s);
         EXPECT_FALSE(st.ok()) << "a broken receive description went unnoticed";
         EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+        if (why != nullptr) {
+            EXPECT_NE(st.message().find(why), std::string::npos) << st.to_string();
+        }
         const std::vector<uint8_t> got = into->download(0, kSize);
         for (uint64_t i = 0; i < kSize; i += 1) {
             if (i >= off && i < off + len) continue;
@@ -656,8 +661,10 @@ class EngineBrokenPlugin : public ::testing::TestWithParam<const char*> {
 TEST_P(EngineBrokenPlugin, ABrokenReceiveDescriptionFailsTheTransferAndWritesNothingOutside) {
     constexpr uint64_t kOff = 128 * 1024, kLen = 200 * 1024;
     poison(b_buf_.get());
+    // The receive that failed is the peer's: its BYE says why.
+    constexpr const char* kPeersReason = "peer disconnected: PROTOCOL: data channel receive";
     expect_fails_inside(a_->write(link_.a_to_b, a_mem_, 0, b_desc_, kOff, kLen), b_buf_.get(), kOff,
-                        kLen);
+                        kLen, kPeersReason);
     // A failed transfer drops its peer: a new link for the read.
     link_ = link(a_.get(), b_.get());
     ASSERT_NE(link_.a_to_b, 0u);
@@ -677,7 +684,8 @@ TEST_P(EngineBrokenPlugin, ABrokenReceiveDescriptionFailsTheTransferAndWritesNot
         iov[k].remote_offset = kOff + k * 65536;
         iov[k].len = 40960;
     }
-    expect_fails_inside(a_->writev(link_.a_to_b, iov), b_buf_.get(), kOff, 65536 + 40960);
+    expect_fails_inside(a_->writev(link_.a_to_b, iov), b_buf_.get(), kOff, 65536 + 40960,
+                        kPeersReason);
     // Both endpoints go on serving: a transfer small enough to go inline (no receive of the
     // plugin) lands.
     link_ = link(a_.get(), b_.get());

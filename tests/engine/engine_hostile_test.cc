@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/status_util.h"
 #include "engine/auth.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
@@ -847,6 +848,56 @@ void expect_forged_answer_writes_nothing(
 void read_expected(int fd, wire::MsgType type, wire::Header* h, std::string* body) {
     ASSERT_TRUE(read_next(fd, h, body));
     ASSERT_EQ(h->type, static_cast<uint16_t>(type));
+}
+
+// A ready peer that ends the connection with BYE: its reason (printable characters only, at most
+// kMaxByeReason bytes) reaches the transfers it fails; a BYE whose body is not a reason is a
+// protocol error. Each case: a read toward a raw peer, answered by `bye`.
+Status transfer_ended_by(const std::string& bye) {
+    auto ep = make_endpoint("left", engine_test_config());
+    if (ep == nullptr) return internal_error("no endpoint");
+    RawPeer raw(*ep);
+    if (!raw.ok()) return internal_error("no raw peer");
+    auto peer = ep->accept(5s);
+    if (!peer.ok()) return peer.status();
+    GuardedBuffer dst(4096, 0xee);
+    const MemId mem = *ep->reg(dst.data(), dst.size());
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = 4096;
+    theirs.key = 0x77;
+    auto x = ep->read(*peer, mem, 0, theirs, 0, 4096);
+    if (!x.ok()) return x.status();
+    wire::Header h;
+    std::string body;
+    if (!read_next(raw.fd(), &h, &body)) return internal_error("no READ_REQ");
+    send_all(raw.fd(), bye);
+    const Status st = ep->wait(*x, 10s);
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s));
+    for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(dst.data()[i], 0xee) << "byte " << i;
+    return st;
+}
+
+TEST(EngineHostile, AByeCarriesItsReasonPrintableAndBounded) {
+    Status st = transfer_ended_by(wire::encode_bye(std::string("disk on fire\x01\n\xff", 15)));
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_NE(st.message().find("peer disconnected: disk on fire???"), std::string::npos)
+        << st.to_string();
+    st = transfer_ended_by(wire::encode_empty(wire::MsgType::kBye));
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+    EXPECT_NE(st.message().find("peer disconnected"), std::string::npos) << st.to_string();
+    // A reason past the bound, one whose length says more than the body holds, an empty string
+    // (no reason is an empty body): refused as malformed.
+    for (const std::string& bad_body :
+         {std::string(4, '\0') + "x",  // length 0, then a byte
+          std::string("\x10\0\0\0abc", 7), std::string("\x01\x02\0\0", 4) + std::string(513, 'r'),
+          std::string(4, '\0')}) {
+        std::string msg = wire::begin_message(wire::MsgType::kBye, 0);
+        msg += bad_body;
+        wire::end_message(&msg);
+        st = transfer_ended_by(msg);
+        EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    }
 }
 
 // Our read answered inline with more bytes than it asked for.

@@ -168,9 +168,15 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             FUZZ_CHECK(body_of(msg, type, flags) == body);
             return true;
         }
-        case w::MsgType::kReady:
-        case w::MsgType::kPing:
         case w::MsgType::kBye: {
+            std::string_view reason;
+            if (!w::decode_bye(body, &reason).ok()) return false;
+            FUZZ_CHECK(reason.size() <= w::kMaxByeReason);
+            FUZZ_CHECK(body_of(w::encode_bye(reason), type, 0) == body);
+            return true;
+        }
+        case w::MsgType::kReady:
+        case w::MsgType::kPing: {
             const std::string msg = w::encode_empty(type);
             FUZZ_CHECK(body_of(msg, type, 0).empty());
             return body.empty();

@@ -38,5 +38,11 @@ TEST(Strings, Hex) {
     EXPECT_FALSE(from_hex("zz", &out));
 }
 
+TEST(Strings, PrintableKeepsPrintableAsciiOnly) {
+    EXPECT_EQ(printable("peer 'b': ok ~"), "peer 'b': ok ~");
+    EXPECT_EQ(printable(std::string("a\0b\n\x7f\x80\xff\x1b[2J", 11)), "a?b?????[2J");
+    EXPECT_EQ(printable(""), "");
+}
+
 }  // namespace
 }  // namespace tcpx
