@@ -717,8 +717,10 @@ void Endpoint::Impl::say_bye(Peer& p, std::string_view reason) {
 void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     if (p.state == Peer::State::kFailed) return;
     // A ready peer learns why we end the connection (its transfers then fail with our reason,
-    // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost.
-    if (p.state == Peer::State::kReady) say_bye(p, why.to_string());
+    // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost. Sent
+    // last, as the close was: when the peer hears of it, nothing of ours touches memory any more.
+    const std::string bye_reason = p.state == Peer::State::kReady ? why.to_string() : "";
+    const bool was_ready = p.state == Peer::State::kReady;
     p.error = std::move(why).with_context("peer '" + p.name + "'");
     const bool lost =
         std::any_of(p.xfers.begin(), p.xfers.end(), [](const Xfer* x) { return x->user_id != 0; });
@@ -797,6 +799,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     p.posted_recvs.clear();
     p.unexpected.clear();
     p.deferred.clear();
+    if (was_ready) say_bye(p, bye_reason);
     if (p.ctrl.valid()) {
         ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
         p.ctrl.close();
