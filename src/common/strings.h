@@ -23,9 +23,9 @@ std::string_view trim(std::string_view text);
 // Lower-case hex of `len` bytes, and back. from_hex fails (returns false) on odd length or a
 // non-hex character.
 std::string to_hex(const void* data, size_t len);
+bool from_hex(std::string_view hex, std::vector<uint8_t>* out);
 // `text` with every byte outside printable ASCII replaced by '?': for words a peer sent, before
 // they reach a log line or an error message.
 std::string printable(std::string_view text);
-bool from_hex(std::string_view hex, std::vector<uint8_t>* out);
 
 }  // namespace tcpx

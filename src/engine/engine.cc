@@ -719,8 +719,8 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // A ready peer learns why we end the connection (its transfers then fail with our reason,
     // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost. Sent
     // last, as the close was: when the peer hears of it, nothing of ours touches memory any more.
-    const std::string bye_reason = p.state == Peer::State::kReady ? why.to_string() : "";
     const bool was_ready = p.state == Peer::State::kReady;
+    const std::string bye_reason = was_ready ? why.to_string() : "";
     p.error = std::move(why).with_context("peer '" + p.name + "'");
     const bool lost =
         std::any_of(p.xfers.begin(), p.xfers.end(), [](const Xfer* x) { return x->user_id != 0; });

@@ -253,8 +253,8 @@ struct Peer {
     std::vector<net::Handle> remote_handles;  // where to connect our send channels
     std::vector<Channel> tx, rx;
     bool ready_sent = false;
-    bool said_bye = false;  // our BYE is queued: nothing more goes out
     bool ready_received = false;
+    bool said_bye = false;                         // our BYE is queued: nothing more goes out
     uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
     uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
     uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
