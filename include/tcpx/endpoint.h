@@ -21,7 +21,10 @@
 // wait() blocks for it. A finished transfer (done or failed) is reported once, by the poll() or
 // wait() that sees it finish, and its id is then forgotten (INVALID_ARGUMENT after).
 //
-// All methods are thread-safe. Errors are Status values; no exception leaves this API.
+// All methods are thread-safe. Errors are Status values; no exception leaves a method that
+// returns one (out of memory inside is RESOURCE_EXHAUSTED). Only the few that return a value
+// with no room for an error (metadata(), stats(), get_notifications(), ...) may throw
+// std::bad_alloc, as the standard library's containers do.
 #pragma once
 
 #include <chrono>

@@ -11,6 +11,7 @@
 #include "nccl_plugin.h"
 #include "net/ncclnet_newer.h"
 #include "net/socket/socket_v7.h"
+#include "net/v7_common.h"
 
 #ifndef TCPX_NCCL_PLUGIN_VERSION
 #error "TCPX_NCCL_PLUGIN_VERSION must be the ncclNet version to export (8 to 11)"
@@ -145,11 +146,13 @@ tcpx_ncclResult_t connect_v10(int dev, tcpx_ncclNetCommConfig_t* /*config*/, voi
 }
 #endif
 
+// The plugin's own entry points are guarded here, the core's in socket_v7.cc: no exception
+// (out of memory) reaches NCCL.
 Table make_table() {
     Table t{};
     t.name = kName;
     t.devices = core().devices;
-    t.getProperties = get_properties;
+    t.getProperties = net::guarded<get_properties>;
     t.accept = core().accept;
     t.regMr = net::socket_v7_reg_mr_sized;
     t.regMrDmaBuf = nullptr;  // no DMA-BUF: host memory only
@@ -162,23 +165,23 @@ Table make_table() {
     t.getDeviceMr = core().getDeviceMr;
     t.irecvConsumed = core().irecvConsumed;
 #if TCPX_NCCL_PLUGIN_VERSION >= 11
-    t.init = init_v11;
-    t.listen = listen_v11;
-    t.connect = connect_v11;
-    t.finalize = finalize_v11;
-    t.setNetAttr = set_net_attr_v11;
+    t.init = net::guarded<init_v11>;
+    t.listen = net::guarded<listen_v11>;
+    t.connect = net::guarded<connect_v11>;
+    t.finalize = net::guarded<finalize_v11>;
+    t.setNetAttr = net::guarded<set_net_attr_v11>;
 #elif TCPX_NCCL_PLUGIN_VERSION == 10
-    t.init = init_v10;
+    t.init = net::guarded<init_v10>;
     t.listen = core().listen;
-    t.connect = connect_v10;
+    t.connect = net::guarded<connect_v10>;
 #else
-    t.init = plugin_init;
+    t.init = net::guarded<plugin_init>;
     t.listen = core().listen;
     t.connect = core().connect;
 #endif
 #if TCPX_NCCL_PLUGIN_VERSION >= 10
-    t.isend = isend_v10;
-    t.irecv = irecv_v10;
+    t.isend = net::guarded<isend_v10>;
+    t.irecv = net::guarded<irecv_v10>;
 #elif TCPX_NCCL_PLUGIN_VERSION == 9
     t.isend = net::socket_v7_isend_sized;
     t.irecv = net::socket_v7_irecv_sized;
@@ -187,7 +190,7 @@ Table make_table() {
     t.irecv = core().irecv;
 #endif
 #if TCPX_NCCL_PLUGIN_VERSION >= 9
-    t.makeVDevice = make_vdevice;
+    t.makeVDevice = net::guarded<make_vdevice>;
 #endif
     return t;
 }

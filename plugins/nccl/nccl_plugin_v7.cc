@@ -2,6 +2,7 @@
 #include "nccl_defaults.h"
 #include "nccl_plugin.h"
 #include "net/socket/socket_v7.h"
+#include "net/v7_common.h"
 
 namespace tcpx::nccl_plugin {
 
@@ -18,7 +19,7 @@ namespace {
 tcpx_ncclNet_v7_t make_v7_table() {
     tcpx_ncclNet_v7_t t = core();
     t.name = kName;
-    t.init = plugin_init;
+    t.init = net::guarded<plugin_init>;  // the core guards the rest (socket_v7.cc)
     return t;
 }
 

@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <new>
 
 namespace tcpx {
 
@@ -27,6 +29,20 @@ Status errno_status(int err, std::string_view what) {
             break;
     }
     return Status(code, strformat("%.*s: %s", static_cast<int>(what.size()), what.data(), text));
+}
+
+Status status_of_current_exception(std::string_view where) {
+    const int n = static_cast<int>(where.size());
+    try {
+        throw;
+    } catch (const std::bad_alloc&) {
+        return resource_exhausted(strformat("%.*s: out of memory", n, where.data()));
+    } catch (const std::exception& e) {
+        return internal_error(
+            strformat("%.*s: unexpected exception: %s", n, where.data(), e.what()));
+    } catch (...) {
+        return internal_error(strformat("%.*s: unexpected exception", n, where.data()));
+    }
 }
 
 }  // namespace tcpx

@@ -38,6 +38,13 @@ inline Status unauthenticated(std::string_view msg) {
 // is gone (refused, reset, unreachable, timed out) and kSystem for the rest.
 Status errno_status(int err, std::string_view what);
 
+// Inside a catch block: the exception being handled as a Status, "<where>: ..." coded
+// kResourceExhausted for std::bad_alloc (out of memory) and kInternal for anything else. No
+// exception leaves the library's own threads or its C and plugin entry points: each boundary
+// turns one into an error here. Building the Status allocates, so this can throw bad_alloc
+// itself; a boundary that must not throw guards that too.
+Status status_of_current_exception(std::string_view where);
+
 }  // namespace tcpx
 
 #define TCPX_STATUS_CONCAT_INNER(a, b) a##b

@@ -218,9 +218,14 @@ Endpoint::Impl::~Impl() {
     if (progress_thread_.joinable()) progress_thread_.join();
     auto lock = api_lock();
     for (auto& [id, p] : peers_) {
-        if (p->state == Peer::State::kFailed) continue;
-        say_bye(*p, "");
-        fail_peer(*p, cancelled("the endpoint was destroyed"));
+        if (p->state == Peer::State::kFailed && p->torn_down) continue;
+        // A destructor lets nothing out: out of memory here would end the process.
+        try {
+            say_bye(*p, "");
+            fail_peer(*p, cancelled("the endpoint was destroyed"));
+        } catch (...) {
+            report_progress_exception();
+        }
     }
     peers_.clear();
     if (epfd_ >= 0) ::close(epfd_);
@@ -255,6 +260,20 @@ void Endpoint::Impl::api_progress() {
 }
 
 bool Endpoint::Impl::progress_once(bool sleeper) {
+    try {
+        return progress_pass(sleeper);
+    } catch (...) {
+        // Outside any one peer (accepting, the pass's own bookkeeping; a peer's own failures
+        // fail that peer, progress_peer): nothing is left half changed that the next pass cannot
+        // redo. Neither the progress thread nor an API call that makes progress lets it out:
+        // the thread serves every peer, and a caller told of an error might free memory that
+        // its transfers still use.
+        report_progress_exception();
+        return false;
+    }
+}
+
+bool Endpoint::Impl::progress_pass(bool sleeper) {
     // A transport without threads of its own moves bytes only here.
     bool did = net_->progress();
     // Every control socket with something for us, in one call: the buffer has room for every
@@ -292,7 +311,16 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
     const bool tick = now >= next_tick_;
     if (tick) next_tick_ = now + kTick;
     for (auto& [id, p] : peers_) {
-        if (p->state == Peer::State::kFailed) continue;
+        if (p->state == Peer::State::kFailed) {
+            if (!p->torn_down) {
+                try {
+                    fail_peer(*p, Status());  // finishing a teardown cut short (the error stands)
+                } catch (...) {
+                    // Still no memory: the next pass tries again.
+                }
+            }
+            continue;
+        }
         const bool is_ready = ready.count(id) != 0;
         if (is_ready || tick || needs_polling(*p)) did |= progress_peer(*p, is_ready, tick);
     }
@@ -381,6 +409,20 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
         } else {
             std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
+    }
+}
+
+void Endpoint::Impl::report_progress_exception() noexcept {
+    // A line a second at most: while memory stays short, every pass may fail the same way.
+    static std::atomic<int64_t> last_s{-1};
+    const int64_t now_s =
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+    if (last_s.exchange(now_s) == now_s) return;
+    try {
+        const Status st = status_of_current_exception("progress");
+        TCPX_ERROR("endpoint '%s': %s", name_.c_str(), st.to_string().c_str());
+    } catch (...) {
+        TCPX_ERROR("endpoint '%s': progress: out of memory", name_.c_str());
     }
 }
 
@@ -647,6 +689,29 @@ bool Endpoint::Impl::read_control(Peer& p) {
 }
 
 bool Endpoint::Impl::progress_peer(Peer& p, bool ready, bool tick) {
+    try {
+        return step_peer(p, ready, tick);
+    } catch (...) {
+        // Out of memory (or another exception) part way through serving a peer leaves its state
+        // half changed: the peer is failed, its transfers end with the error, and the thread
+        // (the progress thread, or an API call's) goes on serving the others. Letting it leave
+        // the progress thread would end the process.
+        fail_peer_for_exception(p, "serving the peer");
+        return true;
+    }
+}
+
+void Endpoint::Impl::fail_peer_for_exception(Peer& p, const char* where) noexcept {
+    try {
+        fail_peer(p, status_of_current_exception(where));
+    } catch (...) {
+        // No memory even for that. A teardown cut short is finished by a later pass
+        // (progress_once); a peer not yet marked failed is served, and failed, again.
+        TCPX_ERROR("endpoint '%s': out of memory failing a peer", name_.c_str());
+    }
+}
+
+bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     bool did = false;
     const auto now = Clock::now();
     if (in_handshake(p) && tick && now > p.deadline) {
@@ -715,23 +780,34 @@ void Endpoint::Impl::say_bye(Peer& p, std::string_view reason) {
 }
 
 void Endpoint::Impl::fail_peer(Peer& p, Status why) {
-    if (p.state == Peer::State::kFailed) return;
+    // Once failed, a call from inside the teardown (or after it) does nothing. A teardown an
+    // exception cut short (out of memory) is finished by the next call (progress_once makes
+    // it): every step below can run again, and the first error stands.
+    if (p.state == Peer::State::kFailed && (p.torn_down || p.tearing_down)) return;
+    p.tearing_down = true;
+    struct Unmark {
+        Peer& peer;
+        ~Unmark() { peer.tearing_down = false; }
+    } unmark{p};
+    const bool first = p.state != Peer::State::kFailed;
     // A ready peer learns why we end the connection (its transfers then fail with our reason,
     // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost. Sent
     // last, as the close was: when the peer hears of it, nothing of ours touches memory any more.
     const bool was_ready = p.state == Peer::State::kReady;
     const std::string bye_reason = was_ready ? why.to_string() : "";
-    p.error = std::move(why).with_context("peer '" + p.name + "'");
-    const bool lost =
-        std::any_of(p.xfers.begin(), p.xfers.end(), [](const Xfer* x) { return x->user_id != 0; });
-    if (lost) {
-        TCPX_WARN("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
-    } else {
-        TCPX_DEBUG("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
+    if (first) {
+        p.error = std::move(why).with_context("peer '" + p.name + "'");
+        const bool lost = std::any_of(p.xfers.begin(), p.xfers.end(),
+                                      [](const Xfer* x) { return x->user_id != 0; });
+        if (lost) {
+            TCPX_WARN("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
+        } else {
+            TCPX_DEBUG("endpoint '%s': %s", name_.c_str(), p.error.to_string().c_str());
+        }
+        p.state = Peer::State::kFailed;
+        wake_waiters();  // connect() waits for this peer's fate
+        count(p, &Stats::errors);
     }
-    p.state = Peer::State::kFailed;
-    wake_waiters();  // connect() waits for this peer's fate
-    count(p, &Stats::errors);
     // The channels go first: their requests end (complete, or are abandoned by closing the comm,
     // after which the transport touches none of their buffers), then the transfers can be failed
     // and their regions released. GPU work goes first (it may be writing into the transfers'
@@ -804,13 +880,14 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
         p.ctrl.close();
     }
+    p.torn_down = true;
 }
 
 void Endpoint::Impl::reap_peers() {
     // Failed peers the application never learnt of (inbound, not accepted) have nobody to tell.
     for (auto it = peers_.begin(); it != peers_.end();) {
         const Peer& p = *it->second;
-        if (p.state == Peer::State::kFailed && !p.known_to_user && !p.outbound) {
+        if (p.state == Peer::State::kFailed && p.torn_down && !p.known_to_user && !p.outbound) {
             it = peers_.erase(it);
         } else {
             ++it;

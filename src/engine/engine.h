@@ -254,10 +254,12 @@ struct Peer {
     std::vector<Channel> tx, rx;
     bool ready_sent = false;
     bool ready_received = false;
-    bool said_bye = false;                         // our BYE is queued: nothing more goes out
-    uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
-    uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
-    uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
+    bool said_bye = false;      // our BYE is queued: nothing more goes out
+    bool torn_down = false;     // failed, and fail_peer's teardown finished (see there)
+    bool tearing_down = false;  // inside fail_peer
+    uint64_t chunk = 0;         // bytes per chunk, agreed in HELLO
+    uint64_t tx_seq = 0;        // chunks assigned to our send channels so far
+    uint64_t rx_seq = 0;        // chunks assigned to our receive channels so far
     std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
     std::unordered_set<Xfer*> xfers;               // every transfer with this peer
     std::deque<Xfer*> posted_recvs;                // receives not yet matched, in posting order
@@ -342,14 +344,17 @@ class Endpoint::Impl {
     // `sleeper`: called by the progress thread, the only one that drains its wakeups (wake() and
     // the transport's completion wakeup): another thread draining one could take a wakeup meant
     // for the sleeping progress thread, and leave it asleep with work to do.
-    bool progress_once(bool sleeper = false);
+    bool progress_once(bool sleeper = false);  // progress_pass, letting no exception out
+    bool progress_pass(bool sleeper);
     // An API call's progress without a progress thread (poll, get_notifications): passes while
     // they move something, a few at most. One pass often only starts what the next finishes (a
     // READ_RESP posts the receive whose data is already in the socket; a WRITE_REQ the receives
     // of the chunks behind it), and the caller may not call again for a while. Requires mu_.
     void api_progress();
-    // `ready`: its control socket has something for us; `tick`: time to check its timers.
+    // `ready`: its control socket has something for us; `tick`: time to check its timers. An
+    // exception while serving the peer (out of memory) fails the peer instead of leaving.
     bool progress_peer(Peer& p, bool ready, bool tick);
+    bool step_peer(Peer& p, bool ready, bool tick);
     // Whether a peer needs attention on every pass (not only when its socket or a timer says so).
     bool needs_polling(const Peer& p) const;
     // Whether all a peer that needs polling waits for is transport requests finishing (host
@@ -365,6 +370,8 @@ class Endpoint::Impl {
     // Closes the oldest inbound handshake of a peer that has not authenticated; false when none.
     bool evict_stalest_handshake();
     void run_progress_thread();
+    // Logs the exception being handled that a progress pass let out (never throws).
+    void report_progress_exception() noexcept;
     void wake();
     // Makes progress from the calling thread until `done()` (called under mu_) or `deadline`;
     // takes the lock itself. True when done() became true.
@@ -384,6 +391,21 @@ class Endpoint::Impl {
     // Queues a message (and its inline data, after it: CtrlConn::queue).
     void send_ctrl(Peer& p, std::string msg, std::string tail = {});
     void fail_peer(Peer& p, Status why);
+    // From a catch block: fails `p` with the exception being handled (out of memory), `where`
+    // saying what was under way. Never throws (a failure cut short is finished by a later pass).
+    void fail_peer_for_exception(Peer& p, const char* where) noexcept;
+    // Runs what a post does once its transfer exists and the caller has its id. An exception
+    // there (out of memory) would leave the transfer half issued (a request sent, its reply
+    // unexpected), so it fails the peer instead, with the transfer: the post still returns the
+    // id, and its wait() reports the error.
+    template <typename F>
+    void guard_post(Peer& p, F&& post) {
+        try {
+            post();
+        } catch (...) {
+            fail_peer_for_exception(p, "posting a transfer");
+        }
+    }
     // Queues BYE (with `reason`, when an error ends the connection) and sends what it can now.
     void say_bye(Peer& p, std::string_view reason);
     // Adds a peer on a control socket and watches it (for writability too while connecting).

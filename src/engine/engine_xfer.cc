@@ -87,14 +87,23 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
     if (user_visible) {
         TCPX_ASSIGN_OR_RETURN(user_id, xfers_->allocate());
     }
-    auto* x = new Xfer();
-    x->kind = kind;
-    x->peer = &p;
-    x->chunk = p.chunk;  // (0 while connecting: set when a deferred post is issued)
-    x->user_id = user_id;
-    p.xfers.insert(x);
-    if (user_visible) count(p, &Stats::transfers_started);
-    return x;
+    try {
+        auto x = std::make_unique<Xfer>();
+        x->kind = kind;
+        x->peer = &p;
+        x->chunk = p.chunk;  // (0 while connecting: set when a deferred post is issued)
+        x->user_id = user_id;
+        p.xfers.insert(x.get());
+        if (user_visible) count(p, &Stats::transfers_started);
+        return x.release();
+    } catch (...) {
+        // Out of memory: nobody was given the id, which goes back; the call fails with it.
+        if (user_id != 0) {
+            xfers_->finish(user_id, Status());
+            (void)xfers_->take(user_id);
+        }
+        throw;
+    }
 }
 
 void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
@@ -335,37 +344,40 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         }
     }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kWrite, *p, true));
-    x->wire_id = next_wire_id_++;
-    wire::WriteReq req;
-    req.xfer = x->wire_id;
-    for (size_t i = 0; i < iov.size(); ++i) {
-        hold(x, regions[i], iov[i].offset, iov[i].len);
-        req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
-    }
-    if (notification) {
-        req.flags |= wire::kFlagNotif;
-        req.notification = *notification;
-    }
-    if (is_inline) req.flags |= wire::kFlagInline;
-    std::string msg = wire::encode_write_req(req);
-    wire::end_message(&msg, payload.size());
     const XferId id = x->user_id;
-    // (An inline write's bytes were read above: what the region holds at the post is sent.)
-    issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg),
-                        payload = std::move(payload)]() mutable {
-        // The chunk size is the peer's (known once connected), or less for a short GPU transfer
-        // that has the peer to itself (under load, smaller chunks would only hold staging slots
-        // with fewer bytes each).
-        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
-        wire::set_request_chunk(&msg, x->chunk);
-        send_ctrl(*p, std::move(msg), std::move(payload));
-        if (!is_inline) queue_chunks(*p, true, x);
-        x->waiting = true;
-        p->awaiting.emplace(x->wire_id, x);
+    // From here on the transfer exists (its id is the caller's): see guard_post.
+    guard_post(*p, [&] {
+        x->wire_id = next_wire_id_++;
+        wire::WriteReq req;
+        req.xfer = x->wire_id;
+        for (size_t i = 0; i < iov.size(); ++i) {
+            hold(x, regions[i], iov[i].offset, iov[i].len);
+            req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+        }
+        if (notification) {
+            req.flags |= wire::kFlagNotif;
+            req.notification = *notification;
+        }
+        if (is_inline) req.flags |= wire::kFlagInline;
+        std::string msg = wire::encode_write_req(req);
+        wire::end_message(&msg, payload.size());
+        // (An inline write's bytes were read above: what the region holds at the post is sent.)
+        issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg),
+                            payload = std::move(payload)]() mutable {
+            // The chunk size is the peer's (known once connected), or less for a short GPU transfer
+            // that has the peer to itself (under load, smaller chunks would only hold staging slots
+            // with fewer bytes each).
+            x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
+            wire::set_request_chunk(&msg, x->chunk);
+            send_ctrl(*p, std::move(msg), std::move(payload));
+            if (!is_inline) queue_chunks(*p, true, x);
+            x->waiting = true;
+            p->awaiting.emplace(x->wire_id, x);
+        });
+        if (p->state == Peer::State::kReady) {
+            progress_peer(*p, false, false);  // send the request (and first chunks) from here
+        }
     });
-    if (p->state == Peer::State::kReady) {
-        progress_peer(*p, false, false);  // send the request (and first chunks) from here
-    }
     lock.unlock();
     wake();
     return id;
@@ -390,35 +402,38 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
                       iov.size(), static_cast<unsigned long long>(config_.max_ctrl_message)));
     }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
-    x->wire_id = next_wire_id_++;
-    wire::ReadReq req;
-    req.xfer = x->wire_id;
-    for (size_t i = 0; i < iov.size(); ++i) {
-        hold(x, regions[i], iov[i].offset, iov[i].len);
-        req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
-    }
-    if (notification) {
-        x->has_notification = true;
-        x->notification = std::string(*notification);
-    }
     const XferId id = x->user_id;
-    uint64_t total = 0;
-    for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
-    const bool gpu = touches_gpu(iov, regions);
-    // Alone with the peer (x is all it has) and into host memory: the target may answer with the
-    // data inline (it checks its own memory and limit).
-    if (all_host(regions) && p->xfers.size() == 1 &&
-        config_.xfer_inline_alone_read > config_.xfer_inline_threshold) {
-        req.flags |= wire::kFlagInline;
-    }
-    issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
-        x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
-        wire::set_request_chunk(&msg, x->chunk);
-        send_ctrl(*p, std::move(msg));
-        x->waiting = true;
-        p->awaiting.emplace(x->wire_id, x);
+    // From here on the transfer exists (its id is the caller's): see guard_post.
+    guard_post(*p, [&] {
+        x->wire_id = next_wire_id_++;
+        wire::ReadReq req;
+        req.xfer = x->wire_id;
+        for (size_t i = 0; i < iov.size(); ++i) {
+            hold(x, regions[i], iov[i].offset, iov[i].len);
+            req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+        }
+        if (notification) {
+            x->has_notification = true;
+            x->notification = std::string(*notification);
+        }
+        uint64_t total = 0;
+        for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
+        const bool gpu = touches_gpu(iov, regions);
+        // Alone with the peer (x is all it has) and into host memory: the target may answer with
+        // the data inline (it checks its own memory and limit).
+        if (all_host(regions) && p->xfers.size() == 1 &&
+            config_.xfer_inline_alone_read > config_.xfer_inline_threshold) {
+            req.flags |= wire::kFlagInline;
+        }
+        issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
+            x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
+            wire::set_request_chunk(&msg, x->chunk);
+            send_ctrl(*p, std::move(msg));
+            x->waiting = true;
+            p->awaiting.emplace(x->wire_id, x);
+        });
+        if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     });
-    if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     lock.unlock();
     wake();
     return id;
@@ -519,19 +534,22 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("send");
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kSend, *p, true));
-    x->wire_id = next_wire_id_++;
-    x->tag = tag;
-    x->len = len;
-    hold(x, *r, offset, len);
     const XferId id = x->user_id;
-    issue_or_defer(
-        *p,
-        [this, p, x, msg = wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len})]() mutable {
-            send_ctrl(*p, std::move(msg));
-            x->waiting = true;
-            p->awaiting.emplace(x->wire_id, x);
-        });
-    if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
+    // From here on the transfer exists (its id is the caller's): see guard_post.
+    guard_post(*p, [&] {
+        x->wire_id = next_wire_id_++;
+        x->tag = tag;
+        x->len = len;
+        hold(x, *r, offset, len);
+        issue_or_defer(
+            *p, [this, p, x,
+                 msg = wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len})]() mutable {
+                send_ctrl(*p, std::move(msg));
+                x->waiting = true;
+                p->awaiting.emplace(x->wire_id, x);
+            });
+        if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
+    });
     lock.unlock();
     wake();
     return id;
@@ -544,22 +562,25 @@ StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, u
     auto r = registry_.resolve(mem, offset, len);
     if (!r.ok()) return Status(r.status()).with_context("recv");
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRecv, *p, true));
-    x->wire_id = next_wire_id_++;
-    x->tag = tag;
-    x->len = len;
-    x->waiting = true;
-    hold(x, *r, offset, len);
     const XferId id = x->user_id;
-    auto it = std::find_if(p->unexpected.begin(), p->unexpected.end(),
-                           [&](const Peer::Rts& rts) { return rts.tag == tag; });
-    if (it != p->unexpected.end()) {
-        const Peer::Rts rts = *it;
-        p->unexpected.erase(it);
-        match(*p, x, rts);
-    } else {
-        p->posted_recvs.push_back(x);
-    }
-    progress_peer(*p, false, false);
+    // From here on the transfer exists (its id is the caller's): see guard_post.
+    guard_post(*p, [&] {
+        x->wire_id = next_wire_id_++;
+        x->tag = tag;
+        x->len = len;
+        x->waiting = true;
+        hold(x, *r, offset, len);
+        auto it = std::find_if(p->unexpected.begin(), p->unexpected.end(),
+                               [&](const Peer::Rts& rts) { return rts.tag == tag; });
+        if (it != p->unexpected.end()) {
+            const Peer::Rts rts = *it;
+            p->unexpected.erase(it);
+            match(*p, x, rts);
+        } else {
+            p->posted_recvs.push_back(x);
+        }
+        progress_peer(*p, false, false);
+    });
     lock.unlock();
     wake();
     return id;

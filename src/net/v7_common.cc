@@ -2,10 +2,13 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <exception>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "common/log.h"
+#include "common/status_util.h"
 #include "common/strings.h"
 #include "net/plugin/log_limiter.h"
 
@@ -73,6 +76,22 @@ tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what) {
         default:
             return tcpx_ncclInternalError;
     }
+}
+
+tcpx_ncclResult_t nccl_result_of_current_exception() noexcept {
+    bool no_memory = false;
+    try {
+        throw;
+    } catch (const std::bad_alloc&) {
+        no_memory = true;
+    } catch (...) {
+    }
+    try {
+        (void)to_nccl_result(status_of_current_exception("NCCL plugin call"), "NCCL plugin");
+    } catch (...) {
+        TCPX_ERROR("NCCL plugin call: out of memory");
+    }
+    return no_memory ? tcpx_ncclSystemError : tcpx_ncclInternalError;
 }
 
 Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what) {

@@ -14,6 +14,28 @@ namespace tcpx::net {
 // C ABI can carry only the code. `what` names the entry point for the log line.
 tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what);
 
+// Inside a catch block: the exception as an ncclResult_t (ncclSystemError for out of memory,
+// ncclInternalError otherwise), logged. Never throws.
+tcpx_ncclResult_t nccl_result_of_current_exception() noexcept;
+
+// `guarded<fn>`: the entry point `fn` with no exception leaving it, for the tables NCCL calls
+// through. NCCL is not ready for one (an exception in its proxy thread ends the process), and a
+// plugin must never take the application down: out of memory becomes an error result.
+template <auto Fn>
+struct Guarded;
+template <typename... Args, tcpx_ncclResult_t (*Fn)(Args...)>
+struct Guarded<Fn> {
+    static tcpx_ncclResult_t call(Args... args) noexcept {
+        try {
+            return Fn(args...);
+        } catch (...) {
+            return nccl_result_of_current_exception();
+        }
+    }
+};
+template <auto Fn>
+inline constexpr auto guarded = &Guarded<Fn>::call;
+
 // An ncclResult_t as a Status; `what` says which call returned it.
 Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what);
 

@@ -171,6 +171,37 @@ void IoPool::wake_locked(Thread* t) {
     }
 }
 
+namespace {
+
+// A handler's service or a task never lets an exception (out of memory) end a pool thread, and
+// with it the process: the handler hears of it (a connection fails its comm), a task's is logged.
+void serve(IoPool::Handler* h, uint32_t events) {
+    try {
+        h->service(events);
+    } catch (...) {
+        try {
+            h->service_failed(status_of_current_exception("socket I/O"));
+        } catch (...) {
+            TCPX_ERROR("socket I/O: out of memory, and again while failing the connection");
+        }
+    }
+}
+
+void run_task(const std::function<void()>& task) {
+    try {
+        task();
+    } catch (...) {
+        try {
+            TCPX_ERROR("socket I/O task: %s",
+                       status_of_current_exception("socket I/O task").to_string().c_str());
+        } catch (...) {
+            TCPX_ERROR("socket I/O task: out of memory");
+        }
+    }
+}
+
+}  // namespace
+
 void IoPool::run(Thread* t) {
     tls_current_thread = t;
     while (!t->stop.load(std::memory_order_relaxed)) round(t, true);
@@ -205,15 +236,15 @@ bool IoPool::round(Thread* t, bool block) {
         for (Handler* h : kicks) h->kicked_ = false;
     }
     bool did = !kicks.empty() || !tasks.empty();
-    for (Handler* h : kicks) h->service(0);
+    for (Handler* h : kicks) serve(h, 0);
     kicks.clear();
-    for (auto& task : tasks) task();
+    for (auto& task : tasks) run_task(task);
     tasks.clear();
 
     ready.swap(t->ready);
     for (Handler* h : ready) h->ready_ = false;
     // Swapped after the tasks ran, so a handler removed by a task is not in this list.
-    for (Handler* h : ready) h->service(0);
+    for (Handler* h : ready) serve(h, 0);
     did = did || !ready.empty();
     ready.clear();
 
@@ -249,7 +280,7 @@ bool IoPool::round(Thread* t, bool block) {
             did = true;
             continue;
         }
-        static_cast<Handler*>(events[i].data.ptr)->service(events[i].events);
+        serve(static_cast<Handler*>(events[i].data.ptr), events[i].events);
         did = true;
     }
     return did;

@@ -42,6 +42,9 @@ class IoPool {
         // Edge-triggered: the handler reads and writes until the socket would block, or requeues
         // itself when it stops early.
         virtual void service(uint32_t events) = 0;
+        // Runs on the handler's thread when service() threw (out of memory): the exception
+        // ends there, never the thread. `why` says what it was.
+        virtual void service_failed(Status why) = 0;
         // The pool thread serving this handler (-1 before add()).
         int thread() const { return thread_; }
 

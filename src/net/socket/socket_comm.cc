@@ -68,6 +68,8 @@ void Comm::kick_locked(Conn* conn) {
     if (!closing_) pool_->kick(conn);
 }
 
+void Conn::service_failed(Status why) { comm_->fail(std::move(why)); }
+
 void Comm::fail(Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     fail_locked(std::move(why));
@@ -124,10 +126,17 @@ void Comm::shut_down() {
         // Tasks run in posting order on each thread, so this one runs after any detach task
         // that a failure posted before; kicks issued before it are served before it.
         pool_->post(c->thread(), [this, c] {
+            // Counted even when detaching throws (out of memory; the pool logs it): close
+            // would wait for this task forever.
+            struct Done {
+                Comm* comm;
+                ~Done() {
+                    std::lock_guard<std::mutex> task_lock(comm->mu_);
+                    --comm->shutdown_tasks_;
+                    comm->cv_.notify_all();
+                }
+            } done{this};
             detach(c);
-            std::lock_guard<std::mutex> task_lock(mu_);
-            --shutdown_tasks_;
-            cv_.notify_all();
         });
     }
     if (pool_->driven()) {
@@ -186,6 +195,9 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
     bool fast = false;
     SendDataConn* direct = nullptr;
     SendReq* req = nullptr;
+    // A socket this thread writes itself (taken with try_lock below), released however the
+    // write ends: an exception (out of memory) must not leave it locked for its I/O thread.
+    std::unique_lock<std::mutex> direct_io, fast_io;
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (closing_) return error_locked("isend");
@@ -218,7 +230,9 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
             const bool comm_idle = reqs_.in_use() == 1;
             if (queue_was_empty && comm_idle && chunks == 1) {
                 for (SendDataConn* conn : data_) {
-                    if (conn->idle_ && conn->io_mu_.try_lock()) {
+                    if (!conn->idle_) continue;
+                    direct_io = std::unique_lock<std::mutex>(conn->io_mu_, std::try_to_lock);
+                    if (direct_io.owns_lock()) {
                         next_chunk_locked(conn);
                         direct = conn;
                         break;
@@ -248,7 +262,9 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
             // this thread when the control socket's writer is free, sparing a thread handoff on
             // the latency-critical path. Under load the I/O thread writes: a posting thread that
             // wrote every small message would serialize the comm on itself.
-            if (reqs_.in_use() == 1 && out_.size() == 1 && control_->io_mu_.try_lock()) {
+            if (reqs_.in_use() == 1 && out_.size() == 1 &&
+                (fast_io = std::unique_lock<std::mutex>(control_->io_mu_, std::try_to_lock))
+                    .owns_lock()) {
                 fast = true;
             } else {
                 kick_locked(control_);
@@ -257,11 +273,11 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
     }
     if (fast) {
         control_->flush_locked();
-        control_->io_mu_.unlock();
+        fast_io.unlock();
     }
     if (direct != nullptr) {
         direct->write_locked(/*one_chunk=*/true);
-        direct->io_mu_.unlock();
+        direct_io.unlock();
     }
     *out = req;
     return Status();
@@ -555,8 +571,10 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
         // messages), only while this is the one receive outstanding (under load the I/O thread
         // reads: a polling thread reading everything would serialize the comm on itself), and
         // not while its I/O thread holds it (that thread is already at work).
-        control_->service_locked();
-        control_->io_mu_.unlock();
+        {
+            std::lock_guard<std::mutex> io(control_->io_mu_, std::adopt_lock);
+            control_->service_locked();
+        }
         state = req->state.load(std::memory_order_acquire);
     }
     if (state == ReqState::kPending) return Status();

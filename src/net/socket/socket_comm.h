@@ -137,6 +137,8 @@ class Conn : public IoPool::Handler {
     int fd() const { return fd_.get(); }
     int index() const { return index_; }  // -1 for control, else the data socket's index
     bool is_data() const { return index_ >= 0; }
+    // service() threw (out of memory): the comm fails, as on a socket error.
+    void service_failed(Status why) override;
 
  protected:
     friend class Comm;

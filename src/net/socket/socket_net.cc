@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <type_traits>
 
@@ -625,15 +626,15 @@ Status SocketNet::reg_mr(void* comm, void* data, size_t size, MemType type, MemH
                       static_cast<int>(type)));
     }
     if (data == nullptr && size > 0) return invalid_argument("reg_mr: null buffer");
-    auto* rec = new MrRecord;
+    auto rec = std::make_unique<MrRecord>();
     rec->data = data;
     rec->size = size;
     rec->comm = comm;
     {
         std::lock_guard<std::mutex> lock(mr_mu_);
-        mrs_[comm].push_back(rec);
+        mrs_[comm].push_back(rec.get());
     }
-    *mhandle = reinterpret_cast<MemHandle*>(rec);
+    *mhandle = reinterpret_cast<MemHandle*>(rec.release());
     return Status();
 }
 

@@ -139,6 +139,20 @@ Live& live() {
     return *l;
 }
 
+// Records what the transport just made (`track`) in the live set. When that fails (out of
+// memory; the entry point's guard reports it), `undo` releases it again and the caller's pointer
+// is cleared: NCCL gets an error and no handle.
+template <typename Track, typename Undo>
+void track_or_undo(Track track, Undo undo, void** out) {
+    try {
+        track();
+    } catch (...) {
+        undo();
+        *out = nullptr;
+        throw;
+    }
+}
+
 tcpx_ncclResult_t bad_handle(const char* what, const char* kind) {
     return to_nccl_result(
         invalid_argument(strformat("%s: not a live %s of this plugin", what, kind)), what);
@@ -192,7 +206,11 @@ tcpx_ncclResult_t v7_listen(int dev, void* handle, void** listen_comm) {
     // The caller's handle is TCPX_NCCL_NET_HANDLE_MAXSIZE bytes; Handle is exactly that.
     auto* h = static_cast<Handle*>(handle);
     Status st = net()->listen(dev, h, reinterpret_cast<ListenComm**>(listen_comm));
-    if (st.ok() && *listen_comm != nullptr) live().add_comm(*listen_comm, Live::Kind::kListen);
+    if (st.ok() && *listen_comm != nullptr) {
+        track_or_undo([&] { live().add_comm(*listen_comm, Live::Kind::kListen); },
+                      [&] { (void)net()->close_listen(static_cast<ListenComm*>(*listen_comm)); },
+                      listen_comm);
+    }
     return to_nccl_result(st, "listen");
 }
 
@@ -204,7 +222,11 @@ tcpx_ncclResult_t v7_connect(int dev, void* handle, void** send_comm,
     }
     Status st = net()->connect(dev, static_cast<Handle*>(handle),
                                reinterpret_cast<SendComm**>(send_comm), nullptr);
-    if (st.ok() && *send_comm != nullptr) live().add_comm(*send_comm, Live::Kind::kSend);
+    if (st.ok() && *send_comm != nullptr) {
+        track_or_undo([&] { live().add_comm(*send_comm, Live::Kind::kSend); },
+                      [&] { (void)net()->close_send(static_cast<SendComm*>(*send_comm)); },
+                      send_comm);
+    }
     return to_nccl_result(st, "connect");
 }
 
@@ -218,7 +240,11 @@ tcpx_ncclResult_t v7_accept(void* listen_comm, void** recv_comm,
     }
     Status st = net()->accept(static_cast<ListenComm*>(listen_comm),
                               reinterpret_cast<RecvComm**>(recv_comm), nullptr);
-    if (st.ok() && *recv_comm != nullptr) live().add_comm(*recv_comm, Live::Kind::kRecv);
+    if (st.ok() && *recv_comm != nullptr) {
+        track_or_undo([&] { live().add_comm(*recv_comm, Live::Kind::kRecv); },
+                      [&] { (void)net()->close_recv(static_cast<RecvComm*>(*recv_comm)); },
+                      recv_comm);
+    }
     return to_nccl_result(st, "accept");
 }
 
@@ -231,9 +257,64 @@ Status check_size(size_t size) {
     return Status();
 }
 
+tcpx_ncclResult_t reg_mr_sized(void* comm, void* data, size_t size, int type, void** mhandle) {
+    if (!net()) return not_initialized("regMr");
+    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "regMr");
+    if (mhandle != nullptr) *mhandle = nullptr;
+    if (!live().has_data_comm(comm)) return bad_handle("regMr", "send or recv comm");
+    Status st = net()->reg_mr(comm, data, size, static_cast<MemType>(type),
+                              reinterpret_cast<MemHandle**>(mhandle));
+    if (st.ok()) {
+        track_or_undo([&] { live().add_mr(*mhandle, comm); },
+                      [&] { (void)net()->dereg_mr(comm, static_cast<MemHandle*>(*mhandle)); },
+                      mhandle);
+    }
+    return to_nccl_result(st, "regMr");
+}
+
+tcpx_ncclResult_t isend_sized(void* send_comm, void* data, size_t size, int tag, void* mhandle,
+                              void** request) {
+    if (!net()) return not_initialized("isend");
+    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
+    if (request != nullptr) *request = nullptr;
+    if (const char* bad = live().post_problem(send_comm, Live::Kind::kSend, &mhandle, 1)) {
+        return bad_handle("isend", std::strcmp(bad, "comm") == 0 ? "send comm" : bad);
+    }
+    Status st =
+        net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
+                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request));
+    if (st.ok() && *request != nullptr) {
+        // No undo for a posted send: it goes out. NCCL ends the comm on the error anyway.
+        track_or_undo([&] { live().add_req(*request, send_comm, 1); }, [] {}, request);
+    }
+    return to_nccl_result(st, "isend");
+}
+
+tcpx_ncclResult_t irecv_sized(void* recv_comm, int n, void** data, size_t* sizes, int* tags,
+                              void** mhandles, void** request) {
+    if (!net()) return not_initialized("irecv");
+    if (n < 1 || n > kMaxRecvs || sizes == nullptr) {
+        return to_nccl_result(invalid_argument("n outside [1, 8] or null sizes"), "irecv");
+    }
+    for (int i = 0; i < n; ++i) {
+        if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
+    }
+    if (request != nullptr) *request = nullptr;
+    if (const char* bad = live().post_problem(recv_comm, Live::Kind::kRecv, mhandles, n)) {
+        return bad_handle("irecv", std::strcmp(bad, "comm") == 0 ? "recv comm" : bad);
+    }
+    Status st = net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
+                             reinterpret_cast<MemHandle* const*>(mhandles),
+                             reinterpret_cast<Request**>(request));
+    if (st.ok() && *request != nullptr) {
+        track_or_undo([&] { live().add_req(*request, recv_comm, n); }, [] {}, request);
+    }
+    return to_nccl_result(st, "irecv");
+}
+
 tcpx_ncclResult_t v7_reg_mr(void* comm, void* data, int size, int type, void** mhandle) {
     if (size < 0) return to_nccl_result(invalid_argument("negative size"), "regMr");
-    return socket_v7_reg_mr_sized(comm, data, static_cast<size_t>(size), type, mhandle);
+    return reg_mr_sized(comm, data, static_cast<size_t>(size), type, mhandle);
 }
 
 tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
@@ -245,7 +326,7 @@ tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
 tcpx_ncclResult_t v7_isend(void* send_comm, void* data, int size, int tag, void* mhandle,
                            void** request) {
     if (size < 0) return to_nccl_result(invalid_argument("negative size"), "isend");
-    return socket_v7_isend_sized(send_comm, data, static_cast<size_t>(size), tag, mhandle, request);
+    return isend_sized(send_comm, data, static_cast<size_t>(size), tag, mhandle, request);
 }
 
 tcpx_ncclResult_t v7_irecv(void* recv_comm, int n, void** data, int* sizes, int* tags,
@@ -258,7 +339,7 @@ tcpx_ncclResult_t v7_irecv(void* recv_comm, int n, void** data, int* sizes, int*
         if (sizes[i] < 0) return to_nccl_result(invalid_argument("negative size"), "irecv");
         sz[i] = static_cast<size_t>(sizes[i]);
     }
-    return socket_v7_irecv_sized(recv_comm, n, data, sz, tags, mhandles, request);
+    return irecv_sized(recv_comm, n, data, sz, tags, mhandles, request);
 }
 
 tcpx_ncclResult_t v7_iflush(void*, int, void**, int*, void**, void** request) {
@@ -330,63 +411,45 @@ tcpx_ncclResult_t v7_irecv_consumed(void* recv_comm, int n, void* request) {
         "irecvConsumed");
 }
 
+// Every entry point guarded: no exception (out of memory) reaches NCCL.
 const tcpx_ncclNet_v7_t kTable = {
-    kSocketTableName, v7_init,       v7_devices,      v7_get_properties, v7_listen,
-    v7_connect,       v7_accept,     v7_reg_mr,
+    kSocketTableName,
+    guarded<v7_init>,
+    guarded<v7_devices>,
+    guarded<v7_get_properties>,
+    guarded<v7_listen>,
+    guarded<v7_connect>,
+    guarded<v7_accept>,
+    guarded<v7_reg_mr>,
     nullptr,  // regMrDmaBuf: host memory only
-    v7_dereg_mr,      v7_isend,      v7_irecv,        v7_iflush,         v7_test,
-    v7_close_send,    v7_close_recv, v7_close_listen, v7_get_device_mr,  v7_irecv_consumed,
+    guarded<v7_dereg_mr>,
+    guarded<v7_isend>,
+    guarded<v7_irecv>,
+    guarded<v7_iflush>,
+    guarded<v7_test>,
+    guarded<v7_close_send>,
+    guarded<v7_close_recv>,
+    guarded<v7_close_listen>,
+    guarded<v7_get_device_mr>,
+    guarded<v7_irecv_consumed>,
 };
-
 }  // namespace
 
 const tcpx_ncclNet_v7_t* socket_net_v7() { return &kTable; }
 
 tcpx_ncclResult_t socket_v7_reg_mr_sized(void* comm, void* data, size_t size, int type,
                                          void** mhandle) {
-    if (!net()) return not_initialized("regMr");
-    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "regMr");
-    if (mhandle != nullptr) *mhandle = nullptr;
-    if (!live().has_data_comm(comm)) return bad_handle("regMr", "send or recv comm");
-    Status st = net()->reg_mr(comm, data, size, static_cast<MemType>(type),
-                              reinterpret_cast<MemHandle**>(mhandle));
-    if (st.ok()) live().add_mr(*mhandle, comm);
-    return to_nccl_result(st, "regMr");
+    return guarded<reg_mr_sized>(comm, data, size, type, mhandle);
 }
 
 tcpx_ncclResult_t socket_v7_isend_sized(void* send_comm, void* data, size_t size, int tag,
                                         void* mhandle, void** request) {
-    if (!net()) return not_initialized("isend");
-    if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
-    if (request != nullptr) *request = nullptr;
-    if (const char* bad = live().post_problem(send_comm, Live::Kind::kSend, &mhandle, 1)) {
-        return bad_handle("isend", std::strcmp(bad, "comm") == 0 ? "send comm" : bad);
-    }
-    Status st =
-        net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
-                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request));
-    if (st.ok() && *request != nullptr) live().add_req(*request, send_comm, 1);
-    return to_nccl_result(st, "isend");
+    return guarded<isend_sized>(send_comm, data, size, tag, mhandle, request);
 }
 
 tcpx_ncclResult_t socket_v7_irecv_sized(void* recv_comm, int n, void** data, size_t* sizes,
                                         int* tags, void** mhandles, void** request) {
-    if (!net()) return not_initialized("irecv");
-    if (n < 1 || n > kMaxRecvs || sizes == nullptr) {
-        return to_nccl_result(invalid_argument("n outside [1, 8] or null sizes"), "irecv");
-    }
-    for (int i = 0; i < n; ++i) {
-        if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
-    }
-    if (request != nullptr) *request = nullptr;
-    if (const char* bad = live().post_problem(recv_comm, Live::Kind::kRecv, mhandles, n)) {
-        return bad_handle("irecv", std::strcmp(bad, "comm") == 0 ? "recv comm" : bad);
-    }
-    Status st = net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
-                             reinterpret_cast<MemHandle* const*>(mhandles),
-                             reinterpret_cast<Request**>(request));
-    if (st.ok() && *request != nullptr) live().add_req(*request, recv_comm, n);
-    return to_nccl_result(st, "irecv");
+    return guarded<irecv_sized>(recv_comm, n, data, sizes, tags, mhandles, request);
 }
 
 }  // namespace tcpx::net

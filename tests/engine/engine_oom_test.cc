@@ -1,0 +1,188 @@
+// Out of memory in the engine's own threads: an allocation that fails (std::bad_alloc, made to
+// happen by AllocFault) in the progress thread or a socket I/O thread must end in errors for the
+// transfers it touched, never in the process ending (an exception leaving a thread calls
+// std::terminate) or a transfer that never ends; once memory is back, the endpoints move bytes
+// again, byte for byte.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/alloc_fault.h"
+#include "tests/support/engine_test_util.h"
+
+namespace tcpx::testing {
+namespace oom {  // the binary is one unity build: its own names
+
+using namespace std::chrono_literals;
+
+constexpr auto kBound = 20s;  // longer than this is a hang (PEER_TIMEOUT_MS is 2 s here)
+constexpr uint64_t kRegion = 4 << 20;
+constexpr uint64_t kLen = (1 << 20) + 4567;
+
+void fill(uint8_t* p, uint64_t n, uint32_t seed) {
+    for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>((i * 131 + seed * 7 + 1) >> 3);
+}
+
+namespace {
+
+struct Side {
+    std::unique_ptr<GuardedBuffer> buf;  // outlives the endpoint (declared first)
+    std::unique_ptr<Endpoint> ep;
+    MemId mem = 0;
+};
+
+class EngineOom : public ::testing::TestWithParam<const char*> {
+ protected:
+    Config config() const {
+        Config c = engine_test_config();
+        c.peer_timeout_ms = 2000;
+        c.socket_io = GetParam();
+        return c;
+    }
+    void SetUp() override {
+        for (Side* s : {&a_, &b_}) {
+            s->buf = std::make_unique<GuardedBuffer>(kRegion, 0x11);
+            s->ep = make_endpoint(s == &a_ ? "initiator" : "target", config());
+            ASSERT_NE(s->ep, nullptr);
+            auto m = s->ep->reg(s->buf->data(), kRegion);
+            ASSERT_TRUE(m.ok()) << m.status().to_string();
+            s->mem = *m;
+        }
+        auto d = b_.ep->describe(b_.mem);
+        ASSERT_TRUE(d.ok());
+        bdesc_ = *d;
+        relink();
+    }
+    void relink() {
+        const Link l = link(a_.ep.get(), b_.ep.get());
+        peer_ = l.a_to_b;
+    }
+    // One WRITE of kLen at `off` in both registrations; its status (never a hang).
+    Status write_once(uint64_t off, uint32_t seed) {
+        fill(a_.buf->data() + off, kLen, seed);
+        auto id = a_.ep->write(peer_, a_.mem, off, bdesc_, off, kLen);
+        if (!id.ok()) return id.status();
+        const Status st = a_.ep->wait(*id, kBound);
+        EXPECT_NE(st.code(), StatusCode::kTimeout) << "a transfer hung: " << st.to_string();
+        return st;
+    }
+    // A WRITE once memory is back, on a fresh connection when the last one failed: every
+    // byte lands.
+    void expect_recovered(uint32_t seed) {
+        if (!a_.ep->peer_status(peer_).ok()) relink();
+        const uint64_t off = 777;
+        const Status st = write_once(off, seed);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_EQ(std::memcmp(a_.buf->data() + off, b_.buf->data() + off, kLen), 0);
+        EXPECT_TRUE(a_.buf->canaries_intact());
+        EXPECT_TRUE(b_.buf->canaries_intact());
+    }
+
+    Side a_, b_;
+    RemoteMem bdesc_;
+    PeerId peer_ = 0;
+};
+
+// One allocation of the progress threads' fails, the 0th, 1st, ... after arming: whichever
+// structure it was building, the transfer ends (done, or failed with the peer), and the next one
+// is byte-exact.
+TEST_P(EngineOom, AnAllocationFailingInTheProgressThreadEndsInErrorsNotTheProcess) {
+    long failed = 0;
+    int errors = 0;
+    for (long skip : {0L, 1L, 2L, 3L, 5L, 8L, 13L, 21L, 34L, 55L, 89L, 144L}) {
+        SCOPED_TRACE("skip " + std::to_string(skip));
+        Status st;
+        {
+            test::AllocFault fault("tcpx-progress", skip, 1);
+            st = write_once(0, static_cast<uint32_t>(skip));
+            failed += fault.failed();
+        }
+        if (!st.ok()) {
+            ++errors;
+            EXPECT_TRUE(st.code() == StatusCode::kResourceExhausted ||
+                        st.code() == StatusCode::kUnavailable)
+                << st.to_string();
+        }
+        expect_recovered(static_cast<uint32_t>(skip) + 1000);
+    }
+    // The test means something only if the fault hit: the progress threads allocate while
+    // transfers run.
+    EXPECT_GT(failed, 0);
+    EXPECT_GT(errors, 0);
+}
+
+// The API's calls, on the caller's thread: a call whose allocation fails returns
+// RESOURCE_EXHAUSTED (no exception leaves it, endpoint.h); one that returned an id has a
+// transfer that ends.
+TEST_P(EngineOom, AnApiCallOutOfMemoryReturnsResourceExhausted) {
+    int refused = 0;
+    for (long skip = 0; skip < 24; ++skip) {
+        SCOPED_TRACE("allocation " + std::to_string(skip));
+        StatusOr<XferId> id = Status();
+        StatusOr<MemId> mem = Status();
+        {
+            test::AllocFault fault("", skip, 1);
+            id = a_.ep->write(peer_, a_.mem, 0, bdesc_, 0, kLen, std::string_view("note"));
+            mem = a_.ep->reg(a_.buf->data() + kLen, 4096);
+        }
+        for (const Status& st : {id.status(), mem.status()}) {
+            if (!st.ok()) {
+                ++refused;
+                EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+            }
+        }
+        if (id.ok()) {
+            const Status st = a_.ep->wait(*id, kBound);
+            EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+        }
+        if (mem.ok()) {
+            EXPECT_TRUE(a_.ep->dereg(*mem).ok());
+        }
+        (void)b_.ep->get_notifications();
+        expect_recovered(static_cast<uint32_t>(skip) + 3000);
+    }
+    EXPECT_GT(refused, 0);  // the calls allocate: the fault hit
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketIo, EngineOom, ::testing::Values("threads", "caller"));
+
+// The socket transport's I/O threads (with SOCKET_IO=caller there are none: the progress thread
+// does the I/O, above): a failure there fails the connection's comm, and the transfer with it.
+using EngineOomIoThreads = EngineOom;
+
+TEST_P(EngineOomIoThreads, AnAllocationFailingInASocketThreadEndsInErrorsNotTheProcess) {
+    long failed = 0;
+    for (long skip : {0L, 1L, 2L, 4L, 8L, 16L}) {
+        SCOPED_TRACE("skip " + std::to_string(skip));
+        // Every other round on a fresh connection: first requests on new sockets.
+        if (skip % 2 == 0) {
+            (void)a_.ep->disconnect(peer_);
+            relink();
+        }
+        Status st;
+        {
+            test::AllocFault fault("tcpx-io", skip, 3);
+            st = write_once(0, static_cast<uint32_t>(skip));
+            failed += fault.failed();
+        }
+        if (!st.ok()) {
+            EXPECT_TRUE(st.code() == StatusCode::kResourceExhausted ||
+                        st.code() == StatusCode::kUnavailable)
+                << st.to_string();
+        }
+        expect_recovered(static_cast<uint32_t>(skip) + 2000);
+    }
+    EXPECT_GT(failed, 0);  // the I/O threads allocate (a comm's failure, a connection's first
+                           // requests): the fault hit
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketIo, EngineOomIoThreads, ::testing::Values("threads"));
+
+}  // namespace
+
+}  // namespace oom
+}  // namespace tcpx::testing
