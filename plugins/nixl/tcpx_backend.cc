@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <exception>
+#include <new>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -74,6 +76,26 @@ bool is_memory(nixl_mem_t m) { return m == DRAM_SEG || m == VRAM_SEG; }
 std::optional<uint64_t> offset_in(uintptr_t addr, size_t len, uint64_t base, uint64_t size) {
     if (addr < base || addr - base > size || len > size - (addr - base)) return std::nullopt;
     return addr - base;
+}
+
+// Runs an entry point's body so that no exception (out of memory) reaches NIXL: its agent does
+// not expect one from a backend, and one in an application's progress thread would end the
+// process. A plugin must never take the application down; NIXL sees an error instead.
+template <typename Body>
+nixl_status_t guarded(const char* what, Body&& body) noexcept {
+    try {
+        return body();
+    } catch (const std::exception& e) {
+        try {
+            NIXL_ERROR << "TCPX " << what << ": "
+                       << (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? "out of memory"
+                                                                              : e.what());
+        } catch (...) {
+            // Not even memory for the message: the status says enough.
+        }
+    } catch (...) {
+    }
+    return NIXL_ERR_BACKEND;
 }
 
 // How long a transfer the target refused as naming memory it does not know (NOT_FOUND) waits to
@@ -186,7 +208,7 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
 
 TcpxBackend::~TcpxBackend() {
     // Requests released in flight must be done before the memory they touch goes away: the
-    // endpoint's destruction fails whatever is left.
+    // endpoint's destruction fails whatever is left (and lets no exception out).
     ep_.reset();
 }
 
@@ -196,102 +218,118 @@ nixl_mem_list_t TcpxBackend::getSupportedMems() const { return {DRAM_SEG, VRAM_S
 
 nixl_status_t TcpxBackend::registerMem(const nixlBlobDesc& mem, const nixl_mem_t& nixl_mem,
                                        nixlBackendMD*& out) {
-    if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
-    auto id = ep_->reg(reinterpret_cast<void*>(mem.addr), mem.len);
-    if (!id.ok()) {
-        NIXL_ERROR << "TCPX: registerMem: " << id.status().to_string();
-        return to_nixl(id.status());
-    }
-    auto desc = ep_->describe(*id);
-    const MemKind want = nixl_mem == VRAM_SEG ? MemKind::kCuda : MemKind::kHost;
-    if (!desc.ok() || desc->kind != want) {
-        (void)ep_->dereg(*id);
-        NIXL_ERROR << "TCPX: registerMem: " << (nixl_mem == VRAM_SEG ? "VRAM" : "DRAM")
-                   << " segment at 0x" << std::hex << mem.addr << std::dec << " is "
-                   << (want == MemKind::kCuda ? "not GPU memory (or this build has no CUDA)"
-                                              : "GPU memory");
-        return NIXL_ERR_INVALID_PARAM;
-    }
-    auto* md = new LocalMD;
-    md->mem = *id;
-    md->desc = *desc;
-    out = md;
-    return NIXL_SUCCESS;
+    return guarded("registerMem", [&]() -> nixl_status_t {
+        if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
+        auto id = ep_->reg(reinterpret_cast<void*>(mem.addr), mem.len);
+        if (!id.ok()) {
+            NIXL_ERROR << "TCPX: registerMem: " << id.status().to_string();
+            return to_nixl(id.status());
+        }
+        auto desc = ep_->describe(*id);
+        const MemKind want = nixl_mem == VRAM_SEG ? MemKind::kCuda : MemKind::kHost;
+        if (!desc.ok() || desc->kind != want) {
+            (void)ep_->dereg(*id);
+            NIXL_ERROR << "TCPX: registerMem: " << (nixl_mem == VRAM_SEG ? "VRAM" : "DRAM")
+                       << " segment at 0x" << std::hex << mem.addr << std::dec << " is "
+                       << (want == MemKind::kCuda ? "not GPU memory (or this build has no CUDA)"
+                                                  : "GPU memory");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        auto* md = new LocalMD;
+        md->mem = *id;
+        md->desc = *desc;
+        out = md;
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::deregisterMem(nixlBackendMD* meta) {
-    auto* md = dynamic_cast<LocalMD*>(meta);
-    if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
-    Status st = ep_->dereg(md->mem);
-    delete md;
-    return to_nixl(st);
+    return guarded("deregisterMem", [&]() -> nixl_status_t {
+        auto* md = dynamic_cast<LocalMD*>(meta);
+        if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
+        Status st = ep_->dereg(md->mem);
+        delete md;
+        return to_nixl(st);
+    });
 }
 
 nixl_status_t TcpxBackend::getPublicData(const nixlBackendMD* meta, std::string& str) const {
-    const auto* md = dynamic_cast<const LocalMD*>(meta);
-    if (md == nullptr) return NIXL_ERR_INVALID_PARAM;
-    str = md->desc.serialize();
-    return NIXL_SUCCESS;
+    return guarded("getPublicData", [&]() -> nixl_status_t {
+        const auto* md = dynamic_cast<const LocalMD*>(meta);
+        if (md == nullptr) return NIXL_ERR_INVALID_PARAM;
+        str = md->desc.serialize();
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::loadRemoteMD(const nixlBlobDesc& input, const nixl_mem_t& nixl_mem,
                                         const std::string& remote_agent, nixlBackendMD*& output) {
-    if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
-    auto desc = RemoteMem::parse(input.metaInfo);
-    if (!desc.ok()) {
-        NIXL_ERROR << "TCPX: loadRemoteMD from " << remote_agent << ": "
-                   << desc.status().to_string();
-        return NIXL_ERR_INVALID_PARAM;
-    }
-    auto* md = new RemoteMD;
-    md->desc = *desc;
-    md->agent = remote_agent;
-    output = md;
-    return NIXL_SUCCESS;
+    return guarded("loadRemoteMD", [&]() -> nixl_status_t {
+        if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
+        auto desc = RemoteMem::parse(input.metaInfo);
+        if (!desc.ok()) {
+            NIXL_ERROR << "TCPX: loadRemoteMD from " << remote_agent << ": "
+                       << desc.status().to_string();
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        auto* md = new RemoteMD;
+        md->desc = *desc;
+        md->agent = remote_agent;
+        output = md;
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::loadLocalMD(nixlBackendMD* input, nixlBackendMD*& output) {
-    const auto* md = dynamic_cast<LocalMD*>(input);
-    if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
-    // A local transfer's "remote" side is our own registration: a copy that names it by mem id
-    // (a transfer through it after deregisterMem fails with NOT_FOUND, touching nothing).
-    auto* alias = new LocalMD;
-    alias->mem = md->mem;
-    alias->desc = md->desc;
-    alias->alias = true;
-    output = alias;
-    return NIXL_SUCCESS;
+    return guarded("loadLocalMD", [&]() -> nixl_status_t {
+        const auto* md = dynamic_cast<LocalMD*>(input);
+        if (md == nullptr || md->alias) return NIXL_ERR_INVALID_PARAM;
+        // A local transfer's "remote" side is our own registration: a copy that names it by mem id
+        // (a transfer through it after deregisterMem fails with NOT_FOUND, touching nothing).
+        auto* alias = new LocalMD;
+        alias->mem = md->mem;
+        alias->desc = md->desc;
+        alias->alias = true;
+        output = alias;
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::unloadMD(nixlBackendMD* input) {
-    if (auto* remote = dynamic_cast<RemoteMD*>(input)) {
-        delete remote;
-    } else if (auto* local = dynamic_cast<LocalMD*>(input); local != nullptr && local->alias) {
-        delete local;
-    } else {
-        return NIXL_ERR_INVALID_PARAM;  // a registration itself is deregisterMem's to free
-    }
-    return NIXL_SUCCESS;
+    return guarded("unloadMD", [&]() -> nixl_status_t {
+        if (auto* remote = dynamic_cast<RemoteMD*>(input)) {
+            delete remote;
+        } else if (auto* local = dynamic_cast<LocalMD*>(input); local != nullptr && local->alias) {
+            delete local;
+        } else {
+            return NIXL_ERR_INVALID_PARAM;  // a registration itself is deregisterMem's to free
+        }
+        return NIXL_SUCCESS;
+    });
 }
 
 // --- connections ------------------------------------------------------------------------------
 
 nixl_status_t TcpxBackend::getConnInfo(std::string& str) const {
-    str = ep_->metadata();
-    return NIXL_SUCCESS;
+    return guarded("getConnInfo", [&]() -> nixl_status_t {
+        str = ep_->metadata();
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
                                               const std::string& remote_conn_info) {
-    if (!Endpoint::parse_metadata(remote_conn_info).ok()) return NIXL_ERR_INVALID_PARAM;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = conn_info_.find(remote_agent);
-    if (it != conn_info_.end() && it->second != remote_conn_info) {
-        // The agent came back as a new endpoint: the old connection is stale.
-        drop_outbound(remote_agent);
-    }
-    conn_info_[remote_agent] = remote_conn_info;
-    return NIXL_SUCCESS;
+    return guarded("loadRemoteConnInfo", [&]() -> nixl_status_t {
+        if (!Endpoint::parse_metadata(remote_conn_info).ok()) return NIXL_ERR_INVALID_PARAM;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = conn_info_.find(remote_agent);
+        if (it != conn_info_.end() && it->second != remote_conn_info) {
+            // The agent came back as a new endpoint: the old connection is stale.
+            drop_outbound(remote_agent);
+        }
+        conn_info_[remote_agent] = remote_conn_info;
+        return NIXL_SUCCESS;
+    });
 }
 
 void TcpxBackend::harvest_inbound() const {
@@ -379,17 +417,21 @@ nixl_status_t TcpxBackend::failed(const char* what, const std::string& agent, Pe
 }
 
 nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
-    if (remote_agent == localAgent) return NIXL_SUCCESS;
-    // Started, not awaited: a failure shows in the first transfer.
-    auto peer = connection_to(remote_agent);
-    if (!peer.ok()) NIXL_ERROR << "TCPX: connect: " << peer.status().to_string();
-    return peer.ok() ? NIXL_SUCCESS : to_nixl(peer.status());
+    return guarded("connect", [&]() -> nixl_status_t {
+        if (remote_agent == localAgent) return NIXL_SUCCESS;
+        // Started, not awaited: a failure shows in the first transfer.
+        auto peer = connection_to(remote_agent);
+        if (!peer.ok()) NIXL_ERROR << "TCPX: connect: " << peer.status().to_string();
+        return peer.ok() ? NIXL_SUCCESS : to_nixl(peer.status());
+    });
 }
 
 nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
-    std::lock_guard<std::mutex> lock(mu_);
-    drop_outbound(remote_agent);
-    return NIXL_SUCCESS;
+    return guarded("disconnect", [&]() -> nixl_status_t {
+        std::lock_guard<std::mutex> lock(mu_);
+        drop_outbound(remote_agent);
+        return NIXL_SUCCESS;
+    });
 }
 
 // --- transfers --------------------------------------------------------------------------------
@@ -398,49 +440,51 @@ nixl_status_t TcpxBackend::prepXfer(const nixl_xfer_op_t& operation, const nixl_
                                     const nixl_meta_dlist_t& remote,
                                     const std::string& remote_agent, nixlBackendReqH*& handle,
                                     const nixl_opt_b_args_t* /*opt_args*/) const {
-    if (operation != NIXL_WRITE && operation != NIXL_READ) return NIXL_ERR_INVALID_PARAM;
-    if (!is_memory(local.getType()) || !is_memory(remote.getType())) {
-        return NIXL_ERR_NOT_SUPPORTED;
-    }
-    if (local.descCount() != remote.descCount()) return NIXL_ERR_MISMATCH;
-    auto req = std::make_unique<Request>();
-    req->op = operation;
-    req->agent = remote_agent;
-    req->local = remote_agent == localAgent;
-    const int n = local.descCount();
-    for (int i = 0; i < n; ++i) {
-        const nixlMetaDesc& l = local[i];
-        const nixlMetaDesc& r = remote[i];
-        if (l.len != r.len) return NIXL_ERR_MISMATCH;
-        const auto* lmd = dynamic_cast<const LocalMD*>(l.metadataP);
-        if (lmd == nullptr) return NIXL_ERR_INVALID_PARAM;
-        auto loff = offset_in(l.addr, l.len, lmd->desc.addr, lmd->desc.len);
-        if (!loff) return NIXL_ERR_INVALID_PARAM;
-        if (req->local) {
-            const auto* rmd = dynamic_cast<const LocalMD*>(r.metadataP);
-            if (rmd == nullptr) return NIXL_ERR_INVALID_PARAM;
-            auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
-            if (!roff) return NIXL_ERR_INVALID_PARAM;
-            // WRITE copies local -> remote; READ remote -> local.
-            req->copies.push_back(operation == NIXL_WRITE
-                                      ? LocalCopy{rmd->mem, *roff, lmd->mem, *loff, l.len}
-                                      : LocalCopy{lmd->mem, *loff, rmd->mem, *roff, l.len});
-        } else {
-            const auto* rmd = dynamic_cast<const RemoteMD*>(r.metadataP);
-            if (rmd == nullptr || rmd->agent != remote_agent) return NIXL_ERR_INVALID_PARAM;
-            auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
-            if (!roff) return NIXL_ERR_INVALID_PARAM;
-            IoVec v;
-            v.mem = lmd->mem;
-            v.offset = *loff;
-            v.remote = rmd->desc;
-            v.remote_offset = *roff;
-            v.len = l.len;
-            req->iov.push_back(v);
+    return guarded("prepXfer", [&]() -> nixl_status_t {
+        if (operation != NIXL_WRITE && operation != NIXL_READ) return NIXL_ERR_INVALID_PARAM;
+        if (!is_memory(local.getType()) || !is_memory(remote.getType())) {
+            return NIXL_ERR_NOT_SUPPORTED;
         }
-    }
-    handle = req.release();
-    return NIXL_SUCCESS;
+        if (local.descCount() != remote.descCount()) return NIXL_ERR_MISMATCH;
+        auto req = std::make_unique<Request>();
+        req->op = operation;
+        req->agent = remote_agent;
+        req->local = remote_agent == localAgent;
+        const int n = local.descCount();
+        for (int i = 0; i < n; ++i) {
+            const nixlMetaDesc& l = local[i];
+            const nixlMetaDesc& r = remote[i];
+            if (l.len != r.len) return NIXL_ERR_MISMATCH;
+            const auto* lmd = dynamic_cast<const LocalMD*>(l.metadataP);
+            if (lmd == nullptr) return NIXL_ERR_INVALID_PARAM;
+            auto loff = offset_in(l.addr, l.len, lmd->desc.addr, lmd->desc.len);
+            if (!loff) return NIXL_ERR_INVALID_PARAM;
+            if (req->local) {
+                const auto* rmd = dynamic_cast<const LocalMD*>(r.metadataP);
+                if (rmd == nullptr) return NIXL_ERR_INVALID_PARAM;
+                auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
+                if (!roff) return NIXL_ERR_INVALID_PARAM;
+                // WRITE copies local -> remote; READ remote -> local.
+                req->copies.push_back(operation == NIXL_WRITE
+                                          ? LocalCopy{rmd->mem, *roff, lmd->mem, *loff, l.len}
+                                          : LocalCopy{lmd->mem, *loff, rmd->mem, *roff, l.len});
+            } else {
+                const auto* rmd = dynamic_cast<const RemoteMD*>(r.metadataP);
+                if (rmd == nullptr || rmd->agent != remote_agent) return NIXL_ERR_INVALID_PARAM;
+                auto roff = offset_in(r.addr, r.len, rmd->desc.addr, rmd->desc.len);
+                if (!roff) return NIXL_ERR_INVALID_PARAM;
+                IoVec v;
+                v.mem = lmd->mem;
+                v.offset = *loff;
+                v.remote = rmd->desc;
+                v.remote_offset = *roff;
+                v.len = l.len;
+                req->iov.push_back(v);
+            }
+        }
+        handle = req.release();
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
@@ -448,14 +492,16 @@ nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
                                     const nixl_meta_dlist_t& /*remote*/,
                                     const std::string& remote_agent, nixlBackendReqH*& handle,
                                     const nixl_opt_b_args_t* opt_args) const {
-    auto* req = dynamic_cast<Request*>(handle);
-    if (req == nullptr || req->op != operation || req->agent != remote_agent) {
-        return NIXL_ERR_INVALID_PARAM;
-    }
-    reap_abandoned();
-    // Reposted before its completion was reported: only if it has completed meanwhile.
-    if (req->active && checkXfer(req) == NIXL_IN_PROG) return NIXL_ERR_REPOST_ACTIVE;
-    return start(req, opt_args);
+    return guarded("postXfer", [&]() -> nixl_status_t {
+        auto* req = dynamic_cast<Request*>(handle);
+        if (req == nullptr || req->op != operation || req->agent != remote_agent) {
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        reap_abandoned();
+        // Reposted before its completion was reported: only if it has completed meanwhile.
+        if (req->active && checkXfer(req) == NIXL_IN_PROG) return NIXL_ERR_REPOST_ACTIVE;
+        return start(req, opt_args);
+    });
 }
 
 nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args) const {
@@ -493,46 +539,51 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
 }
 
 nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
-    auto* req = dynamic_cast<Request*>(handle);
-    if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
-    reap_abandoned();
-    if (!req->active) return NIXL_SUCCESS;
-    if (!req->refusal) {
-        XferStatus s = ep_->poll(req->xfer);
-        if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
-        if (s.state == XferState::kDone) {
-            req->active = false;
-            return NIXL_SUCCESS;
+    return guarded("checkXfer", [&]() -> nixl_status_t {
+        auto* req = dynamic_cast<Request*>(handle);
+        if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
+        reap_abandoned();
+        if (!req->active) return NIXL_SUCCESS;
+        if (!req->refusal) {
+            XferStatus s = ep_->poll(req->xfer);
+            if (s.state == XferState::kInProgress) return NIXL_IN_PROG;
+            if (s.state == XferState::kDone) {
+                req->active = false;
+                return NIXL_SUCCESS;
+            }
+            if (s.error.code() != StatusCode::kNotFound) {
+                req->active = false;
+                return failed("transfer", req->agent, req->peer, s.error);
+            }
+            req->refusal = s.error;
+            req->refused_at = std::chrono::steady_clock::now();
         }
-        if (s.error.code() != StatusCode::kNotFound) {
-            req->active = false;
-            return failed("transfer", req->agent, req->peer, s.error);
+        // Refused as naming unknown memory: the target going away, or a bad descriptor?
+        if (!connection_lost(req->peer) &&
+            std::chrono::steady_clock::now() - req->refused_at < kRefusalGrace) {
+            return NIXL_IN_PROG;
         }
-        req->refusal = s.error;
-        req->refused_at = std::chrono::steady_clock::now();
-    }
-    // Refused as naming unknown memory: the target going away, or a bad descriptor?
-    if (!connection_lost(req->peer) &&
-        std::chrono::steady_clock::now() - req->refused_at < kRefusalGrace) {
-        return NIXL_IN_PROG;
-    }
-    req->active = false;
-    return failed("transfer", req->agent, req->peer, *std::exchange(req->refusal, std::nullopt));
+        req->active = false;
+        return failed("transfer", req->agent, req->peer,
+                      *std::exchange(req->refusal, std::nullopt));
+    });
 }
 
 nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
-    auto* req = dynamic_cast<Request*>(handle);
-    if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
-    // (A refused request has finished in the engine: nothing to wait for.)
-    if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
-        // The engine cannot take back bytes already on the wire; it finishes (or fails) the
-        // transfer on its own, delivering its notification if it succeeds, and we forget it
-        // then.
-        std::lock_guard<std::mutex> lock(mu_);
-        abandoned_.push_back(req->xfer);
-    }
-    delete req;
-    return NIXL_SUCCESS;
+    return guarded("releaseReqH", [&]() -> nixl_status_t {
+        auto* req = dynamic_cast<Request*>(handle);
+        if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
+        // (A refused request has finished in the engine: nothing to wait for.)
+        if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
+            // The engine cannot take back bytes already on the wire; it finishes (or fails) the
+            // transfer on its own, delivering its notification if it succeeds, and we forget it
+            // then.
+            std::lock_guard<std::mutex> lock(mu_);
+            abandoned_.push_back(req->xfer);
+        }
+        delete req;
+        return NIXL_SUCCESS;
+    });
 }
 
 void TcpxBackend::reap_abandoned() const {
@@ -545,31 +596,35 @@ void TcpxBackend::reap_abandoned() const {
 // --- notifications ----------------------------------------------------------------------------
 
 nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
-    reap_abandoned();
-    harvest_inbound();
-    for (Notification& n : ep_->get_notifications()) {
-        notif_list.emplace_back(std::move(n.peer), std::move(n.payload));
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& n : local_notifs_) notif_list.push_back(std::move(n));
-    local_notifs_.clear();
-    return NIXL_SUCCESS;
+    return guarded("getNotifs", [&]() -> nixl_status_t {
+        reap_abandoned();
+        harvest_inbound();
+        for (Notification& n : ep_->get_notifications()) {
+            notif_list.emplace_back(std::move(n.peer), std::move(n.payload));
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& n : local_notifs_) notif_list.push_back(std::move(n));
+        local_notifs_.clear();
+        return NIXL_SUCCESS;
+    });
 }
 
 nixl_status_t TcpxBackend::genNotif(const std::string& remote_agent, const std::string& msg) const {
-    if (remote_agent == localAgent) {
-        std::lock_guard<std::mutex> lock(mu_);
-        local_notifs_.emplace_back(localAgent, msg);
-        return NIXL_SUCCESS;
-    }
-    auto peer = connection_to(remote_agent);
-    if (!peer.ok()) {
-        NIXL_ERROR << "TCPX: genNotif: " << peer.status().to_string();
-        return to_nixl(peer.status());
-    }
-    // Sent at once, or once the connection is made.
-    Status st = ep_->notify(*peer, msg);
-    return st.ok() ? NIXL_SUCCESS : failed("genNotif", remote_agent, *peer, st);
+    return guarded("genNotif", [&]() -> nixl_status_t {
+        if (remote_agent == localAgent) {
+            std::lock_guard<std::mutex> lock(mu_);
+            local_notifs_.emplace_back(localAgent, msg);
+            return NIXL_SUCCESS;
+        }
+        auto peer = connection_to(remote_agent);
+        if (!peer.ok()) {
+            NIXL_ERROR << "TCPX: genNotif: " << peer.status().to_string();
+            return to_nixl(peer.status());
+        }
+        // Sent at once, or once the connection is made.
+        Status st = ep_->notify(*peer, msg);
+        return st.ok() ? NIXL_SUCCESS : failed("genNotif", remote_agent, *peer, st);
+    });
 }
 
 }  // namespace tcpx::nixl_backend
