@@ -83,17 +83,21 @@ std::optional<uint64_t> offset_in(uintptr_t addr, size_t len, uint64_t base, uin
 // process. A plugin must never take the application down; NIXL sees an error instead.
 template <typename Body>
 nixl_status_t guarded(const char* what, Body&& body) noexcept {
-    try {
-        return body();
-    } catch (const std::exception& e) {
+    const auto report = [what](const char* why) noexcept {
         try {
-            NIXL_ERROR << "TCPX " << what << ": "
-                       << (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ? "out of memory"
-                                                                              : e.what());
+            NIXL_ERROR << "TCPX " << what << ": " << why;
         } catch (...) {
             // Not even memory for the message: the status says enough.
         }
+    };
+    try {
+        return body();
+    } catch (const std::bad_alloc&) {
+        report("out of memory");
+    } catch (const std::exception& e) {
+        report(e.what());
     } catch (...) {
+        report("unexpected exception");
     }
     return NIXL_ERR_BACKEND;
 }

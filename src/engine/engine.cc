@@ -218,7 +218,7 @@ Endpoint::Impl::~Impl() {
     if (progress_thread_.joinable()) progress_thread_.join();
     auto lock = api_lock();
     for (auto& [id, p] : peers_) {
-        if (p->state == Peer::State::kFailed && p->torn_down) continue;
+        if (p->state == Peer::State::kFailed && p->teardown == Peer::Teardown::kDone) continue;
         // A destructor lets nothing out: out of memory here would end the process.
         try {
             say_bye(*p, "");
@@ -312,7 +312,7 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
     if (tick) next_tick_ = now + kTick;
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) {
-            if (!p->torn_down) {
+            if (p->teardown != Peer::Teardown::kDone) {
                 try {
                     fail_peer(*p, Status());  // finishing a teardown cut short (the error stands)
                 } catch (...) {
@@ -783,12 +783,14 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // Once failed, a call from inside the teardown (or after it) does nothing. A teardown an
     // exception cut short (out of memory) is finished by the next call (progress_once makes
     // it): every step below can run again, and the first error stands.
-    if (p.state == Peer::State::kFailed && (p.torn_down || p.tearing_down)) return;
-    p.tearing_down = true;
-    struct Unmark {
+    if (p.state == Peer::State::kFailed && p.teardown != Peer::Teardown::kNone) return;
+    p.teardown = Peer::Teardown::kRunning;
+    struct CutShort {  // an exception leaves it to be finished
         Peer& peer;
-        ~Unmark() { peer.tearing_down = false; }
-    } unmark{p};
+        ~CutShort() {
+            if (peer.teardown == Peer::Teardown::kRunning) peer.teardown = Peer::Teardown::kNone;
+        }
+    } cut_short{p};
     const bool first = p.state != Peer::State::kFailed;
     // A ready peer learns why we end the connection (its transfers then fail with our reason,
     // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost. Sent
@@ -880,14 +882,15 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
         p.ctrl.close();
     }
-    p.torn_down = true;
+    p.teardown = Peer::Teardown::kDone;
 }
 
 void Endpoint::Impl::reap_peers() {
     // Failed peers the application never learnt of (inbound, not accepted) have nobody to tell.
     for (auto it = peers_.begin(); it != peers_.end();) {
         const Peer& p = *it->second;
-        if (p.state == Peer::State::kFailed && p.torn_down && !p.known_to_user && !p.outbound) {
+        if (p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone &&
+            !p.known_to_user && !p.outbound) {
             it = peers_.erase(it);
         } else {
             ++it;

@@ -254,12 +254,13 @@ struct Peer {
     std::vector<Channel> tx, rx;
     bool ready_sent = false;
     bool ready_received = false;
-    bool said_bye = false;      // our BYE is queued: nothing more goes out
-    bool torn_down = false;     // failed, and fail_peer's teardown finished (see there)
-    bool tearing_down = false;  // inside fail_peer
-    uint64_t chunk = 0;         // bytes per chunk, agreed in HELLO
-    uint64_t tx_seq = 0;        // chunks assigned to our send channels so far
-    uint64_t rx_seq = 0;        // chunks assigned to our receive channels so far
+    bool said_bye = false;  // our BYE is queued: nothing more goes out
+    // fail_peer's teardown: not begun (or cut short by an exception: to be finished), under
+    // way, finished.
+    enum class Teardown { kNone, kRunning, kDone } teardown = Teardown::kNone;
+    uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
+    uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
+    uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
     std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
     std::unordered_set<Xfer*> xfers;               // every transfer with this peer
     std::deque<Xfer*> posted_recvs;                // receives not yet matched, in posting order
@@ -448,6 +449,10 @@ class Endpoint::Impl {
                             [](const engine::Region* r) { return r->kind == MemKind::kCuda; });
     }
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
+    // Holds every piece of a WRITE or READ for `x` (regions[i] is iov[i]'s local region); the
+    // pieces' remote side, for the request.
+    std::vector<engine::wire::Segment> hold_pieces(Xfer* x, std::span<const IoVec> iov,
+                                                   const std::vector<engine::Region*>& regions);
     // Queues x's pieces, cut into chunk requests on p's channels (packer.h); pieces with no
     // region drain into scratch.
     void queue_chunks(Peer& p, bool tx, Xfer* x);

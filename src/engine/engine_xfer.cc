@@ -111,6 +111,17 @@ void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
     x->pieces.push_back(Xfer::Piece{r, offset, len});
 }
 
+std::vector<wire::Segment> Endpoint::Impl::hold_pieces(Xfer* x, std::span<const IoVec> iov,
+                                                       const std::vector<Region*>& regions) {
+    std::vector<wire::Segment> segs;
+    segs.reserve(iov.size());
+    for (size_t i = 0; i < iov.size(); ++i) {
+        hold(x, regions[i], iov[i].offset, iov[i].len);
+        segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
+    }
+    return segs;
+}
+
 void Endpoint::Impl::destroy(Xfer* x) {
     for (const Xfer::Piece& piece : x->pieces) {
         if (piece.region != nullptr) registry_.unref(piece.region);  // (a drain's are null)
@@ -350,10 +361,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         x->wire_id = next_wire_id_++;
         wire::WriteReq req;
         req.xfer = x->wire_id;
-        for (size_t i = 0; i < iov.size(); ++i) {
-            hold(x, regions[i], iov[i].offset, iov[i].len);
-            req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
-        }
+        req.segs = hold_pieces(x, iov, regions);
         if (notification) {
             req.flags |= wire::kFlagNotif;
             req.notification = *notification;
@@ -408,10 +416,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         x->wire_id = next_wire_id_++;
         wire::ReadReq req;
         req.xfer = x->wire_id;
-        for (size_t i = 0; i < iov.size(); ++i) {
-            hold(x, regions[i], iov[i].offset, iov[i].len);
-            req.segs.push_back(wire::Segment{iov[i].remote.key, iov[i].remote_offset, iov[i].len});
-        }
+        req.segs = hold_pieces(x, iov, regions);
         if (notification) {
             x->has_notification = true;
             x->notification = std::string(*notification);

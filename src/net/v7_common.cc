@@ -2,9 +2,7 @@
 
 #include <cstdarg>
 #include <cstdio>
-#include <exception>
 #include <mutex>
-#include <new>
 #include <string>
 
 #include "common/log.h"
@@ -79,19 +77,15 @@ tcpx_ncclResult_t to_nccl_result(const Status& status, std::string_view what) {
 }
 
 tcpx_ncclResult_t nccl_result_of_current_exception() noexcept {
-    bool no_memory = false;
     try {
-        throw;
-    } catch (const std::bad_alloc&) {
-        no_memory = true;
+        const Status st = status_of_current_exception("NCCL plugin call");
+        (void)to_nccl_result(st, "NCCL plugin");  // logs it
+        return st.code() == StatusCode::kResourceExhausted ? tcpx_ncclSystemError
+                                                           : tcpx_ncclInternalError;
     } catch (...) {
+        TCPX_ERROR("NCCL plugin call: out of memory");  // not even for the message
+        return tcpx_ncclSystemError;
     }
-    try {
-        (void)to_nccl_result(status_of_current_exception("NCCL plugin call"), "NCCL plugin");
-    } catch (...) {
-        TCPX_ERROR("NCCL plugin call: out of memory");
-    }
-    return no_memory ? tcpx_ncclSystemError : tcpx_ncclInternalError;
 }
 
 Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what) {

@@ -54,23 +54,6 @@ void close_pair(const tcpx_ncclNet_v9_t* t, Pair* p) {
     EXPECT_EQ(t->closeListen(p->listen), tcpx_ncclSuccess);
 }
 
-// Runs `call` with the calling thread's first `skip` allocations succeeding and the next one
-// failing. Returns whether the fault hit; when it did, the call must have said so.
-template <typename Call>
-bool fails_cleanly(const char* what, long skip, Call call) {
-    tcpx_ncclResult_t rc;
-    long failed;
-    {
-        test::AllocFault fault("", skip, 1);
-        rc = call();
-        failed = fault.failed();
-    }
-    if (failed > 0) {
-        EXPECT_EQ(rc, tcpx_ncclSystemError) << what << ", allocation " << skip;
-    }
-    return failed > 0;
-}
-
 // A 64 KiB message from send to recv, every byte checked.
 void expect_message_moves(const tcpx_ncclNet_v9_t* t, const Pair& p) {
     std::vector<char> out(64 << 10), in(64 << 10, 0);
@@ -132,10 +115,12 @@ TEST(NcclPluginOom, AnEntryPointOutOfMemoryReturnsSystemErrorAndThePluginGoesOn)
     for (long skip = 0; skip < 4; ++skip) {
         SCOPED_TRACE("allocation " + std::to_string(skip));
         tcpx_ncclNetProperties_v9_t props{};
-        hits += fails_cleanly("getProperties", skip, [&] { return t->getProperties(0, &props); });
+        hits += test::fails_with(tcpx_ncclSystemError, "getProperties", skip,
+                                 [&] { return t->getProperties(0, &props); });
         char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
         void* listen = nullptr;
-        if (fails_cleanly("listen", skip, [&] { return t->listen(0, handle, &listen); })) {
+        if (test::fails_with(tcpx_ncclSystemError, "listen", skip,
+                             [&] { return t->listen(0, handle, &listen); })) {
             ++hits;
         } else if (listen != nullptr) {
             EXPECT_EQ(t->closeListen(listen), tcpx_ncclSuccess);
@@ -144,7 +129,7 @@ TEST(NcclPluginOom, AnEntryPointOutOfMemoryReturnsSystemErrorAndThePluginGoesOn)
         ASSERT_TRUE(open_pair(t, &p));
         std::vector<char> buf(4096, 1);
         void* mh = nullptr;
-        if (fails_cleanly("regMr", skip, [&] {
+        if (test::fails_with(tcpx_ncclSystemError, "regMr", skip, [&] {
                 return t->regMr(p.send, buf.data(), buf.size(), TCPX_NCCL_PTR_HOST, &mh);
             })) {
             ++hits;
@@ -156,15 +141,16 @@ TEST(NcclPluginOom, AnEntryPointOutOfMemoryReturnsSystemErrorAndThePluginGoesOn)
         ASSERT_EQ(t->regMr(p.recv, buf.data(), buf.size(), TCPX_NCCL_PTR_HOST, &rmh),
                   tcpx_ncclSuccess);
         void* req = nullptr;
-        hits += fails_cleanly("isend", skip,
-                              [&] { return t->isend(p.send, buf.data(), 100, 1, mh, &req); });
+        hits += test::fails_with(tcpx_ncclSystemError, "isend", skip,
+                                 [&] { return t->isend(p.send, buf.data(), 100, 1, mh, &req); });
         void* data[1] = {buf.data()};
         size_t sizes[1] = {buf.size()};
         int tags[1] = {1};
         void* mhs[1] = {rmh};
         void* rreq = nullptr;
-        hits += fails_cleanly("irecv", skip,
-                              [&] { return t->irecv(p.recv, 1, data, sizes, tags, mhs, &rreq); });
+        hits += test::fails_with(tcpx_ncclSystemError, "irecv", skip, [&] {
+            return t->irecv(p.recv, 1, data, sizes, tags, mhs, &rreq);
+        });
         // What the failures touched ends with its comms (NCCL aborts on any error).
         EXPECT_EQ(t->deregMr(p.send, mh), tcpx_ncclSuccess);
         EXPECT_EQ(t->deregMr(p.recv, rmh), tcpx_ncclSuccess);

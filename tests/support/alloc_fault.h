@@ -4,6 +4,8 @@
 // get the replacement; unarmed, it costs one relaxed atomic load per allocation.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
 
 namespace tcpx::test {
@@ -21,5 +23,23 @@ class AllocFault {
     // How many allocations have failed so far.
     long failed() const;
 };
+
+// Runs `call` with one allocation of the calling thread failing, after its first `skip`.
+// Returns whether the fault hit (the call allocated that many times); when it did, the call
+// must have returned `expected` (a gtest failure names `what` otherwise).
+template <typename Result, typename Call>
+bool fails_with(Result expected, const char* what, long skip, Call call) {
+    bool hit;
+    Result result;
+    {
+        AllocFault fault("", skip, 1);
+        result = call();
+        hit = fault.failed() > 0;
+    }
+    if (hit) {
+        EXPECT_EQ(result, expected) << what << ", allocation " << skip;
+    }
+    return hit;
+}
 
 }  // namespace tcpx::test

@@ -16,23 +16,6 @@
 namespace tcpx::nixl_test {
 namespace {
 
-// Runs `call` with the calling thread's allocations after the first `skip` failing, one of
-// them. True when the fault hit, and then the call must have returned NIXL_ERR_BACKEND.
-template <typename Call>
-bool fails_cleanly(const char* what, long skip, Call call) {
-    nixl_status_t st;
-    long failed;
-    {
-        test::AllocFault fault("", skip, 1);
-        st = call();
-        failed = fault.failed();
-    }
-    if (failed > 0) {
-        EXPECT_EQ(st, NIXL_ERR_BACKEND) << what << ", allocation " << skip;
-    }
-    return failed > 0;
-}
-
 TEST(NixlOom, AnEntryPointOutOfMemoryIsAnErrorAndTheBackendGoesOn) {
     void* lib = ::dlopen(TCPX_NIXL_PLUGIN_DIR "/libplugin_TCPX.so", RTLD_NOW | RTLD_LOCAL);
     ASSERT_NE(lib, nullptr) << ::dlerror();
@@ -57,18 +40,20 @@ TEST(NixlOom, AnEntryPointOutOfMemoryIsAnErrorAndTheBackendGoesOn) {
     for (long skip = 0; skip < 12; ++skip) {
         SCOPED_TRACE("allocation " + std::to_string(skip));
         nixlBackendMD* md = nullptr;
-        if (fails_cleanly("registerMem", skip,
-                          [&] { return engine->registerMem(desc, DRAM_SEG, md); })) {
+        if (test::fails_with(NIXL_ERR_BACKEND, "registerMem", skip,
+                             [&] { return engine->registerMem(desc, DRAM_SEG, md); })) {
             ++hits;
             continue;
         }
         ASSERT_NE(md, nullptr);
         std::string pub, conn;
-        hits +=
-            fails_cleanly("getPublicData", skip, [&] { return engine->getPublicData(md, pub); });
-        hits += fails_cleanly("getConnInfo", skip, [&] { return engine->getConnInfo(conn); });
+        hits += test::fails_with(NIXL_ERR_BACKEND, "getPublicData", skip,
+                                 [&] { return engine->getPublicData(md, pub); });
+        hits += test::fails_with(NIXL_ERR_BACKEND, "getConnInfo", skip,
+                                 [&] { return engine->getConnInfo(conn); });
         nixlBackendMD* local = nullptr;
-        if (fails_cleanly("loadLocalMD", skip, [&] { return engine->loadLocalMD(md, local); })) {
+        if (test::fails_with(NIXL_ERR_BACKEND, "loadLocalMD", skip,
+                             [&] { return engine->loadLocalMD(md, local); })) {
             ++hits;
         } else {
             ASSERT_NE(local, nullptr);
