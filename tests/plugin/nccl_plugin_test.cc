@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,22 @@ TEST(NcclPlugin, ExportsV7ToV11UnderItsName) {
     // Nothing of the transport inside leaks out (a second copy of tcpx-p2p in NCCL's process
     // must not bind to it): the tables are the only symbols.
     EXPECT_EQ(::dlsym(plugin(), "_ZN4tcpx3net12socket_net_v7Ev"), nullptr);
+}
+
+// The plugin makes no CUDA call, and cannot: it carries no CUDA runtime and needs no CUDA
+// library. A CUDA call in NCCL's proxy thread can wait for NCCL's own kernels, which wait for that
+// thread: another thread of the application loading a kernel (CUDA's lazy loading) at that moment
+// is enough. Our GPU-staging try hung torch.distributed that way (docs/nccl-plugin.md, GPU
+// buffers). This keeps a CUDA dependency from coming back unnoticed.
+TEST(NcclPlugin, CarriesNoCudaRuntime) {
+    std::ifstream f(TCPX_NCCL_PLUGIN_PATH, std::ios::binary);
+    ASSERT_TRUE(f) << TCPX_NCCL_PLUGIN_PATH;
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_GT(bytes.size(), 4096u);
+    EXPECT_NE(bytes.find("ncclNetPlugin_v7"), std::string::npos);  // the scan sees the file
+    for (const char* cuda : {"libcuda.so", "libcudart", "cudaMemcpy", "cuMemcpy"}) {
+        EXPECT_EQ(bytes.find(cuda), std::string::npos) << "the plugin carries " << cuda;
+    }
 }
 
 // v7 and v8 through their own structs: the core's properties, v8's regIsGlobal.
