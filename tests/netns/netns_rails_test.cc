@@ -6,9 +6,7 @@
 // hang.
 //
 // Needs root and iproute2 (`ip netns`, `tc`): elsewhere every test skips, saying why.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -27,6 +24,7 @@
 
 #include "tcpx/config.h"
 #include "tcpx/endpoint.h"
+#include "tests/support/netns_pair.h"
 
 namespace tcpx::testing {
 namespace {
@@ -35,102 +33,20 @@ using namespace std::chrono_literals;
 
 constexpr const char* kSecret = "netns-rails-test-secret-0123456789";
 
-int sh(const std::string& cmd) {
-    const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// Whole messages over a stream socket: a length, then the bytes.
-bool send_msg(int fd, const std::string& m) {
-    const uint64_t n = m.size();
-    std::string out(reinterpret_cast<const char*>(&n), sizeof(n));
-    out += m;
-    size_t at = 0;
-    while (at < out.size()) {
-        const ssize_t w = ::write(fd, out.data() + at, out.size() - at);
-        if (w <= 0) return false;
-        at += static_cast<size_t>(w);
-    }
-    return true;
-}
-bool recv_all(int fd, char* p, size_t n) {
-    while (n > 0) {
-        const ssize_t r = ::read(fd, p, n);
-        if (r <= 0) return false;
-        p += r;
-        n -= static_cast<size_t>(r);
-    }
-    return true;
-}
-bool recv_msg(int fd, std::string* m) {
-    uint64_t n = 0;
-    if (!recv_all(fd, reinterpret_cast<char*>(&n), sizeof(n)) || n > (1u << 20)) return false;
-    m->resize(n);
-    return recv_all(fd, m->data(), n);
-}
-
-// Bytes sent through interface `name` of this process's network namespace.
-uint64_t tx_bytes(const std::string& name) {
-    std::ifstream in("/proc/self/net/dev");
-    std::string line;
-    while (std::getline(in, line)) {
-        const size_t colon = line.find(':');
-        if (colon == std::string::npos) continue;
-        std::string ifname = line.substr(0, colon);
-        ifname.erase(0, ifname.find_first_not_of(' '));
-        if (ifname != name) continue;
-        std::istringstream fields(line.substr(colon + 1));
-        uint64_t v[9] = {};
-        for (uint64_t& x : v) fields >> x;
-        return v[8];  // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes
-    }
-    return 0;
-}
-
 uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
 
 // Two namespaces, two veth pairs; removed (with their links) at the end.
 class NetnsRails : public ::testing::Test {
  protected:
     void SetUp() override {
-        if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-        if (sh("ip -V") != 0) GTEST_SKIP() << "no `ip` (iproute2)";
-        const std::string tag = std::to_string(::getpid() % 100000);
-        ns_[0] = "tcpxA" + tag;
-        ns_[1] = "tcpxB" + tag;
-        if (sh("ip netns add " + ns_[0]) != 0) {
-            GTEST_SKIP() << "`ip netns add` failed (no namespace support here)";
-        }
-        made_[0] = true;
-        ASSERT_EQ(sh("ip netns add " + ns_[1]), 0);
-        made_[1] = true;
-        for (int k = 0; k < 2; ++k) {
-            const std::string a = link(0, k), b = link(1, k);
-            ASSERT_EQ(sh("ip link add " + a + " netns " + ns_[0] + " type veth peer name " + b +
-                         " netns " + ns_[1]),
-                      0);
-            for (int side = 0; side < 2; ++side) {
-                const std::string dev = link(side, k);
-                const std::string addr =
-                    "10.201." + std::to_string(k + 1) + "." + std::to_string(side + 1) + "/24";
-                ASSERT_EQ(sh("ip -n " + ns_[side] + " addr add " + addr + " dev " + dev), 0);
-                ASSERT_EQ(sh("ip -n " + ns_[side] + " link set " + dev + " up"), 0);
-            }
-        }
-        for (int side = 0; side < 2; ++side) {
-            ASSERT_EQ(sh("ip -n " + ns_[side] + " link set lo up"), 0);
-        }
-    }
-    void TearDown() override {
-        for (int side = 0; side < 2; ++side) {
-            if (made_[side]) sh("ip netns del " + ns_[side]);
-        }
+        bool skip = false;
+        const std::string why = pair_.make(2, &skip);
+        if (!why.empty() && skip) GTEST_SKIP() << why;
+        ASSERT_EQ(why, "");
     }
 
-    std::string link(int side, int k) const {
-        return std::string(side == 0 ? "ta" : "tb") + std::to_string(k + 1) + "-" +
-               ns_[0].substr(5);
-    }
+    std::string link(int side, int k) const { return pair_.link(side, k); }
+    pid_t fork_in(int side, const std::function<int()>& fn) { return pair_.fork_in(side, fn); }
 
     Config config(int side) const {
         Config c;
@@ -143,16 +59,6 @@ class NetnsRails : public ::testing::Test {
         c.connect_timeout_ms = 10000;
         c.log_level = "error";
         return c;
-    }
-
-    // Runs `fn` in a child that entered namespace `side`; its exit status is fn's.
-    pid_t fork_in(int side, const std::function<int()>& fn) {
-        const pid_t pid = ::fork();
-        if (pid != 0) return pid;
-        const int fd = ::open(("/var/run/netns/" + ns_[side]).c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) _exit(90);
-        ::close(fd);
-        _exit(fn());
     }
 
     // The target: one region of `bytes`, described to the initiator, kept until it says so.
@@ -248,8 +154,7 @@ class NetnsRails : public ::testing::Test {
         return report;
     }
 
-    std::string ns_[2];
-    bool made_[2] = {false, false};
+    NetnsPair pair_;
 };
 
 TEST_F(NetnsRails, APeerIsStripedOverBothLinksAndEveryByteArrives) {
@@ -271,7 +176,7 @@ TEST_F(NetnsRails, ALinkTakenDownMidTransferEndsItWithAnError) {
     // stalled-channel check, both a few seconds here), the peer with it. No failover: the
     // application reconnects (docs/engine.md).
     for (int k = 0; k < 2; ++k) {
-        ASSERT_EQ(sh("ip netns exec " + ns_[0] + " tc qdisc add dev " + link(0, k) +
+        ASSERT_EQ(sh("ip netns exec " + pair_.ns(0) + " tc qdisc add dev " + link(0, k) +
                      " root tbf rate 200mbit burst 64kb latency 200ms"),
                   0);
     }
