@@ -175,6 +175,7 @@ TEST_F(NetnsRails, ALinkTakenDownMidTransferEndsItWithAnError) {
     // 0.4 s in. Its chunks cannot arrive: the transfer fails (TCP user timeout and the engine's
     // stalled-channel check, both a few seconds here), the peer with it. No failover: the
     // application reconnects (docs/engine.md).
+    if (sh("tc -V") != 0) GTEST_SKIP() << "no `tc` (iproute2) to slow the links down";
     for (int k = 0; k < 2; ++k) {
         ASSERT_EQ(sh("ip netns exec " + pair_.ns(0) + " tc qdisc add dev " + link(0, k) +
                      " root tbf rate 200mbit burst 64kb latency 200ms"),
