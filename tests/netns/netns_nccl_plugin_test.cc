@@ -89,6 +89,7 @@ class NetnsNcclPlugin : public ::testing::Test {
             if (Status st = net->close_recv(comm); !st.ok()) return "close_recv: " + st.to_string();
             if (Status st = net->close_listen(listen[d]); !st.ok())
                 return "close_listen: " + st.to_string();
+            send_msg(sock, "received");  // every byte of this device's comm is here
         }
         std::string done;
         recv_msg(sock, &done);  // the sender is done (its sends completed)
@@ -141,6 +142,10 @@ class NetnsNcclPlugin : public ::testing::Test {
                 if (!st.ok()) return "send: " + st.to_string();
             }
             if (Status st = net->close_send(comm); !st.ok()) return "close_send: " + st.to_string();
+            // A completed send has only handed its bytes to the kernel: count what left once
+            // the receiver has them all.
+            std::string received;
+            if (!recv_msg(sock, &received)) return "no word from the receiver";
             const uint64_t out = tx_bytes(pair_.link(0, d)) - tx0[d];
             const uint64_t other = tx_bytes(pair_.link(0, 1 - d)) - tx0[1 - d];
             if (out < total || other >= total / 4) {
@@ -168,8 +173,16 @@ TEST_F(NetnsNcclPlugin, EachDeviceCarriesItsCommsOverItsOwnLink) {
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     ASSERT_EQ(::pipe(rep[0]), 0);
     ASSERT_EQ(::pipe(rep[1]), 0);
-    const pid_t rx = run_in(1, rep[1][1], [&] { return receiver(sv[1]); });
-    const pid_t tx = run_in(0, rep[0][1], [&] { return sender(sv[0]); });
+    // Each child keeps only its own ends: one left holding the other's would never see it go,
+    // and wait for ever on a sender that failed.
+    const pid_t rx = run_in(1, rep[1][1], [&] {
+        for (int fd : {sv[0], rep[0][0], rep[0][1], rep[1][0]}) ::close(fd);
+        return receiver(sv[1]);
+    });
+    const pid_t tx = run_in(0, rep[0][1], [&] {
+        for (int fd : {sv[1], rep[1][0], rep[1][1], rep[0][0]}) ::close(fd);
+        return sender(sv[0]);
+    });
     ::close(sv[0]);
     ::close(sv[1]);
     std::string report[2];

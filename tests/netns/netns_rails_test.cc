@@ -136,8 +136,16 @@ class NetnsRails : public ::testing::Test {
     std::string run(uint64_t bytes, std::chrono::milliseconds cut = 0ms) {
         int sv[2], rep[2];
         if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || ::pipe(rep) != 0) return "pipe";
-        const pid_t t = fork_in(1, [&] { return target(sv[1], bytes); });
-        const pid_t i = fork_in(0, [&] { return initiator(sv[0], rep[1], bytes, cut); });
+        // Each child keeps only its own ends (a target holding the initiator's would wait for
+        // ever on one that died).
+        const pid_t t = fork_in(1, [&] {
+            for (int fd : {sv[0], rep[0], rep[1]}) ::close(fd);
+            return target(sv[1], bytes);
+        });
+        const pid_t i = fork_in(0, [&] {
+            for (int fd : {sv[1], rep[0]}) ::close(fd);
+            return initiator(sv[0], rep[1], bytes, cut);
+        });
         ::close(sv[0]);
         ::close(sv[1]);
         ::close(rep[1]);
