@@ -1,8 +1,10 @@
 #include "bench/kv_workload.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <utility>

@@ -14,15 +14,21 @@
 // names the request it moved: the command channel never carries piece lists.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
 #include "bench/harness/measure.h"
 #include "bench/harness/memory.h"
 #include "tcpx/status.h"
+
+// Declared, not included: CLI11's and nlohmann_json's full headers cost seconds of compile time
+// in every file that includes this one (every driver, through engine_bench.h); the files that
+// build options or JSON include them.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace tcpx::bench {
 

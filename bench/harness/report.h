@@ -5,7 +5,7 @@
 
 #include <cstddef>
 #include <functional>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // the .cc files that build JSON include json.hpp
 #include <string>
 #include <vector>
 
