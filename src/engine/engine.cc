@@ -25,7 +25,6 @@
 namespace tcpx {
 
 using engine::Clock;
-using engine::Op;
 namespace wire = engine::wire;
 
 namespace {

@@ -15,7 +15,6 @@ namespace tcpx {
 using engine::Clock;
 using engine::Op;
 using engine::Region;
-namespace wire = engine::wire;
 
 // --- the data channels
 // -----------------------------------------------------------------------------

@@ -13,7 +13,6 @@
 namespace tcpx {
 
 using engine::Clock;
-using engine::Op;
 using engine::Region;
 namespace wire = engine::wire;
 
