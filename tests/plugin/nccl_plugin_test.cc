@@ -300,19 +300,27 @@ TEST(NcclPlugin, DevicesCarryTheirPciPathAndSpeed) {
     const std::string chain = "pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:02.0/0000:15:00.0";
     tree->add_nic("lo", chain, 0, 200000);
     const std::string expected = std::filesystem::canonical(tree->root() + "/devices/" + chain);
+    // The lambda returns the child's exit code; the child then drops its own copy of the
+    // fixture (gtest's threadsafe style re-runs this body, mkdtemp included, in a fresh process),
+    // which std::_Exit would otherwise leave in the temporary directory.
+    const auto check = [&]() -> int {
+        const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
+        if (v9 == nullptr) return 10;
+        ::setenv("TCPX_P2P_SYSFS_ROOT", tree->root().c_str(), 1);
+        if (v9->init(count_logger) != tcpx_ncclSuccess) return 11;
+        int ndev = 0;
+        if (v9->devices(&ndev) != tcpx_ncclSuccess || ndev != 1) return 12;
+        tcpx_ncclNetProperties_v9_t p{};
+        if (v9->getProperties(0, &p) != tcpx_ncclSuccess) return 13;
+        if (p.pciPath == nullptr || expected != p.pciPath) return 14;
+        if (p.speed != 200000) return 15;
+        return 0;
+    };
     EXPECT_EXIT(
         {
-            const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
-            if (v9 == nullptr) std::_Exit(10);
-            ::setenv("TCPX_P2P_SYSFS_ROOT", tree->root().c_str(), 1);
-            if (v9->init(count_logger) != tcpx_ncclSuccess) std::_Exit(11);
-            int ndev = 0;
-            if (v9->devices(&ndev) != tcpx_ncclSuccess || ndev != 1) std::_Exit(12);
-            tcpx_ncclNetProperties_v9_t p{};
-            if (v9->getProperties(0, &p) != tcpx_ncclSuccess) std::_Exit(13);
-            if (p.pciPath == nullptr || expected != p.pciPath) std::_Exit(14);
-            if (p.speed != 200000) std::_Exit(15);
-            std::_Exit(0);
+            const int code = check();
+            tree.reset();
+            std::_Exit(code);
         },
         ::testing::ExitedWithCode(0), "");
 }
