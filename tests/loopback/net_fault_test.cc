@@ -443,16 +443,17 @@ TEST_F(NetFaultTest, AStreamAheadOfAMessageThatNeverStartsFailsOnceThePeerCloses
         net::RecvComm* recv = nullptr;
         ASSERT_NO_FATAL_FAILURE(
             hand_made_sender(779 + static_cast<uint64_t>(shape), true, &socks, &recv));
-        std::vector<uint8_t> dst(4096, 0);
+        std::vector<uint8_t> dst(16384, 0);
         Request* req = nullptr;
         ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
         const std::vector<uint8_t> payload(1000, 0x77);
         if (shape == kShortMessage) {
-            // Message 0 announced as 3000 bytes, 1000 sent; message 1 started on the other data
+            // Message 0 announced as 12288 bytes, 4096 sent; message 1 started on the other data
             // socket; then every socket closed.
-            const wire::ChunkHeader h0{wire::kChunkMagic, 1000, 0, 3000, 0, 0, 0};
+            const std::vector<uint8_t> first(4096, 0x77);
+            const wire::ChunkHeader h0{wire::kChunkMagic, 4096, 0, 12288, 0, 0, 0};
             ASSERT_TRUE(send_all(socks[1].get(), &h0, sizeof(h0)).ok());
-            ASSERT_TRUE(send_all(socks[1].get(), payload.data(), payload.size()).ok());
+            ASSERT_TRUE(send_all(socks[1].get(), first.data(), first.size()).ok());
             std::this_thread::sleep_for(20ms);
             const wire::ChunkHeader h1{wire::kChunkMagic, 1000, 1, 1000, 0, 0, 0};
             ASSERT_TRUE(send_all(socks[2].get(), &h1, sizeof(h1)).ok());
@@ -483,7 +484,7 @@ TEST_F(NetFaultTest, AStreamAheadOfAMessageThatNeverStartsFailsOnceThePeerCloses
         EXPECT_NE(st.message().find("can no longer arrive"), std::string::npos) << st.to_string();
         EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
         if (shape != kShortMessage) {
-            EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096) << "bytes landed";
+            EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 16384) << "bytes landed";
         }
         (void)net_->close_recv(recv);
     }
@@ -502,7 +503,7 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
         uint64_t announced;  // bytes of message 0 the forged stream may fill
         std::function<void(std::vector<Fd>&)> forge;
     };
-    const std::vector<uint8_t> payload(200, 0x77);
+    const std::vector<uint8_t> payload(8192, 0x77);
     auto control = [&](std::vector<Fd>& socks, uint32_t magic, uint64_t seq, uint64_t size,
                        size_t send) {
         const wire::MsgHeader m{magic, 0, seq, size, 0, 0};
@@ -524,17 +525,38 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
              control(socks, wire::kMsgMagic, 0, 16, 16);
          }},
         {"a chunk past its message's end", StatusCode::kProtocol, 0,
-         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 100, 90, 20); }},
-        {"a chunk announcing another size", StatusCode::kProtocol, 100,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 8192, 4096, 8192); }},
+        {"a chunk announcing another size", StatusCode::kProtocol, 8192,
          [&](std::vector<Fd>& socks) {
-             chunk(socks, 1, 0, 100, 0, 50);
-             chunk(socks, 2, 0, 200, 50, 50);
+             chunk(socks, 1, 0, 8192, 0, 4096);
+             chunk(socks, 2, 0, 12288, 4096, 4096);
          }},
-        {"chunks overlapping past the message's size", StatusCode::kProtocol, 100,
+        {"chunks overlapping past the message's size", StatusCode::kProtocol, 8192,
          [&](std::vector<Fd>& socks) {
-             chunk(socks, 1, 0, 100, 0, 60);
-             chunk(socks, 1, 0, 100, 40, 60);
+             chunk(socks, 1, 0, 8192, 0, 4096);
+             chunk(socks, 1, 0, 8192, 0, 8192);
          }},
+        // Overlaps whose lengths add up to the message's size: without the check, message 0
+        // would complete with its second half never written.
+        {"the same chunk twice", StatusCode::kProtocol, 8192,
+         [&](std::vector<Fd>& socks) {
+             chunk(socks, 1, 0, 8192, 0, 4096);
+             chunk(socks, 1, 0, 8192, 0, 4096);
+         }},
+        {"the same chunk on two sockets", StatusCode::kProtocol, 8192,
+         [&](std::vector<Fd>& socks) {
+             chunk(socks, 1, 0, 8192, 4096, 4096);
+             chunk(socks, 2, 0, 8192, 4096, 4096);
+         }},
+        {"chunks overlapping inside the message", StatusCode::kProtocol, 12288,
+         [&](std::vector<Fd>& socks) {
+             chunk(socks, 1, 0, 12288, 0, 8192);
+             chunk(socks, 2, 0, 12288, 4096, 4096);
+         }},
+        {"a chunk at an offset of no whole 4 KiB", StatusCode::kProtocol, 8192,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 8192, 100, 4096); }},
+        {"a chunk of no whole 4 KiB that does not end its message", StatusCode::kProtocol, 8192,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 8192, 0, 1000); }},
         {"a control message cut short by a close", StatusCode::kUnavailable, 64,
          [&](std::vector<Fd>& socks) {
              control(socks, wire::kMsgMagic, 0, 64, 10);
@@ -549,7 +571,7 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
         std::vector<Fd> socks;
         net::RecvComm* recv = nullptr;
         ASSERT_NO_FATAL_FAILURE(hand_made_sender(nonce++, true, &socks, &recv));
-        std::vector<uint8_t> dst0(4096, 0), dst1(4096, 0);
+        std::vector<uint8_t> dst0(16384, 0), dst1(16384, 0);
         Request* req0 = nullptr;
         Request* req1 = nullptr;
         ASSERT_TRUE(post_recv(net_.get(), recv, dst0.data(), dst0.size(), 0, &req0).ok());
@@ -563,9 +585,9 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
         EXPECT_NE(st1.code(), StatusCode::kTimeout) << st1.to_string();
         EXPECT_EQ(
             std::count(dst0.begin() + static_cast<std::ptrdiff_t>(shape.announced), dst0.end(), 0),
-            static_cast<std::ptrdiff_t>(4096 - shape.announced))
+            static_cast<std::ptrdiff_t>(dst0.size() - shape.announced))
             << "bytes landed past message 0";
-        EXPECT_EQ(std::count(dst1.begin(), dst1.end(), 0), 4096) << "bytes landed in receive 1";
+        EXPECT_EQ(std::count(dst1.begin(), dst1.end(), 0), 16384) << "bytes landed in receive 1";
         // The peer learns at once: its sockets are shut down.
         for (Fd& s : socks) {
             std::string rest;
@@ -573,6 +595,43 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
         }
         (void)net_->close_recv(recv);
     }
+}
+
+// A chunk still arriving on one socket while another socket sends the same bytes and the rest:
+// the lengths add up to the message's size, but the message must not complete while a chunk of
+// it is being read, or that socket's reader writes into a buffer the receive has handed back
+// (and, before the claim check, crashed on the message it could no longer find).
+TEST_F(NetFaultTest, NoLateBytesLandAfterAReceiveIsOver) {
+    ASSERT_GE(decode(handle_).nsocks, 2u);
+    std::vector<Fd> socks;
+    net::RecvComm* recv = nullptr;
+    ASSERT_NO_FATAL_FAILURE(hand_made_sender(4242, true, &socks, &recv));
+    std::vector<uint8_t> dst(8192, 0);
+    Request* req = nullptr;
+    ASSERT_TRUE(post_recv(net_.get(), recv, dst.data(), dst.size(), 0, &req).ok());
+    const std::vector<uint8_t> payload(4096, 0x77);
+    const wire::ChunkHeader first{wire::kChunkMagic, 4096, 0, 8192, 0, 0, 0};
+    const wire::ChunkHeader second{wire::kChunkMagic, 4096, 0, 8192, 4096, 0, 0};
+    // Socket 1: chunk [0, 4096), only its first 100 bytes for now.
+    ASSERT_TRUE(send_all(socks[1].get(), &first, sizeof(first)).ok());
+    ASSERT_TRUE(send_all(socks[1].get(), payload.data(), 100).ok());
+    std::this_thread::sleep_for(100ms);
+    // Socket 2: the same chunk whole, then [4096, 8192). The receiver may refuse the first and
+    // shut the sockets down before the rest is sent: then these sends fail, which is fine.
+    for (const auto* h : {&first, &second}) {
+        (void)send_all(socks[2].get(), h, sizeof(*h));
+        (void)send_all(socks[2].get(), payload.data(), payload.size());
+    }
+    const Status st = wait_request(net_.get(), req, nullptr, 10s);
+    EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    // The receive is over: the buffer is the caller's again. Socket 1 sends the rest of its chunk
+    // (its socket may be shut down by now; then the send fails, which is fine).
+    std::fill(dst.begin(), dst.end(), 0xee);
+    (void)send_all(socks[1].get(), payload.data(), payload.size() - 100);
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(std::count(dst.begin(), dst.end(), 0xee), 8192)
+        << "bytes landed after the receive was over";
+    (void)net_->close_recv(recv);
 }
 
 // A raw listener that plays the receiving side badly, to check what the connecting side does.

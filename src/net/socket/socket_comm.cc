@@ -617,7 +617,9 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
         return Bind::kPark;
     }
     RecvReq* req = posted_.front();
-    *msg = RecvMsg{req, nullptr, size, 0};
+    *msg = RecvMsg{};
+    msg->req = req;
+    msg->size = size;
     int slot = -1;
     for (int i = 0; i < req->n; ++i) {
         if (!req->slots[i].used && req->slots[i].tag == tag) {
@@ -644,6 +646,8 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
         } else {
             s.size = size;
             msg->dest = &s.mem;
+            const uint64_t units = (size + wire::kChunkAlign - 1) / wire::kChunkAlign;
+            msg->covered.assign((units + 63) / 64, 0);
         }
     }
     ++bound_upto_;
@@ -695,6 +699,25 @@ void RecvComm::wake_parked_locked() {
         }
     }
     parked_.erase(keep, parked_.end());
+}
+
+bool RecvMsg::claim(uint64_t offset, uint64_t length) {
+    if (offset % wire::kChunkAlign != 0 ||
+        (length % wire::kChunkAlign != 0 && offset + length != size)) {
+        return false;
+    }
+    if (claimed + length > size) return false;
+    if (dest != nullptr) {
+        // Alignment makes the chunk's units whole: the last may be partial only at the end.
+        const uint64_t first = offset / wire::kChunkAlign;
+        const uint64_t end = (offset + length + wire::kChunkAlign - 1) / wire::kChunkAlign;
+        for (uint64_t u = first; u < end; ++u) {
+            if (covered[u / 64] & (uint64_t{1} << (u % 64))) return false;
+        }
+        for (uint64_t u = first; u < end; ++u) covered[u / 64] |= uint64_t{1} << (u % 64);
+    }
+    claimed += length;
+    return true;
 }
 
 void RecvComm::complete_locked(const RecvMsg& msg) {
@@ -957,12 +980,20 @@ void RecvDataConn::service(uint32_t events) {
             auto it = comm->chunked_.find(hdr_.seq);
             if (it == comm->chunked_.end() || hdr_.size != it->second.size ||
                 hdr_.offset + hdr_.length < hdr_.offset ||
-                hdr_.offset + hdr_.length > it->second.size ||
-                it->second.received + hdr_.length > it->second.size) {
+                hdr_.offset + hdr_.length > it->second.size) {
                 comm->fail_locked(protocol_error(strformat(
                     "chunk [%llu, +%u) of message %llu does not belong to a message in flight",
                     static_cast<unsigned long long>(hdr_.offset), hdr_.length,
                     static_cast<unsigned long long>(hdr_.seq))));
+                return;
+            }
+            if (!it->second.claim(hdr_.offset, hdr_.length)) {
+                comm->fail_locked(protocol_error(strformat(
+                    "chunk [%llu, +%u) of message %llu overlaps another of its chunks or is not "
+                    "aligned to %llu bytes",
+                    static_cast<unsigned long long>(hdr_.offset), hdr_.length,
+                    static_cast<unsigned long long>(hdr_.seq),
+                    static_cast<unsigned long long>(wire::kChunkAlign))));
                 return;
             }
             dest_ = it->second.dest;
@@ -1012,6 +1043,14 @@ void RecvDataConn::service(uint32_t events) {
         {
             std::lock_guard<std::mutex> comm_lock(comm->mu_);
             auto it = comm->chunked_.find(hdr_.seq);
+            if (it == comm->chunked_.end()) {
+                // Cannot happen: the message completes only once every chunk claimed has been
+                // read in full, this one included. Refuse rather than trust it.
+                comm->fail_locked(
+                    protocol_error(strformat("chunk of message %llu finished after its message",
+                                             static_cast<unsigned long long>(hdr_.seq))));
+                return;
+            }
             it->second.received += hdr_.length;
             if (it->second.received == it->second.size) {
                 comm->complete_locked(it->second);

@@ -327,7 +327,17 @@ struct RecvMsg {
     RecvReq* req = nullptr;
     const MsgMemory* dest = nullptr;  // null: discard (the receive failed for this message)
     uint64_t size = 0;
-    uint64_t received = 0;
+    uint64_t received = 0;  // bytes of chunks read in full
+    uint64_t claimed = 0;   // bytes of chunks bound to it: read in full or still arriving
+    // With a destination: one bit per wire::kChunkAlign bytes of the message, set once a chunk
+    // has claimed them (one bit per 4 KiB: 2 KiB for a 64 MiB message).
+    std::vector<uint64_t> covered;
+
+    // Claims [offset, offset + length) for a chunk about to be read: false when the chunk is not
+    // aligned as wire::kChunkAlign says or overlaps bytes claimed before. The caller has checked
+    // that it lies within the message. So received == size only once every byte has arrived and
+    // no chunk of the message is still being read.
+    bool claim(uint64_t offset, uint64_t length);
 };
 
 class RecvControlConn final : public Conn {

@@ -81,8 +81,9 @@ struct SocketListen {
 
 CommConfig comm_config(const Settings& s) {
     CommConfig c;
-    c.chunk_size = s.chunk_size;
-    c.min_chunk_size = s.min_chunk_size;
+    // Whole units of wire::kChunkAlign (both are at least one), as the receiver requires.
+    c.chunk_size = s.chunk_size / wire::kChunkAlign * wire::kChunkAlign;
+    c.min_chunk_size = s.min_chunk_size / wire::kChunkAlign * wire::kChunkAlign;
     c.inline_threshold = s.inline_threshold;
     c.max_requests = static_cast<int>(s.max_requests);
     c.rcvlowat = s.socket_rcvlowat;

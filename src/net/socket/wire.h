@@ -105,6 +105,13 @@ struct ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == 40);
 
+// A chunk starts at a multiple of kChunkAlign in its message and is a multiple of it long, unless
+// it ends the message. The receiver keeps a bit per kChunkAlign bytes of each message it is
+// receiving, and refuses a chunk whose bytes were claimed by another: chunks that overlap could
+// otherwise add up to the message's size and complete a receive with bytes never written, or
+// while another socket was still writing into the buffer that the receive had handed back.
+inline constexpr uint64_t kChunkAlign = 4096;
+
 const char* reply_status_text(ReplyStatus status);
 
 // The listener's verdict on a complete Hello: nullopt when it is not a tcpx-p2p handshake at all
