@@ -310,10 +310,10 @@ int main(int argc, char** argv) {
         };
         put("fuzz_socket_stream", "inline", "" + rec(0, inline_msg(0, 100, 0)));
         put("fuzz_socket_stream", "chunks",
-            "" + rec(1, chunk(0, 3000, 0, 1000)) + rec(2, chunk(0, 3000, 1000, 2000)));
+            "" + rec(1, chunk(0, 12288, 0, 4096)) + rec(2, chunk(0, 12288, 4096, 8192)));
         put("fuzz_socket_stream", "all_receives",
-            "" + rec(0, inline_msg(0, 50, 0)) + rec(1, chunk(1, 21007, 0, 7000)) +
-                rec(2, chunk(1, 21007, 7000, 14007)) + rec(0, inline_msg(2, 4096, 0)) +
+            "" + rec(0, inline_msg(0, 50, 0)) + rec(1, chunk(1, 21007, 0, 8192)) +
+                rec(2, chunk(1, 21007, 8192, 12815)) + rec(0, inline_msg(2, 4096, 0)) +
                 rec(1, chunk(3, 30000, 0, 30000)));
         put("fuzz_socket_stream", "ahead", "" + rec(2, chunk(1, 1000, 0, 1000)));
     }
