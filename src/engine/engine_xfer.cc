@@ -91,7 +91,7 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
         auto x = std::make_unique<Xfer>();
         x->kind = kind;
         x->peer = &p;
-        x->chunk = p.chunk;  // (0 while connecting: set when a deferred post is issued)
+        x->chunk = p.chunk;  // (0 while connecting: set by queue_chunks or the deferred post)
         x->user_id = user_id;
         p.xfers.insert(x.get());
         if (user_visible) count(p, &Stats::transfers_started);
@@ -137,6 +137,15 @@ void Endpoint::Impl::destroy(Xfer* x) {
 }
 
 void Endpoint::Impl::queue_chunks(Peer& p, bool tx, Xfer* x) {
+    // A send or receive posted while connecting took the peer's chunk size before the connection
+    // agreed on one: cut it by the agreed one (both sides cut a send/recv pair alike by it).
+    if (x->chunk == 0) x->chunk = p.chunk;
+    if (x->chunk == 0) {
+        // Cannot happen: chunks are queued only on a ready connection, whose size is at least
+        // wire::kMinChunk. Fail the transfer rather than divide by it.
+        x->result = internal_error("a transfer was cut before its connection agreed a chunk size");
+        return;
+    }
     // Counted now, cut later (refill): what a transfer costs up front does not grow with its
     // length, whatever length a peer names.
     const auto len_at = [x](size_t i) { return x->pieces[i].len; };

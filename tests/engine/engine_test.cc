@@ -1286,6 +1286,63 @@ TEST(EngineEndpoints, PostsRightAfterConnectAsyncWaitForTheConnection) {
     }
 }
 
+// A send and a receive posted while connecting, each larger than what travels inline: their
+// chunks are cut by the size the connection agrees on, known only once it is ready (they were
+// cut by 0 before: a division by zero in the thread making progress, on the peer's RECV_CTS for
+// the send, on its SEND_DATA for the receive).
+TEST(EngineEndpoints, ChunkedSendAndRecvPostedWhileConnectingMoveEveryByte) {
+    for (const char* progress : {"on", "off"}) {
+        SCOPED_TRACE(progress);
+        Config config = engine_test_config();
+        config.progress_thread = progress;
+        auto a = make_endpoint("async-a", config);
+        auto b = make_endpoint("async-b");
+        ASSERT_TRUE(a && b);
+        constexpr size_t kSize = 1 << 20;
+        GuardedBuffer asrc(kSize), adst(kSize), bsrc(kSize), bdst(kSize);
+        fill_pattern(asrc.data(), kSize, 41);
+        fill_pattern(bsrc.data(), kSize, 42);
+        MemId as = *a->reg(asrc.data(), kSize);
+        MemId ad = *a->reg(adst.data(), kSize);
+        MemId bs = *b->reg(bsrc.data(), kSize);
+        MemId bd = *b->reg(bdst.data(), kSize);
+        auto id = a->connect_async(b->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        auto snd = a->send(*id, as, 0, kSize, 9);  // both posted while connecting
+        auto rcv = a->recv(*id, ad, 0, kSize, 10);
+        ASSERT_TRUE(snd.ok() && rcv.ok());
+        // (a may have no progress thread: it is polled while b waits for the connection.)
+        auto back = b->accept(1ms);
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!back.ok() && std::chrono::steady_clock::now() < deadline) {
+            (void)a->poll(*snd);
+            back = b->accept(1ms);
+        }
+        ASSERT_TRUE(back.ok()) << back.status().to_string();
+        auto brcv = b->recv(*back, bd, 0, kSize, 9);
+        auto bsnd = b->send(*back, bs, 0, kSize, 10);
+        ASSERT_TRUE(brcv.ok() && bsnd.ok());
+        // (a may have no progress thread: it is polled while b's transfers finish.)
+        std::vector<std::pair<Endpoint*, XferId>> all = {
+            {a.get(), *snd}, {a.get(), *rcv}, {b.get(), *brcv}, {b.get(), *bsnd}};
+        std::vector<XferStatus> st(all.size());
+        bool busy = true;
+        while (busy) {
+            busy = false;
+            for (size_t i = 0; i < all.size(); ++i) {
+                if (st[i].state != XferState::kInProgress) continue;
+                st[i] = all[i].first->poll(all[i].second);
+                busy = busy || st[i].state == XferState::kInProgress;
+            }
+        }
+        for (const XferStatus& s : st) EXPECT_EQ(s.state, XferState::kDone) << s.error.to_string();
+        EXPECT_EQ(find_pattern_mismatch(bdst.data(), kSize, 41), -1);
+        EXPECT_EQ(find_pattern_mismatch(adst.data(), kSize, 42), -1);
+        EXPECT_TRUE(asrc.canaries_intact() && adst.canaries_intact() && bsrc.canaries_intact() &&
+                    bdst.canaries_intact());
+    }
+}
+
 // A connect_async that cannot succeed: what waited for it fails with its error, the peer's
 // status says so, and disconnect forgets it.
 TEST(EngineEndpoints, PostsWaitingForAFailedConnectFailWithItsError) {
