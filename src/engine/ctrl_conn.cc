@@ -17,13 +17,29 @@ void CtrlConn::reset(Fd fd) {
     fd_ = std::move(fd);
     out_.clear();
     out_offset_ = 0;
+    queued_ = written_ = reply_bytes_ = 0;
+    replies_.clear();
     in_.clear();
     begin_ = end_ = consumed_ = 0;
 }
 
 void CtrlConn::queue(std::string msg, std::string tail) {
+    const uint64_t size = msg.size() + tail.size();
     out_.push_back(std::move(msg));
     if (!tail.empty()) out_.push_back(std::move(tail));
+    queued_ += size;
+}
+
+void CtrlConn::queue_reply(std::string msg, std::string tail) {
+    const uint64_t size = msg.size() + tail.size();
+    replies_.push_back(Reply{queued_ + size, size});  // (may throw: nothing queued yet)
+    try {
+        queue(std::move(msg), std::move(tail));
+    } catch (...) {
+        replies_.pop_back();
+        throw;
+    }
+    reply_bytes_ += size;
 }
 
 Status CtrlConn::flush() {
@@ -37,6 +53,11 @@ Status CtrlConn::flush() {
         }
         TCPX_ASSIGN_OR_RETURN(size_t n, send_some(fd_.get(), iov, cnt));
         if (n == 0) return Status();  // full: later
+        written_ += n;
+        while (!replies_.empty() && replies_.front().end <= written_) {
+            reply_bytes_ -= replies_.front().size;
+            replies_.pop_front();
+        }
         while (n > 0) {
             const size_t left = out_.front().size() - out_offset_;
             if (n >= left) {

@@ -44,6 +44,12 @@ class CtrlConn {
     // made malloc give the heap back and fault it in again each time (a 256 KiB inline write
     // took 1.5 ms instead of 0.1 on a VM).
     void queue(std::string msg, std::string tail = {});
+    // The same for a reply to one of the peer's requests: counted by reply_bytes() until it has
+    // gone out. A peer that asks without reading the answers would otherwise make us hold them
+    // without bound (60 bytes of READ_REQ ask for 64 KiB of inline data).
+    void queue_reply(std::string msg, std::string tail = {});
+    // Bytes of replies queued and not yet written in full.
+    uint64_t reply_bytes() const { return reply_bytes_; }
     bool has_output() const { return !out_.empty(); }
     // Writes queued bytes until done or the socket is full.
     Status flush();
@@ -60,6 +66,16 @@ class CtrlConn {
     Fd fd_;
     std::deque<std::string> out_;
     size_t out_offset_ = 0;  // bytes of out_.front() already written
+    uint64_t queued_ = 0;    // bytes ever queued
+    uint64_t written_ = 0;   // bytes ever written
+    // Each reply not yet written in full: where it ends in the output (as queued_ counts) and
+    // its size.
+    struct Reply {
+        uint64_t end;
+        uint64_t size;
+    };
+    std::deque<Reply> replies_;
+    uint64_t reply_bytes_ = 0;
     std::vector<char> in_;
     size_t begin_ = 0;
     size_t end_ = 0;

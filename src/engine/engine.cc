@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -652,6 +653,11 @@ void Endpoint::Impl::send_ctrl(Peer& p, std::string msg, std::string tail) {
     p.last_send = Clock::now();
 }
 
+void Endpoint::Impl::send_reply(Peer& p, std::string msg, std::string tail) {
+    p.ctrl.queue_reply(std::move(msg), std::move(tail));
+    p.last_send = Clock::now();
+}
+
 bool Endpoint::Impl::read_control(Peer& p) {
     bool eof = false;
     Status st = p.ctrl.read(&eof);
@@ -676,6 +682,23 @@ bool Endpoint::Impl::read_control(Peer& p) {
         if (!st.ok()) {
             fail_peer(p, st);
             return true;
+        }
+        if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > engine::kMaxQueuedReplies) {
+            // What is queued went out as far as the socket took it (flush), and the peer keeps
+            // asking: it does not read what it asks for.
+            (void)p.ctrl.flush();
+            if (p.ctrl.reply_bytes() > engine::kMaxQueuedReplies) {
+                // Closed with a reset: a graceful close would leave the kernel holding what the
+                // socket took (megabytes) for a peer that reads nothing, and it hears no BYE.
+                const linger abort_close{1, 0};
+                (void)::setsockopt(p.ctrl.fd(), SOL_SOCKET, SO_LINGER, &abort_close,
+                                   sizeof(abort_close));
+                fail_peer(
+                    p, resource_exhausted(strformat(
+                           "the peer asks without reading the replies: %llu bytes of them queued",
+                           static_cast<unsigned long long>(p.ctrl.reply_bytes()))));
+                return true;
+            }
         }
     }
     if (eof && p.state != Peer::State::kFailed) {

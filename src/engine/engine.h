@@ -219,6 +219,12 @@ struct Extent {
 // Requests posted to one peer while its connection is being made (connect_async), at most.
 inline constexpr size_t kMaxDeferred = 65536;
 
+// Replies to a peer's requests queued and not yet taken by its control socket, at most: a peer
+// past it asks faster than it reads the answers, and is disconnected. One that reads them holds
+// a few replies at a time (inline data only for a lone transfer; acknowledgements of at most
+// MAX_TRANSFERS requests take about 3 MiB).
+inline constexpr uint64_t kMaxQueuedReplies = 16 << 20;
+
 // A peer's life (engine_handshake.cc drives all but the last two):
 //   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
 //   inbound:  [kAuthInit -> kAuthProof] ->        kHello -> kChannels -> kReady
@@ -391,6 +397,8 @@ class Endpoint::Impl {
     void issue_or_defer(Peer& p, std::function<void()> issue);
     // Queues a message (and its inline data, after it: CtrlConn::queue).
     void send_ctrl(Peer& p, std::string msg, std::string tail = {});
+    // The same for a reply to the peer's request (bounded by kMaxQueuedReplies: read_control).
+    void send_reply(Peer& p, std::string msg, std::string tail = {});
     void fail_peer(Peer& p, Status why);
     // From a catch block: fails `p` with the exception being handled (out of memory), `where`
     // saying what was under way. Never throws (a failure cut short is finished by a later pass).

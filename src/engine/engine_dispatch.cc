@@ -229,7 +229,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     if (!refused.ok()) {
         std::string msg = wire::encode_read_resp(req.xfer, 0, refused);
         wire::end_message(&msg);
-        send_ctrl(p, std::move(msg));
+        send_reply(p, std::move(msg));
         count(p, &Stats::requests_served);
         return Status();
     }
@@ -249,14 +249,14 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
                               : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
         if (!st.ok()) payload.clear();
         wire::end_message(&msg, payload.size());
-        send_ctrl(p, std::move(msg), std::move(payload));
+        send_reply(p, std::move(msg), std::move(payload));
         count(p, &Stats::requests_served);
         if (st.ok()) count(p, &Stats::bytes_sent, total);
         return Status();
     }
     std::string msg = wire::encode_read_resp(req.xfer, 0, Status());
     wire::end_message(&msg);
-    send_ctrl(p, std::move(msg));
+    send_reply(p, std::move(msg));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
     x->wire_id = req.xfer;
     if (req.chunk != 0) x->chunk = req.chunk;

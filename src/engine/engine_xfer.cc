@@ -270,7 +270,7 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
                 queue_notification(p, std::move(x->notification), x->notification_held);
                 x->notification_held = false;
             }
-            send_ctrl(p, wire::encode_write_ack(x->wire_id, x->result));
+            send_reply(p, wire::encode_write_ack(x->wire_id, x->result));
             break;
         case Xfer::Kind::kServeRead:
             break;
@@ -607,7 +607,7 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
             "a send of %llu bytes does not fit the receive of %llu bytes (tag %llu)",
             static_cast<unsigned long long>(rts.len), static_cast<unsigned long long>(recv->len),
             static_cast<unsigned long long>(rts.tag)));
-        send_ctrl(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, st));
+        send_reply(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, st));
         recv->result = st;
         recv->waiting = false;
         maybe_finish(recv);
@@ -616,7 +616,7 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
     recv->len = rts.len;
     recv->pieces.front().len = rts.len;  // what arrives, and so what is cut into chunks
     p.awaiting.emplace(recv->wire_id, recv);
-    send_ctrl(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, Status()));
+    send_reply(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, Status()));
 }
 
 // --- completion

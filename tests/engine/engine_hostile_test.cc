@@ -737,6 +737,64 @@ TEST(EngineHostile, RequestsPastTheTransferLimitFailThePeer) {
     expect_serves(ep.get());
 }
 
+// A peer that asks without reading the answers cannot make us hold them without bound: 60 bytes
+// of an inline READ_REQ ask for 64 KiB, a refused one (no key needed) for its error. Within the
+// bound (kMaxQueuedReplies, 16 MiB) it is served; past it, it is disconnected. Before the bound,
+// 8,000 such reads made the target queue 400 MiB.
+TEST(EngineHostile, APeerThatAsksWithoutReadingTheRepliesIsBounded) {
+    constexpr size_t kLen = 64 * 1024;
+    GuardedBuffer src(kLen);
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    const MemId m = *ep->reg(src.data(), kLen);
+    const RemoteMem desc = *ep->describe(m);
+    auto reads = [&](int n, uint64_t key, uint64_t len) {
+        wire::ReadReq req;
+        req.flags = wire::kFlagInline;
+        req.segs = {wire::Segment{key, 0, len}};
+        std::string batch;
+        for (int i = 0; i < n; ++i) {
+            req.xfer = static_cast<uint64_t>(i + 1);
+            batch += wire::encode_read_req(req);
+        }
+        return batch;
+    };
+    struct Case {
+        const char* what;
+        uint64_t key;
+        uint64_t len;
+        int within;  // requests whose replies stay under the bound
+        int past;    // enough to go past it
+    };
+    // A refusal's reply is some 100 bytes: 20,000 of them stay under 16 MiB, 400,000 do not.
+    for (const Case& c : {Case{"inline reads", desc.key, kLen, 100, 2000},
+                          Case{"refused reads", desc.key ^ 1, 1, 20000, 400000}}) {
+        SCOPED_TRACE(c.what);
+        {
+            RawPeer raw(*ep);
+            ASSERT_TRUE(raw.ok());
+            int small = 4096;  // the raw peer reads nothing for now: keep its buffer small
+            ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+            send_all(raw.fd(), reads(c.within, c.key, c.len));
+            std::this_thread::sleep_for(300ms);
+            // (closed_by_peer reads the replies: from here on the peer reads them.)
+            EXPECT_FALSE(closed_by_peer(raw.fd(), 300ms)) << "failed within the bound";
+        }
+        {
+            RawPeer raw(*ep);
+            ASSERT_TRUE(raw.ok());
+            int small = 4096;
+            ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+            send_all(raw.fd(), reads(c.past, c.key, c.len));
+            std::this_thread::sleep_for(1s);  // reading nothing
+            EXPECT_TRUE(closed_by_peer(raw.fd(), 10s)) << "replies queued past the bound";
+        }
+    }
+    EXPECT_TRUE(ep->dereg(m).ok());
+    EXPECT_TRUE(src.canaries_intact());
+    expect_serves(ep.get());
+}
+
 // Sends the application has not posted receives for are held, MAX_TRANSFERS of them at most.
 TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
     Config c = engine_test_config();
