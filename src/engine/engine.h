@@ -514,6 +514,8 @@ class Endpoint::Impl {
     Status check_serving_limit(const Peer& p) const;
     // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
     Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;
+    // Whether a notification of `size` bytes is one we accept at all (MAX_NOTIFICATION_SIZE).
+    Status check_notification_size(uint64_t size) const;
     // Whether a notification of `size` bytes from `p` fits what we hold for the application.
     Status notification_room(const Peer& p, uint64_t size) const;
     // `held`: its room was taken already (a served write's).

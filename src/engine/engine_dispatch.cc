@@ -60,13 +60,18 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
     }
 }
 
-Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
+Status Endpoint::Impl::check_notification_size(uint64_t size) const {
     if (size > config_.max_notification_size) {
         return resource_exhausted(
             strformat("a notification of %llu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
                       static_cast<unsigned long long>(size),
                       static_cast<unsigned long long>(config_.max_notification_size)));
     }
+    return Status();
+}
+
+Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
+    TCPX_RETURN_IF_ERROR(check_notification_size(size));
     if (p.notif_count + 1 > static_cast<uint64_t>(config_.max_queued_notifications) ||
         p.notif_bytes + size > config_.max_queued_notification_bytes) {
         return resource_exhausted(strformat(
@@ -111,11 +116,13 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     TCPX_RETURN_IF_ERROR(wire::decode_write_req(body, flags, &req));
     TCPX_RETURN_IF_ERROR(check_serving_limit(p));
     TCPX_RETURN_IF_ERROR(check_request_chunk(p, req.chunk, "WRITE_REQ"));
+    // A notification larger than any we accept fails the peer, as a standalone one does: its
+    // write's data may still have to drain, and the peer would choose how long we hold it.
+    TCPX_RETURN_IF_ERROR(check_notification_size(req.notification.size()));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
     x->wire_id = req.xfer;
     if (req.chunk != 0) x->chunk = req.chunk;
     x->has_notification = (flags & wire::kFlagNotif) != 0;
-    x->notification = std::string(req.notification);
     // Every segment is checked before any byte lands.
     std::vector<Region*> regions;
     for (size_t i = 0; i < req.segs.size(); ++i) {
@@ -128,11 +135,14 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         regions.push_back(*r);
     }
     // Its notification must have room before any byte lands; the room is held from now on.
+    // Only a write that will deliver its notification keeps it: a refused one holds none while
+    // its data drains.
     if (x->result.ok() && x->has_notification) {
-        Status room = notification_room(p, x->notification.size());
+        Status room = notification_room(p, req.notification.size());
         if (!room.ok()) {
             x->result = room.with_context("write refused");
         } else {
+            x->notification = std::string(req.notification);
             ++p.notif_count;
             p.notif_bytes += x->notification.size();
             x->notification_held = true;

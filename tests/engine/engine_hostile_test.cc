@@ -646,6 +646,27 @@ TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
     EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
 }
 
+// A write refused for its key would keep its notification while its data drains, for as long as
+// the peer takes to send that: one larger than any we accept fails the peer at once instead.
+TEST(EngineHostile, AWriteWithANotificationLargerThanTheLimitFailsThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::WriteReq req;
+    req.xfer = 7;
+    req.flags = wire::kFlagNotif;
+    req.segs = {wire::Segment{0x1234, 0, 1}};  // an unknown key: refused, one byte to drain
+    const std::string note(2 << 20, 'n');      // limit: 1 MiB
+    req.notification = note;
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    send_all(raw.fd(), msg);
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer was not failed";
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
 TEST(EngineHostile, HundredPeersWriteAtTheSameMoment) {
     constexpr int kPeers = 100;
     constexpr size_t kLen = 64 << 10;
