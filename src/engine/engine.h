@@ -43,6 +43,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/params.h"
@@ -74,6 +75,44 @@ inline Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
 
 struct Peer;
 
+// Notifications held for the application, counted against a bound.
+struct NotificationTally {
+    uint64_t count = 0;
+    uint64_t bytes = 0;
+};
+
+// The room a served write's notification takes in the endpoint-wide tally while the write's
+// data arrives. It goes back when its transfer is deleted, however the transfer ends: delivered
+// (the notification is in the queue, counted there, by then) or failed. Tied to the transfer's
+// lifetime so that no path that ends a transfer can forget it.
+class HeldNotificationRoom {
+ public:
+    HeldNotificationRoom() = default;
+    HeldNotificationRoom(NotificationTally* tally, uint64_t bytes) : tally_(tally), bytes_(bytes) {
+        ++tally_->count;
+        tally_->bytes += bytes_;
+    }
+    HeldNotificationRoom(const HeldNotificationRoom&) = delete;
+    HeldNotificationRoom& operator=(const HeldNotificationRoom&) = delete;
+    HeldNotificationRoom& operator=(HeldNotificationRoom&& other) noexcept {
+        release();
+        tally_ = std::exchange(other.tally_, nullptr);
+        bytes_ = other.bytes_;
+        return *this;
+    }
+    ~HeldNotificationRoom() { release(); }
+
+ private:
+    void release() {
+        if (tally_ == nullptr) return;
+        --tally_->count;
+        tally_->bytes -= bytes_;
+        tally_ = nullptr;
+    }
+    NotificationTally* tally_ = nullptr;
+    uint64_t bytes_ = 0;
+};
+
 // A transfer in progress: one the application posted (user_id != 0), or a peer's request being
 // served. Holds a reference on every region it touches until it is destroyed.
 struct Xfer {
@@ -99,8 +138,9 @@ struct Xfer {
     bool has_notification = false;
     std::string notification;
     // A served write's notification has its room in the peer's queue held from the request on,
-    // so writes in flight cannot push the queue past its bound.
+    // so writes in flight cannot push the queue past its bound; and in the endpoint's.
     bool notification_held = false;
+    HeldNotificationRoom endpoint_notification_room;
     // Two-sided.
     uint64_t tag = 0;
     uint64_t len = 0;
@@ -516,7 +556,8 @@ class Endpoint::Impl {
     Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;
     // Whether a notification of `size` bytes is one we accept at all (MAX_NOTIFICATION_SIZE).
     Status check_notification_size(uint64_t size) const;
-    // Whether a notification of `size` bytes from `p` fits what we hold for the application.
+    // Whether a notification of `size` bytes from `p` fits what we hold for the application:
+    // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
     // `held`: its room was taken already (a served write's).
     void queue_notification(Peer& p, std::string payload, bool held);
@@ -556,7 +597,34 @@ class Endpoint::Impl {
         PeerId peer;
         Notification notification;
     };
-    std::deque<QueuedNotification> notifications_;
+    // The notifications waiting for the application, with their size: what the endpoint-wide
+    // bound counts, whoever sent them (a peer that is gone leaves its notifications here for the
+    // application, and they must still count). get_notifications() moves the payloads out, then
+    // clears the queue.
+    class NotificationQueue {
+     public:
+        void push_back(QueuedNotification q) {
+            const uint64_t size = q.notification.payload.size();
+            entries_.push_back(std::move(q));
+            bytes_ += size;
+        }
+        size_t size() const { return entries_.size(); }
+        uint64_t bytes() const { return bytes_; }
+        auto begin() { return entries_.begin(); }
+        auto end() { return entries_.end(); }
+        void clear() {
+            entries_.clear();
+            bytes_ = 0;
+        }
+
+     private:
+        std::deque<QueuedNotification> entries_;
+        uint64_t bytes_ = 0;
+    };
+    NotificationQueue notifications_;
+    // The room served writes in flight hold (Xfer::endpoint_notification_room): with the queue,
+    // what MAX_QUEUED_NOTIFICATIONS_TOTAL / _BYTES_TOTAL bound.
+    engine::NotificationTally held_notifications_;
     engine::auth::Secrets secrets_;
     std::vector<epoll_event> events_;  // room for every watched socket
     Clock::time_point next_tick_{};

@@ -80,6 +80,17 @@ Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
             static_cast<unsigned long long>(p.notif_count),
             static_cast<unsigned long long>(p.notif_bytes)));
     }
+    // And for all peers together: the per-peer bound alone would multiply with the peers at
+    // once, and with every peer that came and went leaving its notifications behind.
+    const uint64_t count = notifications_.size() + held_notifications_.count;
+    const uint64_t bytes = notifications_.bytes() + held_notifications_.bytes;
+    if (count + 1 > static_cast<uint64_t>(config_.max_queued_notifications_total) ||
+        bytes + size > config_.max_queued_notification_bytes_total) {
+        return resource_exhausted(strformat(
+            "the application has not taken %llu notifications (%llu bytes) from all peers: "
+            "TCPX_P2P_MAX_QUEUED_NOTIFICATIONS_TOTAL / _BYTES_TOTAL reached",
+            static_cast<unsigned long long>(count), static_cast<unsigned long long>(bytes)));
+    }
     return Status();
 }
 
@@ -146,6 +157,8 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
             ++p.notif_count;
             p.notif_bytes += x->notification.size();
             x->notification_held = true;
+            x->endpoint_notification_room =
+                engine::HeldNotificationRoom(&held_notifications_, x->notification.size());
         }
     }
     const bool ok = x->result.ok();

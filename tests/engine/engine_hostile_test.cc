@@ -646,6 +646,62 @@ TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
     EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
 }
 
+// The bound holds for all peers together: a peer that fills its share and goes leaves its
+// notifications to the application, still counted, and the next one gets only what is left.
+TEST(EngineHostile, NotificationsOfAPeerThatLeftStillCountAgainstTheEndpointBound) {
+    Config tc = engine_test_config();
+    tc.max_queued_notification_bytes = 4 << 20;        // per peer
+    tc.max_queued_notification_bytes_total = 6 << 20;  // all peers
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    const std::string note(1 << 20, 'n');  // MAX_NOTIFICATION_SIZE
+    {
+        RawPeer first(*ep);
+        ASSERT_TRUE(first.ok());
+        for (int i = 0; i < 4; ++i) send_all(first.fd(), wire::encode_notif(note));
+        EXPECT_FALSE(closed_by_peer(first.fd(), 200ms)) << "within both bounds";
+    }  // it leaves, never accepted
+    RawPeer second(*ep);
+    ASSERT_TRUE(second.ok());
+    for (int i = 0; i < 4; ++i) send_all(second.fd(), wire::encode_notif(note));
+    EXPECT_TRUE(closed_by_peer(second.fd(), 5s)) << "the endpoint-wide bound was not enforced";
+    auto got = ep->get_notifications();
+    EXPECT_EQ(got.size(), 6u);
+    expect_serves(ep.get());
+}
+
+// Peers connected at once share the bound too; a write whose notification finds it reached is
+// refused and its connection lives, as at the peer's own bound.
+TEST(EngineHostile, AWriteWhoseNotificationFindsTheEndpointBoundReachedIsRefused) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications_total = 2;
+    auto ep = make_endpoint("target", tc);
+    auto a = make_endpoint("writer-a", engine_test_config());
+    auto b = make_endpoint("writer-b", engine_test_config());
+    ASSERT_TRUE(ep && a && b);
+    Link la = link(a.get(), ep.get());
+    Link lb = link(b.get(), ep.get());
+    constexpr size_t kLen = 64 << 10;
+    GuardedBuffer src(kLen), dst(kLen);
+    MemId as = *a->reg(src.data(), kLen);
+    MemId bs = *b->reg(src.data(), kLen);
+    RemoteMem d = *ep->describe(*ep->reg(dst.data(), kLen));
+    for (int i = 0; i < 2; ++i) {
+        auto w = a->write(la.a_to_b, as, 0, d, 0, kLen, "note");
+        ASSERT_TRUE(w.ok());
+        EXPECT_TRUE(a->wait(*w, 10s).ok());
+    }
+    auto w = b->write(lb.a_to_b, bs, 0, d, 0, kLen, "note");
+    ASSERT_TRUE(w.ok());
+    Status st = b->wait(*w, 10s);
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+    EXPECT_EQ(ep->get_notifications().size(), 2u);
+    auto again = b->write(lb.a_to_b, bs, 0, d, 0, kLen, "note");
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(b->wait(*again, 10s).ok());
+    EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
+}
+
 // A write refused for its key would keep its notification while its data drains, for as long as
 // the peer takes to send that: one larger than any we accept fails the peer at once instead.
 TEST(EngineHostile, AWriteWithANotificationLargerThanTheLimitFailsThePeer) {
