@@ -115,6 +115,16 @@ Result get_result(Reader* r) {
     return out;
 }
 
+// Whether the lengths of `segs` add up without overflow; their sum in `*total`.
+bool sum_lengths(const std::vector<Segment>& segs, uint64_t* total) {
+    *total = 0;
+    for (const Segment& s : segs) {
+        if (s.len > UINT64_MAX - *total) return false;
+        *total += s.len;
+    }
+    return true;
+}
+
 Status malformed(MsgType type) {
     return protocol_error(strformat("malformed %s message", msg_type_name(type)));
 }
@@ -338,10 +348,7 @@ Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m) {
     if (flags & kFlagNotif) m->notification = r.str(kMaxBody);
     if (r.failed()) return malformed(MsgType::kWriteReq);
     uint64_t total = 0;
-    for (const Segment& s : m->segs) {
-        if (s.len > UINT64_MAX - total) return malformed(MsgType::kWriteReq);
-        total += s.len;
-    }
+    if (!sum_lengths(m->segs, &total)) return malformed(MsgType::kWriteReq);
     if (flags & kFlagInline) {
         if (total != r.left()) return malformed(MsgType::kWriteReq);
         m->data = r.raw(total);
@@ -366,6 +373,9 @@ Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m) {
     m->chunk = r.u64();
     if (m->chunk != 0 && m->chunk < kMinChunk) return malformed(MsgType::kReadReq);
     if (!get_segments(&r, &m->segs) || r.left() != 0) return malformed(MsgType::kReadReq);
+    // The server adds the lengths up (inline or not): a sum that wraps would pass for a small one.
+    uint64_t total = 0;
+    if (!sum_lengths(m->segs, &total)) return malformed(MsgType::kReadReq);
     return Status();
 }
 

@@ -247,7 +247,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
             break;
         }
         regions.push_back(*r);
-        total += s.len;
+        total += s.len;  // no overflow: decode checked
     }
     if (!refused.ok()) {
         std::string msg = wire::encode_read_resp(req.xfer, 0, refused);

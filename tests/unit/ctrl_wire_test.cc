@@ -178,6 +178,12 @@ TEST(CtrlWire, ForgedCountsAndLengthsAreRefused) {
     msg = encode_write_req(WriteReq{1, 0, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}, {}, {}});
     end_message(&msg);
     EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
+    // The same for a read: its server adds them up too.
+    ReadReq rm;
+    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}});
+    EXPECT_EQ(decode_read_req(body_of(msg), 0, &rm).code(), StatusCode::kProtocol);
+    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX - 2}, {2, 0, 2}}});
+    EXPECT_TRUE(decode_read_req(body_of(msg), 0, &rm).ok());
     // SEND_DATA whose inline bytes disagree with its length.
     msg = encode_send_data(1, kFlagInline, 4);
     msg += "abc";
