@@ -122,7 +122,8 @@ class TcpxTransfer;
 class TCPX_API Endpoint {
  public:
     // Starts an endpoint: picks the interface and transport from `config`, listens for peers.
-    // `name` identifies it to peers (default: "<host>:<port>").
+    // `name` identifies it to peers (default: "<host>:<port>"): at most 256 bytes, no ASCII
+    // control characters (INVALID_ARGUMENT otherwise).
     static StatusOr<std::unique_ptr<Endpoint>> create(const Config& config, std::string name = "");
     // Disconnects every peer (their transfers fail) and stops.
     ~Endpoint();

@@ -110,7 +110,8 @@ typedef struct tcpx_endpoint_t tcpx_endpoint_t;
 
 /* Starts an endpoint: picks the interface and transport from `config` (NULL: from the
  * environment, as tcpx_config_from_env), listens for peers. `name` identifies it to peers (at
- * most TCPX_NAME_MAX bytes; NULL or "": "<host>:<port>"). Destroy it with tcpx_endpoint_destroy.
+ * most TCPX_NAME_MAX bytes, no ASCII control characters; NULL or "": "<host>:<port>"). Destroy it
+ * with tcpx_endpoint_destroy.
  */
 TCPX_C_API tcpx_status_t tcpx_endpoint_create(const tcpx_config_t* config, const char* name,
                                               tcpx_endpoint_t** out);

@@ -1,5 +1,6 @@
 #include "engine/ctrl_wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/status_util.h"
@@ -135,6 +136,14 @@ std::string finish(std::string msg) {
 }
 
 }  // namespace
+
+bool valid_name(std::string_view name) {
+    if (name.size() > kMaxName) return false;
+    return std::none_of(name.begin(), name.end(), [](char c) {
+        const auto b = static_cast<unsigned char>(c);
+        return b < 0x20 || b == 0x7f;
+    });
+}
 
 std::string encode_auth_init(const AuthInit& m) {
     std::string msg = begin_message(MsgType::kAuthInit, 0);
@@ -274,7 +283,7 @@ Status decode_auth_init(std::string_view body, AuthInit* m) {
     }
     m->nonce = r.raw(kAuthBytes);
     m->name = r.str(kMaxName);
-    if (r.failed() || r.left() != 0) return malformed(MsgType::kAuthInit);
+    if (r.failed() || r.left() != 0 || !valid_name(m->name)) return malformed(MsgType::kAuthInit);
     return Status();
 }
 
@@ -283,7 +292,8 @@ Status decode_auth_challenge(std::string_view body, AuthChallenge* m) {
     m->nonce = r.raw(kAuthBytes);
     m->name = r.str(kMaxName);
     const uint8_t n = r.u8();
-    if (r.failed() || n < 1 || n > kMaxAuthMacs || r.left() != n * kAuthBytes) {
+    if (r.failed() || n < 1 || n > kMaxAuthMacs || r.left() != n * kAuthBytes ||
+        !valid_name(m->name)) {
         return malformed(MsgType::kAuthChallenge);
     }
     m->macs.clear();
@@ -328,7 +338,7 @@ Status decode_hello(std::string_view body, Hello* m) {
     m->name = std::string(r.str(kMaxName));
     const uint32_t n = r.u32();
     if (r.failed() || n != m->channels || n == 0 ||
-        static_cast<uint64_t>(n) * net::kHandleSize != r.left()) {
+        static_cast<uint64_t>(n) * net::kHandleSize != r.left() || !valid_name(m->name)) {
         return malformed(MsgType::kHello);
     }
     m->handles.resize(n);

@@ -44,6 +44,11 @@ inline constexpr uint32_t kMaxInlineData = 1u << 20;
 // HELLO with 16 handles is under 3 KiB.
 inline constexpr uint32_t kHandshakeMessage = 64u << 10;
 inline constexpr size_t kMaxName = 256;
+// Whether `name` may name an endpoint: at most kMaxName bytes, none an ASCII control character
+// (NUL, ESC, line breaks, DEL). A peer's name goes into our logs and errors and into the
+// application's Notification::peer: one that could drive a terminal or cut a C string short is
+// refused. Other bytes (UTF-8) are fine.
+bool valid_name(std::string_view name);
 inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
 // The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
 inline constexpr uint64_t kMinChunk = 4096;

@@ -115,6 +115,10 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         return invalid_argument(
             strformat("endpoint name of %zu bytes exceeds %zu", name.size(), wire::kMaxName));
     }
+    // Peers refuse a name with control characters in a handshake: refused here, it says why.
+    if (!wire::valid_name(name)) {
+        return invalid_argument("endpoint name '" + printable(name) + "' holds control characters");
+    }
     // The NIC(s) closest to our GPU, or those TCPX_P2P_GPU_NIC_MAP names (docs/topology.md):
     // the socket transport's interfaces (and so the control listener's) unless SOCKET_IFNAME is
     // set, or the plugin's device.

@@ -67,6 +67,10 @@ StatusOr<EndpointAddress> decode_metadata(std::string_view bytes) {
     out.name = std::string(r.str(wire::kMaxName));
     if (r.failed() || r.left() != 0)
         return invalid_argument("truncated or malformed endpoint metadata");
+    // The name is checked as a peer's HELLO would be, where it is compared with this one.
+    if (!wire::valid_name(out.name)) {
+        return invalid_argument("endpoint metadata names an endpoint with control characters");
+    }
     sockaddr_storage ss{};
     socklen_t len = 0;
     if (family == AF_INET) {

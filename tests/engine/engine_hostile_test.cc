@@ -17,6 +17,7 @@
 
 #include "common/socket.h"
 #include "common/status_util.h"
+#include "common/strings.h"
 #include "engine/auth.h"
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
@@ -340,7 +341,7 @@ TEST(EngineHostile, AbandonedChannelConnectsAreReleased) {
 // A peer that does the whole handshake by hand, then says what it likes.
 class RawPeer {
  public:
-    explicit RawPeer(const Endpoint& target) {
+    explicit RawPeer(const Endpoint& target, std::string name = "raw") {
         Config c = engine_test_config();
         net_ = net::SocketNet::create(c).value();
         net::Handle mine;
@@ -349,7 +350,7 @@ class RawPeer {
         wire::Hello hello;
         hello.channels = 1;
         hello.chunk = kChunk;
-        hello.name = "raw";
+        hello.name = std::move(name);
         hello.handles = {mine};
         send_all(fd_, wire::encode_hello(hello));
         wire::Header h;
@@ -1036,6 +1037,23 @@ TEST(EngineHostile, AByeCarriesItsReasonPrintableAndBounded) {
 }
 
 // Our read answered inline with more bytes than it asked for.
+// A peer's name reaches our logs, errors and Notification::peer: one with control characters
+// (a terminal escape, a NUL) ends the handshake.
+TEST(EngineHostile, AHelloWithControlCharactersInItsNameEndsTheHandshake) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    for (const std::string& name : {std::string("evil\x1b[2Jname"), std::string("nul\0name", 8),
+                                    std::string("line\nbreak")}) {
+        RawPeer raw(*ep, name);
+        EXPECT_FALSE(raw.ok()) << "a HELLO named '" << printable(name) << "' was answered";
+    }
+    EXPECT_FALSE(ep->accept(200ms).ok());
+    expect_serves(ep.get());
+    // Nor may an endpoint take such a name: no peer would talk to it.
+    EXPECT_EQ(Endpoint::create(engine_test_config(), "evil\x1b[2Jname").status().code(),
+              StatusCode::kInvalidArgument);
+}
+
 TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
     expect_forged_answer_writes_nothing(
         [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {

@@ -65,7 +65,7 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             if (!w::decode_hello(body, &m).ok()) return false;
             FUZZ_CHECK(m.version == w::kVersion);
             FUZZ_CHECK(m.channels > 0 && m.handles.size() == m.channels);
-            FUZZ_CHECK(m.name.size() <= w::kMaxName);
+            FUZZ_CHECK(w::valid_name(m.name));
             const std::string msg = w::encode_hello(m);
             // The format has no slack: the re-encoding is the input.
             FUZZ_CHECK(body_of(msg, type, 0) == body);
@@ -187,7 +187,7 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             if (!w::decode_auth_init(body, &m).ok()) return false;
             FUZZ_CHECK(m.version == w::kVersion);
             FUZZ_CHECK(m.nonce.size() == w::kAuthBytes);
-            FUZZ_CHECK(m.name.size() <= w::kMaxName);
+            FUZZ_CHECK(w::valid_name(m.name));
             FUZZ_CHECK(body_of(w::encode_auth_init(m), type, 0) == body);
             return true;
         }
@@ -195,7 +195,7 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             w::AuthChallenge m;
             if (!w::decode_auth_challenge(body, &m).ok()) return false;
             FUZZ_CHECK(m.nonce.size() == w::kAuthBytes);
-            FUZZ_CHECK(m.name.size() <= w::kMaxName);
+            FUZZ_CHECK(w::valid_name(m.name));
             FUZZ_CHECK(!m.macs.empty() && m.macs.size() <= w::kMaxAuthMacs);
             for (std::string_view mac : m.macs) FUZZ_CHECK(mac.size() == w::kAuthBytes);
             FUZZ_CHECK(body_of(w::encode_auth_challenge(m), type, 0) == body);

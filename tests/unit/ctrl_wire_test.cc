@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "common/strings.h"
+
 namespace tcpx::engine::wire {
 namespace {
 
@@ -214,6 +216,30 @@ TEST(CtrlWire, HelloIsCheckedWhole) {
     hello.name = std::string(kMaxName + 1, 'n');
     msg = encode_hello(hello);
     EXPECT_EQ(decode_hello(body_of(msg), &out).code(), StatusCode::kProtocol);
+}
+
+// A peer's name reaches logs, errors and the application: no control characters in it, from
+// the first message on. Other bytes (UTF-8) are names like any.
+TEST(CtrlWire, NamesWithControlCharactersAreRefused) {
+    const std::string bad[] = {std::string("a\0b", 3), "esc\x1b[31m", "line\nbreak", "del\x7f"};
+    for (const std::string& name : bad) {
+        EXPECT_FALSE(valid_name(name)) << printable(name);
+        Hello hello;
+        hello.channels = 1;
+        hello.name = name;
+        hello.handles.resize(1);
+        Hello out;
+        EXPECT_EQ(decode_hello(body_of(encode_hello(hello)), &out).code(), StatusCode::kProtocol);
+        const std::string nonce(kAuthBytes, 'n');
+        AuthInit init{kVersion, nonce, name};
+        AuthInit init_out;
+        EXPECT_EQ(decode_auth_init(body_of(encode_auth_init(init)), &init_out).code(),
+                  StatusCode::kProtocol);
+    }
+    EXPECT_TRUE(valid_name("node-1:port/gpu_0 (spare)"));
+    EXPECT_TRUE(valid_name("\xe3\x83\x8e\xe3\x83\xbc\xe3\x83\x89"));  // UTF-8
+    EXPECT_TRUE(valid_name(""));
+    EXPECT_FALSE(valid_name(std::string(kMaxName + 1, 'n')));
 }
 
 TEST(CtrlWire, PeerResultsKeepTheirCode) {
