@@ -913,14 +913,21 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
 
 void Endpoint::Impl::reap_peers() {
     // Failed peers the application never learnt of (inbound, not accepted) have nobody to tell.
+    bool reaped = false;
     for (auto it = peers_.begin(); it != peers_.end();) {
         const Peer& p = *it->second;
         if (p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone &&
             !p.known_to_user && !p.outbound) {
             it = peers_.erase(it);
+            reaped = true;
         } else {
             ++it;
         }
+    }
+    // Their places in the accept queue go with them: accept() would skip them, but an
+    // application that never calls it would otherwise keep one for every connection ever made.
+    if (reaped) {
+        std::erase_if(accept_queue_, [this](PeerId id) { return !peers_.contains(id); });
     }
 }
 
