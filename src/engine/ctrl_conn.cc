@@ -79,7 +79,12 @@ Status CtrlConn::read(bool* eof) {
         // Drop what was handed out, then make room.
         begin_ += consumed_;
         consumed_ = 0;
-        if (begin_ == end_) begin_ = end_ = 0;
+        if (begin_ == end_) {
+            begin_ = end_ = 0;
+            // A large message (up to MAX_CTRL_MESSAGE) grew the buffer: give it back once it is
+            // handled, or every peer that ever sent one would keep twice that for good.
+            if (in_.size() > 4 * kReadChunk) std::vector<char>().swap(in_);
+        }
         // A peer cannot make us buffer without bound: past two maximal messages, what is here
         // gets handled before more is read (TCP holds the rest back).
         if (end_ - begin_ > 2 * (sizeof(wire::Header) + max_message_ + inline_allowance_)) {

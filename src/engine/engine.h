@@ -141,6 +141,8 @@ struct Xfer {
     // so writes in flight cannot push the queue past its bound; and in the endpoint's.
     bool notification_held = false;
     HeldNotificationRoom endpoint_notification_room;
+    // A served request's pieces, counted in its peer's served_pieces until it is destroyed.
+    uint64_t served_pieces = 0;
     // Two-sided.
     uint64_t tag = 0;
     uint64_t len = 0;
@@ -321,6 +323,8 @@ struct Peer {
     // Notifications from this peer that our application has not taken yet.
     uint64_t notif_count = 0;
     uint64_t notif_bytes = 0;
+    // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
+    uint64_t served_pieces = 0;
     // Posts made while the connection was still being made (connect_async), issued in order the
     // moment it is ready; their transfers are already in `xfers` (so failing the peer fails
     // them). At most kMaxDeferred.
@@ -552,6 +556,9 @@ class Endpoint::Impl {
     }
 
     Status check_serving_limit(const Peer& p) const;
+    // RESOURCE_EXHAUSTED when serving a request of `pieces` more would take `p` past
+    // MAX_SERVED_PIECES (which fails it); else counts them for `x` (destroy() gives them back).
+    Status hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces);
     // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
     Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;
     // Whether a notification of `size` bytes is one we accept at all (MAX_NOTIFICATION_SIZE).

@@ -112,6 +112,19 @@ Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
     return Status();
 }
 
+Status Endpoint::Impl::hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces) {
+    // Each request is bounded (wire::kMaxSegments pieces), but a peer may have MAX_TRANSFERS of
+    // them served at once, each holding its list until its data has moved.
+    if (p.served_pieces + pieces > static_cast<uint64_t>(config_.max_served_pieces)) {
+        return resource_exhausted(strformat(
+            "the peer's requests in flight name more than %lld pieces (TCPX_P2P_MAX_SERVED_PIECES)",
+            static_cast<long long>(config_.max_served_pieces)));
+    }
+    p.served_pieces += pieces;
+    x->served_pieces = pieces;
+    return Status();
+}
+
 Status Endpoint::Impl::check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const {
     // Larger chunks than agreed would overrun the staging and scratch buffers sized by it.
     if (chunk > p.chunk) {
@@ -131,6 +144,7 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     // write's data may still have to drain, and the peer would choose how long we hold it.
     TCPX_RETURN_IF_ERROR(check_notification_size(req.notification.size()));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeWrite, p, false));
+    TCPX_RETURN_IF_ERROR(hold_served_pieces(p, x, req.segs.size()));  // (fails the peer)
     x->wire_id = req.xfer;
     if (req.chunk != 0) x->chunk = req.chunk;
     x->has_notification = (flags & wire::kFlagNotif) != 0;
@@ -281,6 +295,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     wire::end_message(&msg);
     send_reply(p, std::move(msg));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
+    TCPX_RETURN_IF_ERROR(hold_served_pieces(p, x, req.segs.size()));  // (fails the peer)
     x->wire_id = req.xfer;
     if (req.chunk != 0) x->chunk = req.chunk;
     for (size_t i = 0; i < req.segs.size(); ++i) {

@@ -130,7 +130,10 @@ void Endpoint::Impl::destroy(Xfer* x) {
         --x->peer->notif_count;
         x->peer->notif_bytes -= x->notification.size();
     }
-    if (x->peer != nullptr) x->peer->xfers.erase(x);
+    if (x->peer != nullptr) {
+        x->peer->served_pieces -= x->served_pieces;
+        x->peer->xfers.erase(x);
+    }
     delete x;
     // wait() may wait for this transfer, dereg() for a region it held (a served request's too).
     wake_waiters();

@@ -873,6 +873,39 @@ TEST(EngineHostile, APeerThatAsksWithoutReadingTheRepliesIsBounded) {
     expect_serves(ep.get());
 }
 
+// The pieces of a peer's requests served at once are bounded too (MAX_SERVED_PIECES): each
+// request's list is held until its data has moved, and MAX_TRANSFERS requests of a million
+// pieces each would be terabytes. The reads stay in flight: the raw peer never takes their data.
+TEST(EngineHostile, RequestsPastTheServedPiecesBoundFailThePeer) {
+    Config c = engine_test_config();
+    c.max_served_pieces = 1024;  // the least it may be
+    c.peer_timeout_ms = 60000;   // stalled reads must not end the peer first
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    constexpr size_t kLen = 64 << 20;
+    GuardedBuffer src(kLen);
+    RemoteMem desc = *ep->describe(*ep->reg(src.data(), kLen));
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    // 600 pieces of 64 KiB each: 37.5 MiB, more than the sockets' buffers take without a reader.
+    auto read_req = [&](uint64_t id) {
+        wire::ReadReq req;
+        req.xfer = id;
+        for (uint64_t i = 0; i < 600; ++i) req.segs.push_back({desc.key, i * 65536, 65536});
+        return wire::encode_read_req(req);
+    };
+    send_all(raw.fd(), read_req(1));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "failed within the bound";
+    send_all(raw.fd(), read_req(2));  // 1,200 pieces in flight: past the bound
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a request past the pieces bound was served";
+    EXPECT_TRUE(src.canaries_intact());
+    expect_serves(ep.get());
+}
+
 // Sends the application has not posted receives for are held, MAX_TRANSFERS of them at most.
 TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
     Config c = engine_test_config();
