@@ -73,6 +73,10 @@ struct TCPX_API EndpointInfo {
 struct TCPX_API Notification {
     std::string peer;     // the sending endpoint's name
     std::string payload;  // binary-safe, possibly empty
+    // The connection it came on, as connect/accept return it. A name is only the peer's claim;
+    // this says which connection made it (one the application refused, or one it never accepted,
+    // may carry a name another peer already holds). The id may be disconnected by now.
+    PeerId peer_id = 0;
 };
 
 // One piece of a vector transfer: `len` bytes between our registration `mem` at `offset` and the

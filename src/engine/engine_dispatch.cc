@@ -99,7 +99,8 @@ void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held)
         ++p.notif_count;
         p.notif_bytes += payload.size();
     }
-    notifications_.push_back(QueuedNotification{p.id, Notification{p.name, std::move(payload)}});
+    notifications_.push_back(
+        QueuedNotification{p.id, Notification{p.name, std::move(payload), p.id}});
 }
 
 // A peer may not make us hold more of its requests at once than our own transfer limit.

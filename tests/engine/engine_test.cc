@@ -558,8 +558,12 @@ TEST_F(EnginePair, StandaloneNotificationsBothWays) {
     EXPECT_EQ(at_b[0].payload, "one");
     EXPECT_EQ(at_b[1].payload, std::string("t\0o", 3));
     EXPECT_EQ(at_b[0].peer, "alpha");
+    // Each names the connection it came on, as this side knows it.
+    EXPECT_EQ(at_b[0].peer_id, link_.b_to_a);
+    EXPECT_EQ(at_b[1].peer_id, link_.b_to_a);
     ASSERT_EQ(at_a.size(), 1u);
     EXPECT_EQ(at_a[0].peer, "beta");
+    EXPECT_EQ(at_a[0].peer_id, link_.a_to_b);
 }
 
 // The notifications `ep` receives until one with `payload` arrives (included), in order.
