@@ -339,29 +339,79 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
 void TcpxBackend::harvest_inbound() const {
     while (true) {
         auto peer = ep_->accept(std::chrono::milliseconds(0));
-        if (!peer.ok()) return;
+        if (!peer.ok()) break;
         auto name = ep_->peer_name(*peer);
         if (!name.ok()) continue;
-        std::lock_guard<std::mutex> lock(mu_);
         // A name is the peer's own claim. One that is ours, or that of an agent whose connection
-        // to us is still up, is refused: it would take over that agent's replies.
-        std::string refusal;
+        // to us is still up, is refused: it would take over that agent's replies (and what it
+        // already sent is dropped, see deliverable()).
+        const char* refusal = nullptr;
         if (*name == localAgent) {
             refusal = "it claims this agent's own name";
         } else if (auto it = inbound_.find(*name); it != inbound_.end()) {
             if (!connection_lost(it->second)) {
-                refusal = "agent '" + *name + "' is already connected";
+                refusal = "an agent of that name is already connected";
             } else {
-                (void)ep_->disconnect(it->second);
+                close_peer(it->second, true);
+                inbound_.erase(it);
             }
         }
-        if (!refusal.empty()) {
+        if (refusal != nullptr) {
+            close_peer(*peer, false);
             NIXL_WARN << "TCPX: refused a connection from '" << *name << "': " << refusal;
-            (void)ep_->disconnect(*peer);
             continue;
         }
+        // (Without memory for the entry it stays connected, unrecorded: a working connection is
+        // not cut for a passing shortage; its notifications are judged by the name they claim,
+        // and release_lost() cannot release it when it ends.)
         inbound_[*name] = *peer;
     }
+    release_lost();
+}
+
+void TcpxBackend::release_lost() const {
+    // Asking the engine about every peer costs a progress pass each where no progress thread
+    // runs: not on every call of an application that polls without pause.
+    constexpr std::chrono::milliseconds kReleaseInterval{100};
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_release_) return;
+    next_release_ = now + kReleaseInterval;
+    for (auto* peers : {&inbound_, &outbound_}) {
+        for (auto it = peers->begin(); it != peers->end();) {
+            if (connection_lost(it->second)) {
+                // What it sent before it went is still delivered; a request still in flight on
+                // it has failed already and reports its own error (failed()).
+                close_peer(it->second, true);
+                it = peers->erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+}
+
+void TcpxBackend::close_peer(PeerId peer, bool deliver) const {
+    try {
+        closed_.insert_or_assign(peer, Closed{deliver, fetches_});
+    } catch (const std::bad_alloc&) {
+        // Unrecorded, its notifications are judged by the name they claim (deliverable()).
+    }
+    (void)ep_->disconnect(peer);
+}
+
+bool TcpxBackend::deliverable(const Notification& n) const noexcept {
+    if (auto it = closed_.find(n.peer_id); it != closed_.end()) return it->second.deliver;
+    auto in = inbound_.find(n.peer);
+    if (in != inbound_.end() && in->second == n.peer_id) return true;
+    if (auto out = outbound_.find(n.peer); out != outbound_.end() && out->second == n.peer_id) {
+        return true;
+    }
+    // A connection we never decided on: it ended before accept() could hand it to us (the
+    // engine returns live peers only). Judged as harvest_inbound() would have judged it.
+    if (n.peer == localAgent) return false;
+    if (in == inbound_.end()) return true;
+    const Status st = ep_->peer_status(in->second);
+    return !(st.ok() || st.code() == StatusCode::kFailedPrecondition);
 }
 
 std::optional<Status> TcpxBackend::connection_lost(PeerId peer) const {
@@ -373,7 +423,7 @@ std::optional<Status> TcpxBackend::connection_lost(PeerId peer) const {
 }
 
 StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (auto out = outbound_.find(agent); out != outbound_.end()) return out->second;
     if (auto info = conn_info_.find(agent); info != conn_info_.end()) {
         // Returns at once; what is posted on it meanwhile waits in the engine.
@@ -382,9 +432,7 @@ StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
         outbound_.emplace(agent, *peer);
         return *peer;
     }
-    lock.unlock();
     harvest_inbound();
-    lock.lock();
     if (auto in = inbound_.find(agent); in != inbound_.end()) return in->second;
     return Status(StatusCode::kNotFound,
                   "TCPX: no connection to agent '" + agent + "' (its metadata was never loaded)");
@@ -393,7 +441,7 @@ StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
 void TcpxBackend::drop_outbound(const std::string& agent) const {
     auto it = outbound_.find(agent);
     if (it == outbound_.end()) return;
-    (void)ep_->disconnect(it->second);  // its transfers in flight fail, here and there
+    close_peer(it->second, true);  // its transfers in flight fail, here and there
     outbound_.erase(it);
 }
 
@@ -411,12 +459,14 @@ nixl_status_t TcpxBackend::failed(const char* what, const std::string& agent, Pe
             drop_outbound(agent);
         }
         if (auto it = inbound_.find(agent); it != inbound_.end() && it->second == peer) {
-            (void)ep_->disconnect(peer);
+            close_peer(peer, true);
             inbound_.erase(it);
         }
     }
-    // Unless the peer was refused for its credentials, a lost connection is a disconnect.
-    const nixl_status_t code = to_nixl(*lost);
+    // Unless the peer was refused for its credentials, a lost connection is a disconnect. One
+    // already released (release_lost) no longer says why it ended; the transfer's own error,
+    // which is the connection's, does.
+    const nixl_status_t code = to_nixl(lost->code() == StatusCode::kNotFound ? st : *lost);
     return code == NIXL_ERR_NOT_ALLOWED ? code : NIXL_ERR_REMOTE_DISCONNECT;
 }
 
@@ -601,14 +651,42 @@ void TcpxBackend::reap_abandoned() const {
 
 nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
     return guarded("getNotifs", [&]() -> nixl_status_t {
+        // Exactly once, even out of memory: nothing is moved into notif_list (which NIXL drops
+        // when we fail) until there is room for all of it; what cannot be delivered now stays,
+        // in pending_ and local_notifs_, for the next call.
         reap_abandoned();
+        std::lock_guard<std::mutex> lock(mu_);
         harvest_inbound();
-        for (Notification& n : ep_->get_notifications()) {
+        if (pending_.empty()) {
+            // (Older than anything the engine still holds: those wait there meanwhile.)
+            pending_ = ep_->get_notifications();
+            ++fetches_;
+            // Peers whose first notifications these are: decided on before they are delivered.
+            if (!pending_.empty()) harvest_inbound();
+        }
+        size_t dropped = 0;
+        std::erase_if(pending_, [&](const Notification& n) {
+            const bool drop = !deliverable(n);
+            dropped += drop ? 1 : 0;
+            return drop;
+        });
+        notif_list.reserve(notif_list.size() + pending_.size() + local_notifs_.size());
+        for (Notification& n : pending_) {
             notif_list.emplace_back(std::move(n.peer), std::move(n.payload));
         }
-        std::lock_guard<std::mutex> lock(mu_);
+        pending_.clear();
         for (auto& n : local_notifs_) notif_list.push_back(std::move(n));
         local_notifs_.clear();
+        // Everything the closed connections sent before this call's engine fetch is decided on.
+        std::erase_if(closed_, [&](const auto& c) { return c.second.fetches < fetches_; });
+        if (dropped != 0) {
+            try {
+                NIXL_WARN << "TCPX: dropped " << dropped
+                          << " notification(s) from refused connections";
+            } catch (...) {
+                // Delivered already: a message is not worth failing the call for.
+            }
+        }
         return NIXL_SUCCESS;
     });
 }

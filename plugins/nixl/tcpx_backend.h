@@ -12,6 +12,7 @@
 // possibly made by the very thread that would wait).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -80,6 +81,9 @@ class TcpxBackend final : public nixlBackendEngine {
     StatusOr<PeerId> connection_to(const std::string& agent) const;
     // Forgets our connection to `agent` and closes it. mu_ held.
     void drop_outbound(const std::string& agent) const;
+    // Closes `peer`, remembering whether what it sent before is still to be delivered (a peer we
+    // had accepted as its agent) or not (one we refused). mu_ held.
+    void close_peer(PeerId peer, bool deliver) const;
     // Whether the connection `peer` has ended (failed, or closed); its error then.
     std::optional<Status> connection_lost(PeerId peer) const;
     // `what` on `peer` (to `agent`) failed with `st`: NIXL's status for it, logged. When the
@@ -87,8 +91,17 @@ class TcpxBackend final : public nixlBackendEngine {
     // (the request alone was refused: unknown memory, a bad argument) it is kept.
     nixl_status_t failed(const char* what, const std::string& agent, PeerId peer,
                          const Status& st) const;
-    // Learns the names of peers that connected to us.
+    // Learns the names of peers that connected to us, refusing those whose claim we cannot
+    // accept, and releases connections that ended (release_lost). mu_ held.
     void harvest_inbound() const;
+    // Closes and forgets the connections, ours and to us, that have ended (at most once per
+    // kReleaseInterval): the engine keeps a peer the application has learnt of until it is
+    // disconnected, so a departed initiator would otherwise hold one of MAX_PEERS for ever.
+    // mu_ held.
+    void release_lost() const;
+    // Whether a notification taken from the engine is the application's: not if it came on a
+    // connection we refused (or would have). mu_ held.
+    bool deliverable(const Notification& n) const noexcept;
     // Polls requests released while in flight, forgetting the finished ones. Locks mu_.
     void reap_abandoned() const;
     nixl_status_t start(Request* req, const nixl_opt_b_args_t* opt_args) const;
@@ -100,6 +113,19 @@ class TcpxBackend final : public nixlBackendEngine {
     mutable std::map<std::string, PeerId> inbound_;         // connections to us, by agent
     mutable std::vector<XferId> abandoned_;                 // released while in flight
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
+    // Connections we closed whose notifications may still wait in the engine (it keeps what a
+    // peer sent before the close), and whether to deliver them; forgotten once a later
+    // get_notifications has taken everything they sent.
+    struct Closed {
+        bool deliver = true;
+        uint64_t fetches = 0;  // fetches_ when it was closed
+    };
+    mutable std::map<PeerId, Closed> closed_;
+    mutable uint64_t fetches_ = 0;  // get_notifications calls made
+    mutable std::chrono::steady_clock::time_point next_release_{};
+    // Taken from the engine, not yet delivered: a getNotifs that could not allocate the room for
+    // them leaves them here, delivered first by the next one.
+    std::vector<Notification> pending_;
 };
 
 }  // namespace tcpx::nixl_backend

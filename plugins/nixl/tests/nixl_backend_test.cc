@@ -876,6 +876,84 @@ TEST(NixlNames, AClaimedNameCannotTakeOverAConnectedAgent) {
     EXPECT_EQ(write_from(real), NIXL_SUCCESS);
 }
 
+// What a refused connection sent before the target looked at who it is (the engine serves a
+// connection, and queues its notifications, from the moment it is made) is not delivered: an
+// impostor cannot tell the application, under a connected agent's name, that blocks are ready.
+TEST(NixlNames, AnImpostorsNotificationsAreNotDelivered) {
+    constexpr size_t kSize = 4096;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    TestAgent target("forge-target");
+    ASSERT_TRUE(target.reg(*dst));
+    const std::string md = target.metadata();
+    TestAgent real("forge-real");
+    ASSERT_TRUE(real.reg(*src));
+    ASSERT_EQ(real.load(md), "forge-target");
+    ASSERT_EQ(real->genNotif("forge-target", "from the real one"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(target, 1, {&real}));  // the target knows forge-real's connection
+    {
+        TestAgent impostor("forge-real");
+        ASSERT_TRUE(impostor.reg(*src));
+        ASSERT_EQ(impostor.load(md), "forge-target");
+        // A notification on its own and a WRITE's, both in the target's engine before the
+        // target's next getNotifs (its progress thread serves the impostor meanwhile).
+        EXPECT_EQ(impostor->genNotif("forge-target", "forged standalone"), NIXL_SUCCESS);
+        nixlXferReqH* req = nullptr;
+        const nixl_opt_args_t args = with_notif("forged write");
+        ASSERT_EQ(
+            impostor->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                                    xfer_list(*dst, {{0, kSize}}), "forge-target", req, &args),
+            NIXL_SUCCESS);
+        EXPECT_EQ(post_and_wait(impostor, req), NIXL_SUCCESS);  // the target not pumped
+        EXPECT_EQ(impostor->releaseXferReq(req), NIXL_SUCCESS);
+        // This getNotifs refuses (closes) the impostor's connection.
+        pump_for(std::chrono::milliseconds(300), {&target});
+    }
+    // The real agent's notifications still arrive, under its name; the forged ones never did.
+    ASSERT_EQ(real->genNotif("forge-target", "the real one again"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(target, 2, {&real}));
+    pump_for(std::chrono::milliseconds(100), {&target});
+    EXPECT_EQ(target.received(), (std::vector<Notif>{{"forge-real", "from the real one"},
+                                                     {"forge-real", "the real one again"}}));
+}
+
+// An initiator that went away gives back its place at the target: the target releases the
+// connection once it sees it ended (in its getNotifs). Kept, every departed initiator would hold
+// one of TCPX_P2P_MAX_PEERS for ever, and a target serving a stream of short-lived initiators
+// would soon refuse them all.
+TEST(NixlPeers, DepartedInitiatorsAreReleased) {
+    constexpr size_t kSize = 4096;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    AgentOptions topt;
+    topt.params["MAX_PEERS"] = "3";
+    TestAgent target("churn-target", topt);
+    ASSERT_TRUE(target.reg(*dst));
+    const std::string md = target.metadata();
+    for (int i = 0; i < 8; ++i) {  // more than MAX_PEERS, one after another
+        SCOPED_TRACE("initiator " + std::to_string(i));
+        {
+            TestAgent init("churn-init-" + std::to_string(i));
+            ASSERT_TRUE(init.reg(*src));
+            ASSERT_EQ(init.load(md), "churn-target");
+            nixlXferReqH* req = nullptr;
+            const nixl_opt_args_t args = with_notif("from " + init.name());
+            ASSERT_EQ(
+                init->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                                    xfer_list(*dst, {{0, kSize}}), "churn-target", req, &args),
+                NIXL_SUCCESS);
+            ASSERT_EQ(post_and_wait(init, req, {&target}), NIXL_SUCCESS);
+            EXPECT_EQ(init->releaseXferReq(req), NIXL_SUCCESS);
+            ASSERT_TRUE(wait_notifs(target, i + 1, {&init}));
+        }
+        // The initiator is gone; the target polls as a target does.
+        pump_for(std::chrono::milliseconds(300), {&target});
+    }
+    EXPECT_EQ(target.count({"churn-init-7", "from churn-init-7"}), 1u);
+}
+
 // --- 6: local transfers -------------------------------------------------------------------------
 
 struct LocalParam {

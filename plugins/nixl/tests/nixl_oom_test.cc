@@ -5,8 +5,11 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend_plugin.h"
@@ -16,23 +19,53 @@
 namespace tcpx::nixl_test {
 namespace {
 
+// The plugin, loaded as NIXL loads it, and backends made from it.
+class Plugin {
+ public:
+    Plugin() {
+        lib_ = ::dlopen(TCPX_NIXL_PLUGIN_DIR "/libplugin_TCPX.so", RTLD_NOW | RTLD_LOCAL);
+        EXPECT_NE(lib_, nullptr) << ::dlerror();
+        if (lib_ == nullptr) return;
+        auto init = reinterpret_cast<nixlBackendPlugin* (*)()>(::dlsym(lib_, "nixl_plugin_init"));
+        EXPECT_NE(init, nullptr);
+        if (init != nullptr) plugin_ = init();
+        EXPECT_NE(plugin_, nullptr);
+    }
+    ~Plugin() {
+        for (nixlBackendEngine* e : engines_) plugin_->destroy_engine(e);
+    }
+    Plugin(const Plugin&) = delete;
+    Plugin& operator=(const Plugin&) = delete;
+
+    // A backend of agent `name` (with a progress thread), or null.
+    nixlBackendEngine* make(const std::string& name) {
+        if (plugin_ == nullptr) return nullptr;
+        nixlBackendInitParams ip;
+        ip.localAgent = name;
+        ip.type = "TCPX";
+        ip.customParams = &params_;
+        ip.enableProgTh = true;
+        ip.syncMode = nixl_thread_sync_t::NIXL_THREAD_SYNC_DEFAULT;
+        nixlBackendEngine* engine = plugin_->create_engine(&ip);
+        if (engine != nullptr && engine->getInitErr()) {
+            plugin_->destroy_engine(engine);
+            return nullptr;
+        }
+        if (engine != nullptr) engines_.push_back(engine);
+        return engine;
+    }
+
+ private:
+    void* lib_ = nullptr;
+    nixlBackendPlugin* plugin_ = nullptr;
+    nixl_b_params_t params_ = loopback_params();
+    std::vector<nixlBackendEngine*> engines_;
+};
+
 TEST(NixlOom, AnEntryPointOutOfMemoryIsAnErrorAndTheBackendGoesOn) {
-    void* lib = ::dlopen(TCPX_NIXL_PLUGIN_DIR "/libplugin_TCPX.so", RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(lib, nullptr) << ::dlerror();
-    auto init = reinterpret_cast<nixlBackendPlugin* (*)()>(::dlsym(lib, "nixl_plugin_init"));
-    ASSERT_NE(init, nullptr);
-    nixlBackendPlugin* plugin = init();
-    ASSERT_NE(plugin, nullptr);
-    nixl_b_params_t params = loopback_params();
-    nixlBackendInitParams ip;
-    ip.localAgent = "oom-agent";
-    ip.type = "TCPX";
-    ip.customParams = &params;
-    ip.enableProgTh = true;
-    ip.syncMode = nixl_thread_sync_t::NIXL_THREAD_SYNC_DEFAULT;
-    nixlBackendEngine* engine = plugin->create_engine(&ip);
+    Plugin plugin;
+    nixlBackendEngine* engine = plugin.make("oom-agent");
     ASSERT_NE(engine, nullptr);
-    ASSERT_FALSE(engine->getInitErr());
 
     std::vector<uint8_t> buf(1 << 20, 7);
     const nixlBlobDesc desc(reinterpret_cast<uintptr_t>(buf.data()), buf.size(), 0, "");
@@ -69,7 +102,75 @@ TEST(NixlOom, AnEntryPointOutOfMemoryIsAnErrorAndTheBackendGoesOn) {
     EXPECT_EQ(engine->getPublicData(md, pub), NIXL_SUCCESS);
     EXPECT_FALSE(pub.empty());
     EXPECT_EQ(engine->deregisterMem(md), NIXL_SUCCESS);
-    plugin->destroy_engine(engine);
+}
+
+// Long enough that each message is an allocation of its own (past the small-string buffer).
+std::string message(int i) {
+    return "a notification longer than a small string's own buffer, #" + std::to_string(i);
+}
+
+// getNotifs out of memory at each of its allocations in turn: it fails (NIXL_ERR_BACKEND) with
+// nothing put in the list, which NIXL drops on an error, or succeeds with all of them; either
+// way each notification is delivered exactly once, by it or by the calls after it (no loss, no
+// duplicate, no empty "ghost" left from a half-moved one).
+void expect_each_once_out_of_memory(nixlBackendEngine* sender, nixlBackendEngine* receiver,
+                                    const std::string& to, const std::string& from) {
+    constexpr int kCount = 3;
+    int hits = 0;
+    for (long skip = 0; skip < 32; ++skip) {
+        SCOPED_TRACE("allocation " + std::to_string(skip));
+        for (int i = 0; i < kCount; ++i) {
+            ASSERT_EQ(sender->genNotif(to, message(i)), NIXL_SUCCESS);
+        }
+        if (sender != receiver) {
+            // In the receiver's engine before the faulty call (its progress thread takes them).
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        notif_list_t got;
+        nixl_status_t st;
+        bool hit;
+        {
+            test::AllocFault fault("", skip, 1);
+            st = receiver->getNotifs(got);
+            hit = fault.failed() > 0;
+        }
+        if (st != NIXL_SUCCESS) {
+            EXPECT_EQ(st, NIXL_ERR_BACKEND);
+            EXPECT_TRUE(got.empty()) << got.size() << " delivered by a call that failed";
+            got.clear();
+        }
+        // The rest, by the calls after it (and nothing more a while later).
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (got.size() < kCount && std::chrono::steady_clock::now() < deadline) {
+            ASSERT_EQ(receiver->getNotifs(got), NIXL_SUCCESS);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        ASSERT_EQ(receiver->getNotifs(got), NIXL_SUCCESS);
+        std::vector<std::pair<std::string, std::string>> want;
+        for (int i = 0; i < kCount; ++i) want.emplace_back(from, message(i));
+        EXPECT_EQ(got, want);
+        if (!hit) break;  // past the call's last allocation
+        ++hits;
+    }
+    EXPECT_GE(hits, 2);
+}
+
+TEST(NixlOom, GetNotifsOutOfMemoryDeliversLocalNotificationsOnce) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("oom-local");
+    ASSERT_NE(a, nullptr);
+    expect_each_once_out_of_memory(a, a, "oom-local", "oom-local");
+}
+
+TEST(NixlOom, GetNotifsOutOfMemoryDeliversRemoteNotificationsOnce) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("oom-sender");
+    nixlBackendEngine* b = plugin.make("oom-receiver");
+    ASSERT_TRUE(a && b);
+    std::string b_info;
+    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("oom-receiver", b_info), NIXL_SUCCESS);
+    expect_each_once_out_of_memory(a, b, "oom-receiver", "oom-sender");
 }
 
 }  // namespace
