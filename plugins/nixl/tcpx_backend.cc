@@ -426,10 +426,15 @@ StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto out = outbound_.find(agent); out != outbound_.end()) return out->second;
     if (auto info = conn_info_.find(agent); info != conn_info_.end()) {
+        // The entry first: a connection made and then not recorded would never be released.
+        auto slot = outbound_.emplace(agent, 0).first;
         // Returns at once; what is posted on it meanwhile waits in the engine.
         auto peer = ep_->connect_async(info->second);
-        if (!peer.ok()) return peer.status();
-        outbound_.emplace(agent, *peer);
+        if (!peer.ok()) {
+            outbound_.erase(slot);
+            return peer.status();
+        }
+        slot->second = *peer;
         return *peer;
     }
     harvest_inbound();
@@ -484,6 +489,10 @@ nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
     return guarded("disconnect", [&]() -> nixl_status_t {
         std::lock_guard<std::mutex> lock(mu_);
         drop_outbound(remote_agent);
+        // NIXL disconnects only when the application invalidates the agent's metadata, and
+        // loads the connection info again with the metadata: kept, it would pile up, one entry
+        // per agent ever loaded.
+        conn_info_.erase(remote_agent);
         return NIXL_SUCCESS;
     });
 }
@@ -625,17 +634,18 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
 
 nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     return guarded("releaseReqH", [&]() -> nixl_status_t {
-        auto* req = dynamic_cast<Request*>(handle);
+        // NIXL forgets the handle whatever this returns: freed on every path.
+        std::unique_ptr<Request> req(dynamic_cast<Request*>(handle));
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
         // (A refused request has finished in the engine: nothing to wait for.)
         if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
             // The engine cannot take back bytes already on the wire; it finishes (or fails) the
             // transfer on its own, delivering its notification if it succeeds, and we forget it
-            // then.
+            // then. (Without memory to note it, its completion is never polled: one record
+            // left in the engine, rather than the request and its descriptors here.)
             std::lock_guard<std::mutex> lock(mu_);
             abandoned_.push_back(req->xfer);
         }
-        delete req;
         return NIXL_SUCCESS;
     });
 }

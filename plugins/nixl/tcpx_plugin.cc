@@ -8,8 +8,15 @@ using Creator = nixlBackendPluginCreator<tcpx::nixl_backend::TcpxBackend>;
 }  // namespace
 
 extern "C" NIXL_PLUGIN_EXPORT nixlBackendPlugin* nixl_plugin_init() {
-    return Creator::create(NIXL_PLUGIN_API_VERSION, "TCPX", tcpx::version_string(),
-                           tcpx::nixl_backend::TcpxBackend::default_params(), {DRAM_SEG, VRAM_SEG});
+    // No exception may cross into NIXL (out of memory building the parameters, or the plugin
+    // object): no plugin instead, which NIXL reports as one that failed to load.
+    try {
+        return Creator::create(NIXL_PLUGIN_API_VERSION, "TCPX", tcpx::version_string(),
+                               tcpx::nixl_backend::TcpxBackend::default_params(),
+                               {DRAM_SEG, VRAM_SEG});
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 extern "C" NIXL_PLUGIN_EXPORT void nixl_plugin_fini() {}
