@@ -24,10 +24,13 @@ void CtrlConn::reset(Fd fd) {
 }
 
 void CtrlConn::queue(std::string msg, std::string tail) {
-    const uint64_t size = msg.size() + tail.size();
+    // Counted as each goes in: out of memory between the two, queued_ still says what is there.
     out_.push_back(std::move(msg));
-    if (!tail.empty()) out_.push_back(std::move(tail));
-    queued_ += size;
+    queued_ += out_.back().size();
+    if (!tail.empty()) {
+        out_.push_back(std::move(tail));
+        queued_ += out_.back().size();
+    }
 }
 
 void CtrlConn::queue_reply(std::string msg, std::string tail) {
