@@ -973,7 +973,8 @@ void RecvDataConn::service(uint32_t events) {
                         comm->fail_locked(std::move(error));
                         return;
                     case RecvComm::Bind::kBound:
-                        comm->chunked_.emplace(hdr_.seq, msg);
+                        // Moved in: its bitmap is not copied.
+                        comm->chunked_.emplace(hdr_.seq, std::move(msg));
                         break;
                 }
             }
