@@ -414,17 +414,30 @@ Status set_dead_peer_timeout(int fd, int64_t timeout_ms) {
     return Status();
 }
 
-// --- what the kernel orders and ThreadSanitizer cannot see ------------------------------------
+// --- what the kernel orders and the sanitizers cannot see ---------------------------------------
 //
-// TSan's send and sendmsg release the socket's sync object (one for every socket of the process)
-// before the call and mark the message's bytes read after it, so a receiver (its recv acquires
-// that object) is ordered after everything the sender did before the send but not after that
-// read. Where the receiver completes an operation on those bytes and the sender's memory is
-// written next (a READ's target and initiator in one process: the test rewrites the target's
-// memory once the read completes), TSan reports a race the kernel rules out: it copied the bytes
-// before the receiver could see them. So under TSan a send is what it is: the buffer's reads, then
-// the release (an intercepted send of no bytes), then the syscall, not intercepted, so that
-// nothing is recorded after the release. Other builds call sendmsg and nothing else.
+// The sanitizers' sendmsg runs the syscall first and looks at the message's bytes after it. By
+// then the kernel has copied them, and the receiver may have seen them and completed an operation
+// on them: when target and initiator share a process (the tests), the memory may already be
+// rewritten or freed. Both tools then report what the kernel rules out:
+// - TSan: its sendmsg releases the socket's sync object (one for every socket of the process)
+//   before the call and marks the bytes read after it. A receiver (its recv acquires that object)
+//   is ordered after everything the sender did before the send but not after that read: a race
+//   with the test rewriting the target's memory once a READ completes.
+// - ASan: the bytes are checked after the call, by a thread the scheduler may have set aside for
+//   milliseconds: a use after free when the test has freed the target's buffer meanwhile (seen in
+//   CI with socket I/O threads, on a loaded machine).
+// So under either, a send is what it is: the buffer's bytes checked (TSan: read) before the call,
+// then the syscall itself, not intercepted, so that nothing is recorded after the bytes left.
+// Other builds call sendmsg and nothing else.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TCPX_SOCKET_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TCPX_SOCKET_ASAN 1
+#endif
 #if defined(__SANITIZE_THREAD__)
 extern "C" void __tsan_read_range(void* addr, unsigned long size);
 namespace {
@@ -432,7 +445,20 @@ ssize_t sendmsg_ordered(int fd, const msghdr* msg, int flags) {
     for (size_t i = 0; i < msg->msg_iovlen; ++i) {
         __tsan_read_range(msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
     }
+    // (the release: an intercepted send of no bytes)
     (void)::send(fd, nullptr, 0, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return ::syscall(SYS_sendmsg, fd, msg, flags);
+}
+}  // namespace
+#elif defined(TCPX_SOCKET_ASAN)
+extern "C" void* __asan_region_is_poisoned(void* beg, size_t size);
+namespace {
+ssize_t sendmsg_ordered(int fd, const msghdr* msg, int flags) {
+    for (size_t i = 0; i < msg->msg_iovlen; ++i) {
+        void* bad = __asan_region_is_poisoned(msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+        // An instrumented load of the first bad byte: ASan's usual report, with this stack.
+        if (bad != nullptr) (void)*static_cast<volatile const uint8_t*>(bad);
+    }
     return ::syscall(SYS_sendmsg, fd, msg, flags);
 }
 }  // namespace
