@@ -180,6 +180,10 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     name_ = name.empty() ? listen_addr_.to_string() : std::move(name);
     choose_rails();
     xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers));
+    max_queued_replies_ =
+        engine::kInlineReplyBudget +
+        std::max(engine::kMinReplyRoomTotal,
+                 static_cast<uint64_t>(config.max_transfers) * engine::kReplyRoom);
 
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) return errno_status(errno, "epoll_create1");
@@ -687,11 +691,11 @@ bool Endpoint::Impl::read_control(Peer& p) {
             fail_peer(p, st);
             return true;
         }
-        if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > engine::kMaxQueuedReplies) {
+        if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > max_queued_replies_) {
             // What is queued went out as far as the socket took it (flush), and the peer keeps
             // asking: it does not read what it asks for.
             (void)p.ctrl.flush();
-            if (p.ctrl.reply_bytes() > engine::kMaxQueuedReplies) {
+            if (p.ctrl.reply_bytes() > max_queued_replies_) {
                 // Closed with a reset: a graceful close would leave the kernel holding what the
                 // socket took (megabytes) for a peer that reads nothing, and it hears no BYE.
                 const linger abort_close{1, 0};

@@ -261,11 +261,19 @@ struct Extent {
 // Requests posted to one peer while its connection is being made (connect_async), at most.
 inline constexpr size_t kMaxDeferred = 65536;
 
-// Replies to a peer's requests queued and not yet taken by its control socket, at most: a peer
-// past it asks faster than it reads the answers, and is disconnected. One that reads them holds
-// a few replies at a time (inline data only for a lone transfer; acknowledgements of at most
-// MAX_TRANSFERS requests take about 3 MiB).
-inline constexpr uint64_t kMaxQueuedReplies = 16 << 20;
+// Inline bytes in replies to one peer queued and not yet taken by its control socket, at most:
+// past it, a read we would answer inline is served through the data channels instead, which read
+// the region as they send and hold no copy. So a peer with thousands of small reads in flight is
+// answered whole, however many arrive in one pass (their inline replies would be 8 KiB each).
+inline constexpr uint64_t kInlineReplyBudget = 8 << 20;
+
+// Replies to a peer's requests queued and not yet taken by its control socket, at most
+// (Impl::max_queued_replies_): a peer past it asks faster than it reads the answers, and is
+// disconnected. One that reads them stays under it whatever it has in flight: the inline budget,
+// plus the replies without data (30-60 bytes each) of as many requests as MAX_TRANSFERS, at
+// kReplyRoom bytes each and no less than 8 MiB (16 MiB in all at the default MAX_TRANSFERS).
+inline constexpr uint64_t kReplyRoom = 128;
+inline constexpr uint64_t kMinReplyRoomTotal = 8 << 20;
 
 // A peer's life (engine_handshake.cc drives all but the last two):
 //   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
@@ -441,7 +449,7 @@ class Endpoint::Impl {
     void issue_or_defer(Peer& p, std::function<void()> issue);
     // Queues a message (and its inline data, after it: CtrlConn::queue).
     void send_ctrl(Peer& p, std::string msg, std::string tail = {});
-    // The same for a reply to the peer's request (bounded by kMaxQueuedReplies: read_control).
+    // The same for a reply to the peer's request (bounded by max_queued_replies_: read_control).
     void send_reply(Peer& p, std::string msg, std::string tail = {});
     void fail_peer(Peer& p, Status why);
     // From a catch block: fails `p` with the exception being handled (out of memory), `where`
@@ -672,6 +680,8 @@ class Endpoint::Impl {
     std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
     std::atomic<int> api_waiting_{0};  // API calls waiting for mu_
     bool own_progress_thread_ = false;
+    // Replies to one peer queued at most (kReplyRoom, above): set by init from MAX_TRANSFERS.
+    uint64_t max_queued_replies_ = 0;
 };
 
 }  // namespace tcpx

@@ -276,7 +276,10 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     const uint64_t limit = (req.flags & wire::kFlagInline) && all_host(regions)
                                ? std::max(inline_limit(), config_.xfer_inline_alone_read)
                                : inline_limit();
-    if (total <= limit) {
+    // Past the inline budget the read goes through the data channels: the reader takes a reply
+    // without data as "the data follows there" (on_read_resp), so a legitimate burst of small
+    // reads is served whole rather than taken for a peer that does not read its replies.
+    if (total <= limit && p.ctrl.reply_bytes() + total <= engine::kInlineReplyBudget) {
         std::string payload;
         Status st;
         for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {

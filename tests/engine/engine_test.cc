@@ -1450,6 +1450,51 @@ TEST(EngineEndpoints, AStuckPeerTimesOut) {
     EXPECT_NE(st.message().find("stuck"), std::string::npos) << st.to_string();
 }
 
+// Many small reads in flight at once are a legitimate peer's traffic, however many replies they
+// make the target queue in one pass: a target that reads a burst of them (its application polled
+// late, no progress thread) answers every one. The bound on queued replies is for a peer that does
+// not read them (EngineHostile), not for one that has asked for a lot.
+TEST(EngineEndpoints, ABurstOfSmallReadsIsServedWhole) {
+    Config config = engine_test_config();
+    config.progress_thread = "off";
+    auto a = make_endpoint("burst-a");
+    auto b = make_endpoint("burst-b", config);
+    ASSERT_TRUE(a && b);
+    constexpr int kReads = 6000;
+    constexpr uint64_t kLen = 8 << 10;  // inline: the reply carries the bytes
+    GuardedBuffer src(kReads * kLen), dst(kReads * kLen);
+    fill_pattern(src.data(), src.size(), 41);
+    MemId ms = *b->reg(src.data(), src.size());
+    MemId md = *a->reg(dst.data(), dst.size());
+    const RemoteMem desc = *b->describe(ms);
+    auto id = a->connect_async(b->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    auto back = b->accept(5s);  // (drives b until a is in)
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
+    std::vector<XferId> ids;
+    for (int i = 0; i < kReads; ++i) {
+        auto x = a->read(*id, md, i * kLen, desc, i * kLen, kLen);
+        ASSERT_TRUE(x.ok()) << i << ": " << x.status().to_string();
+        ids.push_back(*x);
+    }
+    // The requests pile up in b's socket while nothing drives b; then b reads them.
+    std::this_thread::sleep_for(200ms);
+    size_t done = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (done < ids.size() && std::chrono::steady_clock::now() < deadline) {
+        (void)b->peer_status(*back);  // (makes progress: b has no thread)
+        XferStatus st = a->poll(ids[done]);
+        if (st.state == XferState::kInProgress) continue;
+        ASSERT_EQ(st.state, XferState::kDone) << done << ": " << st.error.to_string();
+        ++done;
+    }
+    ASSERT_EQ(done, ids.size());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 41), -1);
+    EXPECT_TRUE(b->peer_status(*back).ok());
+    EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
+}
+
 TEST(EngineEndpoints, RequestsRightAfterConnectAreServed) {
     // The first request may reach the target in the same read as the handshake's last message.
     auto target = make_endpoint("target");
