@@ -133,11 +133,14 @@ std::vector<Column<Row>> table_columns(const EngineBenchOptions& o) {
     return cols;
 }
 
-// The inline limits: every transfer's, then a lone host-memory WRITE's and READ's.
+// The inline limits: every transfer's, a host-memory one's under load, then a lone host-memory
+// WRITE's and READ's.
 std::string inline_text(const Config& c) {
+    const uint64_t busy = std::max(c.xfer_inline_threshold, c.xfer_inline_busy);
     return strformat(
-        "inline up to %s (alone: WRITE %s, READ %s)", format_bytes(c.xfer_inline_threshold).c_str(),
-        format_bytes(std::max(c.xfer_inline_threshold, c.xfer_inline_alone)).c_str(),
+        "inline up to %s (host: %s; alone: WRITE %s, READ %s)",
+        format_bytes(c.xfer_inline_threshold).c_str(), format_bytes(busy).c_str(),
+        format_bytes(std::max(busy, c.xfer_inline_alone)).c_str(),
         format_bytes(std::max(c.xfer_inline_threshold, c.xfer_inline_alone_read)).c_str());
 }
 

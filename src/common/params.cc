@@ -253,6 +253,14 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
         s.xfer_inline_alone = s.socket_io == "caller" ? 256 * 1024 : 64 * 1024;
     }
     if (s.xfer_inline_alone_read == 0) s.xfer_inline_alone_read = 64 * 1024;
+    // Small transfers under load inside their requests too, where one thread does all the I/O:
+    // one message on the control socket instead of a request, a chunk on a data socket and an
+    // acknowledgement, each a system call and a wakeup on few cores. 16-64 KiB moved 1.3-1.6x
+    // so on two cores, 128 KiB did not gain (docs/engine.md, "Small transfers"); where I/O
+    // threads spread chunks over sockets the data channels stay.
+    if (s.xfer_inline_busy == 0) {
+        s.xfer_inline_busy = s.socket_io == "caller" ? 64 * 1024 : s.xfer_inline_threshold;
+    }
     return s;
 }
 

@@ -554,13 +554,14 @@ class Endpoint::Impl {
     void maybe_finish(Xfer* x);
     void destroy(Xfer* x);
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }
-    // A WRITE's, before it is posted to `p`: more for host memory when nothing else is in flight
-    // with the peer (the data then rides in the request, one message on one socket; under load
-    // the data channels, which spread over sockets, carry it).
+    // A WRITE's, before it is posted to `p`: more for host memory, XFER_INLINE_BUSY, and when
+    // nothing else is in flight with the peer, XFER_INLINE_ALONE if larger (the data then rides
+    // in the request, one message on one socket; otherwise the data channels, which spread over
+    // sockets, carry it).
     uint64_t inline_limit(const Peer& p, bool gpu) const {
-        return gpu || !p.xfers.empty()
-                   ? config_.xfer_inline_threshold
-                   : std::max(config_.xfer_inline_threshold, config_.xfer_inline_alone);
+        if (gpu) return config_.xfer_inline_threshold;
+        const uint64_t host = std::max(config_.xfer_inline_threshold, config_.xfer_inline_busy);
+        return p.xfers.empty() ? std::max(host, config_.xfer_inline_alone) : host;
     }
 
     Status check_serving_limit(const Peer& p) const;

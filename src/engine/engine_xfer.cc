@@ -436,12 +436,14 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         uint64_t total = 0;
         for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)
         const bool gpu = touches_gpu(iov, regions);
-        // Alone with the peer (x is all it has) and into host memory: the target may answer with
-        // the data inline (it checks its own memory and limit).
-        if (all_host(regions) && p->xfers.size() == 1 &&
-            config_.xfer_inline_alone_read > config_.xfer_inline_threshold) {
-            req.flags |= wire::kFlagInline;
-        }
+        // Into host memory, and alone with the peer (x is all it has) or small enough for
+        // XFER_INLINE_BUSY: the target may answer with the data inline (it checks its own
+        // memory and limit).
+        const bool alone =
+            p->xfers.size() == 1 && config_.xfer_inline_alone_read > config_.xfer_inline_threshold;
+        const bool busy = total <= config_.xfer_inline_busy &&
+                          config_.xfer_inline_busy > config_.xfer_inline_threshold;
+        if (all_host(regions) && (alone || busy)) req.flags |= wire::kFlagInline;
         issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
             x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
             wire::set_request_chunk(&msg, x->chunk);

@@ -86,6 +86,11 @@ TEST(Params, AutomaticValuesFollowTheCores) {
             EXPECT_EQ(s.xfer_inline_alone, caller ? 256u * 1024 : 64u * 1024)
                 << cores << " cores, progress thread " << progress;
             EXPECT_EQ(s.xfer_inline_alone_read, 64u * 1024);
+            // Under load too, only where one thread does the I/O (elsewhere: the threshold, off).
+            EXPECT_EQ(s.xfer_inline_busy, caller ? 64u * 1024 : s.xfer_inline_threshold)
+                << cores << " cores, progress thread " << progress;
+            in.xfer_inline_busy = 5000;
+            EXPECT_EQ(with_machine_defaults(in, cores).xfer_inline_busy, 5000u);
             in.xfer_inline_alone = 1;
             in.xfer_inline_alone_read = 100000;
             EXPECT_EQ(with_machine_defaults(in, cores).xfer_inline_alone, 1u);
