@@ -1,22 +1,13 @@
 #include "common/socket.h"
 
 #include <gtest/gtest.h>
+#include <sanitizer/asan_interface.h>  // (its poisoning macros do nothing outside ASan)
 #include <sys/socket.h>
 
 #include <thread>
 #include <vector>
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TCPX_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TCPX_TEST_ASAN 1
-#endif
-#if defined(TCPX_TEST_ASAN)
-#include <sanitizer/asan_interface.h>
-#endif
+#include "tests/support/sanitizers.h"
 
 namespace tcpx {
 namespace {
@@ -147,9 +138,7 @@ TEST(Sockets, ListenConnectAcceptAndPartialIo) {
 // Under ASan, send_some checks the bytes before the syscall and calls it uncaught (socket.cc says
 // why): a send from memory the program may not read must still be reported.
 TEST(Sockets, ASendFromMemoryNotToBeReadIsReportedUnderAddressSanitizer) {
-#if !defined(TCPX_TEST_ASAN)
-    GTEST_SKIP() << "not an AddressSanitizer build";
-#else
+    if (!testing::kUnderAddressSanitizer) GTEST_SKIP() << "not an AddressSanitizer build";
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     int fds[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
@@ -162,7 +151,6 @@ TEST(Sockets, ASendFromMemoryNotToBeReadIsReportedUnderAddressSanitizer) {
     ASAN_POISON_MEMORY_REGION(buf.data() + 3000, 8);
     EXPECT_DEATH((void)send_some(a.get(), iov, 2), "use-after-poison");
     ASAN_UNPOISON_MEMORY_REGION(buf.data() + 3000, 8);
-#endif
 }
 
 TEST(Sockets, ConnectRefusedIsUnavailable) {
