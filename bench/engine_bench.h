@@ -45,17 +45,18 @@ struct EngineBenchOptions {
     std::vector<int> gpus;
     bool host_baseline = true;
     // Engine settings from the command line; empty: from TCPX_P2P_* or the default.
-    std::string channels;      // CHANNELS
-    std::string nsocks;        // NSOCKS
-    std::string chunk;         // XFER_CHUNK_SIZE
-    std::string window;        // WINDOW
-    double min_seconds = 0.5;  // per measurement
-    int min_iters = 5;         // per measurement
-    bool baseline = true;      // also measure raw TCP
-    bool latency = true;       // also measure single transfers (concurrency 1)
-    bool single_peer = true;   // with peers > 1: also measure one peer with the same settings
-    bool verify = false;       // check the bytes of every measurement's last transfer
-    bool kv = false;           // the KV workload instead of the size sweep (bench/kv_workload.h)
+    std::string channels;         // CHANNELS
+    std::string nsocks;           // NSOCKS
+    std::string chunk;            // XFER_CHUNK_SIZE
+    std::string window;           // WINDOW
+    std::string progress_thread;  // PROGRESS_THREAD (off: the target side polls, as NIXL's does)
+    double min_seconds = 0.5;     // per measurement
+    int min_iters = 5;            // per measurement
+    bool baseline = true;         // also measure raw TCP
+    bool latency = true;          // also measure single transfers (concurrency 1)
+    bool single_peer = true;      // with peers > 1: also measure one peer with the same settings
+    bool verify = false;          // check the bytes of every measurement's last transfer
+    bool kv = false;              // the KV workload instead of the size sweep (bench/kv_workload.h)
     KvShape kv_shape;
     bool json = false;
     bool stats = false;  // print both sides' endpoint counters (Endpoint::stats) after the figures

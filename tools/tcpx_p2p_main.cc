@@ -169,6 +169,12 @@ int main(int argc, char** argv) {
     bench_engine->add_option(
         "--window", eng_opts.window,
         "Transport requests in flight per channel (default: TCPX_P2P_WINDOW or 16)");
+    bench_engine
+        ->add_option("--progress-thread", eng_opts.progress_thread,
+                     "PROGRESS_THREAD of every endpoint, on or off (off: the calls make progress "
+                     "and the target side polls get_notifications(), as NIXL agents without a "
+                     "progress thread do; default: TCPX_P2P_PROGRESS_THREAD or on)")
+        ->check(CLI::IsMember({"on", "off"}));
     auto* eng_interface_opt =
         bench_engine
             ->add_option("--interface", eng_opts.interface,

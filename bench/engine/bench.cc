@@ -126,6 +126,7 @@ std::vector<std::string> serve_args(const EngineBenchOptions& o) {
     add("--nsocks", o.nsocks);
     add("--chunk", o.chunk);
     add("--window", o.window);
+    add("--progress-thread", o.progress_thread);
     add("--mem", mem_name(o.mem));
     if (o.gpus.size() == 2) add("--gpus", strformat("%d,%d", o.gpus[0], o.gpus[1]));
     if (o.bidir) args.push_back("--bidir");

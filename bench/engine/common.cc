@@ -56,6 +56,10 @@ StatusOr<Config> bench_config(const EngineBenchOptions& o, Side side) {
     if (!o.nsocks.empty()) TCPX_RETURN_IF_ERROR(c.set("NSOCKS", o.nsocks));
     if (!o.chunk.empty()) TCPX_RETURN_IF_ERROR(c.set("XFER_CHUNK_SIZE", o.chunk));
     if (!o.window.empty()) TCPX_RETURN_IF_ERROR(c.set("WINDOW", o.window));
+    if (!o.progress_thread.empty()) {
+        TCPX_RETURN_IF_ERROR(
+            c.set("PROGRESS_THREAD", o.progress_thread).with_context("--progress-thread"));
+    }
     TCPX_RETURN_IF_ERROR(c.validate());
     return c.effective();  // what runs, so that the header and the raw baseline match it
 }
@@ -149,7 +153,9 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
             return Status();
         }
         // Still in flight (the wait's own timeout; it may have finished since), or failed with
-        // a timeout of its own: poll() tells them apart (a failure the wait reported is gone).
+        // a timeout of its own (a peer timeout): poll() tells them apart. A failure the wait
+        // reported is gone, and poll() calls its id unknown (INVALID_ARGUMENT): `st` is the
+        // transfer's own error then.
         if (st.code() == StatusCode::kTimeout) {
             const XferStatus now = lanes[p].ep->poll(id);
             if (now.state == XferState::kInProgress) return Status();
@@ -157,7 +163,7 @@ StatusOr<std::vector<double>> run_lanes(const std::vector<Lane>& lanes, const Sh
                 waited[p][static_cast<size_t>(slot)] = 1;
                 return Status();
             }
-            if (now.error.code() != StatusCode::kNotFound) {
+            if (now.error.code() != StatusCode::kInvalidArgument) {
                 return Status(now.error).with_context(strformat("%s, lane %zu", what.c_str(), p));
             }
         }

@@ -130,7 +130,14 @@ StatusOr<double> EngineInitiator::transfers(Op op, MemType type, int npeers, uin
     StatusOr<std::vector<double>> fwd = run_lanes(lanes, shape(op), count);
     last_ = Directions();
     if (o_.bidir) {
-        // The targets' answer comes when their transfers are done (or failed).
+        // The targets' answer comes when their transfers are done (or failed). Without progress
+        // threads their transfers to and from our memory move only while we call in: poll our
+        // endpoints until it comes, as a NIXL agent without one polls.
+        if (config_.progress_thread == "off") {
+            while (!peer_->channel()->wait_input(0)) {
+                for (const auto& e : eps_) (void)e->get_notifications();
+            }
+        }
         StatusOr<std::string> reply = peer_->reply();
         if (!fwd.ok()) return fwd.status();
         if (!reply.ok()) return Status(reply.status()).with_context("the targets' transfers");

@@ -61,9 +61,12 @@ bool host_figures(const EngineBenchOptions& o) {
     return o.mem == MemType::kVram && o.host_baseline;
 }
 
-std::string io_threads_phrase(int io_threads) {
-    return io_threads > 0 ? strformat("%d I/O threads per endpoint", io_threads)
-                          : std::string("socket I/O by each endpoint's progress thread (caller)");
+std::string io_threads_phrase(int io_threads, bool progress_thread) {
+    const char* progress =
+        progress_thread ? "" : "; no progress thread: the calls make progress, the target polls";
+    if (io_threads > 0) return strformat("%d I/O threads per endpoint%s", io_threads, progress);
+    return progress_thread ? std::string("socket I/O by each endpoint's progress thread (caller)")
+                           : strformat("socket I/O in the calls (caller)%s", progress);
 }
 
 namespace {
@@ -153,7 +156,8 @@ void print_engine_line(const Config& c, const Setup& s) {
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             static_cast<long long>(c.nsocks), s.raw_streams,
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
-            inline_text(c).c_str(), io_threads_phrase(s.io_threads).c_str());
+            inline_text(c).c_str(),
+            io_threads_phrase(s.io_threads, c.progress_thread == "on").c_str());
     } else {
         std::printf(
             "engine: %lld channel%s, chunk %s, window %lld, %s; net: ncclNet plugin "
@@ -371,7 +375,8 @@ void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s
         std::printf("engine: %lld channel%s x %lld data sockets, chunk %s, window %lld, %s\n",
                     static_cast<long long>(c.channels), plural(c.channels),
                     static_cast<long long>(c.nsocks), format_bytes(c.xfer_chunk_size).c_str(),
-                    static_cast<long long>(c.window), io_threads_phrase(s.io_threads).c_str());
+                    static_cast<long long>(c.window),
+                    io_threads_phrase(s.io_threads, c.progress_thread == "on").c_str());
     } else {
         std::printf("engine: %lld channel%s, chunk %s, window %lld\n",
                     static_cast<long long>(c.channels), plural(c.channels),

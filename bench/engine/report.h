@@ -45,8 +45,8 @@ void split_directions(const std::vector<double>& secs, uint64_t bytes, uint64_t 
                       std::vector<double>* per_peer);
 
 // How the header names the endpoints' socket I/O: "N I/O threads per endpoint", or for 0 (caller
-// mode) that each endpoint's progress thread does it.
-std::string io_threads_phrase(int io_threads);
+// mode) that each endpoint's progress thread does it; and who makes progress without one.
+std::string io_threads_phrase(int io_threads, bool progress_thread);
 
 // Whether the rows carry the host figures of --mem vram.
 bool host_figures(const EngineBenchOptions& o);

@@ -27,6 +27,7 @@ std::string hello_line(const EngineBenchOptions& o) {
                  {"nsocks", o.nsocks},
                  {"chunk", o.chunk},
                  {"window", o.window},
+                 {"progress", o.progress_thread},
                  {"bidir", o.bidir ? "1" : "0"},
                  {"time", strformat("%g", o.min_seconds)}});
 }
@@ -47,6 +48,8 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
             o->chunk = value;
         } else if (key == "window") {
             o->window = value;
+        } else if (key == "progress") {
+            o->progress_thread = value;
         } else if (key == "bidir" && (value == "0" || value == "1")) {
             o->bidir = value == "1";
         } else if (key == "time") {
@@ -69,9 +72,10 @@ std::string engine_summary(const Config& c) {
         return strformat("%lld channel%s, ncclNet plugin %s", static_cast<long long>(c.channels),
                          c.channels == 1 ? "" : "s", c.net_plugin.c_str());
     }
-    return strformat("%lld channel%s x %lld data sockets, %s", static_cast<long long>(c.channels),
-                     c.channels == 1 ? "" : "s", static_cast<long long>(c.nsocks),
-                     io_threads_phrase(io_threads_per_endpoint(c)).c_str());
+    return strformat(
+        "%lld channel%s x %lld data sockets, %s", static_cast<long long>(c.channels),
+        c.channels == 1 ? "" : "s", static_cast<long long>(c.nsocks),
+        io_threads_phrase(io_threads_per_endpoint(c), c.progress_thread == "on").c_str());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "cuda/device.h"
 #include "tests/cli/cli_run.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/sysfs_tree.h"
 
 namespace tcpx {
@@ -28,6 +29,7 @@ using testing::contains;
 using testing::exited_with;
 using testing::has_all;
 using testing::json_of;
+using testing::kUnderThreadSanitizer;
 using testing::positive_under;
 
 using testing::run_cli;
@@ -101,6 +103,40 @@ TEST(BenchEngineCli, HostMemoryInTwoProcesses) {
         EXPECT_TRUE(contains(r.output, "verified")) << r.output;
     }
     EXPECT_FALSE(contains(r.output, "vram/host")) << r.output;
+}
+
+// --progress-thread off: no endpoint has a progress thread, as NIXL agents without one. The
+// initiator's calls make progress and the target side polls get_notifications(); the socket I/O
+// in the calls (caller) and in I/O threads (what `auto` picks on more than 4 cores), the target in
+// a child process and in a thread of this one. (No baseline and, under ThreadSanitizer, no
+// --verify: see above.)
+TEST(BenchEngineCli, WithoutProgressThreadsTheTargetSidePolls) {
+    for (const char* io : {"caller", "threads"}) {
+        for (const char* procs : {"1", "2"}) {
+            SCOPED_TRACE(std::string("SOCKET_IO ") + io + ", --procs " + procs);
+            std::vector<std::string> args = {"bench",   "engine",  "--progress-thread",
+                                             "off",     "--sizes", "4K,256K,2M",
+                                             "--procs", procs,     "--no-baseline"};
+            if (!kUnderThreadSanitizer) args.push_back("--verify");
+            const CliResult r = run_cli(quick(args), {{"TCPX_P2P_SOCKET_IO", io}});
+            ASSERT_TRUE(exited_with(r, 0)) << r.output;
+            EXPECT_TRUE(
+                contains(r.output, "no progress thread: the calls make progress, the target polls"))
+                << r.output;
+            EXPECT_TRUE(contains(r.output, std::string(io) == "caller"
+                                               ? "socket I/O in the calls (caller)"
+                                               : "I/O threads per endpoint"))
+                << r.output;
+            EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "CPU s/GB"})) << r.output;
+            if (!kUnderThreadSanitizer) {
+                EXPECT_TRUE(contains(r.output, "verified")) << r.output;
+            }
+        }
+    }
+    const CliResult bad =
+        run_cli(quick({"bench", "engine", "--progress-thread", "sometimes", "--sizes", "4K"}));
+    EXPECT_TRUE(exited_with(bad, 105));  // CLI11's validation failure, as for --op
+    EXPECT_TRUE(contains(bad.output, "--progress-thread: sometimes not in {on,off}")) << bad.output;
 }
 
 TEST(BenchEngineCli, HostMemoryJson) {

@@ -70,6 +70,22 @@ TEST(BenchEngineRoles, ListenAndConnectOverLoopback) {
     EXPECT_TRUE(contains(target.output(), "the initiator is done")) << target.output();
 }
 
+// --progress-thread off reaches the target through the side channel's hello: its endpoints run
+// without one too, and it polls them between commands.
+TEST(BenchEngineRoles, WithoutProgressThreadsOnBothSides) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const CliResult r =
+        run_cli(role_quick({"bench", "engine", "--connect", target.address(), "--sizes", "4K,1M",
+                            "--progress-thread", "off", "--bidir"}));
+    ASSERT_TRUE(exited_with(r, 0));
+    EXPECT_TRUE(positive_under(r.output, "op ", {"GB/s", "i->t", "t->i"})) << r.output;
+    const size_t target_line = r.output.find("target: ");
+    ASSERT_NE(target_line, std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("no progress thread", target_line), std::string::npos) << r.output;
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
 TEST(BenchEngineRoles, BidirAndPairsOverLoopback) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
