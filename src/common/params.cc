@@ -238,12 +238,12 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     // A second channel gives GPU staging copies and the wire two independent pipelines, which
     // pays where there are cores to drive them.
     if (s.channels == 0) s.channels = cores >= 16 ? 2 : 1;
-    // Without a progress thread the application's calls make all progress anyway; on a few
-    // cores, I/O threads only add handoffs between threads that share them (docs/engine.md,
-    // Progress; measured in docs/benchmarking.md, "I/O in the thread that makes progress").
-    if (s.socket_io == "auto") {
-        s.socket_io = s.progress_thread != "on" || cores <= 4 ? "caller" : "threads";
-    }
+    // On a few cores, I/O threads only add handoffs between threads that share them; with more,
+    // one thread moves what one core copies, a fifth of what the I/O threads move at 256 KiB and
+    // up, with a progress thread or without (docs/engine.md, Progress; measured in
+    // docs/benchmarking.md, "I/O in the thread that makes progress" and "... without a progress
+    // thread").
+    if (s.socket_io == "auto") s.socket_io = cores <= 4 ? "caller" : "threads";
     // A lone WRITE inside its request: one message through one socket, where a chunk would
     // add a second message and an acknowledgement. Where one thread does all the I/O that wins up
     // to 256 KiB; where I/O threads move a chunk's sockets in parallel, only up to 64 KiB
