@@ -218,7 +218,10 @@ class TCPX_API Endpoint {
     // --- completion ---
     XferStatus poll(XferId xfer);
     // OK when done; the failure when it failed; kTimeout (transfer still in flight) when
-    // `timeout` passed first. milliseconds::max() waits for ever.
+    // `timeout` passed first. milliseconds::max() waits for ever. Done or failed, the transfer is
+    // reported and its id unknown from then on. A transfer whose peer stopped answering
+    // (PEER_TIMEOUT_MS) fails with kTimeout too: poll() tells the two apart (still in flight, or
+    // INVALID_ARGUMENT: reported already).
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
 
     class Impl;
