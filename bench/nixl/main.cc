@@ -142,8 +142,8 @@ int nixl_bench_main(int argc, char** argv) {
     app.add_flag("--no-progress", no_progress, "No progress display on stderr");
     std::string progress_thread = "on";
     app.add_option("--progress-thread", progress_thread,
-                   "NIXL's progress thread in both agents: on, or off (as nixlbench runs: data "
-                   "moves only inside getXferStatus and getNotifs)")
+                   "NIXL's progress thread in both agents: on, or off (as nixlbench runs: the "
+                   "transfers progress only inside getXferStatus and getNotifs)")
         ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);

@@ -196,6 +196,21 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
     EXPECT_EQ(target.finish(), 0) << target.output();
 }
 
+// A hello whose settings the engine refuses (a PROGRESS_THREAD that is neither on nor off) gets
+// an error naming the setting, and the target ends with it, as for its other settings (CHANNELS,
+// NSOCKS, ...): one initiator's session per run.
+TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const std::string got = side_channel_exchange(
+        target, "hello tcpx-p2p-bench-engine 1 mem=host progress=sometimes time=0.1\n");
+    EXPECT_TRUE(contains(got, "error INVALID_ARGUMENT")) << got;
+    EXPECT_TRUE(contains(got, "TCPX_P2P_PROGRESS_THREAD: 'sometimes' is not one of on|off")) << got;
+    const int status = target.finish();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << target.output();
+    EXPECT_TRUE(contains(target.output(), "'sometimes' is not one of on|off")) << target.output();
+}
+
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
     const auto start = std::chrono::steady_clock::now();
     const CliResult r = run_cli({"bench", "engine", "--connect", "127.0.0.1:" + closed_port(),
