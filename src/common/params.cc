@@ -241,8 +241,8 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     // On a few cores, I/O threads only add handoffs between threads that share them; with more,
     // one thread moves what one core copies, a fifth of what the I/O threads move at 256 KiB and
     // up, with a progress thread or without (docs/engine.md, Progress; measured in
-    // docs/benchmarking.md, "I/O in the thread that makes progress" and "... without a progress
-    // thread").
+    // docs/benchmarking.md, "I/O in the thread that makes progress" and "Without a progress
+    // thread, on 16 cores").
     if (s.socket_io == "auto") s.socket_io = cores <= 4 ? "caller" : "threads";
     // A lone WRITE inside its request: one message through one socket, where a chunk would
     // add a second message and an acknowledgement. Where one thread does all the I/O that wins up
