@@ -293,6 +293,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         {"window", c.window},
         {"xfer_inline_threshold", c.xfer_inline_threshold},
         {"io_threads_per_endpoint", s.io_threads},  // 0: caller mode (no I/O thread)
+        {"progress_thread", c.progress_thread},
         {"target", s.target},
         {"min_seconds", o.min_seconds},
         {"min_iters", o.min_iters},

@@ -133,6 +133,13 @@ TEST(BenchEngineCli, WithoutProgressThreadsTheTargetSidePolls) {
             }
         }
     }
+    const CliResult json_run =
+        run_cli(quick({"bench", "engine", "--progress-thread", "off", "--sizes", "4K", "--procs",
+                       "1", "--op", "write", "--no-latency", "--no-baseline", "--json"}));
+    ASSERT_TRUE(exited_with(json_run, 0)) << json_run.output;
+    const auto doc = json_of(json_run.output);
+    ASSERT_FALSE(doc.is_discarded()) << json_run.output;
+    EXPECT_EQ(doc["config"]["progress_thread"], "off");
     const CliResult bad =
         run_cli(quick({"bench", "engine", "--progress-thread", "sometimes", "--sizes", "4K"}));
     EXPECT_TRUE(exited_with(bad, 105));  // CLI11's validation failure, as for --op
