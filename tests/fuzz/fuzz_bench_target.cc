@@ -5,7 +5,8 @@
 // commands, all for real. The limits are small (two endpoints, 1 MiB per memory type, waits of a
 // few milliseconds) so that an input runs in milliseconds; the code is the one that runs with the
 // defaults.
-// Input: one byte (its low bit: --bidir), then the command stream, lines of words.
+// Input: one byte (its low bit: --bidir; the next: endpoints without a progress thread, which a
+// thread of the target polls between commands), then the command stream, lines of words.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,8 +24,9 @@ namespace {
 // A pipe's buffer takes this much without a reader, so the whole stream is written first.
 constexpr size_t kMaxStream = 60 * 1024;
 
-tcpx::Config target_config() {
+tcpx::Config target_config(bool polled) {
     tcpx::Config c;
+    c.progress_thread = polled ? "off" : "on";
     c.socket_ifname = "=lo";
     c.socket_family = "ipv4";
     c.nsocks = 1;
@@ -46,6 +48,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1 || size - 1 > kMaxStream) return 0;
     const bool bidir = (data[0] & 1) != 0;
+    const bool polled = (data[0] & 2) != 0;
     int fds[2];
     FUZZ_CHECK(::pipe2(fds, O_CLOEXEC) == 0);
     for (size_t at = 1; at < size;) {
@@ -63,8 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         limits.side_bytes = 1 << 20;
         limits.accept_ms = 5;
         limits.raw_wait_ms = 5;
-        const tcpx::Status st =
-            tcpx::bench::engine_bench::serve_targets(target_config(), "=lo", bidir, &ch, limits);
+        const tcpx::Status st = tcpx::bench::engine_bench::serve_targets(target_config(polled),
+                                                                         "=lo", bidir, &ch, limits);
         // "quit", or the end of the stream (or a line past kMaxLineBytes): nothing else ends it.
         FUZZ_CHECK(st.ok() || st.code() == tcpx::StatusCode::kUnavailable);
     }

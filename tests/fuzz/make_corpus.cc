@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
         put("fuzz_socket_stream", "ahead", "" + rec(2, chunk(1, 1000, 0, 1000)));
     }
 
-    // The engine bench's target: a byte (its low bit: --bidir), then command lines. A session as
+    // The engine bench's target: a byte (its low bit: --bidir; the next: endpoints without a
+    // progress thread, polled by a thread of the target), then command lines. A session as
     // an initiator runs it (within the fuzzer's limits: 2 endpoints, 1 MiB per memory type), the
     // --bidir commands with descriptors of the target's own regions' shape, the raw baseline's
     // commands (raw-accept times out: nobody connects), and numbers past every bound.
@@ -336,6 +337,9 @@ int main(int argc, char** argv) {
         std::string(1, '\x01') + "endpoints 2\nmem host 65536\nrmem host " + desc + " " + desc +
             "\naccept 1\nxfer write host 1 4096 1 1 1\nprep read host 1 0 4096 2 rev\n"
             "check host 1 0 4096 2 rev\nquit\n");
+    put("fuzz_bench_target", "polled",
+        std::string(1, '\x03') + "endpoints 2\nmem host 65536\nrmem host " + desc + " " + desc +
+            "\naccept 1\nxfer write host 1 4096 1 1 1\nstats\nquit\n");
     put("fuzz_bench_target", "raw",
         std::string(1, '\0') +
             "raw-listen\nraw-accept 1\nraw-stream 4096 1 1\nraw-pingpong 64 1 32\nquit\n");
