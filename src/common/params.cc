@@ -239,8 +239,8 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     // pays where there are cores to drive them.
     if (s.channels == 0) s.channels = cores >= 16 ? 2 : 1;
     // On a few cores, I/O threads only add handoffs between threads that share them; with more,
-    // one thread moves what one core copies, a fifth of what the I/O threads move at 256 KiB and
-    // up, with a progress thread or without (docs/engine.md, Progress; measured in
+    // one thread moves what one core copies, a third to a sixth of what the I/O threads move at
+    // 256 KiB and up, with a progress thread or without (docs/engine.md, Progress; measured in
     // docs/benchmarking.md, "I/O in the thread that makes progress" and "Without a progress
     // thread, on 16 cores").
     if (s.socket_io == "auto") s.socket_io = cores <= 4 ? "caller" : "threads";
