@@ -3,13 +3,11 @@
 #include "bench/engine/target.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,50 +19,6 @@
 
 namespace tcpx::bench::engine_bench {
 namespace {
-
-// Without progress threads (--progress-thread off) the target's endpoints move only while
-// something calls in: this thread polls get_notifications() on each of them, as a NIXL target
-// agent without a progress thread polls getNotifs, while the target waits for the initiator's
-// next command. It pauses while a command runs (commands create and close endpoints, and the raw
-// baseline must not share the cores with it).
-class Poller {
- public:
-    explicit Poller(const std::vector<std::unique_ptr<Endpoint>>* eps)
-        : eps_(eps), thread_([this] { loop(); }) {}
-    ~Poller() {
-        pause();
-        stop_ = true;
-        thread_.join();
-    }
-    void resume() { running_ = true; }
-    // Returns once no sweep is under way and none starts until resume().
-    void pause() {
-        running_ = false;
-        while (sweeping_) std::this_thread::yield();
-    }
-
- private:
-    void loop() {
-        while (!stop_) {
-            // sweeping_ before running_ is read, pause() clears them in the other order (both
-            // sequentially consistent): a sweep that starts is seen by pause(), or sees it.
-            sweeping_ = true;
-            if (running_) {
-                for (const auto& ep : *eps_) (void)ep->get_notifications();
-                sweeping_ = false;
-            } else {
-                sweeping_ = false;
-                std::this_thread::sleep_for(std::chrono::microseconds(50));
-            }
-        }
-    }
-
-    const std::vector<std::unique_ptr<Endpoint>>* eps_;
-    std::atomic<bool> running_{false};
-    std::atomic<bool> sweeping_{false};
-    std::atomic<bool> stop_{false};
-    std::thread thread_;
-};
 
 // Commands (one line each, replies "ok" unless said otherwise):
 //   endpoints <n> [pergpu]         creates n endpoints (pergpu: endpoint i on GPU i)
@@ -110,20 +64,22 @@ class Target {
             if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
             return raw_mem_.data();
         };
-        if (config_.progress_thread == "off") poller_ = std::make_unique<Poller>(&eps_);
+        // Without progress threads (--progress-thread off) the endpoints move only while
+        // something calls in: between commands, poll get_notifications() on each of them
+        // without pause, as a NIXL target agent without a progress thread polls getNotifs.
+        IdleWork idle;
+        idle.every_ms = [this] {
+            return config_.progress_thread == "off" && !eps_.empty() ? 0 : -1;
+        };
+        idle.run = [this] {
+            for (const auto& ep : eps_) (void)ep->get_notifications();
+        };
         return serve_commands(
             ch,
             [&](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
-                struct Paused {  // however the command ends (a malformed number throws)
-                    Poller* p;
-                    ~Paused() {
-                        if (p != nullptr) p->resume();
-                    }
-                } paused{poller_.get()};
-                if (poller_) poller_->pause();
                 return dispatch(w, line, raw_buffer, reply);
             },
-            [this] { close(); });
+            [this] { close(); }, &idle);
     }
 
  private:
@@ -320,7 +276,6 @@ class Target {
     }
 
     void close() {
-        poller_.reset();  // before the endpoints it polls
         raw_.close();
         eps_.clear();  // before the memory they may still touch
         regions_.clear();
@@ -335,10 +290,9 @@ class Target {
     std::vector<ByMem<Region>> rev_;        // --bidir: the regions of the targets' own transfers
     std::vector<ByMem<RemoteMem>> remote_;  // --bidir: the initiator's, for those
     std::vector<std::unique_ptr<Endpoint>> eps_;
-    std::unique_ptr<Poller> poller_;  // --progress-thread off
-    std::vector<uint8_t> raw_mem_;    // the raw TCP baseline's buffer
-    std::vector<int> gpus_;           // per endpoint
-    std::vector<PeerId> peers_;       // per endpoint: the initiator's endpoint (accept())
+    std::vector<uint8_t> raw_mem_;  // the raw TCP baseline's buffer
+    std::vector<int> gpus_;         // per endpoint
+    std::vector<PeerId> peers_;     // per endpoint: the initiator's endpoint (accept())
     RawTcpResponder raw_;
 };
 

@@ -432,7 +432,7 @@ class RawPeer {
 // bytes. ASan keeps freed blocks in a quarantine (up to 256 MiB) that stays resident: 40 notes of
 // 512 KiB, copied and freed a few times on their way, made the resident set grow 71 MiB in CI
 // while nothing was held.
-long resident_mib() {
+long memory_mib() {
 #if defined(__SANITIZE_ADDRESS__)
     return static_cast<long>(__sanitizer_get_current_allocated_bytes() >> 20);
 #else
@@ -448,7 +448,7 @@ long resident_mib() {
 TEST(EngineHostile, ABogusKeyWithATerabyteLengthFailsThePeerAtOnce) {
     auto ep = make_endpoint("target", engine_test_config());
     ASSERT_NE(ep, nullptr);
-    const long rss_before = resident_mib();
+    const long mem_before = memory_mib();
     RawPeer raw(*ep);
     ASSERT_TRUE(raw.ok());
     wire::WriteReq req;
@@ -458,7 +458,7 @@ TEST(EngineHostile, ABogusKeyWithATerabyteLengthFailsThePeerAtOnce) {
     wire::end_message(&msg);
     send_all(raw.fd(), msg);
     EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer was not failed";
-    EXPECT_LT(resident_mib() - rss_before, 100) << "memory grew with the forged length";
+    EXPECT_LT(memory_mib() - mem_before, 100) << "memory grew with the forged length";
     expect_serves(ep.get());
 }
 
@@ -612,7 +612,7 @@ TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
     auto flooder = make_endpoint("flooder", engine_test_config());
     ASSERT_TRUE(ep && flooder);
     Link l = link(flooder.get(), ep.get());
-    const long rss_before = resident_mib();
+    const long mem_before = memory_mib();
     const std::string note(512 << 10, 'f');
     Status last;
     for (int i = 0; i < 40 && last.ok(); ++i) {
@@ -629,7 +629,7 @@ TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
 #else
     constexpr long kBoundMib = 64;
 #endif
-    EXPECT_LT(resident_mib() - rss_before, kBoundMib);
+    EXPECT_LT(memory_mib() - mem_before, kBoundMib);
     auto got = ep->get_notifications();
     EXPECT_LE(got.size(), 8u);
     EXPECT_GE(got.size(), 7u);

@@ -5,8 +5,8 @@
 // commands, all for real. The limits are small (two endpoints, 1 MiB per memory type, waits of a
 // few milliseconds) so that an input runs in milliseconds; the code is the one that runs with the
 // defaults.
-// Input: one byte (its low bit: --bidir; the next: endpoints without a progress thread, which a
-// thread of the target polls between commands), then the command stream, lines of words.
+// Input: one byte (its low bit: --bidir; the next: endpoints without a progress thread, which the
+// target polls between commands), then the command stream, lines of words.
 #include <fcntl.h>
 #include <unistd.h>
 

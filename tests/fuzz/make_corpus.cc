@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
     }
 
     // The engine bench's target: a byte (its low bit: --bidir; the next: endpoints without a
-    // progress thread, polled by a thread of the target), then command lines. A session as
+    // progress thread, which the target polls between commands), then command lines. A session as
     // an initiator runs it (within the fuzzer's limits: 2 endpoints, 1 MiB per memory type), the
     // --bidir commands with descriptors of the target's own regions' shape, the raw baseline's
     // commands (raw-accept times out: nobody connects), and numbers past every bound.
