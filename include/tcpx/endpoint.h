@@ -216,6 +216,10 @@ class TCPX_API Endpoint {
     TcpxSession session(PeerId peer);
 
     // --- completion ---
+    // poll() of a transfer still in flight, wait() and get_notifications() make progress in the
+    // calling thread when the endpoint is free (with or without a progress thread, which stands
+    // back while calls keep doing so; see docs/engine.md, Progress): polling in a loop is the
+    // fast way to complete transfers.
     XferStatus poll(XferId xfer);
     // OK when done; the failure when it failed; kTimeout (transfer still in flight) when
     // `timeout` passed first. milliseconds::max() waits for ever. Done or failed, the transfer is

@@ -405,10 +405,13 @@ class Endpoint::Impl {
     // for the sleeping progress thread, and leave it asleep with work to do.
     bool progress_once(bool sleeper = false);  // progress_pass, letting no exception out
     bool progress_pass(bool sleeper);
-    // An API call's progress without a progress thread (poll, get_notifications): passes while
-    // they move something, a few at most. One pass often only starts what the next finishes (a
-    // READ_RESP posts the receive whose data is already in the socket; a WRITE_REQ the receives
-    // of the chunks behind it), and the caller may not call again for a while. Requires mu_.
+    // An API call's progress (poll, wait, get_notifications): passes while they move something,
+    // a few at most. One pass often only starts what the next finishes (a READ_RESP posts the
+    // receive whose data is already in the socket; a WRITE_REQ the receives of the chunks behind
+    // it), and the caller may not call again for a while. With a progress thread, it notes the
+    // time (the thread stands back while calls keep doing this, run_progress_thread) and wakes
+    // the thread when it started something: transport requests whose completion wakeup the
+    // thread has not armed. Requires mu_.
     void api_progress();
     // `ready`: its control socket has something for us; `tick`: time to check its timers. An
     // exception while serving the peer (out of memory) fails the peer instead of leaving.
@@ -676,6 +679,19 @@ class Endpoint::Impl {
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
+    // When an API call last made progress itself (api_progress), in steady-clock nanoseconds;
+    // 0 once a caller hands progress back (hand_back_progress). While the progress thread stands
+    // back for callers it says so in standing_back_, and wake_fd_ ends that early: the two pair
+    // up as posted_ and sleeping_ do (each writes its own, then reads the other's).
+    std::atomic<int64_t> caller_progress_ns_{0};
+    std::atomic<bool> standing_back_{false};
+    // A caller that made progress is going to sleep (drive()): the progress thread takes over
+    // now rather than when the caller's last pass grows old.
+    void hand_back_progress();
+    // The progress thread's stand-back: while a caller made progress within kCallerProgressFor,
+    // sleep until that grows old or the caller hands back; true if it stood back (then look at
+    // everything again).
+    bool stand_back_for_callers();
     // Whether drive()'s spin pays: most of the endpoint's recent waits were short.
     engine::SpinScore wait_spin_;
     std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see

@@ -526,7 +526,7 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
 std::vector<Notification> Endpoint::Impl::get_notifications() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) lock.lock();
-    if (!own_progress_thread_) api_progress();
+    api_progress();  // an application polling for notifications moves everything too
     std::vector<Notification> out;
     out.reserve(notifications_.size());
     for (QueuedNotification& q : notifications_) {
@@ -629,7 +629,10 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
 
 XferStatus Endpoint::Impl::poll(XferId xfer) {
     XferState state;
-    if (xfers_->state(xfer, &state) && state == XferState::kInProgress && !own_progress_thread_) {
+    // The caller polls in a loop: make progress here, progress thread or not (it stands back
+    // while calls do, run_progress_thread). Never wait for the lock: whoever holds it is making
+    // progress already.
+    if (xfers_->state(xfer, &state) && state == XferState::kInProgress) {
         std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
         if (lock.owns_lock()) api_progress();
     }

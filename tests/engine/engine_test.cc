@@ -856,6 +856,97 @@ TEST_P(WithoutProgressThreads, WritesReadsAndVectorsLand) {
 INSTANTIATE_TEST_SUITE_P(SocketIo, WithoutProgressThreads, ::testing::Values("caller", "threads"),
                          [](const auto& p) { return std::string(p.param); });
 
+// With progress threads, callers that poll make progress themselves and the progress thread
+// stands back while they do; a caller that goes to sleep in wait() hands progress back, and one
+// that stops polling leaves it to the thread again. Three application threads at once on one
+// endpoint (one polling in a tight loop, one waiting, one polling a little and then waiting),
+// the target polling get_notifications() and then calling it only now and then: every byte lands,
+// every notification comes.
+class PollingCallers : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PollingCallers, ShareTheWorkWithTheProgressThread) {
+    Config config = engine_test_config();
+    config.socket_io = GetParam();
+    auto a = make_endpoint("callers-a", config);
+    auto b = make_endpoint("callers-b", config);
+    ASSERT_TRUE(a && b);
+    auto id = a->connect(b->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    constexpr int kThreads = 3;
+    constexpr size_t kSlice = 4 << 20;
+    GuardedBuffer abuf(kSlice * kThreads), bbuf(kSlice * kThreads);
+    MemId am = *a->reg(abuf.data(), abuf.size());
+    MemId bm = *b->reg(bbuf.data(), bbuf.size());
+    const RemoteMem bd = *b->describe(bm);
+    std::atomic<bool> stop{false};
+    std::atomic<int> heard{0};
+    std::thread target([&] {
+        for (int round = 0; !stop.load(); ++round) {
+            heard += static_cast<int>(b->get_notifications().size());
+            // After a while, now and then only: b's progress thread carries on alone.
+            if (round > 20000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    });
+    struct Joiner {
+        std::atomic<bool>* stop;
+        std::thread* thread;
+        ~Joiner() {
+            stop->store(true);
+            thread->join();
+        }
+    } joiner{&stop, &target};
+    constexpr int kRounds = 60;
+    std::atomic<int> failures{0};
+    auto finish = [&](XferId x, int how) {
+        if (how == 0) {  // poll in a tight loop
+            XferStatus st;
+            do {
+                st = a->poll(x);
+            } while (st.state == XferState::kInProgress);
+            return st.state == XferState::kDone;
+        }
+        if (how == 2) {  // poll a little, then sleep in wait()
+            for (int i = 0; i < 50; ++i) {
+                XferStatus st = a->poll(x);
+                if (st.state != XferState::kInProgress) return st.state == XferState::kDone;
+            }
+        }
+        return a->wait(x, 20s).ok();
+    };
+    std::vector<std::thread> callers;
+    for (int t = 0; t < kThreads; ++t) {
+        callers.emplace_back([&, t] {
+            std::mt19937_64 rng(100 + t);
+            const uint64_t base = static_cast<uint64_t>(t) * kSlice;
+            for (int k = 0; k < kRounds; ++k) {
+                const uint64_t len = 1 + rng() % (k % 3 == 0 ? kSlice : 300 << 10);
+                const uint64_t seed = static_cast<uint64_t>(t * 1000 + k);
+                fill_pattern(abuf.data() + base, len, seed);
+                auto w = a->write(*id, am, base, bd, base, len, std::string_view("w"));
+                if (!w.ok() || !finish(*w, t)) {
+                    ++failures;
+                    return;
+                }
+                if (find_pattern_mismatch(bbuf.data() + base, len, seed) != -1) ++failures;
+                std::memset(abuf.data() + base, 0, len);
+                auto r = a->read(*id, am, base, bd, base, len);
+                if (!r.ok() || !finish(*r, t)) {
+                    ++failures;
+                    return;
+                }
+                if (find_pattern_mismatch(abuf.data() + base, len, seed) != -1) ++failures;
+            }
+        });
+    }
+    for (std::thread& c : callers) c.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_TRUE(eventually([&] { return heard.load() == kThreads * kRounds; }))
+        << heard.load() << " notifications of " << kThreads * kRounds;
+}
+
+INSTANTIATE_TEST_SUITE_P(SocketIo, PollingCallers, ::testing::Values("caller", "threads"),
+                         [](const auto& p) { return std::string(p.param); });
+
 TEST_F(EnginePair, RefusedRequestsTouchNothingAndTheConnectionSurvives) {
     // The target's memory before: every refused request must leave all of it as it was.
     fill_pattern(bbuf_->data(), kSize, 4242);
