@@ -253,13 +253,14 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
         s.xfer_inline_alone = s.socket_io == "caller" ? 256 * 1024 : 64 * 1024;
     }
     if (s.xfer_inline_alone_read == 0) s.xfer_inline_alone_read = 64 * 1024;
-    // Small transfers under load inside their requests too, where one thread does all the I/O:
-    // one message on the control socket instead of a request, a chunk on a data socket and an
-    // acknowledgement, each a system call and a wakeup on few cores. 16-64 KiB moved 1.3-1.6x
-    // so on two cores, 128 KiB did not gain (docs/engine.md, "Small transfers"); where I/O
-    // threads spread chunks over sockets the data channels stay.
+    // Small transfers under load inside their requests too: one message on the control socket
+    // instead of a request, a chunk on a data socket and an acknowledgement, each a system call
+    // and a wakeup. Where one thread does all the I/O, 16-64 KiB moved 1.3-1.6x so on two cores
+    // and 128 KiB did not gain; with I/O threads on 16 cores 16-32 KiB moved 1.1-1.8x with half
+    // the CPU per GB, while a 64 KiB READ lost up to a quarter (docs/engine.md, "Small
+    // transfers").
     if (s.xfer_inline_busy == 0) {
-        s.xfer_inline_busy = s.socket_io == "caller" ? 64 * 1024 : s.xfer_inline_threshold;
+        s.xfer_inline_busy = s.socket_io == "caller" ? 64 * 1024 : 32 * 1024;
     }
     return s;
 }

@@ -315,70 +315,75 @@ TEST(EngineFault, LoneWritesRideInlineFurtherThanLoneReads) {
     }
 }
 
-// Where the thread making progress does the socket I/O, host-memory transfers of up to
-// XFER_INLINE_BUSY (64 KiB there) ride inline when others are in flight too: eight posted back to
-// back over a data channel whose every send fails all succeed, WRITE and READ. With the rule off
-// (XFER_INLINE_BUSY at the threshold) they take the channel and fail; one byte past the limit
-// takes it too. (A READ goes inline where the reader asks and the target's XFER_INLINE_ALONE_READ
-// allows: the reader asks here by XFER_INLINE_BUSY alone, whether the read is alone or not.)
-TEST(EngineFault, SmallHostTransfersUnderLoadTravelInlineWhereOneThreadDoesTheIo) {
-    for (const bool busy_inline : {true, false}) {
-        SCOPED_TRACE(busy_inline ? "XFER_INLINE_BUSY automatic" : "XFER_INLINE_BUSY off");
-        for (const Direction dir : {Direction::kWrite, Direction::kRead}) {
-            SCOPED_TRACE(dir == Direction::kWrite ? "write" : "read");
-            Config ca = fault_config(dir == Direction::kWrite ? "fail:isend:1" : "");
-            Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
-            ca.socket_io = cb.socket_io = "caller";
-            // (The initiator's rules for a lone transfer off, so that none of these goes inline
-            // by them; the target answers a read inline when asked, up to 64 KiB.)
-            ca.xfer_inline_alone = cb.xfer_inline_alone = 1;
-            ca.xfer_inline_alone_read = 1;
-            cb.xfer_inline_alone_read = 64 * 1024;
-            if (!busy_inline) ca.xfer_inline_busy = cb.xfer_inline_busy = 1;
-            ASSERT_EQ(ca.effective().xfer_inline_busy, busy_inline ? 64u * 1024 : 1u);
-            Pair p;
-            ASSERT_TRUE(p.open(ca, cb));
-            constexpr uint64_t kPiece = 64 * 1024;
-            constexpr int kN = 8;
-            GuardedBuffer* src = dir == Direction::kWrite ? p.abuf.get() : p.bbuf.get();
-            GuardedBuffer* dst = dir == Direction::kWrite ? p.bbuf.get() : p.abuf.get();
-            fill_pattern(src->data() + kOffset, kN * kPiece + 1, 79);
-            auto post = [&](uint64_t off, uint64_t len) {
-                return dir == Direction::kWrite
-                           ? p.a->write(p.link.a_to_b, p.amem, off, p.bdesc, off, len)
-                           : p.a->read(p.link.a_to_b, p.amem, off, p.bdesc, off, len);
-            };
-            // (A failed channel fails the peer: with the rule off, later posts may be refused.)
-            std::vector<XferId> ids;
-            int failed = 0;
-            for (int i = 0; i < kN; ++i) {
-                auto x = post(kOffset + i * kPiece, kPiece);
-                if (x.ok()) {
-                    ids.push_back(*x);
-                } else {
-                    ASSERT_FALSE(busy_inline) << x.status().to_string();
-                    ++failed;
+// Host-memory transfers of up to XFER_INLINE_BUSY (automatic: 64 KiB where the thread making
+// progress does the socket I/O, 32 KiB with I/O threads) ride inline when others are in flight
+// too: eight posted back to back over a data channel whose every send fails all succeed, WRITE
+// and READ. With the rule off (XFER_INLINE_BUSY at the threshold) they take the channel and fail;
+// one byte past the limit takes it too. (A READ goes inline where the reader asks and the
+// target's XFER_INLINE_ALONE_READ allows: the reader asks here by XFER_INLINE_BUSY alone, whether
+// the read is alone or not.)
+TEST(EngineFault, SmallHostTransfersUnderLoadTravelInline) {
+    for (const char* io : {"caller", "threads"}) {
+        for (const bool busy_inline : {true, false}) {
+            SCOPED_TRACE(io);
+            SCOPED_TRACE(busy_inline ? "XFER_INLINE_BUSY automatic" : "XFER_INLINE_BUSY off");
+            const uint64_t limit = std::string(io) == "caller" ? 64 * 1024 : 32 * 1024;
+            for (const Direction dir : {Direction::kWrite, Direction::kRead}) {
+                SCOPED_TRACE(dir == Direction::kWrite ? "write" : "read");
+                Config ca = fault_config(dir == Direction::kWrite ? "fail:isend:1" : "");
+                Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
+                ca.socket_io = cb.socket_io = io;
+                // (The initiator's rules for a lone transfer off, so that none of these goes inline
+                // by them; the target answers a read inline when asked, up to 64 KiB.)
+                ca.xfer_inline_alone = cb.xfer_inline_alone = 1;
+                ca.xfer_inline_alone_read = 1;
+                cb.xfer_inline_alone_read = 64 * 1024;
+                if (!busy_inline) ca.xfer_inline_busy = cb.xfer_inline_busy = 1;
+                ASSERT_EQ(ca.effective().xfer_inline_busy, busy_inline ? limit : 1u);
+                Pair p;
+                ASSERT_TRUE(p.open(ca, cb));
+                constexpr int kN = 8;
+                GuardedBuffer* src = dir == Direction::kWrite ? p.abuf.get() : p.bbuf.get();
+                GuardedBuffer* dst = dir == Direction::kWrite ? p.bbuf.get() : p.abuf.get();
+                fill_pattern(src->data() + kOffset, kN * limit + 1, 79);
+                auto post = [&](uint64_t off, uint64_t len) {
+                    return dir == Direction::kWrite
+                               ? p.a->write(p.link.a_to_b, p.amem, off, p.bdesc, off, len)
+                               : p.a->read(p.link.a_to_b, p.amem, off, p.bdesc, off, len);
+                };
+                // (A failed channel fails the peer: with the rule off, later posts may be refused.)
+                std::vector<XferId> ids;
+                int failed = 0;
+                for (int i = 0; i < kN; ++i) {
+                    auto x = post(kOffset + i * limit, limit);
+                    if (x.ok()) {
+                        ids.push_back(*x);
+                    } else {
+                        ASSERT_FALSE(busy_inline) << x.status().to_string();
+                        ++failed;
+                    }
                 }
+                for (XferId id : ids) {
+                    const Status st = p.a->wait(id, kBound);
+                    ASSERT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+                    if (!st.ok()) ++failed;
+                }
+                if (busy_inline) {
+                    EXPECT_EQ(failed, 0);
+                    EXPECT_EQ(find_pattern_mismatch(dst->data() + kOffset, kN * limit, 79), -1);
+                    // One byte past the limit, posted beside another: a chunk on the data channel.
+                    auto beside = post(kOffset, limit);
+                    auto over = post(kOffset + limit, limit + 1);
+                    ASSERT_TRUE(beside.ok() && over.ok());
+                    EXPECT_FALSE(p.a->wait(*over, kBound).ok())
+                        << "past the limit and still inline";
+                    (void)p.a->wait(*beside, kBound);  // (fails with the peer, or was done before)
+                } else {
+                    EXPECT_EQ(failed, kN) << "inline with the rule off";
+                }
+                EXPECT_TRUE(p.abuf->canaries_intact());
+                EXPECT_TRUE(p.bbuf->canaries_intact());
             }
-            for (XferId id : ids) {
-                const Status st = p.a->wait(id, kBound);
-                ASSERT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
-                if (!st.ok()) ++failed;
-            }
-            if (busy_inline) {
-                EXPECT_EQ(failed, 0);
-                EXPECT_EQ(find_pattern_mismatch(dst->data() + kOffset, kN * kPiece, 79), -1);
-                // One byte past 64 KiB, posted beside another: a chunk on the data channel.
-                auto beside = post(kOffset, kPiece);
-                auto over = post(kOffset + kPiece, kPiece + 1);
-                ASSERT_TRUE(beside.ok() && over.ok());
-                EXPECT_FALSE(p.a->wait(*over, kBound).ok()) << "past the limit and still inline";
-                (void)p.a->wait(*beside, kBound);  // (fails with the peer, or was done before)
-            } else {
-                EXPECT_EQ(failed, kN) << "inline with the rule off";
-            }
-            EXPECT_TRUE(p.abuf->canaries_intact());
-            EXPECT_TRUE(p.bbuf->canaries_intact());
         }
     }
 }

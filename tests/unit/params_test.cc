@@ -87,8 +87,8 @@ TEST(Params, AutomaticValuesFollowTheCores) {
             EXPECT_EQ(s.xfer_inline_alone, caller ? 256u * 1024 : 64u * 1024)
                 << cores << " cores, progress thread " << progress;
             EXPECT_EQ(s.xfer_inline_alone_read, 64u * 1024);
-            // Under load too, only where one thread does the I/O (elsewhere: the threshold, off).
-            EXPECT_EQ(s.xfer_inline_busy, caller ? 64u * 1024 : s.xfer_inline_threshold)
+            // Under load too: 64 KiB where one thread does the I/O, 32 KiB with I/O threads.
+            EXPECT_EQ(s.xfer_inline_busy, caller ? 64u * 1024 : 32u * 1024)
                 << cores << " cores, progress thread " << progress;
             in.xfer_inline_busy = 5000;
             EXPECT_EQ(with_machine_defaults(in, cores).xfer_inline_busy, 5000u);
