@@ -755,6 +755,16 @@ TEST(EngineEndpoints, ReadNotificationSentByWaitWithoutAProgressThread) {
     }
 }
 
+// Stops a test's polling thread (sets its flag, joins it) however the test ends.
+struct StopAndJoin {
+    std::atomic<bool>* stop;
+    std::thread* thread;
+    ~StopAndJoin() {
+        stop->store(true);
+        thread->join();
+    }
+};
+
 // Both endpoints without a progress thread, as NIXL agents without one: the target polls
 // get_notifications() as NIXL's target does, and writes, reads and vectors of many pieces land
 // byte for byte. With SOCKET_IO=caller no I/O thread is started (the socket transport's I/O runs
@@ -790,14 +800,7 @@ TEST_P(WithoutProgressThreads, WritesReadsAndVectorsLand) {
             }
         }
     });
-    struct Joiner {  // stops the target's thread however the test ends
-        std::atomic<bool>* stop;
-        std::thread* thread;
-        ~Joiner() {
-            stop->store(true);
-            thread->join();
-        }
-    } joiner{&stop, &target};
+    const StopAndJoin joiner{&stop, &target};
     auto heard_of = [&](const std::string& payload) {
         return eventually([&] {
             std::lock_guard<std::mutex> lock(mu);
@@ -887,14 +890,7 @@ TEST_P(PollingCallers, ShareTheWorkWithTheProgressThread) {
             if (round > 20000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
     });
-    struct Joiner {
-        std::atomic<bool>* stop;
-        std::thread* thread;
-        ~Joiner() {
-            stop->store(true);
-            thread->join();
-        }
-    } joiner{&stop, &target};
+    const StopAndJoin joiner{&stop, &target};
     constexpr int kRounds = 60;
     std::atomic<int> failures{0};
     auto finish = [&](XferId x, int how) {
