@@ -83,12 +83,6 @@ constexpr auto kCallerLoop = std::chrono::microseconds(50);
 constexpr auto kCallerProgressFor = std::chrono::microseconds(100);
 constexpr auto kCallerProgressForFewCores = std::chrono::milliseconds(1);
 
-int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 }  // namespace
 
 // Rails: the socket transport's interfaces, when chosen (SOCKET_IFNAME, or the GPU's NICs), each
@@ -221,10 +215,8 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         return errno_status(errno, "epoll_ctl");
     }
     own_progress_thread_ = config.progress_thread == "on";
-    caller_progress_for_ns_ =
-        std::chrono::nanoseconds(usable_cores() <= 4 ? kCallerProgressForFewCores
-                                                     : kCallerProgressFor)
-            .count();
+    caller_progress_for_ = usable_cores() <= 4 ? Clock::duration(kCallerProgressForFewCores)
+                                               : Clock::duration(kCallerProgressFor);
     if (own_progress_thread_ && net_->completion_wakeup() != nullptr) {
         completions_ = net_->completion_wakeup();
         ev.data.u64 = kCompletionTag;
@@ -248,6 +240,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
 Endpoint::Impl::~Impl() {
     stop_.store(true);
     wake();
+    hand_back_progress();  // a thread standing back for callers ends that too
     if (progress_thread_.joinable()) progress_thread_.join();
     auto lock = api_lock();
     for (auto& [id, p] : peers_) {
@@ -288,8 +281,8 @@ void Endpoint::Impl::wake() {
 }
 
 void Endpoint::Impl::hand_back_progress() {
-    if (caller_progress_ns_.load(std::memory_order_relaxed) == 0) return;
-    caller_progress_ns_.store(0);
+    if (caller_progress_at_.load(std::memory_order_relaxed) == Clock::time_point{}) return;
+    caller_progress_at_.store(Clock::time_point{});
     if (standing_back_.load()) {
         const uint64_t one = 1;
         (void)!::write(wake_fd_.get(), &one, sizeof(one));
@@ -301,11 +294,11 @@ void Endpoint::Impl::api_progress() {
     bool moved = false;
     for (int pass = 0; pass < 4 && progress_once(); ++pass) moved = true;
     if (!own_progress_thread_) return;
-    const int64_t now = steady_ns();
-    if (now - caller_last_pass_ns_ < std::chrono::nanoseconds(kCallerLoop).count()) {
-        caller_progress_ns_.store(now, std::memory_order_relaxed);
+    const auto now = Clock::now();
+    if (now - caller_last_pass_ < kCallerLoop) {
+        caller_progress_at_.store(now, std::memory_order_relaxed);
     }
-    caller_last_pass_ns_ = now;
+    caller_last_pass_ = now;
     if (moved || active_ops_ != ops) wake();
 }
 
@@ -472,15 +465,18 @@ void Endpoint::Impl::report_progress_exception() noexcept {
 }
 
 bool Endpoint::Impl::stand_back_for_callers() {
-    const int64_t kFor = caller_progress_for_ns_;
-    if (steady_ns() - caller_progress_ns_.load(std::memory_order_relaxed) >= kFor) return false;
+    if (Clock::now() - caller_progress_at_.load(std::memory_order_relaxed) >=
+        caller_progress_for_) {
+        return false;
+    }
     // Announce it, then look again (hand_back_progress() stores, then reads standing_back_).
     standing_back_.store(true);
-    const int64_t since = steady_ns() - caller_progress_ns_.load();
-    if (since < kFor && !stop_.load()) {
+    const auto left = caller_progress_for_ - (Clock::now() - caller_progress_at_.load());
+    if (left > Clock::duration::zero() && !stop_.load()) {
         // A caller made progress moments ago and is likely to again: leave it to it, until its
-        // pass grows old or it hands progress back (or the endpoint closes: wake()).
-        const int64_t ns = std::max<int64_t>(kFor - since, 20'000);
+        // pass grows old or it hands progress back.
+        const int64_t ns = std::max<int64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(left).count(), 20'000);
         const timespec ts{ns / 1'000'000'000, static_cast<long>(ns % 1'000'000'000)};
         pollfd pfd{wake_fd_.get(), POLLIN, 0};
         if (::ppoll(&pfd, 1, &ts, nullptr) > 0) {

@@ -679,18 +679,18 @@ class Endpoint::Impl {
     std::thread progress_thread_;
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
-    // When an API call in a loop last made progress itself (api_progress), in steady-clock ns;
-    // 0 once a caller hands progress back (hand_back_progress). While the progress thread stands
+    // When an API call in a loop last made progress itself (api_progress); the clock's epoch
+    // once a caller hands progress back (hand_back_progress). While the progress thread stands
     // back for callers it says so in standing_back_, and wake_fd_ ends that early: the two pair
     // up as posted_ and sleeping_ do (each writes its own, then reads the other's).
-    std::atomic<int64_t> caller_progress_ns_{0};
+    std::atomic<Clock::time_point> caller_progress_at_{};
     std::atomic<bool> standing_back_{false};
-    int64_t caller_last_pass_ns_ = 0;     // the last api_progress(), looping or not (under mu_)
-    int64_t caller_progress_for_ns_ = 0;  // how long the thread stands back (by the cores)
+    Clock::time_point caller_last_pass_{};   // the last api_progress(), looping or not (under mu_)
+    Clock::duration caller_progress_for_{};  // how long the thread stands back (by the cores)
     // A caller that made progress is going to sleep (drive()): the progress thread takes over
     // now rather than when the caller's last pass grows old.
     void hand_back_progress();
-    // The progress thread's stand-back: while a caller made progress within kCallerProgressFor,
+    // The progress thread's stand-back: while a caller made progress within caller_progress_for_,
     // sleep until that grows old or the caller hands back; true if it stood back (then look at
     // everything again).
     bool stand_back_for_callers();
