@@ -201,6 +201,35 @@ TEST_F(NetFaultTest, TruncatedHandshakeTimesOut) {
     expect_listener_serves();
 }
 
+TEST_F(NetFaultTest, ACompleteConnectionWaitsForTheNextAcceptHoweverLate) {
+    // Three connectors complete their handshakes before one accept() call, which returns one of
+    // them; the calls that come after the handshake timeout return the other two, one each:
+    // they did their part in time, and only incomplete connections are dropped for age.
+    const int nsocks = static_cast<int>(decode(handle_).nsocks);
+    std::vector<Fd> socks;
+    for (uint64_t nonce : {4001, 4002, 4003}) {
+        for (int i = 0; i <= nsocks; ++i) {
+            socks.push_back(raw_connect(handle_));
+            const wire::Hello hello = i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, nonce)
+                                             : valid_hello(handle_, wire::Role::kData,
+                                                           static_cast<uint16_t>(i - 1), nonce);
+            ASSERT_TRUE(send_all(socks.back().get(), &hello, sizeof(hello)).ok());
+        }
+    }
+    std::this_thread::sleep_for(100ms);  // every hello in the listener's sockets
+    std::vector<net::RecvComm*> comms(3, nullptr);
+    ASSERT_TRUE(net_->accept(listen_, &comms[0], nullptr).ok());
+    ASSERT_NE(comms[0], nullptr);
+    std::this_thread::sleep_for(500ms);  // past the 300 ms handshake timeout
+    comms[1] = accept_for(1s);
+    comms[2] = accept_for(1s);
+    EXPECT_NE(comms[1], nullptr) << "a complete connection was dropped";
+    EXPECT_NE(comms[2], nullptr) << "a complete connection was dropped";
+    for (net::RecvComm* c : comms) {
+        if (c != nullptr) (void)net_->close_recv(c);
+    }
+}
+
 TEST_F(NetFaultTest, ConnectionClosedDuringHandshakeIsDropped) {
     {
         Fd raw = raw_connect(handle_);
@@ -557,6 +586,15 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
          [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 8192, 100, 4096); }},
         {"a chunk of no whole 4 KiB that does not end its message", StatusCode::kProtocol, 8192,
          [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, 8192, 0, 1000); }},
+        // No sender puts more than INLINE_THRESHOLD's maximum on the control socket: a larger
+        // size is refused at its header, before its bytes (which would otherwise be read, and
+        // dropped, for as long as the peer sent them).
+        {"a control message larger than any sender's inline limit", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) {
+             control(socks, wire::kMsgMagic, 0, wire::kMaxInlineSize + 1, 8192);
+         }},
+        {"a control message of 2^64 - 1 bytes", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) { control(socks, wire::kMsgMagic, 0, ~uint64_t{0}, 8192); }},
         {"a control message cut short by a close", StatusCode::kUnavailable, 64,
          [&](std::vector<Fd>& socks) {
              control(socks, wire::kMsgMagic, 0, 64, 10);

@@ -838,6 +838,13 @@ void RecvControlConn::service_locked() {
                 return comm->fail(protocol_error(
                     strformat("corrupt control stream (message magic 0x%08x)", hdr_.magic)));
             }
+            if (hdr_.size > wire::kMaxInlineSize) {
+                return comm->fail(protocol_error(strformat(
+                    "control message %llu of %llu bytes: no sender puts more than %llu there",
+                    static_cast<unsigned long long>(hdr_.seq),
+                    static_cast<unsigned long long>(hdr_.size),
+                    static_cast<unsigned long long>(wire::kMaxInlineSize))));
+            }
             have_hdr_ = true;
             bound_ = false;
         }

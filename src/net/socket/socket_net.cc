@@ -84,7 +84,7 @@ CommConfig comm_config(const Settings& s) {
     // Whole units of wire::kChunkAlign (both are at least one), as the receiver requires.
     c.chunk_size = s.chunk_size / wire::kChunkAlign * wire::kChunkAlign;
     c.min_chunk_size = s.min_chunk_size / wire::kChunkAlign * wire::kChunkAlign;
-    c.inline_threshold = s.inline_threshold;
+    c.inline_threshold = std::min<uint64_t>(s.inline_threshold, wire::kMaxInlineSize);
     c.max_requests = static_cast<int>(s.max_requests);
     c.rcvlowat = s.socket_rcvlowat;
     return c;
@@ -567,7 +567,8 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     for (auto it = l->groups.begin(); it != l->groups.end();) {
         Group& g = it->second;
         const int arrived = (g.control.valid() ? 1 : 0) + g.have_data;
-        if (g.control.valid() && g.have_data == g.nsocks && *recv_comm == nullptr) {
+        const bool complete = g.control.valid() && g.have_data == g.nsocks;
+        if (complete && *recv_comm == nullptr) {
             Status st = configure_socket(g.control.get(), settings_);
             for (Fd& fd : g.data) {
                 if (st.ok()) st = configure_socket(fd.get(), settings_);
@@ -601,7 +602,8 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             *recv_comm = reinterpret_cast<RecvComm*>(comm.release());
             continue;
         }
-        if (now - g.since > handshake_timeout) {
+        // A complete group waits for the next call however old it is: it did its part in time.
+        if (!complete && now - g.since > handshake_timeout) {
             TCPX_WARN(
                 "dropping incomplete connection from %s: %d of %d sockets arrived within "
                 "%lld ms",

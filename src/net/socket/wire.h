@@ -91,6 +91,10 @@ struct MsgHeader {
     uint32_t reserved2;
 };
 static_assert(sizeof(MsgHeader) == 32);
+// The largest message that travels on the control socket: INLINE_THRESHOLD's maximum (larger
+// ones go to the data sockets). The receiver refuses a larger size as a protocol error, so a
+// peer cannot keep one service of its control socket reading for as long as it keeps sending.
+inline constexpr uint64_t kMaxInlineSize = 256 * 1024;
 
 // One chunk of message `seq` (of `size` bytes in all) on a data socket; `length` bytes follow,
 // which belong at `offset` in the message.
