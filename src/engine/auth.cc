@@ -43,8 +43,8 @@ Bytes mac(std::string_view secret, Role role, std::string_view nonce_c, std::str
     put(&transcript, name_l);
     Bytes out{};
     unsigned int len = 0;
-    // HMAC() only fails on allocation failure; the zero MAC that leaves then matches nothing a
-    // peer computed with a real secret (and equal() is never asked to accept it as a secret).
+    // HMAC() only fails on allocation failure; it leaves the zero MAC, which equal() never
+    // accepts: a peer that sends 32 zero bytes must not pass because our HMAC failed.
     if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
              reinterpret_cast<const unsigned char*>(transcript.data()), transcript.size(),
              out.data(), &len) == nullptr ||
@@ -56,6 +56,10 @@ Bytes mac(std::string_view secret, Role role, std::string_view nonce_c, std::str
 }
 
 bool equal(std::string_view received, const Bytes& expected) {
+    // Fails closed: the zero MAC is what mac() leaves when HMAC failed (a real HMAC-SHA256 is all
+    // zeros with probability 2^-256).
+    static constexpr Bytes kZero{};
+    if (CRYPTO_memcmp(expected.data(), kZero.data(), kBytes) == 0) return false;
     return received.size() == kBytes &&
            CRYPTO_memcmp(received.data(), expected.data(), kBytes) == 0;
 }

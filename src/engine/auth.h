@@ -42,7 +42,7 @@ Bytes mac(std::string_view secret, Role role, std::string_view nonce_c, std::str
           std::string_view name_c, std::string_view name_l);
 
 // Constant-time comparison of a received MAC with an expected one (false on any length but
-// kBytes).
+// kBytes, and always false for the zero MAC, which mac() leaves when HMAC fails).
 bool equal(std::string_view received, const Bytes& expected);
 
 // The secrets an endpoint holds, primary first; empty when it authenticates no one.

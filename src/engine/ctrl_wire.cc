@@ -448,7 +448,13 @@ Status to_status(const Result& r, std::string_view context) {
     StatusCode code = StatusCode::kRemote;
     if (r.code <= static_cast<uint32_t>(StatusCode::kInternal))
         code = static_cast<StatusCode>(r.code);
-    return Status(code, r.message).with_context(context);
+    // The peer's words: printable characters only, and no more of them than an error needs (a
+    // transfer's status holds them until the application takes it, and logs print them).
+    std::string message = printable(std::string_view(r.message).substr(0, kMaxPeerMessage));
+    if (r.message.size() > kMaxPeerMessage) {
+        message += strformat(" [%zu more bytes]", r.message.size() - kMaxPeerMessage);
+    }
+    return Status(code, std::move(message)).with_context(context);
 }
 
 }  // namespace tcpx::engine::wire

@@ -36,6 +36,8 @@ inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
 inline constexpr uint16_t kVersion = 2;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
+// The most of a peer's error message (in a reply) that reaches a transfer's status.
+inline constexpr size_t kMaxPeerMessage = 1024;
 // The most bytes a transfer carries inside its control message (the upper bound of
 // XFER_INLINE_THRESHOLD, XFER_INLINE_ALONE and XFER_INLINE_ALONE_READ): accepted beyond
 // MAX_CTRL_MESSAGE (ctrl_conn.h).

@@ -251,5 +251,19 @@ TEST(CtrlWire, PeerResultsKeepTheirCode) {
     EXPECT_TRUE(to_status(Result{0, ""}, "p").ok());
 }
 
+TEST(CtrlWire, PeerMessagesArePrintableAndBounded) {
+    // A reply's message is the peer's words: terminal escapes and newlines do not reach ours,
+    // and a message of megabytes (the body may be 64 MiB) keeps only its first kMaxPeerMessage.
+    Status st = to_status(Result{static_cast<uint32_t>(StatusCode::kNotFound),
+                                 std::string("no \x1b[2Jkey\n\0here", 16)},
+                          "peer 'b'");
+    EXPECT_EQ(st.code(), StatusCode::kNotFound);
+    EXPECT_EQ(st.message(), "peer 'b': no ?[2Jkey??here");
+    const std::string huge(4u << 20, 'x');
+    st = to_status(Result{static_cast<uint32_t>(StatusCode::kInternal), huge}, "p");
+    EXPECT_EQ(st.message(), "p: " + std::string(kMaxPeerMessage, 'x') + " [" +
+                                std::to_string(huge.size() - kMaxPeerMessage) + " more bytes]");
+}
+
 }  // namespace
 }  // namespace tcpx::engine::wire
