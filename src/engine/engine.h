@@ -333,6 +333,8 @@ struct Peer {
     uint64_t notif_bytes = 0;
     // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
     uint64_t served_pieces = 0;
+    // This peer's requests being served (MAX_TRANSFERS at most): of `xfers`, the kServe ones.
+    uint64_t served = 0;
     // Posts made while the connection was still being made (connect_async), issued in order the
     // moment it is ready; their transfers are already in `xfers` (so failing the peer fails
     // them). At most kMaxDeferred.

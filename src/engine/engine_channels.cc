@@ -47,6 +47,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         // Both sides cut the same chunks: a receive of any other size means the streams are out
         // of step (or the transport is broken), and no later chunk can be trusted to land right.
         if (!tx && props_.reports_sizes && size != f.op.len) {
+            --active_ops_;  // out of the channel's lists: fail_peer() no longer counts it
             return failed(
                 protocol_error(strformat("received %zu bytes where the chunk has %llu", size,
                                          static_cast<unsigned long long>(f.op.len))));
@@ -58,7 +59,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             continue;
         }
         st = start_finishing(ch, f);
-        if (!st.ok()) return failed(st);
+        if (!st.ok()) {
+            --active_ops_;
+            return failed(st);
+        }
         ch.finishing.push_back(f);
     }
     // Receives are handed back to the transport oldest first, once their bytes are where they
@@ -74,7 +78,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         ch.finishing.pop_front();
         ch.last_progress = Clock::now();
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
-        if (!st.ok()) return failed(st);
+        if (!st.ok()) {
+            --active_ops_;
+            return failed(st);
+        }
         if (f.op.region == nullptr) ch.scratch_busy = false;
         did = true;
         op_done(f.op);

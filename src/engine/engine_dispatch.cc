@@ -103,9 +103,10 @@ void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held)
         QueuedNotification{p.id, Notification{p.name, std::move(payload), p.id}});
 }
 
-// A peer may not make us hold more of its requests at once than our own transfer limit.
+// A peer may not make us hold more of its requests at once than our own transfer limit. Only
+// its requests count: our own transfers to it are the application's, bounded on their own.
 Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
-    if (p.xfers.size() >= static_cast<size_t>(config_.max_transfers)) {
+    if (p.served >= static_cast<uint64_t>(config_.max_transfers)) {
         return resource_exhausted(
             strformat("the peer has more than %lld requests in flight (TCPX_P2P_MAX_TRANSFERS)",
                       static_cast<long long>(config_.max_transfers)));

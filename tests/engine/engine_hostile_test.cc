@@ -25,6 +25,7 @@
 #include "net/socket/socket_net.h"
 #include "net/socket/wire.h"
 #include "tests/support/engine_test_util.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
 
@@ -524,8 +525,11 @@ TEST(EngineHostile, DataNotCutByThePackingRuleFailsThePeerAndStaysInItsPieces) {
     // A peer cutting a write of small pieces one chunk per piece (protocol version 1) sends
     // chunks shorter than the receives: the peer is failed, and no byte lands outside the
     // pieces the write named (the transport may have put some into them already).
+    // The chunk the peer cut short leaves the target's accounting too: closing the endpoint
+    // finds no chunk operation still counted.
     // (The memory outlives the endpoint, whatever assertion ends the test.)
     std::vector<uint8_t> mem(4 << 20, 0x5a);
+    LogCapture log(LogLevel::kWarn);
     auto ep = make_endpoint("target", engine_test_config());
     ASSERT_NE(ep, nullptr);
     auto id = ep->reg(mem.data(), mem.size());
@@ -550,6 +554,8 @@ TEST(EngineHostile, DataNotCutByThePackingRuleFailsThePeerAndStaysInItsPieces) {
         }
     }
     expect_serves(ep.get());
+    ep.reset();
+    EXPECT_FALSE(log.contains("still counted at close")) << log.all();
 }
 
 TEST(EngineHostile, AWriteCutByItsOwnChunkSizeLandsAndALargerOneFailsThePeer) {
@@ -831,6 +837,46 @@ TEST(EngineHostile, RequestsPastTheTransferLimitFailThePeer) {
     EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a 17th request in flight was served";
     EXPECT_TRUE(src.canaries_intact());
     expect_serves(ep.get());
+}
+
+// The limit counts the peer's requests only: our own transfers to it (here 16 receives waiting
+// for its sends, as many as MAX_TRANSFERS allows) leave room for its writes, which are served.
+TEST(EngineHostile, OurOwnTransfersDoNotCountAgainstThePeersLimit) {
+    Config c = engine_test_config();
+    c.max_transfers = 16;
+    auto a = make_endpoint("a", c);
+    auto b = make_endpoint("b", engine_test_config());
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    std::vector<uint8_t> amem(1 << 20, 0), bmem(1 << 20, 0);
+    const MemId am = *a->reg(amem.data(), amem.size());
+    const MemId bm = *b->reg(bmem.data(), bmem.size());
+    std::vector<XferId> recvs;
+    for (int i = 0; i < 16; ++i) {
+        auto r = a->recv(l.a_to_b, am, static_cast<uint64_t>(i) * 4096, 4096, 100 + i);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        recvs.push_back(*r);
+    }
+    const RemoteMem adesc = *a->describe(am);
+    for (int i = 0; i < 4; ++i) {
+        fill_pattern(bmem.data(), 65536, 40 + i);
+        auto w = b->write(l.b_to_a, bm, 0, adesc, 512 * 1024, 65536);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE(b->wait(*w, 10s).ok()) << "write " << i;
+        EXPECT_EQ(find_pattern_mismatch(amem.data() + 512 * 1024, 65536, 40 + i), -1);
+    }
+    // The receives are still there, and complete when their sends come.
+    for (int i = 0; i < 16; ++i) {
+        fill_pattern(bmem.data() + static_cast<size_t>(i) * 4096, 4096, 70 + i);
+        auto s = b->send(l.b_to_a, bm, static_cast<uint64_t>(i) * 4096, 4096, 100 + i);
+        ASSERT_TRUE(s.ok());
+        EXPECT_TRUE(b->wait(*s, 10s).ok()) << "send " << i;
+    }
+    for (int i = 0; i < 16; ++i) {
+        EXPECT_TRUE(a->wait(recvs[static_cast<size_t>(i)], 10s).ok()) << "receive " << i;
+        EXPECT_EQ(find_pattern_mismatch(amem.data() + static_cast<size_t>(i) * 4096, 4096, 70 + i),
+                  -1);
+    }
 }
 
 // A peer that asks without reading the answers cannot make us hold them without bound. Before the
@@ -1321,6 +1367,23 @@ Config with_secret(std::string secret, std::string previous = "") {
 
 constexpr const char* kOld = "old secret 0123456789";
 constexpr const char* kNew = "new secret 9876543210";
+
+// The MAC comparison fails closed: the zero MAC (what mac() leaves when HMAC fails, out of
+// memory) accepts nothing, not even the 32 zero bytes a stranger could send; a real MAC still
+// matches only itself, and only at its full length.
+TEST(EngineAuth, TheMacComparisonFailsClosed) {
+    const engine::auth::Bytes zero{};
+    EXPECT_FALSE(engine::auth::equal(std::string(engine::auth::kBytes, '\0'), zero));
+    const engine::auth::Bytes m =
+        engine::auth::mac("secret", engine::auth::Role::kConnector, "nc", "nl", "a", "b");
+    const std::string as_sent(reinterpret_cast<const char*>(m.data()), m.size());
+    EXPECT_TRUE(engine::auth::equal(as_sent, m));
+    EXPECT_FALSE(engine::auth::equal(as_sent.substr(0, engine::auth::kBytes - 1), m));
+    std::string flipped = as_sent;
+    flipped[5] ^= 1;
+    EXPECT_FALSE(engine::auth::equal(flipped, m));
+    EXPECT_NE(m, engine::auth::mac("secret", engine::auth::Role::kListener, "nc", "nl", "a", "b"));
+}
 
 TEST(EngineAuth, TheSameSecretWorks) {
     auto a = make_endpoint("a", with_secret(kNew));
