@@ -3,6 +3,7 @@
 // data path of every exported table runs the whole net conformance suite (Providers/NetTest,
 // NcclPluginV7 to V11); this file checks what that suite cannot see through the adapter.
 #include <dlfcn.h>
+#include <elf.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -69,6 +70,41 @@ TEST(NcclPlugin, CarriesNoCudaRuntime) {
     for (const char* cuda : {"libcuda.so", "libcudart", "cudaMemcpy", "cuMemcpy"}) {
         EXPECT_EQ(bytes.find(cuda), std::string::npos) << "the plugin carries " << cuda;
     }
+}
+
+// NCCL may unload its net plugin when the last communicator is finalized (dlclose, with
+// NET_PLUGIN_REF_COUNT at 0), but the transport inside keeps its I/O threads (a process-wide
+// object, never torn down): unmapped, their code would crash the process. The plugin is linked
+// -z nodelete so that dlclose leaves it mapped; this reads that flag from its dynamic section.
+TEST(NcclPlugin, StaysLoadedAfterDlclose) {
+    std::ifstream f(TCPX_NCCL_PLUGIN_PATH, std::ios::binary);
+    ASSERT_TRUE(f) << TCPX_NCCL_PLUGIN_PATH;
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_GE(bytes.size(), sizeof(Elf64_Ehdr));
+    Elf64_Ehdr eh;
+    std::memcpy(&eh, bytes.data(), sizeof(eh));
+    ASSERT_EQ(std::memcmp(eh.e_ident, ELFMAG, SELFMAG), 0);
+    ASSERT_EQ(eh.e_ident[EI_CLASS], ELFCLASS64);
+    bool nodelete = false;
+    bool dynamic = false;
+    for (int i = 0; i < eh.e_phnum; ++i) {
+        Elf64_Phdr ph;
+        const size_t at = eh.e_phoff + static_cast<size_t>(i) * eh.e_phentsize;
+        ASSERT_LE(at + sizeof(ph), bytes.size());
+        std::memcpy(&ph, bytes.data() + at, sizeof(ph));
+        if (ph.p_type != PT_DYNAMIC) continue;
+        dynamic = true;
+        for (size_t d = ph.p_offset; d + sizeof(Elf64_Dyn) <= ph.p_offset + ph.p_filesz &&
+                                     d + sizeof(Elf64_Dyn) <= bytes.size();
+             d += sizeof(Elf64_Dyn)) {
+            Elf64_Dyn dyn;
+            std::memcpy(&dyn, bytes.data() + d, sizeof(dyn));
+            if (dyn.d_tag == DT_NULL) break;
+            if (dyn.d_tag == DT_FLAGS_1 && (dyn.d_un.d_val & DF_1_NODELETE) != 0) nodelete = true;
+        }
+    }
+    ASSERT_TRUE(dynamic) << "no dynamic section";
+    EXPECT_TRUE(nodelete) << "the plugin is not linked -z nodelete";
 }
 
 // v7 and v8 through their own structs: the core's properties, v8's regIsGlobal.
