@@ -224,6 +224,9 @@ nixl_status_t TcpxBackend::registerMem(const nixlBlobDesc& mem, const nixl_mem_t
                                        nixlBackendMD*& out) {
     return guarded("registerMem", [&]() -> nixl_status_t {
         if (!is_memory(nixl_mem)) return NIXL_ERR_NOT_SUPPORTED;
+        // Allocated first: out of memory after the engine's registration would leave it there
+        // with nothing holding its id.
+        auto md = std::make_unique<LocalMD>();
         auto id = ep_->reg(reinterpret_cast<void*>(mem.addr), mem.len);
         if (!id.ok()) {
             NIXL_ERROR << "TCPX: registerMem: " << id.status().to_string();
@@ -239,10 +242,9 @@ nixl_status_t TcpxBackend::registerMem(const nixlBlobDesc& mem, const nixl_mem_t
                                                   : "GPU memory");
             return NIXL_ERR_INVALID_PARAM;
         }
-        auto* md = new LocalMD;
         md->mem = *id;
         md->desc = *desc;
-        out = md;
+        out = md.release();
         return NIXL_SUCCESS;
     });
 }
@@ -324,7 +326,16 @@ nixl_status_t TcpxBackend::getConnInfo(std::string& str) const {
 nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
                                               const std::string& remote_conn_info) {
     return guarded("loadRemoteConnInfo", [&]() -> nixl_status_t {
-        if (!Endpoint::parse_metadata(remote_conn_info).ok()) return NIXL_ERR_INVALID_PARAM;
+        auto info = Endpoint::parse_metadata(remote_conn_info);
+        if (!info.ok()) return NIXL_ERR_INVALID_PARAM;
+        // Each agent's endpoint carries the agent's name: connection info naming another
+        // endpoint would send this agent's transfers to someone else.
+        if (info->name != remote_agent) {
+            // (parse_metadata() refuses names with control characters.)
+            NIXL_ERROR << "TCPX: loadRemoteConnInfo: the connection info for agent '"
+                       << remote_agent << "' is that of endpoint '" << info->name << "'";
+            return NIXL_ERR_INVALID_PARAM;
+        }
         std::lock_guard<std::mutex> lock(mu_);
         auto it = conn_info_.find(remote_agent);
         if (it != conn_info_.end() && it->second != remote_conn_info) {
@@ -634,18 +645,19 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
 
 nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     return guarded("releaseReqH", [&]() -> nixl_status_t {
-        // NIXL forgets the handle whatever this returns: freed on every path.
-        std::unique_ptr<Request> req(dynamic_cast<Request*>(handle));
+        auto* req = dynamic_cast<Request*>(handle);
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
         // (A refused request has finished in the engine: nothing to wait for.)
         if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
             // The engine cannot take back bytes already on the wire; it finishes (or fails) the
             // transfer on its own, delivering its notification if it succeeds, and we forget it
-            // then. (Without memory to note it, its completion is never polled: one record
-            // left in the engine, rather than the request and its descriptors here.)
+            // then. Out of memory here, the request is not freed: NIXL keeps a handle whose
+            // release failed (releaseXferReq answers NIXL_ERR_REPOST_ACTIVE) and releases it
+            // again later.
             std::lock_guard<std::mutex> lock(mu_);
             abandoned_.push_back(req->xfer);
         }
+        delete req;
         return NIXL_SUCCESS;
     });
 }

@@ -18,6 +18,7 @@
 
 #include "nixl_test_util.h"
 #include "tcpx/config.h"
+#include "tests/support/alloc_fault.h"
 
 namespace tcpx::nixl_test {
 namespace {
@@ -594,6 +595,49 @@ TEST_P(ReleaseInFlight, ReturnsPromptlyAndNothingBreaks) {
     a_->dereg_all();
     b_->dereg_all();
     EXPECT_TRUE(src_->guards_intact() && dst_->guards_intact());
+}
+
+// Out of memory while releasing a transfer in flight: the backend cannot note it, so the
+// release fails and the request stays; NIXL then keeps the handle (releaseXferReq answers
+// NIXL_ERR_REPOST_ACTIVE), which still answers getXferStatus and is released later. (The
+// backend once freed the request all the same: the handle NIXL kept pointed at freed memory.)
+TEST_F(TwoAgents, AReleaseOutOfMemoryKeepsTheRequest) {
+    constexpr size_t kSize = 64 << 20;
+    start(kSize, {}, {.prog_thread = false}, "release-oom");
+    src_->fill(1);
+    nixlXferReqH* warm = request(NIXL_WRITE, 0, 4096);
+    ASSERT_NE(warm, nullptr);
+    ASSERT_EQ(post_and_wait(*a_, warm, {b_.get()}), NIXL_SUCCESS);
+    EXPECT_EQ((*a_)->releaseXferReq(warm), NIXL_SUCCESS);
+    // The target is not served: each transfer stays in flight. The fault moves one allocation
+    // further each round until it hits the backend's note of the abandoned transfer.
+    int kept = 0;
+    size_t posted = 0;
+    const nixl_opt_args_t args = with_notif("released");
+    for (long skip = 0; skip < 16 && kept == 0; ++skip) {
+        SCOPED_TRACE("allocation " + std::to_string(skip));
+        nixlXferReqH* req = request(NIXL_WRITE, 0, kSize, &args);
+        ASSERT_NE(req, nullptr);
+        ++posted;
+        ASSERT_EQ((*a_)->postXferReq(req), NIXL_IN_PROG);
+        nixl_status_t st;
+        {
+            test::AllocFault fault("", skip, 1);
+            st = (*a_)->releaseXferReq(req);
+        }
+        if (st == NIXL_SUCCESS) continue;
+        EXPECT_EQ(st, NIXL_ERR_REPOST_ACTIVE);
+        ++kept;
+        // NIXL keeps the failed release's status as the handle's, and releases it again on the
+        // next call: the backend's request must still be there for that.
+        EXPECT_EQ((*a_)->getXferStatus(req), NIXL_ERR_BACKEND);
+        EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);
+    }
+    EXPECT_EQ(kept, 1) << "no fault hit the release's note of the transfer";
+    // The target served again: every released transfer completes on its own, its notification
+    // once, and none holds memory at teardown.
+    ASSERT_TRUE(wait_notifs(*b_, posted, {a_.get()}));
+    EXPECT_EQ(b_->count({a_name_, "released"}), posted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Op, ReleaseInFlight, ::testing::Values(NIXL_WRITE, NIXL_READ),

@@ -173,5 +173,27 @@ TEST(NixlOom, GetNotifsOutOfMemoryDeliversRemoteNotificationsOnce) {
     expect_each_once_out_of_memory(a, b, "oom-receiver", "oom-sender");
 }
 
+// (Not out of memory, but this file's backends without an agent are the way to call it.) The
+// connection info of one agent's endpoint, loaded under another agent's name, is refused: the
+// second agent's transfers would go to the first.
+TEST(NixlBackend, ConnectionInfoOfAnotherAgentIsRefused) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("conn-a");
+    nixlBackendEngine* b = plugin.make("conn-b");
+    ASSERT_TRUE(a && b);
+    std::string b_info;
+    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    EXPECT_EQ(a->loadRemoteConnInfo("conn-c", b_info), NIXL_ERR_INVALID_PARAM);
+    EXPECT_EQ(a->loadRemoteConnInfo("conn-b", b_info), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("conn-b", "hello"), NIXL_SUCCESS);
+    notif_list_t got;
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+        ASSERT_EQ(b->getNotifs(got), NIXL_SUCCESS);
+    }
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0], std::make_pair(std::string("conn-a"), std::string("hello")));
+}
+
 }  // namespace
 }  // namespace tcpx::nixl_test
