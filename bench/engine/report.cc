@@ -85,7 +85,7 @@ std::vector<Column<Row>> table_columns(const EngineBenchOptions& o) {
                         return std::string(r.concurrency < conc ? "*" : " ");
                     }});
     cols.push_back({1, 8, "GB/s", [](const Row& r) { return gbps_cell(r.ours); }});
-    auto number = [](double v) { return v > 0 ? strformat("%.2f", v) : std::string("-"); };
+    auto number = [](double v) { return v > 0 ? gbps_text(v) : std::string("-"); };
     if (o.bidir) {
         cols.push_back({1, 7, "i->t", [=](const Row& r) { return number(r.fwd); }});
         cols.push_back({1, 7, "t->i", [=](const Row& r) { return number(r.rev); }});

@@ -33,12 +33,13 @@ std::string cpu_cell(const Throughput& t) {
     return v > 0 ? strformat("%.3f", v) : std::string("-");
 }
 
-std::string gbps_cell(const Throughput& t) {
-    if (!t.iters) return "-";
+std::string gbps_text(double gbps) {
     // Two decimals, or two significant digits below 0.1: a slow run (a loaded machine, 4 KiB
     // transfers) still shows what it moved instead of 0.00.
-    return strformat(t.gbps >= 0.095 || t.gbps <= 0 ? "%.2f" : "%.2g", t.gbps);
+    return strformat(gbps >= 0.095 || gbps <= 0 ? "%.2f" : "%.2g", gbps);
 }
+
+std::string gbps_cell(const Throughput& t) { return t.iters ? gbps_text(t.gbps) : "-"; }
 
 std::string usecs_cell(double us, uint64_t iters) {
     return iters ? strformat("%.1f us", us) : std::string("-");

@@ -37,6 +37,8 @@ std::string ratio(double a, double b);
 std::string cpu_cell(const Throughput& t);
 // "1.23" GB/s, or "-" where not measured.
 std::string gbps_cell(const Throughput& t);
+// A figure in GB/s as gbps_cell() writes it (one direction's, one peer's).
+std::string gbps_text(double gbps);
 // "12.3 us", or "-" where not measured (no iterations).
 std::string usecs_cell(double us, uint64_t iters);
 // "" or "s": "1 channel", "2 channels".

@@ -454,6 +454,10 @@ TEST(BenchReport, Cells) {
     EXPECT_EQ(gbps_cell(t), "0.0034");
     t.gbps = 0.1;
     EXPECT_EQ(gbps_cell(t), "0.10");
+    // One direction's figure of a --bidir run, the same way (a loaded TSan run once printed
+    // 0.00 there, and the role test read that as nothing moved).
+    EXPECT_EQ(gbps_text(0.0043), "0.0043");
+    EXPECT_EQ(gbps_text(12.5), "12.50");
     t.gbps = 2;
     EXPECT_EQ(cpu_cell(t), "0.250");
     EXPECT_EQ(usecs_cell(12.34, 1), "12.3 us");
