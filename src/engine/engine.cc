@@ -360,6 +360,7 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
     const auto now = Clock::now();
     const bool tick = now >= next_tick_;
     if (tick) next_tick_ = now + kTick;
+    if (tick) resume_listener_when_due(now);
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) {
             if (p->teardown != Peer::Teardown::kDone) {
@@ -376,6 +377,22 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
     }
     reap_peers();
     return did;
+}
+
+void Endpoint::Impl::pause_listener() {
+    if (listen_paused_until_) return;
+    epoll_event ev{};
+    ev.data.u64 = kListenTag;  // no events: the listener is still in the set, silent
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, listen_fd_.get(), &ev) != 0) return;
+    listen_paused_until_ = Clock::now() + engine::kListenPause;
+}
+
+void Endpoint::Impl::resume_listener_when_due(Clock::time_point now) {
+    if (!listen_paused_until_ || now < *listen_paused_until_) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenTag;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, listen_fd_.get(), &ev) == 0) listen_paused_until_.reset();
 }
 
 bool Endpoint::Impl::needs_polling(const Peer& p) const {

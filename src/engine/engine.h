@@ -274,6 +274,9 @@ inline constexpr uint64_t kInlineReplyBudget = 8 << 20;
 // kReplyRoom bytes each and no less than 8 MiB (16 MiB in all at the default MAX_TRANSFERS).
 inline constexpr uint64_t kReplyRoom = 128;
 inline constexpr uint64_t kMinReplyRoomTotal = 8 << 20;
+// How long the listener rests after an accept that failed (out of descriptors or memory): the
+// connection waits in the kernel's queue meanwhile.
+inline constexpr std::chrono::milliseconds kListenPause{100};
 
 // A peer's life (engine_handshake.cc drives all but the last two):
 //   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
@@ -431,6 +434,10 @@ class Endpoint::Impl {
     bool read_control(Peer& p);
     Status dispatch(Peer& p, const engine::wire::Header& h, std::string_view body);
     void accept_inbound();
+    // Takes the listener out of the epoll set for kListenPause (listen_paused_until_), and puts
+    // it back once that has passed.
+    void pause_listener();
+    void resume_listener_when_due(Clock::time_point now);
     // Closes the oldest inbound handshake of a peer that has not authenticated; false when none.
     bool evict_stalest_handshake();
     void run_progress_thread();
@@ -608,6 +615,10 @@ class Endpoint::Impl {
     int window_ = 1;
     SocketAddress listen_addr_;
     Fd listen_fd_;
+    // Set while the listener is out of the epoll set: an accept found no descriptor or memory
+    // for a connection (EMFILE, ENFILE, ENOBUFS, ENOMEM), which stays pending and would keep the
+    // listener readable, the progress thread spinning. Looked at again from then on (ticks).
+    std::optional<Clock::time_point> listen_paused_until_;
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;

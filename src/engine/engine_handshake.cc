@@ -110,7 +110,12 @@ void Endpoint::Impl::accept_inbound() {
         SocketAddress from;
         auto fd = accept_tcp(listen_fd_.get(), &from);
         if (!fd.ok()) {
-            TCPX_WARN("endpoint '%s': accept: %s", name_.c_str(), fd.status().to_string().c_str());
+            if (may_log_stranger_event()) {
+                TCPX_WARN("endpoint '%s': accept: %s; new connections wait %lld ms", name_.c_str(),
+                          fd.status().to_string().c_str(),
+                          static_cast<long long>(engine::kListenPause.count()));
+            }
+            pause_listener();
             return;
         }
         if (!fd->valid()) return;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -801,6 +802,49 @@ bool read_next(int fd, wire::Header* h, std::string* body) {
         if (!read_message(fd, h, body)) return false;
     } while (h->type == static_cast<uint16_t>(wire::MsgType::kPing));
     return true;
+}
+
+// The process out of file descriptors while strangers connect: each accept fails (EMFILE) and
+// the connection stays queued in the kernel, which keeps the listener readable. The endpoint
+// says so a few times, not once per pass, and rests its listener instead of spinning on it;
+// with descriptors back it takes the waiting connections and serves peers again.
+TEST(EngineHostile, OutOfDescriptorsTheListenerRestsAndComesBack) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    const SocketAddress to = address_of(*ep);
+    // Client sockets made now, connected once no descriptor is left.
+    std::vector<int> clients;
+    for (int i = 0; i < 3; ++i) {
+        clients.push_back(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+        ASSERT_GE(clients.back(), 0);
+    }
+    {
+        LogCapture log(LogLevel::kWarn);
+        rusage before{}, after{};
+        {
+            NoDescriptorsLeft none;
+            ASSERT_TRUE(none.ok());
+            ::getrusage(RUSAGE_SELF, &before);
+            for (int fd : clients) {
+                if (::connect(fd, to.get(), to.size()) != 0) ADD_FAILURE() << std::strerror(errno);
+            }
+            std::this_thread::sleep_for(500ms);
+            ::getrusage(RUSAGE_SELF, &after);
+        }
+        const auto cpu_us = [](const rusage& r) {
+            return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000LL + r.ru_utime.tv_usec +
+                   r.ru_stime.tv_usec;
+        };
+        // Spinning on the readable listener, the progress thread would take the whole 500 ms.
+        EXPECT_LT(cpu_us(after) - cpu_us(before), 250000) << "the endpoint spun on its listener";
+        const int lines = log.count("accept");
+        EXPECT_GE(lines, 1) << log.all();
+        EXPECT_LE(lines, 10) << "one line per failed accept: " << log.all().substr(0, 2000);
+    }
+    // Descriptors back: the queued connections are taken (and, saying nothing, dropped when
+    // their handshakes time out), and a real peer is served.
+    expect_serves(ep.get());
+    for (int fd : clients) ::close(fd);
 }
 
 // A peer may have at most MAX_TRANSFERS of its requests served at once: one more fails it.

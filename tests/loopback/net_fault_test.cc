@@ -230,6 +230,41 @@ TEST_F(NetFaultTest, ACompleteConnectionWaitsForTheNextAcceptHoweverLate) {
     }
 }
 
+TEST_F(NetFaultTest, OutOfDescriptorsAcceptWaitsInsteadOfFailing) {
+    // A connector whose sockets arrive while the process has no descriptor left: accept() says
+    // so in the log and returns no comm, not an error (the caller, NCCL's proxy or the engine,
+    // would give up the connection); the sockets wait in the kernel's queue, and once
+    // descriptors are back the next calls return the comm.
+    const int nsocks = static_cast<int>(decode(handle_).nsocks);
+    const SocketAddress to = handle_address(handle_);
+    std::vector<Fd> socks;
+    for (int i = 0; i <= nsocks; ++i) {
+        socks.emplace_back(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+        ASSERT_TRUE(socks.back().valid());
+    }
+    {
+        LogCapture log(LogLevel::kWarn);
+        NoDescriptorsLeft none;
+        ASSERT_TRUE(none.ok());
+        for (Fd& s : socks) ASSERT_EQ(::connect(s.get(), to.get(), to.size()), 0);
+        net::RecvComm* comm = nullptr;
+        Status st = net_->accept(listen_, &comm, nullptr);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(comm, nullptr);
+        EXPECT_TRUE(log.contains("accept on")) << log.all();
+    }
+    for (int i = 0; i <= nsocks; ++i) {
+        const wire::Hello hello =
+            i == 0 ? valid_hello(handle_, wire::Role::kControl, 0, 4100)
+                   : valid_hello(handle_, wire::Role::kData, static_cast<uint16_t>(i - 1), 4100);
+        ASSERT_TRUE(send_all(socks[static_cast<size_t>(i)].get(), &hello, sizeof(hello)).ok());
+    }
+    net::RecvComm* comm = accept_for(2s);
+    ASSERT_NE(comm, nullptr) << "the waiting connection was not taken";
+    (void)net_->close_recv(comm);
+    expect_listener_serves();
+}
+
 TEST_F(NetFaultTest, ConnectionClosedDuringHandshakeIsDropped) {
     {
         Fd raw = raw_connect(handle_);

@@ -2,7 +2,10 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -265,6 +268,33 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds tim
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return true;
+}
+
+NoDescriptorsLeft::NoDescriptorsLeft() {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+    // The lowest free descriptor (every one below it is in use) becomes the last one allowed.
+    const int last = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (last < 0) return;
+    taken_.push_back(last);
+    saved_cur_ = lim.rlim_cur;
+    lim.rlim_cur = static_cast<rlim_t>(last + 1);
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+    const int more = ::dup(last);
+    if (more >= 0) {
+        taken_.push_back(more);
+        return;
+    }
+    ok_ = errno == EMFILE;
+}
+
+NoDescriptorsLeft::~NoDescriptorsLeft() {
+    for (int fd : taken_) ::close(fd);
+    rlimit lim{};
+    if (saved_cur_ != 0 && ::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+        lim.rlim_cur = static_cast<rlim_t>(saved_cur_);
+        (void)::setrlimit(RLIMIT_NOFILE, &lim);
+    }
 }
 
 }  // namespace tcpx::testing

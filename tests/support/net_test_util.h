@@ -76,4 +76,22 @@ int settled_io_threads();
 bool eventually(const std::function<bool()>& cond,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
+// While it lives, the process has no file descriptor left: the limit (RLIMIT_NOFILE) is lowered
+// to the lowest free one and every free one below it is taken, so that the next socket() or
+// accept() fails with EMFILE. Descriptors made before it (sockets to connect later) still work.
+// Restores the limit and frees what it took when it goes.
+class NoDescriptorsLeft {
+ public:
+    NoDescriptorsLeft();
+    ~NoDescriptorsLeft();
+    NoDescriptorsLeft(const NoDescriptorsLeft&) = delete;
+    NoDescriptorsLeft& operator=(const NoDescriptorsLeft&) = delete;
+    bool ok() const { return ok_; }
+
+ private:
+    bool ok_ = false;
+    unsigned long saved_cur_ = 0;
+    std::vector<int> taken_;
+};
+
 }  // namespace tcpx::testing

@@ -527,7 +527,17 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     for (int i = 0; i < kAcceptsPerCall; ++i) {
         SocketAddress peer;
         auto fd = accept_tcp(l->fd.get(), &peer);
-        if (!fd.ok()) return Status(fd.status()).with_context("accept on " + l->addr.to_string());
+        if (!fd.ok()) {
+            // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection
+            // waits in the kernel's queue for a later call, and the handshakes in progress still
+            // advance and time out below, which is what gives descriptors back. Not the caller's
+            // error: its comm may come on the next call.
+            if (may_log_stranger_event()) {
+                TCPX_WARN("accept on %s: %s", l->addr.to_string().c_str(),
+                          fd.status().to_string().c_str());
+            }
+            break;
+        }
         if (!fd->valid()) break;
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking && !l->pending.empty()) {
             // The newcomer takes the place of the oldest connection that has not sent its hello:
