@@ -79,7 +79,9 @@ bool eventually(const std::function<bool()>& cond,
 // While it lives, the process has no file descriptor left: the limit (RLIMIT_NOFILE) is lowered
 // to the lowest free one and every free one below it is taken, so that the next socket() or
 // accept() fails with EMFILE. Descriptors made before it (sockets to connect later) still work.
-// Restores the limit and frees what it took when it goes.
+// Restores the limit and frees what it took when it goes. Under UBSan, a call whose object's
+// dynamic type is checked for the first time fails while it lives (the check opens a pipe):
+// make such calls once before.
 class NoDescriptorsLeft {
  public:
     NoDescriptorsLeft();
