@@ -85,21 +85,29 @@ Status CtrlConn::read(bool* eof) {
         if (begin_ == end_) {
             begin_ = end_ = 0;
             // A large message (up to MAX_CTRL_MESSAGE) grew the buffer: give it back once it is
-            // handled, or every peer that ever sent one would keep twice that for good.
-            if (in_.size() > 4 * kReadChunk) std::vector<char>().swap(in_);
+            // handled, or every peer that ever sent one would keep that much for good.
+            if (in_.capacity() > 4 * kReadChunk) std::vector<char>().swap(in_);
         }
-        // A peer cannot make us buffer without bound: past two maximal messages, what is here
-        // gets handled before more is read (TCP holds the rest back).
-        if (end_ - begin_ > 2 * (sizeof(wire::Header) + max_message_ + inline_allowance_)) {
-            return Status();
-        }
+        // A peer cannot make us buffer without bound: once a maximal message's bytes are here,
+        // the message in front is whole, and is handled before more is read (TCP holds the rest
+        // back). So the buffer holds at most one maximal message and one read's worth more.
+        const size_t bound = sizeof(wire::Header) + max_message_ + inline_allowance_;
+        if (end_ - begin_ >= bound) return Status();
         if (in_.size() - end_ < kReadChunk) {
             if (begin_ > 0) {
                 std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);
                 end_ -= begin_;
                 begin_ = 0;
             }
-            if (in_.size() - end_ < kReadChunk) in_.resize(end_ + kReadChunk);
+            const size_t want = end_ + kReadChunk;
+            if (in_.size() < want) {
+                // Geometric growth, but never past the bound (and a read): the vector's own
+                // doubling could take it to twice that.
+                if (want > in_.capacity()) {
+                    in_.reserve(std::max(want, std::min(2 * in_.capacity(), bound + kReadChunk)));
+                }
+                in_.resize(want);
+            }
         }
         TCPX_ASSIGN_OR_RETURN(size_t n,
                               recv_some(fd_.get(), in_.data() + end_, in_.size() - end_, eof));

@@ -61,6 +61,8 @@ class CtrlConn {
     StatusOr<bool> next_message(wire::Header* header, std::string_view* body);
     // Bytes read but not yet handed out (a partial message at EOF means the peer broke off).
     size_t buffered() const { return end_ - begin_; }
+    // Memory held for what the peer sends: at most one maximal message and one read (256 KiB).
+    size_t buffer_capacity() const { return in_.capacity(); }
 
  private:
     Fd fd_;

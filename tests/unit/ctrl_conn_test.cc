@@ -103,6 +103,44 @@ TEST_F(CtrlConnLimits, PastTheAllowanceWithTheFlagIsRefused) {
     EXPECT_EQ(r.status().code(), StatusCode::kProtocol) << r.status().to_string();
 }
 
+// A peer that sends faster than we handle cannot make us buffer more than one maximal message
+// and one read (256 KiB) of its stream, whatever it has sent: here three maximal messages are
+// waiting in the socket. (Before: two maximal messages read ahead, and the vector's own doubling
+// on top, about four times MAX_CTRL_MESSAGE per peer.) Every message then arrives whole.
+TEST_F(CtrlConnLimits, ReadAheadHoldsOneMaximalMessage) {
+    constexpr uint32_t kLimit = 1 << 20;
+    constexpr size_t kRead = 256 * 1024;
+    conn_.set_max_message(kLimit, 0);
+    const std::string msg = message(wire::MsgType::kWriteReq, 0, kLimit);
+    size_t sent = 0;
+    const std::string all = msg + msg + msg;
+    while (sent < all.size()) {
+        const ssize_t n = ::send(peer_.get(), all.data() + sent, all.size() - sent, 0);
+        ASSERT_GT(n, 0) << "the socket pair's buffers hold less than three messages";
+        sent += static_cast<size_t>(n);
+    }
+    bool eof = false;
+    ASSERT_TRUE(conn_.read(&eof).ok());
+    const size_t bound = sizeof(wire::Header) + kLimit;
+    EXPECT_GE(conn_.buffered(), bound);  // the first message is whole
+    EXPECT_LT(conn_.buffered(), bound + kRead);
+    EXPECT_LE(conn_.buffer_capacity(), bound + kRead);
+    for (int i = 0; i < 3; ++i) {
+        wire::Header h;
+        std::string_view body;
+        bool whole = false;
+        for (int tries = 0; !whole && tries < 1000; ++tries) {
+            ASSERT_TRUE(conn_.read(&eof).ok());
+            auto r = conn_.next_message(&h, &body);
+            ASSERT_TRUE(r.ok()) << r.status().to_string();
+            whole = *r;
+            EXPECT_LE(conn_.buffer_capacity(), bound + kRead);
+        }
+        ASSERT_TRUE(whole) << "message " << i;
+        EXPECT_EQ(body.size(), kLimit);
+    }
+}
+
 // A message queued with its inline bytes apart (queue(msg, tail)) goes out as one message, in
 // order with the others, byte for byte, also when the socket takes it a piece at a time.
 TEST(CtrlConnQueue, AMessageAndItsInlineBytesGoOutAsOne) {
