@@ -118,6 +118,8 @@ class HeldNotificationRoom {
 struct Xfer {
     enum class Kind { kWrite, kRead, kSend, kRecv, kServeWrite, kServeRead };
     Kind kind = Kind::kWrite;
+    // A peer's request we serve (counted in its Peer::served), not one of our own transfers.
+    bool served() const { return kind == Kind::kServeWrite || kind == Kind::kServeRead; }
     Peer* peer = nullptr;
     XferId user_id = 0;     // slot in the XferTable; 0 for served requests
     uint64_t wire_id = 0;   // ours (initiator, receiver of a send) or the initiator's (served)

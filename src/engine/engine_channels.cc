@@ -26,6 +26,12 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         fail_peer(p, st.with_context(what));
         return true;
     };
+    // An op an error took off the channel's lists: fail_peer() subtracts only those still on
+    // them, so it leaves the count of ops in flight here.
+    auto lost = [&](Status st) {
+        --active_ops_;
+        return failed(std::move(st));
+    };
     bool did = false;
     // Completions, oldest first (some transports require that order).
     while (!ch.inflight.empty()) {
@@ -36,8 +42,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             // The request is gone with its error (the Net contract): it must not be tested
             // again when the peer's channels are wound down.
             ch.inflight.pop_front();
-            --active_ops_;
-            return failed(st);
+            return lost(st);
         }
         if (!done) break;
         Channel::InFlight f = ch.inflight.front();
@@ -47,10 +52,8 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         // Both sides cut the same chunks: a receive of any other size means the streams are out
         // of step (or the transport is broken), and no later chunk can be trusted to land right.
         if (!tx && props_.reports_sizes && size != f.op.len) {
-            --active_ops_;  // out of the channel's lists: fail_peer() no longer counts it
-            return failed(
-                protocol_error(strformat("received %zu bytes where the chunk has %llu", size,
-                                         static_cast<unsigned long long>(f.op.len))));
+            return lost(protocol_error(strformat("received %zu bytes where the chunk has %llu",
+                                                 size, static_cast<unsigned long long>(f.op.len))));
         }
         if (tx) {
             // The transport is done with the bytes: a staging slot can take the next chunk.
@@ -59,10 +62,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             continue;
         }
         st = start_finishing(ch, f);
-        if (!st.ok()) {
-            --active_ops_;
-            return failed(st);
-        }
+        if (!st.ok()) return lost(st);
         ch.finishing.push_back(f);
     }
     // Receives are handed back to the transport oldest first, once their bytes are where they
@@ -78,10 +78,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         ch.finishing.pop_front();
         ch.last_progress = Clock::now();
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
-        if (!st.ok()) {
-            --active_ops_;
-            return failed(st);
-        }
+        if (!st.ok()) return lost(st);
         if (f.op.region == nullptr) ch.scratch_busy = false;
         did = true;
         op_done(f.op);

@@ -94,7 +94,7 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
         x->chunk = p.chunk;  // (0 while connecting: set by queue_chunks or the deferred post)
         x->user_id = user_id;
         p.xfers.insert(x.get());
-        if (kind == Xfer::Kind::kServeWrite || kind == Xfer::Kind::kServeRead) ++p.served;
+        if (x->served()) ++p.served;
         if (user_visible) count(p, &Stats::transfers_started);
         return x.release();
     } catch (...) {
@@ -133,9 +133,7 @@ void Endpoint::Impl::destroy(Xfer* x) {
     }
     if (x->peer != nullptr) {
         x->peer->served_pieces -= x->served_pieces;
-        if (x->kind == Xfer::Kind::kServeWrite || x->kind == Xfer::Kind::kServeRead) {
-            --x->peer->served;
-        }
+        if (x->served()) --x->peer->served;
         x->peer->xfers.erase(x);
     }
     delete x;
@@ -251,8 +249,7 @@ void Endpoint::Impl::op_done(const Op& op) {
 
 void Endpoint::Impl::count_finished(const Xfer& x) {
     Peer& p = *x.peer;
-    const bool served = x.kind == Xfer::Kind::kServeWrite || x.kind == Xfer::Kind::kServeRead;
-    if (served) {
+    if (x.served()) {
         count(p, &Stats::requests_served);
     } else {
         count(p, x.result.ok() ? &Stats::transfers_completed : &Stats::transfers_failed);
