@@ -201,6 +201,13 @@ std::string encode_bye(std::string_view reason) {
     return finish(std::move(msg));
 }
 
+std::string encode_ping(uint64_t moved) {
+    std::string msg = begin_message(MsgType::kPing, 0);
+    Writer w(&msg);
+    w.u64(moved);
+    return finish(std::move(msg));
+}
+
 std::string encode_write_req(const WriteReq& m) {
     std::string msg = begin_message(MsgType::kWriteReq, m.flags);
     Writer w(&msg);
@@ -322,6 +329,16 @@ Status decode_bye(std::string_view body, std::string_view* reason) {
     *reason = r.str(kMaxByeReason);
     // No reason is an empty body, never an empty string: one encoding for each BYE.
     if (r.failed() || r.left() != 0 || reason->empty()) return malformed(MsgType::kBye);
+    return Status();
+}
+
+Status decode_ping(std::string_view body, std::optional<uint64_t>* moved) {
+    moved->reset();
+    if (body.empty()) return Status();
+    Reader r(body);
+    const uint64_t v = r.u64();
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kPing);
+    *moved = v;
     return Status();
 }
 

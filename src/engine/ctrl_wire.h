@@ -9,7 +9,9 @@
 //   HELLO      both ways, first (after authentication): version, name, channel count, chunk
 //              size, the sender's listen handles
 //   READY      both ways: the sender's data channels are all up
-//   PING       heartbeat; BYE: the sender is disconnecting
+//   PING       heartbeat, with how many chunks the sender has moved on its data channels with
+//              us (the progress of what it serves, which the other side cannot see); BYE: the
+//              sender is disconnecting
 //   WRITE_REQ  initiator -> target: the chunk size, segments (key, offset, len), optional
 //              notification, and either the data inline or "chunks follow on the data channels"
 //   WRITE_ACK  target -> initiator: the write's data is in place (or why it was refused)
@@ -23,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -244,6 +247,8 @@ std::string encode_auth_fail(std::string_view reason);
 std::string encode_hello(const Hello& m);
 std::string encode_empty(MsgType type);
 std::string encode_bye(std::string_view reason);
+// PING carrying the count of chunks the sender has moved with us (a counter that wraps).
+std::string encode_ping(uint64_t moved);
 // WRITE_REQ without its inline data: append it (or queue it after), then end_message().
 std::string encode_write_req(const WriteReq& m);
 // Sets the chunk field of an encoded WRITE_REQ or READ_REQ (it follows the transfer id), for a
@@ -265,6 +270,8 @@ Status decode_auth_challenge(std::string_view body, AuthChallenge* m);
 Status decode_auth_proof(std::string_view body, AuthProof* m);
 Status decode_auth_fail(std::string_view body, std::string_view* reason);
 Status decode_bye(std::string_view body, std::string_view* reason);
+// The count a PING carries; an empty PING (a heartbeat during the handshake) carries none.
+Status decode_ping(std::string_view body, std::optional<uint64_t>* moved);
 Status decode_hello(std::string_view body, Hello* m);
 Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
 Status decode_write_ack(std::string_view body, WriteAck* m);

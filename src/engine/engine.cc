@@ -864,14 +864,45 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     // Liveness: heartbeats when quiet, a deadline on hearing from the peer, and one on every
     // channel with requests in flight (heartbeats say nothing of a lost chunk).
     const auto timeout = std::chrono::milliseconds(config_.peer_timeout_ms);
-    if (now - p.last_send > timeout / 4) {
-        send_ctrl(p, wire::encode_empty(wire::MsgType::kPing));
+    // A heartbeat when quiet; and, busy or not, news of chunks moved since the last one: a peer
+    // waiting for our answer to its request (a write's acknowledgement, when its data sat in
+    // the socket buffers on its way to us) learns that we are serving it.
+    const bool quiet = now - p.last_send > timeout / 4;
+    const bool news = p.moved != p.moved_reported && now - p.reported_at > timeout / 4;
+    if (quiet || news) {
+        send_ctrl(p, wire::encode_ping(p.moved));
+        p.moved_reported = p.moved;
+        p.reported_at = now;
         (void)p.ctrl.flush();
     }
     if (now - p.last_recv > timeout) {
         fail_peer(p, timeout_error(strformat("no word from the peer for %lld ms",
                                              static_cast<long long>(config_.peer_timeout_ms))));
         return true;
+    }
+    // Heartbeats say the peer is alive, not that it serves us: one that owes answers to our
+    // requests (a write's acknowledgement, a read's response, a matched receive's data) and for
+    // the timeout has answered none, moved no data on our channels and reported no chunk moved
+    // on its own (its PINGs) will not answer (a peer stuck, or broken). Without this its
+    // transfers would wait for ever. The deadline is twice the timeout: a peer whose own
+    // checks find a stalled channel (the same timeout) ends the connection first, with its
+    // reason. A long gap between our own checks (an endpoint without a progress thread, its
+    // application away) restarts the clock: the answers may be waiting unread.
+    if (now - p.last_tick > timeout / 2) p.last_answer = std::max(p.last_answer, now);
+    p.last_tick = now;
+    if (p.answers_owed > 0) {
+        Clock::time_point latest = p.last_answer;
+        for (bool tx : {true, false}) {
+            for (const Channel& ch : tx ? p.tx : p.rx) latest = std::max(latest, ch.last_progress);
+        }
+        if (now - latest > 2 * timeout) {
+            fail_peer(p, timeout_error(strformat(
+                             "the peer answered none of our %llu requests waiting for an answer "
+                             "and moved no data for %lld ms (its heartbeats still came)",
+                             static_cast<unsigned long long>(p.answers_owed),
+                             2 * static_cast<long long>(config_.peer_timeout_ms))));
+            return true;
+        }
     }
     for (bool tx : {true, false}) {
         for (const Channel& ch : tx ? p.tx : p.rx) {
@@ -990,6 +1021,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         destroy(x);
     }
     p.awaiting.clear();
+    p.answers_owed = 0;
     p.posted_recvs.clear();
     p.unexpected.clear();
     p.deferred.clear();

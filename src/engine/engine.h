@@ -323,8 +323,20 @@ struct Peer {
     uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
     uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
     std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
-    std::unordered_set<Xfer*> xfers;               // every transfer with this peer
-    std::deque<Xfer*> posted_recvs;                // receives not yet matched, in posting order
+    // Of `awaiting`, those the peer owes a prompt answer (all but sends waiting for the receive
+    // to be posted, which may wait as long as the peer's application likes), and when the peer
+    // last answered one of ours or moved data (see step_peer's answer deadline).
+    uint64_t answers_owed = 0;
+    Clock::time_point last_answer{};
+    Clock::time_point last_tick{};  // our last liveness check of the peer
+    // Chunks moved on our channels with the peer (each completion), the count our last PING
+    // told it and when; the count its last PING told us.
+    uint64_t moved = 0;
+    uint64_t moved_reported = 0;
+    Clock::time_point reported_at{};
+    uint64_t peer_moved = 0;
+    std::unordered_set<Xfer*> xfers;  // every transfer with this peer
+    std::deque<Xfer*> posted_recvs;   // receives not yet matched, in posting order
     struct Rts {
         uint64_t send_xfer;
         uint64_t tag;
@@ -591,6 +603,9 @@ class Endpoint::Impl {
     Status notification_room(const Peer& p, uint64_t size) const;
     // `held`: its room was taken already (a served write's).
     void queue_notification(Peer& p, std::string payload, bool held);
+    // A transfer of ours starts waiting for the peer's reply (and counts toward the answers
+    // owed); take_awaiting() takes it out when the reply comes.
+    void await_reply(Peer& p, Xfer* x);
     StatusOr<Xfer*> take_awaiting(Peer& p, uint64_t wire_id, Xfer::Kind kind, const char* what);
     Status on_write_req(Peer& p, uint16_t flags, std::string_view body);
     Status on_write_ack(Peer& p, std::string_view body);

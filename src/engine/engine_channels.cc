@@ -48,6 +48,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         Channel::InFlight f = ch.inflight.front();
         ch.inflight.pop_front();
         ch.last_progress = Clock::now();
+        ++p.moved;
         did = true;
         // Both sides cut the same chunks: a receive of any other size means the streams are out
         // of step (or the transport is broken), and no later chunk can be trusted to land right.

@@ -23,8 +23,16 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
     // Only ready peers come here (engine_handshake.cc takes the rest).
     const auto type = static_cast<wire::MsgType>(h.type);
     switch (type) {
-        case wire::MsgType::kPing:
+        case wire::MsgType::kPing: {
+            std::optional<uint64_t> moved;
+            TCPX_RETURN_IF_ERROR(wire::decode_ping(body, &moved));
+            // Chunks moved on its side: it is serving what it owes us (step_peer's deadline).
+            if (moved && *moved != p.peer_moved) {
+                p.peer_moved = *moved;
+                p.last_answer = Clock::now();
+            }
             return Status();
+        }
         case wire::MsgType::kBye: {
             std::string_view reason;
             TCPX_RETURN_IF_ERROR(wire::decode_bye(body, &reason));
@@ -224,6 +232,20 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
     return Status();
 }
 
+// A send waits for its receive to be posted, which is the peer application's business and may
+// take any time; a write's acknowledgement, a read's response and a matched receive's data the
+// peer owes us at once (it serves them as soon as they arrive).
+static bool owes_prompt_answer(engine::Xfer::Kind kind) {
+    return kind != engine::Xfer::Kind::kSend;
+}
+
+void Endpoint::Impl::await_reply(Peer& p, Xfer* x) {
+    p.awaiting.emplace(x->wire_id, x);
+    if (!owes_prompt_answer(x->kind)) return;
+    // The peer's answer clock starts when it comes to owe one (it owed nothing before).
+    if (p.answers_owed++ == 0) p.last_answer = Clock::now();
+}
+
 // The transfer of ours that a reply names: it must be waiting for exactly that kind of reply.
 StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::take_awaiting(Peer& p, uint64_t wire_id,
                                                               Xfer::Kind kind, const char* what) {
@@ -235,6 +257,10 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::take_awaiting(Peer& p, uint64_t 
     Xfer* x = it->second;
     p.awaiting.erase(it);
     x->waiting = false;
+    if (owes_prompt_answer(kind)) {
+        --p.answers_owed;
+        p.last_answer = Clock::now();
+    }
     return x;
 }
 

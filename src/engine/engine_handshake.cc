@@ -526,6 +526,8 @@ void Endpoint::Impl::become_ready(Peer& p) {
     const auto now = Clock::now();
     for (Channel& ch : p.tx) ch.last_progress = now;
     for (Channel& ch : p.rx) ch.last_progress = now;
+    p.last_answer = now;
+    p.last_tick = now;
     TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels%s)", name_.c_str(), p.name.c_str(),
                p.channels, p.authenticated ? ", authenticated" : "");
     // What was posted while connecting goes out now, in order.

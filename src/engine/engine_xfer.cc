@@ -393,7 +393,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
             send_ctrl(*p, std::move(msg), std::move(payload));
             if (!is_inline) queue_chunks(*p, true, x);
             x->waiting = true;
-            p->awaiting.emplace(x->wire_id, x);
+            await_reply(*p, x);
         });
         if (p->state == Peer::State::kReady) {
             progress_peer(*p, false, false);  // send the request (and first chunks) from here
@@ -450,7 +450,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
             wire::set_request_chunk(&msg, x->chunk);
             send_ctrl(*p, std::move(msg));
             x->waiting = true;
-            p->awaiting.emplace(x->wire_id, x);
+            await_reply(*p, x);
         });
         if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     });
@@ -566,7 +566,7 @@ StatusOr<XferId> Endpoint::Impl::send(PeerId peer, MemId mem, uint64_t offset, u
                  msg = wire::encode_send_rts(wire::SendRts{x->wire_id, tag, len})]() mutable {
                 send_ctrl(*p, std::move(msg));
                 x->waiting = true;
-                p->awaiting.emplace(x->wire_id, x);
+                await_reply(*p, x);
             });
         if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     });
@@ -621,7 +621,7 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
     }
     recv->len = rts.len;
     recv->pieces.front().len = rts.len;  // what arrives, and so what is cut into chunks
-    p.awaiting.emplace(recv->wire_id, recv);
+    await_reply(p, recv);
     send_reply(p, wire::encode_recv_cts(rts.send_xfer, recv->wire_id, Status()));
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -418,6 +419,25 @@ class RawPeer {
         }
         (void)net_->dereg_mr(send_, mh);
         return true;
+    }
+    // Receives one data-channel message of at most `len` bytes into `buf`; its size, or -1.
+    long recv_chunk(uint8_t* buf, size_t len) {
+        net::MemHandle* mh = nullptr;
+        if (!net_->reg_mr(recv_, buf, len, net::MemType::kHost, &mh).ok()) return -1;
+        net::Request* req = nullptr;
+        void* data = buf;
+        int tag = 0;
+        while (req == nullptr) {
+            if (!net_->irecv(recv_, 1, &data, &len, &tag, &mh, &req).ok()) return -1;
+        }
+        bool done = false;
+        size_t got = 0;
+        while (!done) {
+            if (!net_->test(req, &done, &got).ok()) return -1;
+        }
+        (void)net_->irecv_consumed(recv_, 1, req);
+        (void)net_->dereg_mr(recv_, mh);
+        return static_cast<long>(got);
     }
 
  private:
@@ -1283,6 +1303,128 @@ TEST(EngineHostile, SendDataLongerThanItsSendWritesNothing) {
             wire::end_message(&data);
             send_all(fd, data);
         });
+}
+
+// A peer that keeps its heartbeats coming but never answers: a write's acknowledgement, a
+// read's response, a matched receive's data. Each transfer fails with TIMEOUT twice
+// PEER_TIMEOUT_MS after it was posted (not never), naming why; the peer is dropped and not a byte
+// of our registration changes.
+TEST(EngineHostile, APeerThatPingsButNeverAnswersFailsOurTransfers) {
+    struct Case {
+        const char* what;
+        std::function<StatusOr<XferId>(Endpoint*, PeerId, MemId, uint64_t len)> post;
+        std::function<void(int fd)> provoke;  // what the peer says first (nothing for most)
+    };
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = 4096;
+    theirs.key = 0x77;
+    const std::vector<Case> cases = {
+        {"write",
+         [&](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+             return ep->write(peer, mem, 0, theirs, 0, len);
+         },
+         [](int) {}},
+        {"read",
+         [&](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+             return ep->read(peer, mem, 0, theirs, 0, len);
+         },
+         [](int) {}},
+        {"matched receive",
+         [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+             return ep->recv(peer, mem, 0, len, 5);
+         },
+         [](int fd) {
+             send_all(fd, wire::encode_send_rts(wire::SendRts{1, 5, 4096}));
+         }},
+    };
+    for (const Case& c : cases) {
+        Config config = engine_test_config();
+        config.peer_timeout_ms = 600;
+        auto ep = make_endpoint("owed", config);
+        ASSERT_NE(ep, nullptr);
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok()) << c.what;
+        auto peer = ep->accept(5s);
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        std::atomic<bool> stop{false};
+        std::thread heartbeats([&] {
+            while (!stop) {
+                // The same count of chunks moved each time (7): no news of progress.
+                send_all(raw.fd(), wire::encode_ping(7));
+                std::this_thread::sleep_for(50ms);
+            }
+        });
+        GuardedBuffer dst(4096, 0xee);
+        const MemId mem = *ep->reg(dst.data(), dst.size());
+        const auto posted = std::chrono::steady_clock::now();
+        auto x = c.post(ep.get(), *peer, mem, dst.size());
+        ASSERT_TRUE(x.ok()) << c.what << ": " << x.status().to_string();
+        c.provoke(raw.fd());
+        const Status st = ep->wait(*x, 5s);
+        const auto took = std::chrono::steady_clock::now() - posted;
+        stop = true;
+        heartbeats.join();
+        EXPECT_EQ(st.code(), StatusCode::kTimeout) << c.what << ": " << st.to_string();
+        EXPECT_NE(st.message().find("answered none"), std::string::npos)
+            << c.what << ": " << st.to_string();
+        EXPECT_GE(took, 1200ms) << c.what << ": failed before twice the peer timeout";
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << c.what;
+        for (size_t i = 0; i < dst.size(); ++i) {
+            ASSERT_EQ(dst.data()[i], 0xee) << c.what << ": byte " << i << " written";
+        }
+        EXPECT_TRUE(dst.canaries_intact()) << c.what;
+    }
+}
+
+// The other side of that deadline: a target that takes longer than it over a write, whose data
+// sat in the socket buffers all along (the initiator saw nothing move), but whose PINGs count
+// the chunks it takes as it takes them, is serving the write: it completes.
+TEST(EngineHostile, ATargetSlowerThanTheAnswerDeadlineThatReportsItsChunksCompletes) {
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 400;  // the answer deadline: 800 ms
+    auto ep = make_endpoint("patient", config);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    constexpr uint64_t kLen = 4 * RawPeer::kChunk;  // chunked (past every inline limit)
+    GuardedBuffer src(kLen);
+    fill_pattern(src.data(), kLen, 5);
+    const MemId mem = *ep->reg(src.data(), kLen);
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = kLen;
+    theirs.key = 0x77;
+    const auto posted = std::chrono::steady_clock::now();
+    auto x = ep->write(*peer, mem, 0, theirs, 0, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    wire::Header h;
+    std::string body;
+    ASSERT_NO_FATAL_FAILURE(read_expected(raw.fd(), wire::MsgType::kWriteReq, &h, &body));
+    wire::WriteReq req;
+    ASSERT_TRUE(wire::decode_write_req(body, h.flags, &req).ok());
+    ASSERT_FALSE(h.flags & wire::kFlagInline);
+    // Four chunks, 500 ms apart (2 s in all, past the 800 ms deadline); heartbeats every 50 ms,
+    // each with the count of chunks taken so far.
+    std::vector<uint8_t> got(kLen);
+    uint64_t moved = 0;
+    for (uint64_t off = 0; off < kLen; off += RawPeer::kChunk) {
+        for (int beat = 0; beat < 10; ++beat) {
+            send_all(raw.fd(), wire::encode_ping(moved));
+            std::this_thread::sleep_for(50ms);
+        }
+        ASSERT_EQ(raw.recv_chunk(got.data() + off, RawPeer::kChunk),
+                  static_cast<long>(RawPeer::kChunk));
+        ++moved;
+    }
+    EXPECT_EQ(std::memcmp(got.data(), src.data(), kLen), 0);
+    send_all(raw.fd(), wire::encode_write_ack(req.xfer, Status()));
+    const Status st = ep->wait(*x, 5s);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_GE(std::chrono::steady_clock::now() - posted, 2s);
+    EXPECT_TRUE(ep->peer_status(*peer).ok());
 }
 
 // Each handshake state takes only the message it waits for: anything else, in any order, ends

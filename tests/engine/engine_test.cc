@@ -1395,6 +1395,35 @@ TEST(EngineEndpoints, PostsRightAfterConnectAsyncWaitForTheConnection) {
 // chunks are cut by the size the connection agrees on, known only once it is ready (they were
 // cut by 0 before: a division by zero in the thread making progress, on the peer's RECV_CTS for
 // the send, on its SEND_DATA for the receive).
+// A send waits for its receive as long as the receiving application likes: a receive posted
+// three peer timeouts later still takes it (the answer deadline covers what a peer owes at
+// once: acknowledgements, read responses, a matched receive's data).
+TEST(EngineEndpoints, ASendWaitsForItsReceiveLongerThanThePeerTimeout) {
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 300;
+    auto a = make_endpoint("sender", config);
+    auto b = make_endpoint("receiver", config);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    constexpr uint64_t kLen = (1 << 20) + 77;  // through the data channels, not inline
+    GuardedBuffer src(kLen), dst(kLen);
+    fill_pattern(src.data(), kLen, 31);
+    const MemId smem = *a->reg(src.data(), kLen);
+    const MemId dmem = *b->reg(dst.data(), kLen);
+    auto s = a->send(l.a_to_b, smem, 0, kLen, 3);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    std::this_thread::sleep_for(900ms);
+    XferStatus early = a->poll(*s);
+    EXPECT_EQ(early.state, XferState::kInProgress) << early.error.to_string();
+    auto r = b->recv(l.b_to_a, dmem, 0, kLen, 3);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_TRUE(a->wait(*s, 20s).ok());
+    ASSERT_TRUE(b->wait(*r, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 31), -1);
+    EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
+}
+
 TEST(EngineEndpoints, ChunkedSendAndRecvPostedWhileConnectingMoveEveryByte) {
     for (const char* progress : {"on", "off"}) {
         SCOPED_TRACE(progress);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -175,8 +176,15 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             FUZZ_CHECK(body_of(w::encode_bye(reason), type, 0) == body);
             return true;
         }
-        case w::MsgType::kReady:
         case w::MsgType::kPing: {
+            std::optional<uint64_t> moved;
+            if (!w::decode_ping(body, &moved).ok()) return false;
+            FUZZ_CHECK(moved.has_value() == !body.empty());
+            const std::string msg = moved ? w::encode_ping(*moved) : w::encode_empty(type);
+            FUZZ_CHECK(body_of(msg, type, 0) == body);
+            return true;
+        }
+        case w::MsgType::kReady: {
             const std::string msg = w::encode_empty(type);
             FUZZ_CHECK(body_of(msg, type, 0).empty());
             return body.empty();

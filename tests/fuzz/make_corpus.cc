@@ -107,6 +107,7 @@ std::vector<Msg> control_messages() {
         {"send_data_inline", closed(w::encode_send_data(45, w::kFlagInline, 5), "hello")});
     out.push_back({"send_data_chunks", closed(w::encode_send_data(45, 0, 1 << 20))});
     out.push_back({"ping", w::encode_empty(w::MsgType::kPing)});
+    out.push_back({"ping_moved", w::encode_ping(12345)});
     out.push_back({"bye", w::encode_bye("")});
     out.push_back({"bye_reason", w::encode_bye("PROTOCOL: data channel receive: a bad slot")});
     const std::string nonce_c(w::kAuthBytes, 'c'), nonce_l(w::kAuthBytes, 'l');

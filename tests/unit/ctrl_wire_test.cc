@@ -86,6 +86,22 @@ TEST(CtrlWire, RequestsCarryTheirChunkSize) {
     EXPECT_EQ(decode_write_req(body_of(msg), flags_of(msg), &wout).code(), StatusCode::kProtocol);
 }
 
+// A heartbeat carries the count of chunks its sender moved with us, or nothing (during the
+// handshake); any other body is refused.
+TEST(CtrlWire, PingCarriesTheChunksMovedOrNothing) {
+    std::optional<uint64_t> moved;
+    ASSERT_TRUE(decode_ping(body_of(encode_ping(0xfedcba9876543210ull)), &moved).ok());
+    ASSERT_TRUE(moved.has_value());
+    EXPECT_EQ(*moved, 0xfedcba9876543210ull);
+    ASSERT_TRUE(decode_ping(body_of(encode_empty(MsgType::kPing)), &moved).ok());
+    EXPECT_FALSE(moved.has_value());
+    const std::string full(body_of(encode_ping(7)));
+    for (size_t n = 1; n < full.size(); ++n) {
+        EXPECT_EQ(decode_ping(full.substr(0, n), &moved).code(), StatusCode::kProtocol) << n;
+    }
+    EXPECT_EQ(decode_ping(full + "x", &moved).code(), StatusCode::kProtocol);
+}
+
 TEST(CtrlWire, EveryTruncationIsRefused) {
     WriteReq req;
     req.xfer = 1;
