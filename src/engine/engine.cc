@@ -963,11 +963,17 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // regions). Memory is deregistered from a comm only once none of its requests is in flight
     // (a transport may still be reading a buffer it was given): requests get a short grace to
     // finish; a comm that still has some is closed with its registrations, which close releases.
-    const auto grace = Clock::now() + std::chrono::milliseconds(100);
+    // A transport whose close releases them anyway (the socket transport) gets no grace: it would
+    // hold the engine's lock, every peer's progress and every post, for up to 100 ms per
+    // failing peer (a vanished host's requests never finish).
+    const auto grace_for = props_.close_releases_registrations ? std::chrono::milliseconds(0)
+                                                               : std::chrono::milliseconds(100);
+    const auto grace = Clock::now() + grace_for;
     // Data channels still connecting: the transport lets go of what it holds for them.
     for (size_t i = 0; i < p.tx.size() && i < p.remote_handles.size(); ++i) {
         if (p.tx[i].send == nullptr) net_->abandon_connect(&p.remote_handles[i]);
     }
+    size_t abandoned = 0;  // requests still in flight when their comm closed
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             if (ch.ring) ch.ring->synchronize();
@@ -980,6 +986,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
                     --active_ops_;
                 }
             }
+            abandoned += ch.inflight.size();
             if (ch.inflight.empty()) drop_mrs(ch, tx);
             if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
             if (!tx && ch.recv != nullptr) (void)net_->close_recv(ch.recv);
@@ -1001,6 +1008,12 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
             ch.gring.reset();
             ch.hslots.reset();
         }
+    }
+    if (abandoned > 0) {
+        TCPX_DEBUG("endpoint '%s': peer '%s': %zu transport requests abandoned at close (%s)",
+                   name_.c_str(), p.name.c_str(), abandoned,
+                   grace_for.count() == 0 ? "at once: the close releases them"
+                                          : "after a grace of 100 ms");
     }
     for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
     p.listens.clear();

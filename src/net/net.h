@@ -78,6 +78,11 @@ struct Properties {
     // Not in v7: whether isendv()/irecvv() take a message as a list of segments (the socket
     // transport writes and reads them with scatter-gather I/O, without a copy).
     bool segments = false;
+    // Not in v7: whether close_*() also releases the registrations made with the comm (v7 asks
+    // for deregMr first; the socket transport frees them with the comm). Where it does, a comm
+    // with requests in flight can be closed at once; elsewhere the engine gives the requests a
+    // short grace to finish, so that it can deregister before closing.
+    bool close_releases_registrations = false;
 };
 
 // One segment of a message sent or received with isendv()/irecvv().

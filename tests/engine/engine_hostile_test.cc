@@ -1427,6 +1427,74 @@ TEST(EngineHostile, ATargetSlowerThanTheAnswerDeadlineThatReportsItsChunksComple
     EXPECT_TRUE(ep->peer_status(*peer).ok());
 }
 
+// A peer whose data channel stalls under our receives is failed; the socket transport's close
+// abandons the requests still in flight (and releases their registrations), so the teardown
+// closes at once, without the grace a plugin's requests get, which would hold the endpoint's
+// lock (every other peer's progress, every post) for 100 ms. Writes to a bystander meanwhile
+// are timed and the slowest printed.
+TEST(EngineHostile, AStalledPeerIsClosedAtOnceOverTheSocketTransport) {
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 300;
+    auto ep = make_endpoint("reader", config);
+    auto bystander = make_endpoint("bystander", config);
+    ASSERT_TRUE(ep && bystander);
+    const Link l = link(ep.get(), bystander.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    GuardedBuffer bbuf(4096, 0x33);
+    const MemId bmem = *bystander->reg(bbuf.data(), bbuf.size());
+    const RemoteMem bdesc = *bystander->describe(bmem);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    constexpr uint64_t kLen = 4 * RawPeer::kChunk;
+    GuardedBuffer dst(kLen, 0xee);
+    const MemId mem = *ep->reg(dst.data(), kLen);
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = kLen;
+    theirs.key = 0x77;
+    LogCapture log(LogLevel::kDebug);
+    auto x = ep->read(*peer, mem, 0, theirs, 0, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    wire::Header h;
+    std::string body;
+    ASSERT_NO_FATAL_FAILURE(read_expected(raw.fd(), wire::MsgType::kReadReq, &h, &body));
+    wire::ReadReq req;
+    ASSERT_TRUE(wire::decode_read_req(body, h.flags, &req).ok());
+    std::string resp = wire::encode_read_resp(req.xfer, 0, Status());  // "the data follows"
+    wire::end_message(&resp);
+    send_all(raw.fd(), resp);
+    // Heartbeats, and no data: the receives posted for the chunks stall.
+    std::atomic<bool> stop{false};
+    std::thread heartbeats([&] {
+        while (!stop) {
+            send_all(raw.fd(), wire::encode_ping(0));
+            std::this_thread::sleep_for(50ms);
+        }
+    });
+    std::chrono::nanoseconds slowest{0};
+    XferStatus xs;
+    for (;;) {
+        const auto t0 = std::chrono::steady_clock::now();
+        xs = ep->poll(*x);  // (this thread may be the one failing the peer)
+        if (xs.state != XferState::kInProgress) break;
+        auto w = ep->write(l.a_to_b, mem, 0, bdesc, 0, 64);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE(ep->wait(*w, 5s).ok());
+        slowest = std::max(slowest, std::chrono::steady_clock::now() - t0);
+    }
+    stop = true;
+    heartbeats.join();
+    EXPECT_EQ(xs.error.code(), StatusCode::kTimeout) << xs.error.to_string();
+    std::printf("slowest write to the bystander while the stalled peer failed: %.1f ms\n",
+                std::chrono::duration<double, std::milli>(slowest).count());
+    EXPECT_TRUE(log.contains("transport requests abandoned at close (at once")) << log.all();
+    EXPECT_FALSE(log.contains("after a grace")) << log.all();
+    for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i;
+    EXPECT_TRUE(dst.canaries_intact());
+}
+
 // Each handshake state takes only the message it waits for: anything else, in any order, ends
 // the connection before a data channel is opened.
 TEST(EngineHostile, HandshakeMessagesOutOfOrderEndIt) {

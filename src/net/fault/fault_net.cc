@@ -345,7 +345,7 @@ class FaultNet final : public Net {
         if (const Rule* r = f.failing()) return fail_call(c, *r);
         pause(lock, f.delay());
         TCPX_RETURN_IF_ERROR(inner_->reg_mr(c->inner, data, size, type, mhandle));
-        mem_types_[*mhandle] = type;
+        mem_types_[*mhandle] = MemRecord{type, c};
         return Status();
     }
 
@@ -625,7 +625,7 @@ class FaultNet final : public Net {
             const size_t got = std::min(req.got[i], req.posted[i]);
             if (got == 0 || req.data[i] == nullptr) continue;
             auto type = mem_types_.find(req.mhandles[i]);
-            if (type != mem_types_.end() && type->second != MemType::kHost) {
+            if (type != mem_types_.end() && type->second.type != MemType::kHost) {
                 TCPX_INFO("fault injection: %s skipped: the buffer is not host memory",
                           r.text.c_str());
                 continue;
@@ -645,6 +645,8 @@ class FaultNet final : public Net {
         // Closed even when a fault fires: the transport must never keep touching its buffers.
         const Status st = c->send ? inner_->close_send(static_cast<SendComm*>(c->inner))
                                   : inner_->close_recv(static_cast<RecvComm*>(c->inner));
+        // Registrations the caller left to the close (close_releases_registrations) go with it.
+        std::erase_if(mem_types_, [c](const auto& kv) { return kv.second.comm == c; });
         comms_.erase(c);
         if (const Rule* r = f.failing()) return injected(*r);
         pause(lock, f.delay());
@@ -668,7 +670,11 @@ class FaultNet final : public Net {
     uint64_t comms_created_ = 0;
     std::unordered_map<FaultComm*, std::unique_ptr<FaultComm>> comms_;
     std::unordered_map<FaultListen*, std::unique_ptr<FaultListen>> listens_;
-    std::unordered_map<MemHandle*, MemType> mem_types_;
+    struct MemRecord {
+        MemType type;
+        FaultComm* comm;
+    };
+    std::unordered_map<MemHandle*, MemRecord> mem_types_;
 };
 
 }  // namespace

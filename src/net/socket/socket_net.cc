@@ -291,6 +291,7 @@ Status SocketNet::get_properties(int dev, Properties* props) const {
     props->max_comms = 65536;
     props->max_recvs = socket_internal::kMaxRecvs;
     props->segments = true;
+    props->close_releases_registrations = true;  // forget_mrs()
     props->device_type = DeviceType::kHost;
     props->device_version = 0;
     props->max_requests = static_cast<int>(settings_.max_requests);
