@@ -155,6 +155,13 @@ class TCPX_API Endpoint {
     // Closes the connection; the peer's transfers in flight fail, here and there.
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer) const;
+    // Whether `peer` is, as far as can be told, the endpoint `metadata` describes: its name is
+    // the metadata's, and unless it proved the shared secret it talks to us from the host
+    // address the metadata gives (from this host, when that address is one of ours). A
+    // connecting stranger can claim any name, not an address: TCP answers only there. OK;
+    // UNAUTHENTICATED naming the difference; INVALID_ARGUMENT for metadata that does not parse;
+    // NOT_FOUND for an unknown peer.
+    Status peer_matches(PeerId peer, std::string_view metadata) const;
     // Whether the connection to `peer` is up: OK when ready; the error it failed with (the peer
     // closed the connection, stopped answering, ...) once failed; FAILED_PRECONDITION while it
     // is still being made; NOT_FOUND for an id never connected or disconnected. Makes progress

@@ -177,6 +177,14 @@ TCPX_C_API tcpx_status_t tcpx_peer_name(const tcpx_endpoint_t* ep, uint64_t peer
  * id. Makes progress once where no progress thread runs. */
 TCPX_C_API tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer);
 
+/* Whether the peer is, as far as can be told, the endpoint that metadata `md` (`len` bytes)
+ * describes: its name is the metadata's, and unless it proved the shared secret it talks to us
+ * from the host address the metadata gives (from this host, when that address is one of ours).
+ * TCPX_OK; TCPX_ERR_UNAUTHENTICATED naming the difference; TCPX_ERR_INVALID_ARGUMENT for
+ * metadata that does not parse; TCPX_ERR_NOT_FOUND for an unknown peer. */
+TCPX_C_API tcpx_status_t tcpx_peer_matches(const tcpx_endpoint_t* ep, uint64_t peer, const void* md,
+                                           size_t len);
+
 /* Counters of an endpoint (all its peers, gone ones included, since it was created) or of one
  * peer (since it connected); monotonic. As tcpx::Stats in tcpx/endpoint.h. */
 typedef struct tcpx_stats_t {

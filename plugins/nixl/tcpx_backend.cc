@@ -343,6 +343,16 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
             drop_outbound(remote_agent);
         }
         conn_info_[remote_agent] = remote_conn_info;
+        // A connection that came in under the agent's name before we knew where the agent is
+        // must come from there (harvest_inbound() judges later ones the same way).
+        if (auto in = inbound_.find(remote_agent); in != inbound_.end()) {
+            if (const Status st = ep_->peer_matches(in->second, remote_conn_info); !st.ok()) {
+                NIXL_WARN << "TCPX: closed the connection that claimed to be agent '"
+                          << remote_agent << "': " << st.to_string();
+                close_peer(in->second, false);
+                inbound_.erase(in);
+            }
+        }
         return NIXL_SUCCESS;
     });
 }
@@ -356,9 +366,19 @@ void TcpxBackend::harvest_inbound() const {
         // A name is the peer's own claim. One that is ours, or that of an agent whose connection
         // to us is still up, is refused: it would take over that agent's replies (and what it
         // already sent is dropped, see deliverable()).
+        // Where we know where that agent is (its connection info), a connection claiming its
+        // name from elsewhere is a stranger's: its notifications would be delivered under the
+        // agent's name, and it would keep the agent itself out.
+        Status who;
+        if (auto info = conn_info_.find(*name); info != conn_info_.end()) {
+            who = ep_->peer_matches(*peer, info->second);
+        }
+        const std::string mismatch = who.ok() ? "" : who.to_string();
         const char* refusal = nullptr;
         if (*name == localAgent) {
             refusal = "it claims this agent's own name";
+        } else if (!who.ok()) {
+            refusal = mismatch.c_str();
         } else if (auto it = inbound_.find(*name); it != inbound_.end()) {
             if (!connection_lost(it->second)) {
                 refusal = "an agent of that name is already connected";

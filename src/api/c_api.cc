@@ -352,6 +352,16 @@ tcpx_status_t tcpx_peer_name(const tcpx_endpoint_t* ep, uint64_t peer, char* buf
     });
 }
 
+tcpx_status_t tcpx_peer_matches(const tcpx_endpoint_t* ep, uint64_t peer, const void* md,
+                                size_t len) {
+    return guarded("tcpx_peer_matches", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        TCPX_C_REQUIRE(md);
+        return ep->endpoint->peer_matches(peer,
+                                          std::string_view(static_cast<const char*>(md), len));
+    });
+}
+
 tcpx_status_t tcpx_peer_status(tcpx_endpoint_t* ep, uint64_t peer) {
     return guarded("tcpx_peer_status", [&]() -> Status {
         TCPX_C_REQUIRE(ep);

@@ -63,6 +63,9 @@ Status Endpoint::disconnect(PeerId peer) {
 StatusOr<std::string> Endpoint::peer_name(PeerId peer) const {
     return guarded("peer_name", [&] { return impl_->peer_name(peer); });
 }
+Status Endpoint::peer_matches(PeerId peer, std::string_view metadata) const {
+    return guarded("peer_matches", [&] { return impl_->peer_matches(peer, metadata); });
+}
 Status Endpoint::peer_status(PeerId peer) {
     return guarded("peer_status", [&] { return impl_->peer_status(peer); });
 }

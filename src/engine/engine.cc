@@ -677,6 +677,33 @@ StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {
     return it->second->name;
 }
 
+Status Endpoint::Impl::peer_matches(PeerId peer, std::string_view metadata) {
+    auto described = engine::decode_metadata(metadata);
+    if (!described.ok()) return Status(described.status()).with_context("peer_matches");
+    auto lock = api_lock();
+    auto it = peers_.find(peer);
+    if (it == peers_.end())
+        return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));
+    const Peer& p = *it->second;
+    if (p.name != described->name) {
+        return unauthenticated(strformat("peer '%s' is not the endpoint '%s' described",
+                                         printable(p.name).c_str(),
+                                         printable(described->name).c_str()));
+    }
+    if (p.authenticated) return Status();
+    // A stranger's word for its name is all it gives: its address is what TCP vouches for.
+    const SocketAddress& from = p.address;
+    const SocketAddress& listens = described->address;
+    const bool same_host =
+        from.same_host(listens) || (is_own_address(from) && is_own_address(listens));
+    if (!same_host) {
+        return unauthenticated(strformat(
+            "peer '%s' talks to us from %s, not from the host of the endpoint of that name (%s)",
+            printable(p.name).c_str(), from.host_string().c_str(), listens.host_string().c_str()));
+    }
+    return Status();
+}
+
 Stats Endpoint::Impl::stats() {
     auto lock = api_lock();
     return totals_;

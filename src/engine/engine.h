@@ -379,6 +379,7 @@ class Endpoint::Impl {
     StatusOr<PeerId> accept(std::chrono::milliseconds timeout);
     Status disconnect(PeerId peer);
     StatusOr<std::string> peer_name(PeerId peer);
+    Status peer_matches(PeerId peer, std::string_view metadata);
     Status peer_status(PeerId peer);
     Stats stats();
     StatusOr<Stats> peer_stats(PeerId peer);

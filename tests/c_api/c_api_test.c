@@ -365,6 +365,14 @@ static void test_endpoints_and_metadata(tcpx_config_t* cfg) {
     CHECK_OK(tcpx_disconnect(a, later));
     CHECK_ERR(tcpx_peer_status(a, later), TCPX_ERR_NOT_FOUND);
     CHECK_OK(tcpx_disconnect(b, again));
+    // md is b's metadata: a's peer b is b; b's peer a is not.
+    CHECK_OK(tcpx_peer_matches(a, a_to_b, md, md_len));
+    CHECK_ERR(tcpx_peer_matches(b, b_to_a, md, md_len), TCPX_ERR_UNAUTHENTICATED);
+    CHECK_ERR(tcpx_peer_matches(a, a_to_b, "garbage!garbage!garbage!", 24),
+              TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_peer_matches(a, 424242, md, md_len), TCPX_ERR_NOT_FOUND);
+    CHECK_ERR(tcpx_peer_matches(a, a_to_b, NULL, md_len), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(tcpx_peer_matches(NULL, a_to_b, md, md_len), TCPX_ERR_INVALID_ARGUMENT);
     free(md);
 
     char name[TCPX_NAME_MAX + 1];

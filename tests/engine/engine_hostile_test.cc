@@ -1639,6 +1639,39 @@ TEST(EngineAuth, TheMacComparisonFailsClosed) {
     EXPECT_NE(m, engine::auth::mac("secret", engine::auth::Role::kListener, "nc", "nl", "a", "b"));
 }
 
+// Who a connecting peer is, as far as can be told: the name it claims, and (no secret) the
+// address it talks to us from against the host its metadata gives.
+TEST(EngineAuth, APeerMatchesTheMetadataOfTheEndpointItIs) {
+    auto a = make_endpoint("alpha", engine_test_config());
+    auto b = make_endpoint("beta", engine_test_config());
+    auto c = make_endpoint("gamma", engine_test_config());
+    ASSERT_TRUE(a && b && c);
+    const Link ab = link(a.get(), b.get());
+    ASSERT_NE(ab.b_to_a, 0u);
+    EXPECT_TRUE(b->peer_matches(ab.b_to_a, a->metadata()).ok());
+    // Another endpoint's metadata: another name.
+    const Status other = b->peer_matches(ab.b_to_a, c->metadata());
+    EXPECT_EQ(other.code(), StatusCode::kUnauthenticated) << other.to_string();
+    // An endpoint of the same name on another host (192.0.2.1, TEST-NET-1): a stranger from
+    // here claiming its name.
+    auto parsed = engine::decode_metadata(a->metadata());
+    ASSERT_TRUE(parsed.ok());
+    engine::EndpointAddress elsewhere = *parsed;
+    elsewhere.address = *SocketAddress::parse("192.0.2.1", elsewhere.address.port());
+    const Status impostor = b->peer_matches(ab.b_to_a, engine::encode_metadata(elsewhere));
+    EXPECT_EQ(impostor.code(), StatusCode::kUnauthenticated) << impostor.to_string();
+    EXPECT_NE(impostor.message().find("192.0.2.1"), std::string::npos) << impostor.to_string();
+    EXPECT_EQ(b->peer_matches(ab.b_to_a, "not metadata").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(b->peer_matches(999999, a->metadata()).code(), StatusCode::kNotFound);
+    // A peer that proved the shared secret is trusted with its name wherever it talks from.
+    auto sa = make_endpoint("alpha", with_secret(kNew));
+    auto sb = make_endpoint("beta", with_secret(kNew));
+    ASSERT_TRUE(sa && sb);
+    const Link sab = link(sa.get(), sb.get());
+    ASSERT_NE(sab.b_to_a, 0u);
+    EXPECT_TRUE(sb->peer_matches(sab.b_to_a, engine::encode_metadata(elsewhere)).ok());
+}
+
 TEST(EngineAuth, TheSameSecretWorks) {
     auto a = make_endpoint("a", with_secret(kNew));
     auto b = make_endpoint("b", with_secret(kNew));

@@ -195,5 +195,70 @@ TEST(NixlBackend, ConnectionInfoOfAnotherAgentIsRefused) {
     EXPECT_EQ(got[0], std::make_pair(std::string("conn-a"), std::string("hello")));
 }
 
+// Connection info saying agent `agent` listens at 192.0.2.1 (TEST-NET-1): `info` (an IPv4
+// endpoint's metadata: magic, version, family, then the address) with its address replaced.
+std::string elsewhere(const std::string& info) {
+    constexpr size_t kAddressAt = 8;
+    EXPECT_GT(info.size(), kAddressAt + 4);
+    EXPECT_EQ(info.substr(kAddressAt, 4), std::string("\x7f\x00\x00\x01", 4))
+        << "not an endpoint on 127.0.0.1";
+    std::string out = info;
+    out.replace(kAddressAt, 4, std::string("\xc0\x00\x02\x01", 4));
+    return out;
+}
+
+// Notifications `e` receives within `for_how_long`.
+notif_list_t notifs_within(nixlBackendEngine* e, std::chrono::milliseconds for_how_long) {
+    notif_list_t all;
+    const auto until = std::chrono::steady_clock::now() + for_how_long;
+    while (std::chrono::steady_clock::now() < until) {
+        notif_list_t got;
+        EXPECT_EQ(e->getNotifs(got), NIXL_SUCCESS);
+        all.insert(all.end(), got.begin(), got.end());
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return all;
+}
+
+// Without a shared secret a connection's name is its own claim: where we hold the connection
+// info of the agent it names, it must come from that agent's host. Here `a` believes far-b
+// listens at 192.0.2.1, and far-b talks to it from 127.0.0.1: refused (its notifications are
+// not delivered), whether it connected after the info was loaded or before; with the right info
+// loaded, far-b is heard again.
+TEST(NixlBackend, AConnectionClaimingAnAgentFromElsewhereIsRefused) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("far-a");
+    nixlBackendEngine* b = plugin.make("far-b");
+    ASSERT_TRUE(a && b);
+    std::string a_info, b_info;
+    ASSERT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
+    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    const std::string b_far = elsewhere(b_info);
+    ASSERT_EQ(b->loadRemoteConnInfo("far-a", a_info), NIXL_SUCCESS);
+
+    // Before: a knows nothing of far-b and takes its word.
+    ASSERT_EQ(b->genNotif("far-a", "before"), NIXL_SUCCESS);
+    EXPECT_EQ(notifs_within(a, std::chrono::milliseconds(500)),
+              (notif_list_t{{"far-b", "before"}}));
+    // Then a learns that far-b is elsewhere: the connection it took is closed.
+    ASSERT_EQ(a->loadRemoteConnInfo("far-b", b_far), NIXL_SUCCESS);
+    (void)b->genNotif("far-a", "after the info");
+    EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(500)).empty());
+    // A new connection from here under that name: refused too.
+    for (int i = 0; i < 5; ++i) (void)b->genNotif("far-a", "again");
+    EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(500)).empty());
+    // With far-b's true info, far-b is heard (its first notification may go down with the
+    // connection refused last: it connects again).
+    ASSERT_EQ(a->loadRemoteConnInfo("far-b", b_info), NIXL_SUCCESS);
+    notif_list_t got;
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+        (void)b->genNotif("far-a", "heard");
+        got = notifs_within(a, std::chrono::milliseconds(100));
+    }
+    ASSERT_FALSE(got.empty());
+    EXPECT_EQ(got[0], std::make_pair(std::string("far-b"), std::string("heard")));
+}
+
 }  // namespace
 }  // namespace tcpx::nixl_test
