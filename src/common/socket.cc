@@ -101,6 +101,16 @@ bool SocketAddress::is_loopback() const {
     return false;
 }
 
+bool SocketAddress::is_link_local() const {
+    return family() == AF_INET6 &&
+           IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr);
+}
+
+uint32_t SocketAddress::scope_id() const {
+    return family() == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_scope_id
+                                : 0;
+}
+
 namespace {
 
 // The 16 bytes of an IPv6 address, IPv4 addresses as IPv4-mapped; false for other families.

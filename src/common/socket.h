@@ -60,6 +60,10 @@ class SocketAddress {
     uint16_t port() const;
     void set_port(uint16_t port);
     bool is_loopback() const;
+    // An IPv6 link-local address (fe80::/10), which names a host only together with its link.
+    bool is_link_local() const;
+    // The IPv6 scope (interface index); 0 for IPv4.
+    uint32_t scope_id() const;
     // Whether both name the same host address (ports aside); an IPv4-mapped IPv6 address
     // equals its IPv4 address.
     bool same_host(const SocketAddress& other) const;

@@ -4,6 +4,7 @@
 #include "net/fault/fault_net.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 #include <chrono>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "net/socket/socket_net.h"
+#include "net/socket/wire.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 
@@ -200,6 +202,43 @@ TEST(FaultNet, ChecksPeerHandlesLikeItsTransport) {
     garbage.bytes.fill(0x5a);
     EXPECT_EQ(net->check_peer_handle(&garbage, *local).code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(net->close_listen(listen).ok());
+}
+
+// A link-local handle is taken on the link the peer talks to us on: its own scope (the peer's
+// numbering of its interfaces) could reach another host of the same address on another link.
+TEST(SocketHandles, ALinkLocalHandleTakesThePeersLink) {
+    net::wire::HandleBlob blob{};
+    blob.magic = net::wire::kHandleMagic;
+    blob.version = net::wire::kVersion;
+    blob.family = AF_INET6;
+    const uint8_t fe80_1[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    std::memcpy(blob.addr, fe80_1, 16);
+    blob.scope_id = 77;  // the peer's interface index
+    blob.port = 5000;
+    blob.nsocks = 2;
+    net::Handle handle;
+    std::memcpy(handle.bytes.data(), &blob, sizeof(blob));
+    sockaddr_in6 from{};
+    from.sin6_family = AF_INET6;
+    std::memcpy(&from.sin6_addr, fe80_1, 16);
+    from.sin6_scope_id = 3;  // where it reached us
+    auto peer = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    ASSERT_TRUE(peer.ok());
+    EXPECT_TRUE(peer->is_link_local());
+    ASSERT_TRUE(net::check_socket_handle(&handle, *peer).ok());
+    net::wire::HandleBlob checked;
+    std::memcpy(&checked, handle.bytes.data(), sizeof(checked));
+    EXPECT_EQ(checked.scope_id, 3u);
+    // Another link-local host is refused as any other host is.
+    from.sin6_addr.s6_addr[15] = 2;
+    auto other = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    ASSERT_TRUE(other.ok());
+    EXPECT_EQ(net::check_socket_handle(&handle, *other).code(), StatusCode::kProtocol);
+    // Not link-local: the scope is left alone (0 for a global address).
+    auto global = SocketAddress::parse("2001:db8::1", 0);
+    ASSERT_TRUE(global.ok());
+    EXPECT_FALSE(global->is_link_local());
+    EXPECT_EQ(global->scope_id(), 0u);
 }
 
 TEST_F(FaultNetTest, FailFailsTheNthCallOnlyAndLogsOnce) {

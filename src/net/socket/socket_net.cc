@@ -375,6 +375,12 @@ Status check_socket_handle(Handle* handle, const SocketAddress& peer_address) {
                                         addr.host_string().c_str(),
                                         peer_address.host_string().c_str()));
     }
+    // A link-local address names a host only on its link, and the handle's scope is the peer's
+    // numbering of its own interfaces: we connect over the link the peer talks to us on (another
+    // scope could reach another host of the same address).
+    if (peer_address.size() != 0 && peer_address.is_link_local() && addr.is_link_local()) {
+        blob.scope_id = peer_address.scope_id();
+    }
     // connect()'s own progress key is ours to set, never the wire's; the tail is unused.
     blob.connect_key = 0;
     handle->bytes.fill(0);
