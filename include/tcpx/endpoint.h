@@ -158,7 +158,9 @@ class TCPX_API Endpoint {
     // Whether `peer` is, as far as can be told, the endpoint `metadata` describes: its name is
     // the metadata's, and unless it proved the shared secret it talks to us from the host
     // address the metadata gives (from this host, when that address is one of ours). A
-    // connecting stranger can claim any name, not an address: TCP answers only there. OK;
+    // connecting stranger can claim any name, not an address: TCP answers only there. It also
+    // answers for the sender of a notification (Notification::peer_id) whose connection has
+    // ended, until the next get_notifications() after the one that returned it. OK;
     // UNAUTHENTICATED naming the difference; INVALID_ARGUMENT for metadata that does not parse;
     // NOT_FOUND for an unknown peer.
     Status peer_matches(PeerId peer, std::string_view metadata) const;

@@ -440,6 +440,12 @@ bool TcpxBackend::deliverable(const Notification& n) const noexcept {
     // A connection we never decided on: it ended before accept() could hand it to us (the
     // engine returns live peers only). Judged as harvest_inbound() would have judged it.
     if (n.peer == localAgent) return false;
+    // Where we know where the agent it names is, it must have come from there (the engine
+    // keeps who a connection was until its notifications are taken).
+    if (auto info = conn_info_.find(n.peer);
+        info != conn_info_.end() && !ep_->peer_matches(n.peer_id, info->second).ok()) {
+        return false;
+    }
     if (in == inbound_.end()) return true;
     const Status st = ep_->peer_status(in->second);
     return !(st.ok() || st.code() == StatusCode::kFailedPrecondition);

@@ -680,26 +680,39 @@ StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {
 Status Endpoint::Impl::peer_matches(PeerId peer, std::string_view metadata) {
     auto described = engine::decode_metadata(metadata);
     if (!described.ok()) return Status(described.status()).with_context("peer_matches");
-    auto lock = api_lock();
-    auto it = peers_.find(peer);
-    if (it == peers_.end())
-        return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));
-    const Peer& p = *it->second;
-    if (p.name != described->name) {
+    // Who it is, from the peer, or (reaped with notifications still queued) its record; judged
+    // outside the lock (is_own_address lists the interfaces).
+    std::string name;
+    SocketAddress from;
+    bool authenticated = false;
+    {
+        auto lock = api_lock();
+        if (auto it = peers_.find(peer); it != peers_.end()) {
+            name = it->second->name;
+            from = it->second->address;
+            authenticated = it->second->authenticated;
+        } else if (auto g = gone_.find(peer); g != gone_.end()) {
+            name = g->second.name;
+            from = g->second.address;
+            authenticated = g->second.authenticated;
+        } else {
+            return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));
+        }
+    }
+    if (name != described->name) {
         return unauthenticated(strformat("peer '%s' is not the endpoint '%s' described",
-                                         printable(p.name).c_str(),
+                                         printable(name).c_str(),
                                          printable(described->name).c_str()));
     }
-    if (p.authenticated) return Status();
+    if (authenticated) return Status();
     // A stranger's word for its name is all it gives: its address is what TCP vouches for.
-    const SocketAddress& from = p.address;
     const SocketAddress& listens = described->address;
     const bool same_host =
         from.same_host(listens) || (is_own_address(from) && is_own_address(listens));
     if (!same_host) {
         return unauthenticated(strformat(
             "peer '%s' talks to us from %s, not from the host of the endpoint of that name (%s)",
-            printable(p.name).c_str(), from.host_string().c_str(), listens.host_string().c_str()));
+            printable(name).c_str(), from.host_string().c_str(), listens.host_string().c_str()));
     }
     return Status();
 }
@@ -915,7 +928,11 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     // checks find a stalled channel (the same timeout) ends the connection first, with its
     // reason. A long gap between our own checks (an endpoint without a progress thread, its
     // application away) restarts the clock: the answers may be waiting unread.
-    if (now - p.last_tick > timeout / 2) p.last_answer = std::max(p.last_answer, now);
+    // (Ticks come every kTick or a little later: a gap is a gap only well past that, whatever
+    // the timeout; at the smallest timeouts half of it is no more than a tick.)
+    if (now - p.last_tick > std::max<Clock::duration>(timeout / 2, 4 * kTick)) {
+        p.last_answer = std::max(p.last_answer, now);
+    }
     p.last_tick = now;
     if (p.answers_owed > 0) {
         Clock::time_point latest = p.last_answer;
@@ -1080,6 +1097,15 @@ void Endpoint::Impl::reap_peers() {
         const Peer& p = *it->second;
         if (p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone &&
             !p.known_to_user && !p.outbound) {
+            if (p.notif_count > 0) {
+                try {
+                    gone_.insert_or_assign(
+                        p.id, GoneIdentity{p.name, p.address, p.authenticated, p.notif_count});
+                } catch (const std::bad_alloc&) {
+                    // Unrecorded, its notifications match no metadata (peer_matches fails
+                    // closed): a shortage drops them rather than vouching for them.
+                }
+            }
             it = peers_.erase(it);
             reaped = true;
         } else {

@@ -643,6 +643,17 @@ class Endpoint::Impl {
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;
+    // Who inbound peers reaped with notifications still queued were, until the application has
+    // taken those and called get_notifications() once more (peer_matches() judges a
+    // notification's sender by it meanwhile): at most one entry per notification queued or
+    // taken by the last call, so bounded as they are.
+    struct GoneIdentity {
+        std::string name;
+        SocketAddress address;
+        bool authenticated = false;
+        uint64_t notifications = 0;  // of the queue's, still to be taken
+    };
+    std::unordered_map<PeerId, GoneIdentity> gone_;
     struct QueuedNotification {
         PeerId peer;
         Notification notification;

@@ -528,6 +528,9 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) lock.lock();
     api_progress();  // an application polling for notifications moves everything too
+    // The records of senders whose notifications the previous call took all: the caller has
+    // judged those by now (peer_matches() answers for them until this call).
+    std::erase_if(gone_, [](const auto& g) { return g.second.notifications == 0; });
     std::vector<Notification> out;
     out.reserve(notifications_.size());
     for (QueuedNotification& q : notifications_) {
@@ -535,6 +538,8 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
         if (it != peers_.end()) {
             --it->second->notif_count;
             it->second->notif_bytes -= q.notification.payload.size();
+        } else if (auto g = gone_.find(q.peer); g != gone_.end()) {
+            --g->second.notifications;
         }
         out.push_back(std::move(q.notification));
     }

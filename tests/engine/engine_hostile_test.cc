@@ -1377,6 +1377,40 @@ TEST(EngineHostile, APeerThatPingsButNeverAnswersFailsOurTransfers) {
     }
 }
 
+// The same at the smallest PEER_TIMEOUT_MS (100 ms): the checks come a tick (50 ms) apart or a
+// little more, which must not read as our own absence restarting the clock every time.
+TEST(EngineHostile, AtTheSmallestPeerTimeoutTheAnswerDeadlineStillFires) {
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 100;
+    auto ep = make_endpoint("hurried", config);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    std::atomic<bool> stop{false};
+    std::thread heartbeats([&] {
+        while (!stop) {
+            send_all(raw.fd(), wire::encode_ping(7));
+            std::this_thread::sleep_for(10ms);
+        }
+    });
+    GuardedBuffer dst(4096, 0xee);
+    const MemId mem = *ep->reg(dst.data(), dst.size());
+    RemoteMem theirs;
+    theirs.addr = 0x100000;
+    theirs.len = 4096;
+    theirs.key = 0x77;
+    auto x = ep->read(*peer, mem, 0, theirs, 0, 4096);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    const Status st = ep->wait(*x, 5s);
+    stop = true;
+    heartbeats.join();
+    // (On a loaded machine our own checks may also find the heartbeats late: either ends it.)
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    EXPECT_EQ(st.message().find("still in flight"), std::string::npos) << st.to_string();
+}
+
 // The other side of that deadline: a target that takes longer than it over a write, whose data
 // sat in the socket buffers all along (the initiator saw nothing move), but whose PINGs count
 // the chunks it takes as it takes them, is serving the write: it completes.
@@ -1670,6 +1704,38 @@ TEST(EngineAuth, APeerMatchesTheMetadataOfTheEndpointItIs) {
     const Link sab = link(sa.get(), sb.get());
     ASSERT_NE(sab.b_to_a, 0u);
     EXPECT_TRUE(sb->peer_matches(sab.b_to_a, engine::encode_metadata(elsewhere)).ok());
+}
+
+// A connection that sent a notification and ended before anyone accepted it is gone from the
+// endpoint; who it was is still known to peer_matches() until the notifications are taken
+// and taken again, so that its notification can be judged.
+TEST(EngineAuth, TheSenderOfANotificationThatLeftCanStillBeJudged) {
+    auto ep = make_endpoint("judge", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    {
+        RawPeer raw(*ep, "left");
+        ASSERT_TRUE(raw.ok());
+        send_all(raw.fd(), wire::encode_notif("hit and run"));
+    }  // closed
+    std::vector<Notification> got;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (got.empty() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(100ms);  // (the end of the connection seen too)
+        got = ep->get_notifications();
+    }
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_FALSE(ep->accept(0ms).ok()) << "the connection was kept";
+    engine::EndpointAddress here;
+    here.name = "left";
+    here.address = *SocketAddress::parse("127.0.0.1", 1234);
+    engine::EndpointAddress far = here;
+    far.address = *SocketAddress::parse("192.0.2.1", 1234);
+    EXPECT_TRUE(ep->peer_matches(got[0].peer_id, engine::encode_metadata(here)).ok());
+    EXPECT_EQ(ep->peer_matches(got[0].peer_id, engine::encode_metadata(far)).code(),
+              StatusCode::kUnauthenticated);
+    EXPECT_TRUE(ep->get_notifications().empty());
+    EXPECT_EQ(ep->peer_matches(got[0].peer_id, engine::encode_metadata(here)).code(),
+              StatusCode::kNotFound);
 }
 
 TEST(EngineAuth, TheSameSecretWorks) {

@@ -54,6 +54,11 @@ class Plugin {
         if (engine != nullptr) engines_.push_back(engine);
         return engine;
     }
+    // Destroys one made by make(), now.
+    void destroy(nixlBackendEngine* e) {
+        std::erase(engines_, e);
+        plugin_->destroy_engine(e);
+    }
 
  private:
     void* lib_ = nullptr;
@@ -258,6 +263,26 @@ TEST(NixlBackend, AConnectionClaimingAnAgentFromElsewhereIsRefused) {
     }
     ASSERT_FALSE(got.empty());
     EXPECT_EQ(got[0], std::make_pair(std::string("far-b"), std::string("heard")));
+}
+
+// The same claim from a connection that ended before the target looked at it (it sent its
+// notification and went; the engine keeps no connection it never handed out): its
+// notification is judged by where it came from all the same, and dropped.
+TEST(NixlBackend, AClaimFromElsewhereThatLeftAtOnceIsStillRefused) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("gone-a");
+    nixlBackendEngine* b = plugin.make("gone-b");
+    ASSERT_TRUE(a && b);
+    std::string a_info, b_info;
+    ASSERT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
+    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("gone-b", elsewhere(b_info)), NIXL_SUCCESS);
+    ASSERT_EQ(b->loadRemoteConnInfo("gone-a", a_info), NIXL_SUCCESS);
+    ASSERT_EQ(b->genNotif("gone-a", "hit and run"), NIXL_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connected, sent
+    plugin.destroy(b);  // its connection closes; a's progress thread sees it end
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(300)).empty());
 }
 
 }  // namespace
