@@ -934,19 +934,24 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         p.last_answer = std::max(p.last_answer, now);
     }
     p.last_tick = now;
-    if (p.answers_owed > 0) {
-        Clock::time_point latest = p.last_answer;
-        for (bool tx : {true, false}) {
-            for (const Channel& ch : tx ? p.tx : p.rx) latest = std::max(latest, ch.last_progress);
+    // Only while we owe nothing ourselves: chunks of ours still queued, in flight or finishing
+    // are either waiting on our own staging (not the peer's doing) or under the channels' own
+    // stall check below; the clock counts from their last completion.
+    bool ours_pending = !p.tx_pending.empty() || !p.rx_pending.empty();
+    Clock::time_point latest = p.last_answer;
+    for (bool tx : {true, false}) {
+        for (const Channel& ch : tx ? p.tx : p.rx) {
+            ours_pending = ours_pending || ch.busy();
+            latest = std::max(latest, ch.last_progress);
         }
-        if (now - latest > 2 * timeout) {
-            fail_peer(p, timeout_error(strformat(
-                             "the peer answered none of our %llu requests waiting for an answer "
-                             "and moved no data for %lld ms (its heartbeats still came)",
-                             static_cast<unsigned long long>(p.answers_owed),
-                             2 * static_cast<long long>(config_.peer_timeout_ms))));
-            return true;
-        }
+    }
+    if (p.answers_owed > 0 && !ours_pending && now - latest > 2 * timeout) {
+        fail_peer(p, timeout_error(strformat(
+                         "the peer answered none of our %llu requests waiting for an answer "
+                         "and moved no data for %lld ms (its heartbeats still came)",
+                         static_cast<unsigned long long>(p.answers_owed),
+                         2 * static_cast<long long>(config_.peer_timeout_ms))));
+        return true;
     }
     for (bool tx : {true, false}) {
         for (const Channel& ch : tx ? p.tx : p.rx) {
