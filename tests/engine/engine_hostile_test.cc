@@ -1305,6 +1305,28 @@ TEST(EngineHostile, SendDataLongerThanItsSendWritesNothing) {
         });
 }
 
+// A raw peer's heartbeats, from a thread, until it goes: PINGs every `every`, each with the
+// same count of chunks moved (no news of progress).
+class Heartbeats {
+ public:
+    Heartbeats(int fd, std::chrono::milliseconds every, uint64_t moved)
+        : thread_([this, fd, every, moved] {
+              while (!stop_) {
+                  send_all(fd, wire::encode_ping(moved));
+                  std::this_thread::sleep_for(every);
+              }
+          }) {}
+    ~Heartbeats() { stop(); }
+    void stop() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+
+ private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
 // A peer that keeps its heartbeats coming but never answers: a write's acknowledgement, a
 // read's response, a matched receive's data. Each transfer fails with TIMEOUT twice
 // PEER_TIMEOUT_MS after it was posted (not never), naming why; the peer is dropped and not a byte
@@ -1347,14 +1369,7 @@ TEST(EngineHostile, APeerThatPingsButNeverAnswersFailsOurTransfers) {
         ASSERT_TRUE(raw.ok()) << c.what;
         auto peer = ep->accept(5s);
         ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-        std::atomic<bool> stop{false};
-        std::thread heartbeats([&] {
-            while (!stop) {
-                // The same count of chunks moved each time (7): no news of progress.
-                send_all(raw.fd(), wire::encode_ping(7));
-                std::this_thread::sleep_for(50ms);
-            }
-        });
+        Heartbeats heartbeats(raw.fd(), 50ms, 7);
         GuardedBuffer dst(4096, 0xee);
         const MemId mem = *ep->reg(dst.data(), dst.size());
         const auto posted = std::chrono::steady_clock::now();
@@ -1363,8 +1378,7 @@ TEST(EngineHostile, APeerThatPingsButNeverAnswersFailsOurTransfers) {
         c.provoke(raw.fd());
         const Status st = ep->wait(*x, 5s);
         const auto took = std::chrono::steady_clock::now() - posted;
-        stop = true;
-        heartbeats.join();
+        heartbeats.stop();
         EXPECT_EQ(st.code(), StatusCode::kTimeout) << c.what << ": " << st.to_string();
         EXPECT_NE(st.message().find("answered none"), std::string::npos)
             << c.what << ": " << st.to_string();
@@ -1388,13 +1402,7 @@ TEST(EngineHostile, AtTheSmallestPeerTimeoutTheAnswerDeadlineStillFires) {
     ASSERT_TRUE(raw.ok());
     auto peer = ep->accept(5s);
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-    std::atomic<bool> stop{false};
-    std::thread heartbeats([&] {
-        while (!stop) {
-            send_all(raw.fd(), wire::encode_ping(7));
-            std::this_thread::sleep_for(10ms);
-        }
-    });
+    Heartbeats heartbeats(raw.fd(), 10ms, 7);
     GuardedBuffer dst(4096, 0xee);
     const MemId mem = *ep->reg(dst.data(), dst.size());
     RemoteMem theirs;
@@ -1404,8 +1412,7 @@ TEST(EngineHostile, AtTheSmallestPeerTimeoutTheAnswerDeadlineStillFires) {
     auto x = ep->read(*peer, mem, 0, theirs, 0, 4096);
     ASSERT_TRUE(x.ok()) << x.status().to_string();
     const Status st = ep->wait(*x, 5s);
-    stop = true;
-    heartbeats.join();
+    heartbeats.stop();
     // (On a loaded machine our own checks may also find the heartbeats late: either ends it.)
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
     EXPECT_EQ(st.message().find("still in flight"), std::string::npos) << st.to_string();
@@ -1468,7 +1475,7 @@ TEST(EngineHostile, ATargetSlowerThanTheAnswerDeadlineThatReportsItsChunksComple
 // are timed and the slowest printed.
 TEST(EngineHostile, AStalledPeerIsClosedAtOnceOverTheSocketTransport) {
     Config config = engine_test_config();
-    config.peer_timeout_ms = 300;
+    config.peer_timeout_ms = 500;
     auto ep = make_endpoint("reader", config);
     auto bystander = make_endpoint("bystander", config);
     ASSERT_TRUE(ep && bystander);
@@ -1500,13 +1507,7 @@ TEST(EngineHostile, AStalledPeerIsClosedAtOnceOverTheSocketTransport) {
     wire::end_message(&resp);
     send_all(raw.fd(), resp);
     // Heartbeats, and no data: the receives posted for the chunks stall.
-    std::atomic<bool> stop{false};
-    std::thread heartbeats([&] {
-        while (!stop) {
-            send_all(raw.fd(), wire::encode_ping(0));
-            std::this_thread::sleep_for(50ms);
-        }
-    });
+    Heartbeats heartbeats(raw.fd(), 50ms, 0);
     std::chrono::nanoseconds slowest{0};
     XferStatus xs;
     for (;;) {
@@ -1518,8 +1519,7 @@ TEST(EngineHostile, AStalledPeerIsClosedAtOnceOverTheSocketTransport) {
         ASSERT_TRUE(ep->wait(*w, 5s).ok());
         slowest = std::max(slowest, std::chrono::steady_clock::now() - t0);
     }
-    stop = true;
-    heartbeats.join();
+    heartbeats.stop();
     EXPECT_EQ(xs.error.code(), StatusCode::kTimeout) << xs.error.to_string();
     std::printf("slowest write to the bystander while the stalled peer failed: %.1f ms\n",
                 std::chrono::duration<double, std::milli>(slowest).count());

@@ -1400,7 +1400,7 @@ TEST(EngineEndpoints, PostsRightAfterConnectAsyncWaitForTheConnection) {
 // once: acknowledgements, read responses, a matched receive's data).
 TEST(EngineEndpoints, ASendWaitsForItsReceiveLongerThanThePeerTimeout) {
     Config config = engine_test_config();
-    config.peer_timeout_ms = 300;
+    config.peer_timeout_ms = 500;
     auto a = make_endpoint("sender", config);
     auto b = make_endpoint("receiver", config);
     ASSERT_TRUE(a && b);
@@ -1413,7 +1413,7 @@ TEST(EngineEndpoints, ASendWaitsForItsReceiveLongerThanThePeerTimeout) {
     const MemId dmem = *b->reg(dst.data(), kLen);
     auto s = a->send(l.a_to_b, smem, 0, kLen, 3);
     ASSERT_TRUE(s.ok()) << s.status().to_string();
-    std::this_thread::sleep_for(900ms);
+    std::this_thread::sleep_for(1500ms);  // past the answer deadline (twice the timeout)
     XferStatus early = a->poll(*s);
     EXPECT_EQ(early.state, XferState::kInProgress) << early.error.to_string();
     auto r = b->recv(l.b_to_a, dmem, 0, kLen, 3);
