@@ -450,6 +450,16 @@ class RawPeer {
     bool ok_ = false;
 };
 
+// A region the raw peer is said to have (key 0x77 at 0x100000): it has none; requests for it
+// only tell what the endpoint asks and how it takes the answer.
+RemoteMem raw_region(uint64_t len) {
+    RemoteMem r;
+    r.addr = 0x100000;
+    r.len = len;
+    r.key = 0x77;
+    return r;
+}
+
 // The process's memory in MiB: what it has resident, or under AddressSanitizer the heap's live
 // bytes. ASan keeps freed blocks in a quarantine (up to 256 MiB) that stays resident: 40 notes of
 // 512 KiB, copied and freed a few times on their way, made the resident set grow 71 MiB in CI
@@ -1161,6 +1171,23 @@ TEST(EngineHostile, RepliesToNoTransferOfOursFailThePeer) {
     expect_serves(ep.get());
 }
 
+// A heartbeat whose body is neither empty nor one count is malformed: the peer is failed, and
+// the endpoint serves others.
+TEST(EngineHostile, AMalformedHeartbeatFailsThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    for (size_t extra : {1, 3, 8}) {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok()) << extra;
+        std::string ping = wire::encode_ping(7);
+        ping.append(extra, 'z');
+        wire::end_message(&ping);
+        send_all(raw.fd(), ping);
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a PING with " << extra << " bytes more";
+    }
+    expect_serves(ep.get());
+}
+
 // An endpoint posts a transfer toward a raw peer it knows (accept()), into a 4 KiB registration
 // poisoned with 0xee; `forge` answers it badly. The transfer must fail (not time out), the peer be
 // dropped, and not a byte of the registration change.
@@ -1206,10 +1233,7 @@ Status transfer_ended_by(const std::string& bye) {
     if (!peer.ok()) return peer.status();
     GuardedBuffer dst(4096, 0xee);
     const MemId mem = *ep->reg(dst.data(), dst.size());
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = 4096;
-    theirs.key = 0x77;
+    const RemoteMem theirs = raw_region(4096);
     auto x = ep->read(*peer, mem, 0, theirs, 0, 4096);
     if (!x.ok()) return x.status();
     wire::Header h;
@@ -1265,10 +1289,7 @@ TEST(EngineHostile, AHelloWithControlCharactersInItsNameEndsTheHandshake) {
 TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
     expect_forged_answer_writes_nothing(
         [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
-            RemoteMem theirs;
-            theirs.addr = 0x100000;
-            theirs.len = len;
-            theirs.key = 0x77;
+            const RemoteMem theirs = raw_region(len);
             return ep->read(peer, mem, 0, theirs, 0, len);
         },
         [](int fd) {
@@ -1337,10 +1358,7 @@ TEST(EngineHostile, APeerThatPingsButNeverAnswersFailsOurTransfers) {
         std::function<StatusOr<XferId>(Endpoint*, PeerId, MemId, uint64_t len)> post;
         std::function<void(int fd)> provoke;  // what the peer says first (nothing for most)
     };
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = 4096;
-    theirs.key = 0x77;
+    const RemoteMem theirs = raw_region(4096);
     const std::vector<Case> cases = {
         {"write",
          [&](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
@@ -1405,10 +1423,7 @@ TEST(EngineHostile, AtTheSmallestPeerTimeoutTheAnswerDeadlineStillFires) {
     Heartbeats heartbeats(raw.fd(), 10ms, 7);
     GuardedBuffer dst(4096, 0xee);
     const MemId mem = *ep->reg(dst.data(), dst.size());
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = 4096;
-    theirs.key = 0x77;
+    const RemoteMem theirs = raw_region(4096);
     auto x = ep->read(*peer, mem, 0, theirs, 0, 4096);
     ASSERT_TRUE(x.ok()) << x.status().to_string();
     const Status st = ep->wait(*x, 5s);
@@ -1434,10 +1449,7 @@ TEST(EngineHostile, ATargetSlowerThanTheAnswerDeadlineThatReportsItsChunksComple
     GuardedBuffer src(kLen);
     fill_pattern(src.data(), kLen, 5);
     const MemId mem = *ep->reg(src.data(), kLen);
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = kLen;
-    theirs.key = 0x77;
+    const RemoteMem theirs = raw_region(kLen);
     const auto posted = std::chrono::steady_clock::now();
     auto x = ep->write(*peer, mem, 0, theirs, 0, kLen);
     ASSERT_TRUE(x.ok()) << x.status().to_string();
@@ -1491,10 +1503,7 @@ TEST(EngineHostile, AStalledPeerIsClosedAtOnceOverTheSocketTransport) {
     constexpr uint64_t kLen = 4 * RawPeer::kChunk;
     GuardedBuffer dst(kLen, 0xee);
     const MemId mem = *ep->reg(dst.data(), kLen);
-    RemoteMem theirs;
-    theirs.addr = 0x100000;
-    theirs.len = kLen;
-    theirs.key = 0x77;
+    const RemoteMem theirs = raw_region(kLen);
     LogCapture log(LogLevel::kDebug);
     auto x = ep->read(*peer, mem, 0, theirs, 0, kLen);
     ASSERT_TRUE(x.ok()) << x.status().to_string();

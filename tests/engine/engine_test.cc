@@ -1391,10 +1391,6 @@ TEST(EngineEndpoints, PostsRightAfterConnectAsyncWaitForTheConnection) {
     }
 }
 
-// A send and a receive posted while connecting, each larger than what travels inline: their
-// chunks are cut by the size the connection agrees on, known only once it is ready (they were
-// cut by 0 before: a division by zero in the thread making progress, on the peer's RECV_CTS for
-// the send, on its SEND_DATA for the receive).
 // A send waits for its receive as long as the receiving application likes: a receive posted
 // three peer timeouts later still takes it (the answer deadline covers what a peer owes at
 // once: acknowledgements, read responses, a matched receive's data).
@@ -1424,6 +1420,10 @@ TEST(EngineEndpoints, ASendWaitsForItsReceiveLongerThanThePeerTimeout) {
     EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
 }
 
+// A send and a receive posted while connecting, each larger than what travels inline: their
+// chunks are cut by the size the connection agrees on, known only once it is ready (they were
+// cut by 0 before: a division by zero in the thread making progress, on the peer's RECV_CTS for
+// the send, on its SEND_DATA for the receive).
 TEST(EngineEndpoints, ChunkedSendAndRecvPostedWhileConnectingMoveEveryByte) {
     for (const char* progress : {"on", "off"}) {
         SCOPED_TRACE(progress);
