@@ -42,6 +42,9 @@ constexpr uint64_t kNetTag = ~uint64_t{0} - 2;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// How long a failed peer's transport requests get to end before their comm is closed with them
+// (over transports whose close does not release registrations: fail_peer).
+constexpr auto kTeardownGrace = std::chrono::milliseconds(100);
 // The progress thread with transport requests in flight and nothing moving: this many passes
 // (yielding between them), for kBusySpinFor at most, then a sleep until the transport signals a
 // completion, or where it signals none (or GPU work is in flight), timed sleeps: kShortNaps of
@@ -247,8 +250,11 @@ Endpoint::Impl::~Impl() {
         if (p->state == Peer::State::kFailed && p->teardown == Peer::Teardown::kDone) continue;
         // A destructor lets nothing out: out of memory here would end the process.
         try {
-            say_bye(*p, "");
-            fail_peer(*p, cancelled("the endpoint was destroyed"));
+            if (p->state != Peer::State::kFailed) {
+                say_bye(*p, "");
+                fail_peer(*p, cancelled("the endpoint was destroyed"));
+            }
+            settle_peer(*p);  // the requests a plugin still holds: their grace, here
         } catch (...) {
             report_progress_exception();
         }
@@ -363,7 +369,13 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
     if (tick) resume_listener_when_due(now);
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) {
-            if (p->teardown != Peer::Teardown::kDone) {
+            if (p->teardown == Peer::Teardown::kDraining) {
+                try {
+                    drain_peer(*p, false);
+                } catch (...) {
+                    // No memory to finish it: the next pass tries again (fail_peer, below).
+                }
+            } else if (p->teardown != Peer::Teardown::kDone) {
                 try {
                     fail_peer(*p, Status());  // finishing a teardown cut short (the error stands)
                 } catch (...) {
@@ -655,16 +667,34 @@ StatusOr<PeerId> Endpoint::Impl::accept(std::chrono::milliseconds timeout) {
 }
 
 Status Endpoint::Impl::disconnect(PeerId peer) {
+    {
+        auto lock = api_lock();
+        auto it = peers_.find(peer);
+        if (it == peers_.end())
+            return not_found(
+                strformat("disconnect: no peer %llu", static_cast<unsigned long long>(peer)));
+        Peer& p = *it->second;
+        if (p.state != Peer::State::kFailed) {
+            say_bye(p, "");
+            fail_peer(p, cancelled("disconnected by this endpoint"));
+        }
+        if (p.teardown == Peer::Teardown::kDone) {
+            peers_.erase(it);
+            return Status();
+        }
+    }
+    // Requests a plugin still holds get their grace, with the other peers served meanwhile (the
+    // lock is not held while waiting); what is left after it is done here.
+    drive(
+        [&] {
+            auto it = peers_.find(peer);
+            return it == peers_.end() || it->second->teardown != Peer::Teardown::kDraining;
+        },
+        Clock::now() + kTeardownGrace + kTick);
     auto lock = api_lock();
     auto it = peers_.find(peer);
-    if (it == peers_.end())
-        return not_found(
-            strformat("disconnect: no peer %llu", static_cast<unsigned long long>(peer)));
-    Peer& p = *it->second;
-    if (p.state != Peer::State::kFailed && p.ctrl.valid()) {
-        say_bye(p, "");
-        fail_peer(p, cancelled("disconnected by this endpoint"));
-    }
+    if (it == peers_.end()) return Status();
+    settle_peer(*it->second);
     peers_.erase(it);
     return Status();
 }
@@ -988,12 +1018,15 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         }
     } cut_short{p};
     const bool first = p.state != Peer::State::kFailed;
-    // A ready peer learns why we end the connection (its transfers then fail with our reason,
-    // not a bare "closed"); one that ended it, or is gone, does not read it, at no cost. Sent
-    // last, as the close was: when the peer hears of it, nothing of ours touches memory any more.
-    const bool was_ready = p.state == Peer::State::kReady;
-    const std::string bye_reason = was_ready ? why.to_string() : "";
     if (first) {
+        // A ready peer learns why we end the connection (its transfers then fail with our
+        // reason, not a bare "closed"); one that ended it, or is gone, does not read it, at no
+        // cost. Sent last, as the close was: when the peer hears of it, nothing of ours touches
+        // memory any more.
+        if (p.state == Peer::State::kReady) {
+            p.bye_reason = why.to_string();
+            p.bye_owed = true;
+        }
         p.error = std::move(why).with_context("peer '" + p.name + "'");
         const bool lost = std::any_of(p.xfers.begin(), p.xfers.end(),
                                       [](const Xfer* x) { return x->user_id != 0; });
@@ -1006,35 +1039,88 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         wake_waiters();  // connect() waits for this peer's fate
         count(p, &Stats::errors);
     }
+    // Nothing more is read from the peer; its connection stays open for the BYE.
+    if (p.ctrl.valid()) ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
     // The channels go first: their requests end (complete, or are abandoned by closing the comm,
     // after which the transport touches none of their buffers), then the transfers can be failed
     // and their regions released. GPU work goes first (it may be writing into the transfers'
     // regions). Memory is deregistered from a comm only once none of its requests is in flight
-    // (a transport may still be reading a buffer it was given): requests get a short grace to
-    // finish; a comm that still has some is closed with its registrations, which close releases.
-    // A transport whose close releases them anyway (the socket transport) gets no grace: it would
-    // hold the engine's lock, every peer's progress and every post, for up to 100 ms per
-    // failing peer (a vanished host's requests never finish).
-    const auto grace_for = props_.close_releases_registrations ? std::chrono::milliseconds(0)
-                                                               : std::chrono::milliseconds(100);
-    const auto grace = Clock::now() + grace_for;
-    // Data channels still connecting: the transport lets go of what it holds for them.
+    // (a transport may still be reading a buffer it was given): over a transport whose close
+    // does not release registrations (ncclNet plugins), requests get a short grace to finish,
+    // and a comm that still has some after it is closed with its registrations, which close
+    // releases. The grace runs over later passes (kDraining, drain_peer): waiting for it here,
+    // under the engine's lock, would hold every other peer's progress and every post for up to
+    // 100 ms per failing peer (a vanished host's requests never finish). The socket transport's
+    // close releases them anyway: no grace.
     for (size_t i = 0; i < p.tx.size() && i < p.remote_handles.size(); ++i) {
         if (p.tx[i].send == nullptr) net_->abandon_connect(&p.remote_handles[i]);
     }
-    size_t abandoned = 0;  // requests still in flight when their comm closed
+    size_t in_flight = 0;
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             if (ch.ring) ch.ring->synchronize();
             if (ch.gring) ch.gring->synchronize();
-            while (!ch.inflight.empty() && Clock::now() < grace) {
-                net_->progress();
-                bool done = false;
-                if (!net_->test(ch.inflight.front().req, &done, nullptr).ok() || done) {
+            in_flight += ch.inflight.size();
+        }
+    }
+    if (in_flight > 0 && !props_.close_releases_registrations) {
+        if (p.drain_until == Clock::time_point{}) {
+            p.drain_until = Clock::now() + kTeardownGrace;
+            TCPX_DEBUG(
+                "endpoint '%s': peer '%s': %zu transport requests in flight get up to "
+                "100 ms to end (other peers are served meanwhile)",
+                name_.c_str(), p.name.c_str(), in_flight);
+        }
+        p.teardown = Peer::Teardown::kDraining;
+        drain_peer(p, false);
+        return;
+    }
+    finish_teardown(p);
+}
+
+void Endpoint::Impl::drain_peer(Peer& p, bool now_or_never) {
+    if (p.teardown != Peer::Teardown::kDraining) return;
+    for (bool more = true; more;) {
+        bool in_flight = false;
+        for (bool tx : {true, false}) {
+            for (Channel& ch : tx ? p.tx : p.rx) {
+                // In the order posted: a plugin may require its requests tested so (Google's).
+                while (!ch.inflight.empty()) {
+                    bool done = false;
+                    if (net_->test(ch.inflight.front().req, &done, nullptr).ok() && !done) break;
                     ch.inflight.pop_front();
                     --active_ops_;
                 }
+                in_flight |= !ch.inflight.empty();
             }
+        }
+        more = in_flight && Clock::now() < p.drain_until;
+        if (!now_or_never) {
+            if (more) return;  // a later pass looks again
+        } else if (more) {
+            (void)net_->progress();
+        }
+    }
+    p.teardown = Peer::Teardown::kRunning;
+    struct CutShort {  // as in fail_peer: the next pass (fail_peer) finishes it
+        Peer& peer;
+        ~CutShort() {
+            if (peer.teardown == Peer::Teardown::kRunning) peer.teardown = Peer::Teardown::kNone;
+        }
+    } cut_short{p};
+    finish_teardown(p);
+}
+
+void Endpoint::Impl::settle_peer(Peer& p) {
+    if (p.state != Peer::State::kFailed) return;
+    if (p.teardown == Peer::Teardown::kNone) fail_peer(p, Status());  // cut short: finished
+    drain_peer(p, true);
+}
+
+void Endpoint::Impl::finish_teardown(Peer& p) {
+    size_t abandoned = 0;  // requests still in flight when their comm closed
+    for (bool tx : {true, false}) {
+        for (Channel& ch : tx ? p.tx : p.rx) {
             abandoned += ch.inflight.size();
             if (ch.inflight.empty()) drop_mrs(ch, tx);
             if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
@@ -1061,8 +1147,8 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     if (abandoned > 0) {
         TCPX_DEBUG("endpoint '%s': peer '%s': %zu transport requests abandoned at close (%s)",
                    name_.c_str(), p.name.c_str(), abandoned,
-                   grace_for.count() == 0 ? "at once: the close releases them"
-                                          : "after a grace of 100 ms");
+                   props_.close_releases_registrations ? "at once: the close releases them"
+                                                       : "after a grace of 100 ms");
     }
     for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
     p.listens.clear();
@@ -1087,12 +1173,13 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     p.posted_recvs.clear();
     p.unexpected.clear();
     p.deferred.clear();
-    if (was_ready) say_bye(p, bye_reason);
-    if (p.ctrl.valid()) {
-        ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
-        p.ctrl.close();
+    if (p.bye_owed) {
+        p.bye_owed = false;
+        say_bye(p, p.bye_reason);
     }
+    if (p.ctrl.valid()) p.ctrl.close();
     p.teardown = Peer::Teardown::kDone;
+    wake_waiters();  // disconnect() may wait for the teardown
 }
 
 void Endpoint::Impl::reap_peers() {

@@ -317,8 +317,11 @@ struct Peer {
     bool ready_received = false;
     bool said_bye = false;  // our BYE is queued: nothing more goes out
     // fail_peer's teardown: not begun (or cut short by an exception: to be finished), under
-    // way, finished.
-    enum class Teardown { kNone, kRunning, kDone } teardown = Teardown::kNone;
+    // way, waiting for the transport's requests in flight (see fail_peer), finished.
+    enum class Teardown { kNone, kRunning, kDraining, kDone } teardown = Teardown::kNone;
+    Clock::time_point drain_until{};  // kDraining: when the requests still in flight are dropped
+    std::string bye_reason;           // kDraining: the BYE said when the teardown finishes
+    bool bye_owed = false;
     uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
     uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
     uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
@@ -478,7 +481,18 @@ class Endpoint::Impl {
     void send_ctrl(Peer& p, std::string msg, std::string tail = {});
     // The same for a reply to the peer's request (bounded by max_queued_replies_: read_control).
     void send_reply(Peer& p, std::string msg, std::string tail = {});
+    // Fails `p` with `why` and tears it down: its channels' requests end, its transfers fail,
+    // its connection closes. Over a transport whose close does not release what its requests
+    // hold (ncclNet plugins), requests still in flight first get a grace (kDraining) that later
+    // passes finish (drain_peer), so that one failing peer holds up no other.
     void fail_peer(Peer& p, Status why);
+    // kDraining: finishes the teardown once the requests have ended or their grace is over;
+    // `now_or_never` waits for that here (the caller is about to forget the peer).
+    void drain_peer(Peer& p, bool now_or_never);
+    // Whatever teardown `p` has left, done before it is erased (a failed peer only).
+    void settle_peer(Peer& p);
+    // The end of a teardown: comms closed, transfers failed, the control connection closed.
+    void finish_teardown(Peer& p);
     // From a catch block: fails `p` with the exception being handled (out of memory), `where`
     // saying what was under way. Never throws (a failure cut short is finished by a later pass).
     void fail_peer_for_exception(Peer& p, const char* where) noexcept;

@@ -94,6 +94,7 @@ bool Endpoint::Impl::evict_stalest_handshake() {
     }
     fail_peer(*stalest, unavailable("closed in its handshake for a newer connection "
                                     "(TCPX_P2P_MAX_HANDSHAKES reached)"));
+    settle_peer(*stalest);
     peers_.erase(stalest->id);  // inbound, never accepted: nobody is to be told
     return true;
 }
@@ -165,6 +166,7 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
         Status st = start_channels(*p, static_cast<int>(config_.channels));
         if (!st.ok()) {
             fail_peer(*p, st);
+            settle_peer(*p);
             peers_.erase(id);
             return st.with_context("connect to '" + addr.name + "'");
         }
@@ -193,6 +195,7 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
                      : timeout_error(strformat("not ready after %lld ms",
                                                static_cast<long long>(config_.connect_timeout_ms)));
     if (p.state != State::kFailed) fail_peer(p, why);
+    settle_peer(p);
     peers_.erase(it);
     return why.with_context("connect to '" + addr.name + "' at " + addr.address.to_string());
 }

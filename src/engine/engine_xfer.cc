@@ -58,6 +58,7 @@ Status Endpoint::Impl::dereg(MemId mem) {
                           "a transfer did not complete within %lld ms while its region was "
                           "being deregistered",
                           static_cast<long long>(config_.peer_timeout_ms))));
+        settle_peer(*p);  // its transfers end here, with the region's last reference
     }
     return Status();
 }

@@ -404,6 +404,119 @@ TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4 << 20, 2), -1);
 }
 
+// A peer that fails while the plugin still holds one of our receives: the plugin's close may
+// not release the registration (ncclNet v7 asks for deregMr first), so the request gets a grace
+// of 100 ms to end before its comm is closed with it. The grace runs over later progress passes:
+// while it lasts, the peer already reads as failed, its transfer is still held (the plugin may
+// yet write into its memory), and the endpoint's other peers are served; only then does the
+// transfer fail, not a byte of its memory written. (Before, the grace was spun through under
+// the endpoint's lock: the peer's failure and its transfer's came in one step, every other peer
+// waiting.)
+TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
+    load_fake();
+    Config c = engine_test_config();
+    c.net_plugin = TCPX_FAKE_TCPX_PATH;
+    c.peer_timeout_ms = 500;
+    Config stalling = c;
+    stalling.fault = "drop:isend:1";  // the data of our read never leaves the peer
+    auto ep = make_endpoint("reader", c);
+    auto stalled = make_endpoint("stalled", stalling);
+    auto bystander = make_endpoint("bystander", c);
+    ASSERT_TRUE(ep && stalled && bystander);
+    const Link to_stalled = link(ep.get(), stalled.get());
+    const Link to_bystander = link(ep.get(), bystander.get());
+    ASSERT_NE(to_stalled.a_to_b, 0u);
+    ASSERT_NE(to_bystander.a_to_b, 0u);
+    constexpr size_t kLen = 512 << 10;  // one chunk, past the inline limit
+    GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a), bbuf(4096, 0x33);
+    const MemId mem = *ep->reg(dst.data(), kLen);
+    const MemId tmem = *stalled->reg(theirs.data(), kLen);
+    const MemId bmem = *bystander->reg(bbuf.data(), bbuf.size());
+    const RemoteMem tdesc = *stalled->describe(tmem);
+    const RemoteMem bdesc = *bystander->describe(bmem);
+    LogCapture log(LogLevel::kDebug);
+    auto x = ep->read(to_stalled.a_to_b, mem, 0, tdesc, 0, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    // Bystander writes until the read ends; those posted once the peer reads as failed and
+    // finished while its read was still held are counted.
+    int during_grace = 0;
+    XferStatus xs;
+    for (;;) {
+        const bool peer_failed = !ep->peer_status(to_stalled.a_to_b).ok();
+        auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 64);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE(ep->wait(*w, 5s).ok());
+        xs = ep->poll(*x);
+        if (xs.state != XferState::kInProgress) break;
+        if (peer_failed) ++during_grace;
+    }
+    EXPECT_EQ(xs.error.code(), StatusCode::kTimeout) << xs.error.to_string();
+    std::printf("bystander writes done during the failed peer's grace: %d\n", during_grace);
+    EXPECT_GT(during_grace, 0) << "the grace held the endpoint";
+    EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace")) << log.all();
+    // The chunk whose data was dropped left its memory alone; the other chunk's data may have
+    // landed (a failed read's destination holds what arrived): nothing but the peer's bytes.
+    for (size_t i = 0; i < kLen; ++i) {
+        ASSERT_TRUE(dst.data()[i] == 0xee || dst.data()[i] == 0x5a) << "byte " << i;
+    }
+    EXPECT_GT(std::count(dst.data(), dst.data() + kLen, 0xee), 0);
+    EXPECT_TRUE(dst.canaries_intact());
+    // The endpoint serves on, and the failed peer goes.
+    EXPECT_TRUE(ep->disconnect(to_stalled.a_to_b).ok());
+    EXPECT_FALSE(ep->peer_status(to_stalled.a_to_b).ok());
+    fill_pattern(dst.data(), 4096, 8);
+    auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 4096);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(ep->wait(*w, 5s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4096, 8), -1);
+}
+
+// The same stalled read, ended by us: disconnect() returns once the plugin has let go (the
+// grace waited for without the endpoint's lock), the read failed, its memory free to go; an
+// endpoint destroyed while a failed peer's grace runs finishes it first.
+TEST(EngineOverPluginFailure, DisconnectAndDestroyDuringAGraceLetTheTransportGoFirst) {
+    load_fake();
+    Config c = engine_test_config();
+    c.net_plugin = TCPX_FAKE_TCPX_PATH;
+    c.peer_timeout_ms = 500;
+    Config stalling = c;
+    stalling.fault = "drop:isend:1";
+    for (const bool destroy : {false, true}) {
+        SCOPED_TRACE(destroy ? "destroyed" : "disconnected");
+        auto ep = make_endpoint("reader", c);
+        auto stalled = make_endpoint("stalled", stalling);
+        ASSERT_TRUE(ep && stalled);
+        const Link l = link(ep.get(), stalled.get());
+        ASSERT_NE(l.a_to_b, 0u);
+        constexpr size_t kLen = 256 << 10;
+        GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a);
+        const MemId mem = *ep->reg(dst.data(), kLen);
+        const MemId tmem = *stalled->reg(theirs.data(), kLen);
+        LogCapture log(LogLevel::kDebug);
+        auto x = ep->read(l.a_to_b, mem, 0, *stalled->describe(tmem), 0, kLen);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        std::this_thread::sleep_for(100ms);  // the request is with the plugin, going nowhere
+        ASSERT_EQ(ep->poll(*x).state, XferState::kInProgress);
+        if (destroy) {
+            // Failed by its stall check, then the endpoint goes while the grace may still run.
+            ASSERT_TRUE(eventually([&] { return !ep->peer_status(l.a_to_b).ok(); }, 5s));
+            ep.reset();
+            EXPECT_TRUE(log.contains("transport requests in flight get up to 100 ms")) << log.all();
+            EXPECT_TRUE(log.contains("transport requests abandoned at close")) << log.all();
+        } else {
+            ASSERT_TRUE(ep->disconnect(l.a_to_b).ok());
+            const XferStatus xs = ep->poll(*x);
+            EXPECT_EQ(xs.state, XferState::kFailed);
+            EXPECT_EQ(xs.error.code(), StatusCode::kCancelled) << xs.error.to_string();
+            // (The peer, told, closes its end: the request fails within the grace.)
+            EXPECT_TRUE(log.contains("transport requests in flight get up to 100 ms")) << log.all();
+            EXPECT_TRUE(ep->dereg(mem).ok());
+        }
+        for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i;
+        EXPECT_TRUE(dst.canaries_intact());
+    }
+}
+
 TEST(PluginLoader, AFloodOfPluginWarningsIsCutToTheBurst) {
     // Like Google's plugin, the emulation then logs a WARN for every host receive.
     setenv("FAKETCPX_WARN_HOST_RECV", "1", 1);
