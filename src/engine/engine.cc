@@ -246,17 +246,22 @@ Endpoint::Impl::~Impl() {
     hand_back_progress();  // a thread standing back for callers ends that too
     if (progress_thread_.joinable()) progress_thread_.join();
     auto lock = api_lock();
-    for (auto& [id, p] : peers_) {
-        if (p->state == Peer::State::kFailed && p->teardown == Peer::Teardown::kDone) continue;
-        // A destructor lets nothing out: out of memory here would end the process.
-        try {
-            if (p->state != Peer::State::kFailed) {
-                say_bye(*p, "");
-                fail_peer(*p, cancelled("the endpoint was destroyed"));
+    // Every peer failed first, then each settled: the graces of the requests a plugin still
+    // holds run side by side, not one after another.
+    for (bool settle : {false, true}) {
+        for (auto& [id, p] : peers_) {
+            if (p->state == Peer::State::kFailed && p->teardown == Peer::Teardown::kDone) continue;
+            // A destructor lets nothing out: out of memory here would end the process.
+            try {
+                if (p->state != Peer::State::kFailed) {
+                    say_bye(*p, "");
+                    fail_peer(*p, cancelled("the endpoint was destroyed"));
+                }
+                if (settle) settle_peer(*p);
+            } catch (...) {
+                report_progress_exception();
+                if (settle) close_comms(*p);  // its buffers go with it below
             }
-            settle_peer(*p);  // the requests a plugin still holds: their grace, here
-        } catch (...) {
-            report_progress_exception();
         }
     }
     // Every chunk operation belongs to a peer's channels, all torn down now: one still counted
@@ -444,7 +449,8 @@ bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
     return true;
 }
 
-bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point deadline) {
+bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point deadline,
+                           bool learn) {
     const auto start = Clock::now();
     const auto spin_until = wait_spin_.pays() ? start + kDriveSpinFor : start;
     // Whether what this call waited for came soon enough for the spin to pay; a call that gave
@@ -452,7 +458,7 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
     const auto finish = [&](bool finished) {
         const bool quick = Clock::now() - start < kShortWait;
         if (quick && !finished) return false;
-        wait_spin_.record(quick);
+        if (learn) wait_spin_.record(quick);
         return finished;
     };
     for (int spins = 0;; ++spins) {
@@ -683,20 +689,42 @@ Status Endpoint::Impl::disconnect(PeerId peer) {
             return Status();
         }
     }
-    // Requests a plugin still holds get their grace, with the other peers served meanwhile (the
-    // lock is not held while waiting); what is left after it is done here.
-    drive(
-        [&] {
-            auto it = peers_.find(peer);
-            return it == peers_.end() || it->second->teardown != Peer::Teardown::kDraining;
-        },
-        Clock::now() + kTeardownGrace + kTick);
+    // Requests a plugin still holds get their grace, with the other peers served meanwhile.
     auto lock = api_lock();
-    auto it = peers_.find(peer);
-    if (it == peers_.end()) return Status();
-    settle_peer(*it->second);
-    peers_.erase(it);
+    settle_peers(lock, {peer});
+    if (auto it = peers_.find(peer); it != peers_.end()) peers_.erase(it);
     return Status();
+}
+
+void Endpoint::Impl::settle_peers(std::unique_lock<std::mutex>& lock,
+                                  const std::vector<PeerId>& ids) {
+    const auto draining = [&] {
+        return std::any_of(ids.begin(), ids.end(), [&](PeerId id) {
+            auto it = peers_.find(id);
+            return it != peers_.end() && it->second->teardown == Peer::Teardown::kDraining;
+        });
+    };
+    if (draining()) {
+        lock.unlock();
+        drive([&] { return !draining(); }, Clock::now() + kTeardownGrace + kTick, false);
+        lock.lock();
+    }
+    for (PeerId id : ids) {
+        if (auto it = peers_.find(id); it != peers_.end()) settle_peer(*it->second);
+    }
+}
+
+void Endpoint::Impl::close_comms(Peer& p) noexcept {
+    for (bool tx : {true, false}) {
+        for (Channel& ch : tx ? p.tx : p.rx) {
+            if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
+            if (!tx && ch.recv != nullptr) (void)net_->close_recv(ch.recv);
+            ch.send = nullptr;
+            ch.recv = nullptr;
+        }
+    }
+    for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
+    p.listens.clear();
 }
 
 StatusOr<std::string> Endpoint::Impl::peer_name(PeerId peer) {

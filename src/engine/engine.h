@@ -463,8 +463,13 @@ class Endpoint::Impl {
     void report_progress_exception() noexcept;
     void wake();
     // Makes progress from the calling thread until `done()` (called under mu_) or `deadline`;
-    // takes the lock itself. True when done() became true.
-    bool drive(const std::function<bool()>& done, Clock::time_point deadline);
+    // takes the lock itself. True when done() became true. `learn`: whether the wait teaches
+    // the spin heuristics (wait_spin_) how long waits are (a teardown's is not a reply's).
+    bool drive(const std::function<bool()>& done, Clock::time_point deadline, bool learn = true);
+    // The teardowns of `ids` (failed peers) finished: their graces waited for without the lock
+    // (`lock` released meanwhile, held again on return), what is left settled under it. Peers
+    // gone meanwhile are skipped.
+    void settle_peers(std::unique_lock<std::mutex>& lock, const std::vector<PeerId>& ids);
     void reap_peers();
 
     // --- peers ---
@@ -491,6 +496,9 @@ class Endpoint::Impl {
     void drain_peer(Peer& p, bool now_or_never);
     // Whatever teardown `p` has left, done before it is erased (a failed peer only).
     void settle_peer(Peer& p);
+    // Last resort where a teardown could not finish (no memory): the comms closed, so that the
+    // transport touches none of the peer's buffers once it is freed. Never throws.
+    void close_comms(Peer& p) noexcept;
     // The end of a teardown: comms closed, transfers failed, the control connection closed.
     void finish_teardown(Peer& p);
     // From a catch block: fails `p` with the exception being handled (out of memory), `where`

@@ -195,8 +195,8 @@ StatusOr<PeerId> Endpoint::Impl::connect(std::string_view metadata) {
                      : timeout_error(strformat("not ready after %lld ms",
                                                static_cast<long long>(config_.connect_timeout_ms)));
     if (p.state != State::kFailed) fail_peer(p, why);
-    settle_peer(p);
-    peers_.erase(it);
+    settle_peers(lock, {id});
+    if (it = peers_.find(id); it != peers_.end()) peers_.erase(it);
     return why.with_context("connect to '" + addr.name + "' at " + addr.address.to_string());
 }
 

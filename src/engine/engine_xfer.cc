@@ -45,21 +45,23 @@ Status Endpoint::Impl::dereg(MemId mem) {
     if (!registry_.exists(mem)) return Status();
     // The peers holding it up have not completed within the peer timeout: disconnect them, so
     // nothing touches the region once we return.
-    std::vector<Peer*> stuck;
+    std::vector<PeerId> stuck;
     for (auto& [id, p] : peers_) {
-        for (Xfer* x : p->xfers) {
-            for (const Xfer::Piece& piece : x->pieces) {
-                if (piece.region == dying) stuck.push_back(p.get());
-            }
-        }
+        const bool holds = std::any_of(p->xfers.begin(), p->xfers.end(), [&](const Xfer* x) {
+            return std::any_of(x->pieces.begin(), x->pieces.end(),
+                               [&](const Xfer::Piece& piece) { return piece.region == dying; });
+        });
+        if (holds) stuck.push_back(id);
     }
-    for (Peer* p : stuck) {
-        fail_peer(*p, timeout_error(strformat(
-                          "a transfer did not complete within %lld ms while its region was "
-                          "being deregistered",
-                          static_cast<long long>(config_.peer_timeout_ms))));
-        settle_peer(*p);  // its transfers end here, with the region's last reference
+    for (PeerId id : stuck) {
+        fail_peer(*peers_.at(id),
+                  timeout_error(strformat("a transfer did not complete within %lld ms while its "
+                                          "region was being deregistered",
+                                          static_cast<long long>(config_.peer_timeout_ms))));
     }
+    // Their transfers end once the transport lets go (a plugin's requests get their grace, the
+    // other peers served meanwhile), with the region's last reference.
+    settle_peers(lock, stuck);
     return Status();
 }
 

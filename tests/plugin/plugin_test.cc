@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -427,7 +428,7 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     const Link to_bystander = link(ep.get(), bystander.get());
     ASSERT_NE(to_stalled.a_to_b, 0u);
     ASSERT_NE(to_bystander.a_to_b, 0u);
-    constexpr size_t kLen = 512 << 10;  // one chunk, past the inline limit
+    constexpr size_t kLen = 512 << 10;  // two chunks, past the inline limit
     GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a), bbuf(4096, 0x33);
     const MemId mem = *ep->reg(dst.data(), kLen);
     const MemId tmem = *stalled->reg(theirs.data(), kLen);
@@ -471,48 +472,95 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4096, 8), -1);
 }
 
-// The same stalled read, ended by us: disconnect() returns once the plugin has let go (the
-// grace waited for without the endpoint's lock), the read failed, its memory free to go; an
-// endpoint destroyed while a failed peer's grace runs finishes it first.
-TEST(EngineOverPluginFailure, DisconnectAndDestroyDuringAGraceLetTheTransportGoFirst) {
+// A read whose receive the plugin completes but never reports (our side's fault): ended by
+// disconnect(), which returns once the plugin has let go, after the request's grace, waiting
+// without the endpoint's lock (writes to a bystander posted and finished meanwhile, from
+// another thread), the read failed, its memory free to go; or by dereg() of its region, which
+// gives up on the peer after the peer timeout and returns once the grace is over, the read
+// failed; or failed by its stall check and the endpoint destroyed while the grace may still
+// run, which finishes it first.
+TEST(EngineOverPluginFailure, DisconnectDeregAndDestroyDuringAGraceLetTheTransportGoFirst) {
     load_fake();
-    Config c = engine_test_config();
-    c.net_plugin = TCPX_FAKE_TCPX_PATH;
-    c.peer_timeout_ms = 500;
-    Config stalling = c;
-    stalling.fault = "drop:isend:1";
-    for (const bool destroy : {false, true}) {
-        SCOPED_TRACE(destroy ? "destroyed" : "disconnected");
-        auto ep = make_endpoint("reader", c);
-        auto stalled = make_endpoint("stalled", stalling);
-        ASSERT_TRUE(ep && stalled);
-        const Link l = link(ep.get(), stalled.get());
+    for (const char* how : {"disconnect", "dereg", "destroy"}) {
+        SCOPED_TRACE(how);
+        const std::string_view mode = how;
+        const bool destroy = mode == "destroy";
+        Config c = engine_test_config();
+        c.net_plugin = TCPX_FAKE_TCPX_PATH;
+        // disconnect() well before the stall check; the others wait for a timeout.
+        c.peer_timeout_ms = mode == "disconnect" ? 5000 : 500;
+        Config dropping = c;
+        dropping.fault = "drop:test:1";  // the first completion, the read's: never reported
+        auto ep = make_endpoint("reader", dropping);
+        auto peer = make_endpoint("peer", c);
+        auto bystander = make_endpoint("bystander", c);
+        ASSERT_TRUE(ep && peer && bystander);
+        const Link l = link(ep.get(), peer.get());
+        const Link to_bystander = link(ep.get(), bystander.get());
         ASSERT_NE(l.a_to_b, 0u);
-        constexpr size_t kLen = 256 << 10;
-        GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a);
+        ASSERT_NE(to_bystander.a_to_b, 0u);
+        constexpr size_t kLen = 256 << 10;  // one chunk
+        GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a), bbuf(4096, 0x33);
         const MemId mem = *ep->reg(dst.data(), kLen);
-        const MemId tmem = *stalled->reg(theirs.data(), kLen);
+        const MemId tmem = *peer->reg(theirs.data(), kLen);
+        const MemId bmem = *bystander->reg(bbuf.data(), bbuf.size());
+        const RemoteMem bdesc = *bystander->describe(bmem);
         LogCapture log(LogLevel::kDebug);
-        auto x = ep->read(l.a_to_b, mem, 0, *stalled->describe(tmem), 0, kLen);
+        auto x = ep->read(l.a_to_b, mem, 0, *peer->describe(tmem), 0, kLen);
         ASSERT_TRUE(x.ok()) << x.status().to_string();
-        std::this_thread::sleep_for(100ms);  // the request is with the plugin, going nowhere
+        ASSERT_TRUE(eventually([&] { return log.contains("drop:test:1 fires"); }, 10s))
+            << log.all();
         ASSERT_EQ(ep->poll(*x).state, XferState::kInProgress);
         if (destroy) {
-            // Failed by its stall check, then the endpoint goes while the grace may still run.
-            ASSERT_TRUE(eventually([&] { return !ep->peer_status(l.a_to_b).ok(); }, 5s));
+            ASSERT_TRUE(eventually([&] { return !ep->peer_status(l.a_to_b).ok(); }, 10s));
             ep.reset();
             EXPECT_TRUE(log.contains("transport requests in flight get up to 100 ms")) << log.all();
-            EXPECT_TRUE(log.contains("transport requests abandoned at close")) << log.all();
-        } else {
-            ASSERT_TRUE(ep->disconnect(l.a_to_b).ok());
+            EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace"))
+                << log.all();
+            continue;  // (the plugin wrote the read's bytes: its receive did complete)
+        }
+        if (mode == "dereg") {
+            const Status st = ep->dereg(mem);
+            EXPECT_TRUE(st.ok()) << st.to_string();
             const XferStatus xs = ep->poll(*x);
             EXPECT_EQ(xs.state, XferState::kFailed);
-            EXPECT_EQ(xs.error.code(), StatusCode::kCancelled) << xs.error.to_string();
-            // (The peer, told, closes its end: the request fails within the grace.)
-            EXPECT_TRUE(log.contains("transport requests in flight get up to 100 ms")) << log.all();
-            EXPECT_TRUE(ep->dereg(mem).ok());
+            EXPECT_EQ(xs.error.code(), StatusCode::kTimeout) << xs.error.to_string();
+            EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace"))
+                << log.all();
+            EXPECT_TRUE(dst.canaries_intact());
+            continue;
         }
-        for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i;
+        std::atomic<bool> disconnecting{false}, stop{false};
+        std::atomic<int> during{0}, total{0};
+        Status writer_error;
+        std::thread writer([&] {
+            while (!stop.load()) {
+                const bool began_during = disconnecting.load();
+                auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 64);
+                writer_error = w.ok() ? ep->wait(*w, 5s) : w.status();
+                if (!writer_error.ok()) return;
+                ++total;
+                if (began_during && disconnecting.load()) ++during;
+            }
+        });
+        std::this_thread::sleep_for(20ms);
+        disconnecting.store(true);
+        const Status st = ep->disconnect(l.a_to_b);
+        disconnecting.store(false);
+        stop.store(true);
+        writer.join();
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        EXPECT_TRUE(writer_error.ok()) << writer_error.to_string();
+        std::printf("bystander writes done during disconnect(): %d of %d\n", during.load(),
+                    total.load());
+        EXPECT_GE(during.load(), 3) << "disconnect() held the endpoint through the grace\n"
+                                    << log.all();
+        const XferStatus xs = ep->poll(*x);
+        EXPECT_EQ(xs.state, XferState::kFailed);
+        EXPECT_EQ(xs.error.code(), StatusCode::kCancelled) << xs.error.to_string();
+        EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace"))
+            << log.all();
+        EXPECT_TRUE(ep->dereg(mem).ok());
         EXPECT_TRUE(dst.canaries_intact());
     }
 }
