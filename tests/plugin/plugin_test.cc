@@ -405,6 +405,29 @@ TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4 << 20, 2), -1);
 }
 
+// A reader, a peer it reads from and a bystander it writes to, over the emulated plugin, each
+// with its own fault rules (TCPX_P2P_FAULT) and the given peer timeout.
+struct ReaderPeerBystander {
+    ReaderPeerBystander(int64_t peer_timeout_ms, const char* reader_fault, const char* peer_fault) {
+        load_fake();
+        Config c = engine_test_config();
+        c.net_plugin = TCPX_FAKE_TCPX_PATH;
+        c.peer_timeout_ms = peer_timeout_ms;
+        Config r = c, p = c;
+        r.fault = reader_fault;
+        p.fault = peer_fault;
+        reader = make_endpoint("reader", r);
+        peer = make_endpoint("peer", p);
+        bystander = make_endpoint("bystander", c);
+        if (!reader || !peer || !bystander) return;
+        to_peer = link(reader.get(), peer.get()).a_to_b;
+        to_bystander = link(reader.get(), bystander.get()).a_to_b;
+    }
+    bool ok() const { return to_peer != 0 && to_bystander != 0; }
+    std::unique_ptr<Endpoint> reader, peer, bystander;
+    PeerId to_peer = 0, to_bystander = 0;
+};
+
 // A peer that fails while the plugin still holds one of our receives: the plugin's close may
 // not release the registration (ncclNet v7 asks for deregMr first), so the request gets a grace
 // of 100 ms to end before its comm is closed with it. The grace runs over later progress passes:
@@ -414,20 +437,12 @@ TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
 // the endpoint's lock: the peer's failure and its transfer's came in one step, every other peer
 // waiting.)
 TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
-    load_fake();
-    Config c = engine_test_config();
-    c.net_plugin = TCPX_FAKE_TCPX_PATH;
-    c.peer_timeout_ms = 500;
-    Config stalling = c;
-    stalling.fault = "drop:isend:1";  // the data of our read never leaves the peer
-    auto ep = make_endpoint("reader", c);
-    auto stalled = make_endpoint("stalled", stalling);
-    auto bystander = make_endpoint("bystander", c);
-    ASSERT_TRUE(ep && stalled && bystander);
-    const Link to_stalled = link(ep.get(), stalled.get());
-    const Link to_bystander = link(ep.get(), bystander.get());
-    ASSERT_NE(to_stalled.a_to_b, 0u);
-    ASSERT_NE(to_bystander.a_to_b, 0u);
+    // The data of our read never leaves the peer.
+    ReaderPeerBystander t(500, "", "drop:isend:1");
+    ASSERT_TRUE(t.ok());
+    Endpoint* ep = t.reader.get();
+    Endpoint* stalled = t.peer.get();
+    Endpoint* bystander = t.bystander.get();
     constexpr size_t kLen = 512 << 10;  // two chunks, past the inline limit
     GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a), bbuf(4096, 0x33);
     const MemId mem = *ep->reg(dst.data(), kLen);
@@ -436,15 +451,15 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     const RemoteMem tdesc = *stalled->describe(tmem);
     const RemoteMem bdesc = *bystander->describe(bmem);
     LogCapture log(LogLevel::kDebug);
-    auto x = ep->read(to_stalled.a_to_b, mem, 0, tdesc, 0, kLen);
+    auto x = ep->read(t.to_peer, mem, 0, tdesc, 0, kLen);
     ASSERT_TRUE(x.ok()) << x.status().to_string();
     // Bystander writes until the read ends; those posted once the peer reads as failed and
     // finished while its read was still held are counted.
     int during_grace = 0;
     XferStatus xs;
     for (;;) {
-        const bool peer_failed = !ep->peer_status(to_stalled.a_to_b).ok();
-        auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 64);
+        const bool peer_failed = !ep->peer_status(t.to_peer).ok();
+        auto w = ep->write(t.to_bystander, mem, 0, bdesc, 0, 64);
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         ASSERT_TRUE(ep->wait(*w, 5s).ok());
         xs = ep->poll(*x);
@@ -463,10 +478,10 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     EXPECT_GT(std::count(dst.data(), dst.data() + kLen, 0xee), 0);
     EXPECT_TRUE(dst.canaries_intact());
     // The endpoint serves on, and the failed peer goes.
-    EXPECT_TRUE(ep->disconnect(to_stalled.a_to_b).ok());
-    EXPECT_FALSE(ep->peer_status(to_stalled.a_to_b).ok());
+    EXPECT_TRUE(ep->disconnect(t.to_peer).ok());
+    EXPECT_FALSE(ep->peer_status(t.to_peer).ok());
     fill_pattern(dst.data(), 4096, 8);
-    auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 4096);
+    auto w = ep->write(t.to_bystander, mem, 0, bdesc, 0, 4096);
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     ASSERT_TRUE(ep->wait(*w, 5s).ok());
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4096, 8), -1);
@@ -480,25 +495,17 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
 // failed; or failed by its stall check and the endpoint destroyed while the grace may still
 // run, which finishes it first.
 TEST(EngineOverPluginFailure, DisconnectDeregAndDestroyDuringAGraceLetTheTransportGoFirst) {
-    load_fake();
     for (const char* how : {"disconnect", "dereg", "destroy"}) {
         SCOPED_TRACE(how);
         const std::string_view mode = how;
         const bool destroy = mode == "destroy";
-        Config c = engine_test_config();
-        c.net_plugin = TCPX_FAKE_TCPX_PATH;
-        // disconnect() well before the stall check; the others wait for a timeout.
-        c.peer_timeout_ms = mode == "disconnect" ? 5000 : 500;
-        Config dropping = c;
-        dropping.fault = "drop:test:1";  // the first completion, the read's: never reported
-        auto ep = make_endpoint("reader", dropping);
-        auto peer = make_endpoint("peer", c);
-        auto bystander = make_endpoint("bystander", c);
-        ASSERT_TRUE(ep && peer && bystander);
-        const Link l = link(ep.get(), peer.get());
-        const Link to_bystander = link(ep.get(), bystander.get());
-        ASSERT_NE(l.a_to_b, 0u);
-        ASSERT_NE(to_bystander.a_to_b, 0u);
+        // disconnect() well before the stall check; the others wait for a timeout. The first
+        // completion, the read's, is never reported.
+        ReaderPeerBystander t(mode == "disconnect" ? 5000 : 500, "drop:test:1", "");
+        ASSERT_TRUE(t.ok());
+        std::unique_ptr<Endpoint>& ep = t.reader;
+        Endpoint* peer = t.peer.get();
+        Endpoint* bystander = t.bystander.get();
         constexpr size_t kLen = 256 << 10;  // one chunk
         GuardedBuffer dst(kLen, 0xee), theirs(kLen, 0x5a), bbuf(4096, 0x33);
         const MemId mem = *ep->reg(dst.data(), kLen);
@@ -506,13 +513,13 @@ TEST(EngineOverPluginFailure, DisconnectDeregAndDestroyDuringAGraceLetTheTranspo
         const MemId bmem = *bystander->reg(bbuf.data(), bbuf.size());
         const RemoteMem bdesc = *bystander->describe(bmem);
         LogCapture log(LogLevel::kDebug);
-        auto x = ep->read(l.a_to_b, mem, 0, *peer->describe(tmem), 0, kLen);
+        auto x = ep->read(t.to_peer, mem, 0, *peer->describe(tmem), 0, kLen);
         ASSERT_TRUE(x.ok()) << x.status().to_string();
         ASSERT_TRUE(eventually([&] { return log.contains("drop:test:1 fires"); }, 10s))
             << log.all();
         ASSERT_EQ(ep->poll(*x).state, XferState::kInProgress);
         if (destroy) {
-            ASSERT_TRUE(eventually([&] { return !ep->peer_status(l.a_to_b).ok(); }, 10s));
+            ASSERT_TRUE(eventually([&] { return !ep->peer_status(t.to_peer).ok(); }, 10s));
             ep.reset();
             EXPECT_TRUE(log.contains("transport requests in flight get up to 100 ms")) << log.all();
             EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace"))
@@ -536,7 +543,7 @@ TEST(EngineOverPluginFailure, DisconnectDeregAndDestroyDuringAGraceLetTheTranspo
         std::thread writer([&] {
             while (!stop.load()) {
                 const bool began_during = disconnecting.load();
-                auto w = ep->write(to_bystander.a_to_b, mem, 0, bdesc, 0, 64);
+                auto w = ep->write(t.to_bystander, mem, 0, bdesc, 0, 64);
                 writer_error = w.ok() ? ep->wait(*w, 5s) : w.status();
                 if (!writer_error.ok()) return;
                 ++total;
@@ -545,7 +552,7 @@ TEST(EngineOverPluginFailure, DisconnectDeregAndDestroyDuringAGraceLetTheTranspo
         });
         std::this_thread::sleep_for(20ms);
         disconnecting.store(true);
-        const Status st = ep->disconnect(l.a_to_b);
+        const Status st = ep->disconnect(t.to_peer);
         disconnecting.store(false);
         stop.store(true);
         writer.join();
