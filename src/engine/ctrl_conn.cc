@@ -1,5 +1,7 @@
 #include "engine/ctrl_conn.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -74,6 +76,17 @@ Status CtrlConn::flush() {
         }
     }
     return Status();
+}
+
+void CtrlConn::close_after_draining_input() {
+    if (!fd_.valid()) return;
+    char sink[16 * 1024];
+    for (size_t dropped = 0; dropped < (size_t{1} << 20);) {
+        const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
+        if (n <= 0) break;  // nothing more now, the peer's end, or an error: close either way
+        dropped += static_cast<size_t>(n);
+    }
+    fd_.reset();
 }
 
 Status CtrlConn::read(bool* eof) {

@@ -25,6 +25,10 @@ class CtrlConn {
     bool valid() const { return fd_.valid(); }
     void reset(Fd fd);
     void close() { fd_.reset(); }
+    // Reads and drops what has arrived and was not read (up to 1 MiB), then closes: a socket
+    // closed with bytes unread sends a reset, and a reset can destroy what we sent last (a BYE
+    // with the reason) before the peer reads it.
+    void close_after_draining_input();
 
     // The largest message body accepted from now on (kHandshakeMessage until the handshake is
     // done; at most MAX_CTRL_MESSAGE after), and how many more bytes a message flagged

@@ -1205,7 +1205,7 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
         p.bye_owed = false;
         say_bye(p, p.bye_reason);
     }
-    if (p.ctrl.valid()) p.ctrl.close();
+    p.ctrl.close_after_draining_input();
     p.teardown = Peer::Teardown::kDone;
     wake_waiters();  // disconnect() may wait for the teardown
 }

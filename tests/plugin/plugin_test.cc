@@ -420,12 +420,15 @@ struct ReaderPeerBystander {
         peer = make_endpoint("peer", p);
         bystander = make_endpoint("bystander", c);
         if (!reader || !peer || !bystander) return;
-        to_peer = link(reader.get(), peer.get()).a_to_b;
+        const Link l = link(reader.get(), peer.get());
+        to_peer = l.a_to_b;
+        peer_to_reader = l.b_to_a;
         to_bystander = link(reader.get(), bystander.get()).a_to_b;
     }
     bool ok() const { return to_peer != 0 && to_bystander != 0; }
     std::unique_ptr<Endpoint> reader, peer, bystander;
     PeerId to_peer = 0, to_bystander = 0;
+    PeerId peer_to_reader = 0;  // (the peer's id of the reader)
 };
 
 // A peer that fails while the plugin still holds one of our receives: the plugin's close may
@@ -470,6 +473,12 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     std::printf("bystander writes done during the failed peer's grace: %d\n", during_grace);
     EXPECT_GT(during_grace, 0) << "the grace held the endpoint";
     EXPECT_TRUE(log.contains("transport requests abandoned at close (after a grace")) << log.all();
+    // The peer, heartbeating through our grace, hears why at its end: our BYE, not a reset
+    // (a socket closed with its heartbeats unread would have sent one).
+    ASSERT_TRUE(eventually([&] { return !stalled->peer_status(t.peer_to_reader).ok(); }, 5s));
+    const Status theirs_ended = stalled->peer_status(t.peer_to_reader);
+    EXPECT_NE(theirs_ended.message().find("peer disconnected: TIMEOUT"), std::string::npos)
+        << theirs_ended.to_string();
     // The chunk whose data was dropped left its memory alone; the other chunk's data may have
     // landed (a failed read's destination holds what arrived): nothing but the peer's bytes.
     for (size_t i = 0; i < kLen; ++i) {
