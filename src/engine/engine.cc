@@ -86,6 +86,17 @@ constexpr auto kCallerLoop = std::chrono::microseconds(50);
 constexpr auto kCallerProgressFor = std::chrono::microseconds(100);
 constexpr auto kCallerProgressForFewCores = std::chrono::milliseconds(1);
 
+// A teardown step under way (Teardown::kRunning) that an exception cuts short goes back to
+// kNone, for a later fail_peer to finish: every step can run again.
+struct TeardownStep {
+    using Peer = engine::Peer;
+    Peer& peer;
+    explicit TeardownStep(Peer& p) : peer(p) { peer.teardown = Peer::Teardown::kRunning; }
+    ~TeardownStep() {
+        if (peer.teardown == Peer::Teardown::kRunning) peer.teardown = Peer::Teardown::kNone;
+    }
+};
+
 }  // namespace
 
 // Rails: the socket transport's interfaces, when chosen (SOCKET_IFNAME, or the GPU's NICs), each
@@ -673,26 +684,19 @@ StatusOr<PeerId> Endpoint::Impl::accept(std::chrono::milliseconds timeout) {
 }
 
 Status Endpoint::Impl::disconnect(PeerId peer) {
-    {
-        auto lock = api_lock();
-        auto it = peers_.find(peer);
-        if (it == peers_.end())
-            return not_found(
-                strformat("disconnect: no peer %llu", static_cast<unsigned long long>(peer)));
-        Peer& p = *it->second;
-        if (p.state != Peer::State::kFailed) {
-            say_bye(p, "");
-            fail_peer(p, cancelled("disconnected by this endpoint"));
-        }
-        if (p.teardown == Peer::Teardown::kDone) {
-            peers_.erase(it);
-            return Status();
-        }
+    auto lock = api_lock();
+    auto it = peers_.find(peer);
+    if (it == peers_.end())
+        return not_found(
+            strformat("disconnect: no peer %llu", static_cast<unsigned long long>(peer)));
+    Peer& p = *it->second;
+    if (p.state != Peer::State::kFailed) {
+        say_bye(p, "");
+        fail_peer(p, cancelled("disconnected by this endpoint"));
     }
     // Requests a plugin still holds get their grace, with the other peers served meanwhile.
-    auto lock = api_lock();
     settle_peers(lock, {peer});
-    if (auto it = peers_.find(peer); it != peers_.end()) peers_.erase(it);
+    if (it = peers_.find(peer); it != peers_.end()) peers_.erase(it);
     return Status();
 }
 
@@ -1038,23 +1042,14 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     // exception cut short (out of memory) is finished by the next call (progress_once makes
     // it): every step below can run again, and the first error stands.
     if (p.state == Peer::State::kFailed && p.teardown != Peer::Teardown::kNone) return;
-    p.teardown = Peer::Teardown::kRunning;
-    struct CutShort {  // an exception leaves it to be finished
-        Peer& peer;
-        ~CutShort() {
-            if (peer.teardown == Peer::Teardown::kRunning) peer.teardown = Peer::Teardown::kNone;
-        }
-    } cut_short{p};
+    TeardownStep step(p);  // an exception leaves it to be finished
     const bool first = p.state != Peer::State::kFailed;
     if (first) {
         // A ready peer learns why we end the connection (its transfers then fail with our
         // reason, not a bare "closed"); one that ended it, or is gone, does not read it, at no
         // cost. Sent last, as the close was: when the peer hears of it, nothing of ours touches
         // memory any more.
-        if (p.state == Peer::State::kReady) {
-            p.bye_reason = why.to_string();
-            p.bye_owed = true;
-        }
+        if (p.state == Peer::State::kReady) p.bye = why.to_string();
         p.error = std::move(why).with_context("peer '" + p.name + "'");
         const bool lost = std::any_of(p.xfers.begin(), p.xfers.end(),
                                       [](const Xfer* x) { return x->user_id != 0; });
@@ -1129,13 +1124,7 @@ void Endpoint::Impl::drain_peer(Peer& p, bool now_or_never) {
             (void)net_->progress();
         }
     }
-    p.teardown = Peer::Teardown::kRunning;
-    struct CutShort {  // as in fail_peer: the next pass (fail_peer) finishes it
-        Peer& peer;
-        ~CutShort() {
-            if (peer.teardown == Peer::Teardown::kRunning) peer.teardown = Peer::Teardown::kNone;
-        }
-    } cut_short{p};
+    TeardownStep step(p);  // cut short, the next pass (fail_peer) finishes it
     finish_teardown(p);
 }
 
@@ -1151,10 +1140,11 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             abandoned += ch.inflight.size();
             if (ch.inflight.empty()) drop_mrs(ch, tx);
-            if (tx && ch.send != nullptr) (void)net_->close_send(ch.send);
-            if (!tx && ch.recv != nullptr) (void)net_->close_recv(ch.recv);
-            ch.send = nullptr;
-            ch.recv = nullptr;
+        }
+    }
+    close_comms(p);  // (with the registrations of requests still in flight)
+    for (bool tx : {true, false}) {
+        for (Channel& ch : tx ? p.tx : p.rx) {
             ch.mrs.clear();
             ch.scratch_mr = nullptr;
             ch.ring_mr = nullptr;
@@ -1178,8 +1168,6 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
                    props_.close_releases_registrations ? "at once: the close releases them"
                                                        : "after a grace of 100 ms");
     }
-    for (net::ListenComm* l : p.listens) (void)net_->close_listen(l);
-    p.listens.clear();
     for (auto* pending : {&p.tx_pending, &p.rx_pending}) {
         for (const engine::Extent& e : *pending) {
             const Xfer* x = e.xfer;
@@ -1201,10 +1189,7 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
     p.posted_recvs.clear();
     p.unexpected.clear();
     p.deferred.clear();
-    if (p.bye_owed) {
-        p.bye_owed = false;
-        say_bye(p, p.bye_reason);
-    }
+    if (p.bye) say_bye(p, *std::exchange(p.bye, std::nullopt));
     p.ctrl.close_after_draining_input();
     p.teardown = Peer::Teardown::kDone;
     wake_waiters();  // disconnect() may wait for the teardown

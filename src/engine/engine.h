@@ -320,11 +320,10 @@ struct Peer {
     // way, waiting for the transport's requests in flight (see fail_peer), finished.
     enum class Teardown { kNone, kRunning, kDraining, kDone } teardown = Teardown::kNone;
     Clock::time_point drain_until{};  // kDraining: when the requests still in flight are dropped
-    std::string bye_reason;           // kDraining: the BYE said when the teardown finishes
-    bool bye_owed = false;
-    uint64_t chunk = 0;                            // bytes per chunk, agreed in HELLO
-    uint64_t tx_seq = 0;                           // chunks assigned to our send channels so far
-    uint64_t rx_seq = 0;                           // chunks assigned to our receive channels so far
+    std::optional<std::string> bye;   // the BYE's reason, said when the teardown finishes
+    uint64_t chunk = 0;               // bytes per chunk, agreed in HELLO
+    uint64_t tx_seq = 0;              // chunks assigned to our send channels so far
+    uint64_t rx_seq = 0;              // chunks assigned to our receive channels so far
     std::unordered_map<uint64_t, Xfer*> awaiting;  // our transfers waiting for a reply, by wire id
     // Of `awaiting`, those the peer owes a prompt answer (all but sends waiting for the receive
     // to be posted, which may wait as long as the peer's application likes), and when the peer
