@@ -103,13 +103,13 @@ Status Buffer::host_view(uint64_t off, uint64_t len, bool load, bool store,
     std::vector<uint8_t> copy(len);
     if (load) {
         TCPX_RETURN_IF_ERROR(cuda::device()
-                                 .copy(copy.data(), data_ + off, len)
+                                 .copy(gpu_, copy.data(), data_ + off, len)
                                  .with_context(strformat("reading GPU %d's memory", gpu_)));
     }
     TCPX_RETURN_IF_ERROR(fn(copy.data()));
     if (!store) return Status();
     return cuda::device()
-        .copy(data_ + off, copy.data(), len)
+        .copy(gpu_, data_ + off, copy.data(), len)
         .with_context(strformat("writing GPU %d's memory", gpu_));
 }
 

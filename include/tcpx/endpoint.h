@@ -209,7 +209,9 @@ class TCPX_API Endpoint {
     // Every piece is checked before any is copied; pieces must not overlap.
     Status copy(std::span<const LocalCopy> pieces);
 
-    // A notification on its own.
+    // A notification on its own. It has no transfer to wait for: once what waits to go out to
+    // the peer (a slow wire, a peer still connecting) passes MAX_QUEUED_NOTIFICATION_BYTES it
+    // returns RESOURCE_EXHAUSTED, and a later call may succeed once those bytes have gone.
     Status notify(PeerId peer, std::string_view payload);
     // Notifications received since the last call, each exactly once, in arrival order.
     std::vector<Notification> get_notifications();

@@ -277,7 +277,9 @@ TCPX_C_API tcpx_status_t tcpx_readv(tcpx_endpoint_t* ep, uint64_t peer, const tc
 /* ---------------------------------------------------------------------------------------------
  * Notifications. */
 
-/* Sends a notification on its own: `payload` (`len` bytes; NULL when len is 0). */
+/* Sends a notification on its own: `payload` (`len` bytes; NULL when len is 0).
+ * TCPX_ERR_RESOURCE_EXHAUSTED while more than TCPX_P2P_MAX_QUEUED_NOTIFICATION_BYTES wait to go
+ * out to the peer: try again once they have gone. */
 TCPX_C_API tcpx_status_t tcpx_notify(tcpx_endpoint_t* ep, uint64_t peer, const void* payload,
                                      size_t len);
 
@@ -314,7 +316,10 @@ TCPX_C_API tcpx_status_t tcpx_poll(tcpx_endpoint_t* ep, uint64_t xfer, int* done
 
 /* Blocks until the transfer finishes or `timeout_ms` milliseconds pass (negative: forever).
  * TCPX_OK when it succeeded; its failure's code when it failed; TCPX_ERR_TIMEOUT when the time
- * passed first (the transfer is still in flight and can be waited for again). */
+ * passed first (the transfer is still in flight and can be waited for again). A transfer whose
+ * peer stopped answering (TCPX_P2P_PEER_TIMEOUT_MS) fails with TCPX_ERR_TIMEOUT too, and is then
+ * reported: tcpx_poll tells the two apart (*done = 0 while in flight; TCPX_ERR_INVALID_ARGUMENT
+ * once reported). With a negative timeout TCPX_ERR_TIMEOUT is always such a failure. */
 TCPX_C_API tcpx_status_t tcpx_wait(tcpx_endpoint_t* ep, uint64_t xfer, int timeout_ms);
 
 #ifdef __cplusplus

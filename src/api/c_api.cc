@@ -178,6 +178,11 @@ StatusOr<std::optional<std::string_view>> notification_arg(const void* notif, si
 
 StatusOr<std::vector<IoVec>> iov_arg(const tcpx_iov_t* iov, size_t count) {
     if (iov == nullptr && count > 0) return null_argument("iov");
+    // Before anything is allocated for them (the engine refuses as many again).
+    if (count > tcpx::engine::wire::kMaxSegments) {
+        return tcpx::invalid_argument(strformat("%zu pieces exceed the limit of %zu", count,
+                                                tcpx::engine::wire::kMaxSegments));
+    }
     std::vector<IoVec> out(count);
     for (size_t i = 0; i < count; ++i) {
         auto remote = parse_remote(iov[i].remote_desc, iov[i].remote_desc_len,
@@ -188,22 +193,13 @@ StatusOr<std::vector<IoVec>> iov_arg(const tcpx_iov_t* iov, size_t count) {
     return out;
 }
 
-StatusCode code_of(const Status& s) { return s.code(); }
-template <typename T>
-StatusCode code_of(const StatusOr<T>& s) {
-    return s.status().code();
-}
-
-// A negative timeout waits forever: in long slices, since the C++ API takes a finite deadline.
-constexpr std::chrono::milliseconds kForeverSlice = std::chrono::hours(24);
-
+// A negative timeout waits for ever (milliseconds::max() to the C++ API). Not in slices that
+// are called again on TIMEOUT: a transfer that failed with TIMEOUT (its peer stopped answering)
+// is reported by the wait that sees it, and a second wait would find its id unknown.
 template <typename Call>
 auto with_timeout(int timeout_ms, Call&& call) {
-    if (timeout_ms >= 0) return call(std::chrono::milliseconds(timeout_ms));
-    for (;;) {
-        auto r = call(kForeverSlice);
-        if (code_of(r) != StatusCode::kTimeout) return r;
-    }
+    return call(timeout_ms >= 0 ? std::chrono::milliseconds(timeout_ms)
+                                : std::chrono::milliseconds::max());
 }
 
 }  // namespace

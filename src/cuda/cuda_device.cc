@@ -51,6 +51,25 @@ const ContextCalls& context_calls() {
     return calls;
 }
 
+// The driver's cuMemGetAddressRange (the allocation a device pointer lies in), or null where the
+// driver does not give it.
+using AddressRangeCall = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+AddressRangeCall address_range_call() {
+    static const AddressRangeCall call = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        AddressRangeCall c = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess) {
+            c = reinterpret_cast<AddressRangeCall>(fn);
+        }
+        cudaGetLastError();
+        return c;
+    }();
+    return call;
+}
+
 // What is current in the calling thread, for put_back(): its context (exactly, one the
 // application made itself included), or without the driver's calls the runtime's device + 1; 0
 // where nothing is.
@@ -446,29 +465,58 @@ class CudaDevice final : public Device {
         return count_;
     }
 
-    PointerInfo classify(const void* ptr) override {
+    StatusOr<PointerInfo> classify(const void* ptr, size_t len) override {
         PointerInfo info;
         if (ptr == nullptr || count() == 0) return info;
         cudaPointerAttributes attr{};
-        if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-            cudaGetLastError();
-            return info;
-        }
-        if (attr.type == cudaMemoryTypeDevice) {
-            info.kind = MemKind::kCuda;
-            info.device = attr.device;
+        // Host memory CUDA does not know is cudaMemoryTypeUnregistered, not an error.
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaPointerGetAttributes(&attr, ptr),
+            strformat("cannot tell whether %p is GPU memory (cudaPointerGetAttributes)", ptr)
+                .c_str()));
+        if (attr.type != cudaMemoryTypeDevice) return info;
+        info.kind = MemKind::kCuda;
+        info.device = attr.device;
+        // The whole range in the one allocation: the kernels and copies the engine runs on it
+        // would touch another allocation of the application's (or fault, killing the context).
+        if (const auto range = address_range_call(); range != nullptr) {
+            CUdeviceptr base = 0;
+            size_t size = 0;
+            if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+                cudaGetLastError();
+                return Status(StatusCode::kCuda,
+                              strformat("cannot find the GPU allocation of %p", ptr));
+            }
+            const uint64_t left = base + size - reinterpret_cast<CUdeviceptr>(ptr);
+            if (len > left) {
+                return out_of_range(strformat(
+                    "%zu bytes from %p run past the end of its GPU allocation (%llu bytes from it "
+                    "to the end)",
+                    len, ptr, static_cast<unsigned long long>(left)));
+            }
         }
         return info;
     }
 
-    Status copy(void* dst, const void* src, size_t len) override {
+    Status copy(int device, void* dst, const void* src, size_t len) override {
         if (count() == 0) return unavailable("GPU memory: no usable GPU");
+        if (device < 0 || device >= count()) {
+            return invalid_argument(strformat("copy on GPU %d: %d usable", device, count()));
+        }
+        // With the memory's GPU current (not whatever the calling thread had, or GPU 0 in a
+        // thread that had none, which would make a context there), on a non-blocking stream:
+        // the per-thread and legacy default streams wait for the application's work on the
+        // legacy stream (PyTorch's default), and this runs under the engine's lock.
+        OnGpu on(device);
+        TCPX_RETURN_IF_ERROR(on.status());
+        TCPX_ASSIGN_OR_RETURN(cudaStream_t stream, take_stream(device));
         // cudaMemcpy may return before a copy from pageable memory to the device has landed:
         // wait for it, so that the bytes are in place for any stream once this returns.
-        TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, cudaStreamPerThread),
-                        "copying GPU memory"));
-        return cuda_status(cudaStreamSynchronize(cudaStreamPerThread), "copying GPU memory");
+        Status st = cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, stream),
+                                "copying GPU memory");
+        if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "copying GPU memory");
+        give_back(device, stream);
+        return st;
     }
 
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
@@ -497,8 +545,33 @@ class CudaDevice final : public Device {
     }
 
  private:
+    // A stream of GPU `device` (current) for one copy: one per thread copying at once, made as
+    // needed and kept for the process's life.
+    StatusOr<cudaStream_t> take_stream(int device) {
+        {
+            std::lock_guard<std::mutex> lock(streams_mu_);
+            if (streams_.size() < static_cast<size_t>(count())) streams_.resize(count());
+            auto& free = streams_[static_cast<size_t>(device)];
+            if (!free.empty()) {
+                cudaStream_t s = free.back();
+                free.pop_back();
+                return s;
+            }
+        }
+        cudaStream_t s = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+        return s;
+    }
+    void give_back(int device, cudaStream_t s) {
+        std::lock_guard<std::mutex> lock(streams_mu_);
+        streams_[static_cast<size_t>(device)].push_back(s);
+    }
+
     std::once_flag once_;
     int count_ = 0;
+    std::mutex streams_mu_;
+    std::vector<std::vector<cudaStream_t>> streams_;  // by GPU, free ones
 };
 
 }  // namespace

@@ -134,11 +134,17 @@ class Device {
     virtual ~Device() = default;
     // Usable GPUs; 0 when there is no driver or device, or the CUDA parts were not built.
     virtual int count() = 0;
-    // kCuda for device memory (and the device it lives on), kHost for anything else: pageable or
-    // pinned host memory, or when there is no GPU.
-    virtual PointerInfo classify(const void* ptr) = 0;
-    // A synchronous copy of `len` bytes between any two of host and device memory.
-    virtual Status copy(void* dst, const void* src, size_t len) = 0;
+    // What [ptr, ptr + len) is: kCuda for device memory (and the device it lives on), kHost for
+    // anything else (pageable or pinned host memory, or when there is no GPU). An error where
+    // CUDA cannot tell (a sticky error of the context: taking GPU memory for host memory would
+    // have the CPU write into it), or where device memory runs past the end of its allocation.
+    virtual StatusOr<PointerInfo> classify(const void* ptr, size_t len) = 0;
+    // A synchronous copy of `len` bytes between any two of host and device memory; `device` is
+    // the GPU of the device memory involved (of `dst` where both are). It runs on a stream of our
+    // own that does not wait for the application's work (not the legacy default stream, nor a
+    // per-thread default stream, which waits for it), with that GPU current for the call and
+    // the caller's current GPU left as it was.
+    virtual Status copy(int device, void* dst, const void* src, size_t len) = 0;
     // A ring on GPU `device` of `records` slots (0: `slots`), with a pinned buffer of `slots`
     // allocations of slot_bytes; slot_bytes 0 makes one without (completion tracking only, for
     // unpacks).
@@ -184,6 +190,8 @@ Device& device();
 void set_device_for_testing(Device* d);
 
 inline int device_count() { return device().count(); }
-inline PointerInfo classify(const void* ptr) { return device().classify(ptr); }
+inline StatusOr<PointerInfo> classify(const void* ptr, size_t len) {
+    return device().classify(ptr, len);
+}
 
 }  // namespace tcpx::cuda

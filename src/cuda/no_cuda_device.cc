@@ -8,8 +8,8 @@ namespace {
 class NoDevice final : public Device {
  public:
     int count() override { return 0; }
-    PointerInfo classify(const void*) override { return PointerInfo{}; }
-    Status copy(void*, const void*, size_t) override {
+    StatusOr<PointerInfo> classify(const void*, size_t) override { return PointerInfo{}; }
+    Status copy(int, void*, const void*, size_t) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int, size_t, int, int) override {

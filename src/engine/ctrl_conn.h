@@ -54,6 +54,8 @@ class CtrlConn {
     void queue_reply(std::string msg, std::string tail = {});
     // Bytes of replies queued and not yet written in full.
     uint64_t reply_bytes() const { return reply_bytes_; }
+    // Bytes queued and not yet written, of every kind.
+    uint64_t unsent() const { return queued_ - written_; }
     bool has_output() const { return !out_.empty(); }
     // Writes queued bytes until done or the socket is full.
     Status flush();

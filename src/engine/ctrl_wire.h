@@ -56,6 +56,11 @@ inline constexpr size_t kMaxName = 256;
 bool valid_name(std::string_view name);
 inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
 // The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
+// The most pieces in GPU memory that one message's inline data may be copied into or out of
+// (an inline WRITE's or READ's): each is a synchronous CUDA copy at the target, under its lock, so
+// a request of many tiny pieces would hold the target's endpoint for milliseconds. A WRITE with
+// more goes through the data channels (a gather kernel); one sent inline is refused.
+inline constexpr size_t kMaxInlineGpuPieces = 16;
 inline constexpr uint64_t kMinChunk = 4096;
 
 enum class MsgType : uint16_t {

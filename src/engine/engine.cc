@@ -196,7 +196,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     registry_.set_on_free([this](engine::Region* r) { forget_region(r); });
     TCPX_ASSIGN_OR_RETURN(listen_fd_, listen_tcp(listen_addr_, 1024));
     TCPX_ASSIGN_OR_RETURN(listen_addr_, local_address(listen_fd_.get()));
-    nonce_ = random_u64();
+    TCPX_ASSIGN_OR_RETURN(nonce_, random_u64());
     secrets_ = engine::auth::Secrets(config.auth_secret, config.auth_secret_previous);
     if (!secrets_.enabled()) {
         static std::atomic<bool> said{false};
@@ -208,7 +208,9 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     }
     name_ = name.empty() ? listen_addr_.to_string() : std::move(name);
     choose_rails();
-    xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers));
+    TCPX_ASSIGN_OR_RETURN(const uint64_t first_gen, random_u64());
+    xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers),
+                                                 static_cast<uint32_t>(first_gen));
     max_queued_replies_ =
         engine::kInlineReplyBudget +
         std::max(engine::kMinReplyRoomTotal,
@@ -1195,13 +1197,28 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
     wake_waiters();  // disconnect() may wait for the teardown
 }
 
+size_t Endpoint::Impl::live_peers() const {
+    size_t n = 0;
+    for (const auto& [id, p] : peers_) n += !gone(*p);
+    return n;
+}
+
 void Endpoint::Impl::reap_peers() {
     // Failed peers the application never learnt of (inbound, not accepted) have nobody to tell.
+    // Those it knows of stay, with their error, until disconnect(); but at most MAX_PEERS of
+    // them, the oldest forgotten first: an application that never disconnects failed peers (an
+    // accept loop) would otherwise keep one for every connection ever made.
+    size_t records = 0;
+    for (const auto& [id, p] : peers_) records += gone(*p) && (p->known_to_user || p->outbound);
+    size_t excess = records > static_cast<size_t>(config_.max_peers)
+                        ? records - static_cast<size_t>(config_.max_peers)
+                        : 0;
     bool reaped = false;
-    for (auto it = peers_.begin(); it != peers_.end();) {
+    for (auto it = peers_.begin(); it != peers_.end();) {  // oldest first
         const Peer& p = *it->second;
-        if (p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone &&
-            !p.known_to_user && !p.outbound) {
+        const bool record = p.known_to_user || p.outbound;
+        if (gone(p) && (!record || excess > 0)) {
+            if (record) --excess;
             if (p.notif_count > 0) {
                 try {
                     gone_.insert_or_assign(

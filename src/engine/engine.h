@@ -358,9 +358,10 @@ struct Peer {
     // moment it is ready; their transfers are already in `xfers` (so failing the peer fails
     // them). At most kMaxDeferred.
     std::deque<std::function<void()>> deferred;
-    Status error;                // why it failed
-    Stats stats;                 // its counters (Impl::count adds to the endpoint's too)
-    bool known_to_user = false;  // returned by connect() or accept()
+    uint64_t deferred_notif_bytes = 0;  // of notify()'s among them
+    Status error;                       // why it failed
+    Stats stats;                        // its counters (Impl::count adds to the endpoint's too)
+    bool known_to_user = false;         // returned by connect() or accept()
     bool in_accept_queue = false;
 };
 
@@ -470,6 +471,12 @@ class Endpoint::Impl {
     // gone meanwhile are skipped.
     void settle_peers(std::unique_lock<std::mutex>& lock, const std::vector<PeerId>& ids);
     void reap_peers();
+    // Whether `p` has failed and let go of its connection: a record of its error, no more.
+    static bool gone(const Peer& p) {
+        return p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone;
+    }
+    // Peers that hold a connection, or are making one: what MAX_PEERS bounds.
+    size_t live_peers() const;
 
     // --- peers ---
     StatusOr<Peer*> ready_peer(PeerId id);
@@ -553,8 +560,13 @@ class Endpoint::Impl {
                             const std::vector<engine::Region*>& regions);
     // Whether every region is host memory (a READ's inline-alone rule, each side its own).
     static bool all_host(const std::vector<engine::Region*>& regions) {
-        return std::none_of(regions.begin(), regions.end(),
-                            [](const engine::Region* r) { return r->kind == MemKind::kCuda; });
+        return gpu_pieces(regions) == 0;
+    }
+    // How many of the regions are GPU memory (wire::kMaxInlineGpuPieces).
+    static size_t gpu_pieces(const std::vector<engine::Region*>& regions) {
+        return static_cast<size_t>(
+            std::count_if(regions.begin(), regions.end(),
+                          [](const engine::Region* r) { return r->kind == MemKind::kCuda; }));
     }
     void hold(Xfer* x, engine::Region* r, uint64_t offset, uint64_t len);
     // Holds every piece of a WRITE or READ for `x` (regions[i] is iov[i]'s local region); the

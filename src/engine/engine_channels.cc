@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "cuda/unpack_defs.h"
 #include "engine/ctrl_wire.h"
 #include "engine/engine.h"
 #include "engine/reg_windows.h"
@@ -15,6 +16,28 @@ namespace tcpx {
 using engine::Clock;
 using engine::Op;
 using engine::Region;
+
+namespace {
+
+// A transport that hands receives over as UNPACK (Google's TCPX) reports no received size
+// (Properties::reports_sizes): its entries say where the bytes that arrived are. Fewer than the
+// chunk's is a short receive, whose missing bytes would be taken as landed (the destination
+// keeping what it held); more, a broken description. The entries are host memory the plugin
+// wrote when test() reported the receive (past kUnpackMaxEntries the unpack refuses them).
+Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want) {
+    const uint64_t n = std::min<uint64_t>(*q.count, cuda::kUnpackMaxEntries);
+    const auto* e = static_cast<const cuda::LoadMeta*>(q.entries);
+    uint64_t got = 0;
+    for (uint64_t i = 0; i < n; ++i) got += e[i].len;
+    if (*q.count <= static_cast<uint64_t>(cuda::kUnpackMaxEntries) && got != want) {
+        return protocol_error(strformat("received %llu bytes where the chunk has %llu",
+                                        static_cast<unsigned long long>(got),
+                                        static_cast<unsigned long long>(want)));
+    }
+    return Status();
+}
+
+}  // namespace
 
 // --- the data channels
 // -----------------------------------------------------------------------------
@@ -246,6 +269,7 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // pieces' places, one kernel (the ring falls back to the twin when they don't
                 // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+                TCPX_RETURN_IF_ERROR(check_unpacked_bytes(q, f.op.len));
                 return ch.gring->unpack_scatter(f.op.slot,
                                                 static_cast<const cuda::LoadMeta*>(q.entries),
                                                 *q.count, ch.unpack.bounce_buf, segments(f.op));
@@ -256,6 +280,7 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+            TCPX_RETURN_IF_ERROR(check_unpacked_bytes(q, f.op.len));
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
             return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
@@ -414,11 +439,12 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
             "tcpx-p2p reads version %d",
             h.version, h.handle, h.size, cuda::kUnpackVersion));
     }
-    TCPX_RETURN_IF_ERROR(cuda::device().copy(&ch.unpack, h.handle, sizeof(cuda::UnpackHandle)));
+    TCPX_RETURN_IF_ERROR(
+        cuda::device().copy(device, &ch.unpack, h.handle, sizeof(cuda::UnpackHandle)));
     if (ch.unpack.meta == nullptr || ch.unpack.bounce_buf == nullptr) {
         return protocol_error("the transport's unpack queue has no metadata or bounce buffer");
     }
-    const cuda::PointerInfo bounce = cuda::classify(ch.unpack.bounce_buf);
+    TCPX_ASSIGN_OR_RETURN(const cuda::PointerInfo bounce, cuda::classify(ch.unpack.bounce_buf, 1));
     if (bounce.kind == MemKind::kCuda && bounce.device != device) {
         return failed_precondition(strformat(
             "receives land on GPU %d but the registration is on GPU %d: set GPU_INDEX to the "

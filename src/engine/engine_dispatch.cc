@@ -205,7 +205,11 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         }
     }
     if (flags & wire::kFlagInline) {
-        if (ok) {
+        if (ok && gpu_pieces(regions) > wire::kMaxInlineGpuPieces) {
+            x->result = invalid_argument(
+                strformat("write refused: %zu pieces inline into GPU memory (at most %zu)",
+                          gpu_pieces(regions), wire::kMaxInlineGpuPieces));
+        } else if (ok) {
             uint64_t at = 0;
             for (const Xfer::Piece& piece : x->pieces) {
                 Status st =
@@ -306,7 +310,8 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     // Past the inline budget the read goes through the data channels: the reader takes a reply
     // without data as "the data follows there" (on_read_resp), so a legitimate burst of small
     // reads is served whole rather than taken for a peer that does not read its replies.
-    if (total <= limit && p.ctrl.reply_bytes() + total <= engine::kInlineReplyBudget) {
+    if (total <= limit && p.ctrl.reply_bytes() + total <= engine::kInlineReplyBudget &&
+        gpu_pieces(regions) <= wire::kMaxInlineGpuPieces) {
         std::string payload;
         Status st;
         for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {

@@ -125,7 +125,7 @@ void Endpoint::Impl::accept_inbound() {
             --handshakes;
         }
         const char* full = nullptr;
-        if (peers_.size() >= static_cast<size_t>(config_.max_peers)) {
+        if (live_peers() >= static_cast<size_t>(config_.max_peers)) {
             full = "MAX_PEERS";
         } else if (handshakes >= static_cast<size_t>(config_.max_handshakes)) {
             full = "MAX_HANDSHAKES";
@@ -154,9 +154,9 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
     PeerId id;
     {
         auto lock = api_lock();
-        if (peers_.size() >= static_cast<size_t>(config_.max_peers)) {
+        if (const size_t live = live_peers(); live >= static_cast<size_t>(config_.max_peers)) {
             return resource_exhausted(
-                strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", peers_.size()));
+                strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", live));
         }
         TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
         TCPX_ASSIGN_OR_RETURN(Peer * p, add_peer(std::move(fd), true, addr.address));

@@ -23,9 +23,10 @@ namespace wire = engine::wire;
 
 StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
     // GPU memory is recognised by its address; a registration must lie within one allocation.
-    const cuda::PointerInfo info = cuda::classify(ptr);
+    auto info = cuda::classify(ptr, len);
+    if (!info.ok()) return Status(info.status()).with_context("reg");
     auto lock = api_lock();
-    TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, info.kind, info.device));
+    TCPX_ASSIGN_OR_RETURN(Region * r, registry_.add(ptr, len, info->kind, info->device));
     return r->id;
 }
 
@@ -62,6 +63,13 @@ Status Endpoint::Impl::dereg(MemId mem) {
     // Their transfers end once the transport lets go (a plugin's requests get their grace, the
     // other peers served meanwhile), with the region's last reference.
     settle_peers(lock, stuck);
+    // Local copies (copy()) hold it too, however long they take: they end by themselves, and
+    // nothing may touch the region once we return.
+    if (registry_.exists(mem) && dying->copies > 0) {
+        lock.unlock();
+        drive([&] { return !registry_.exists(mem) || dying->copies == 0; },
+              Clock::time_point::max(), false);
+    }
     return Status();
 }
 
@@ -226,14 +234,16 @@ engine::OpPath Endpoint::Impl::path_for(const Channel& ch, bool tx, const Region
 
 Status Endpoint::Impl::read_region(const Region* r, uint64_t offset, uint64_t len, void* out) {
     if (len == 0) return Status();
-    if (r->kind == MemKind::kCuda) return cuda::device().copy(out, r->base + offset, len);
+    if (r->kind == MemKind::kCuda)
+        return cuda::device().copy(r->device, out, r->base + offset, len);
     std::memcpy(out, r->base + offset, len);
     return Status();
 }
 
 Status Endpoint::Impl::write_region(Region* r, uint64_t offset, const void* src, uint64_t len) {
     if (len == 0) return Status();
-    if (r->kind == MemKind::kCuda) return cuda::device().copy(r->base + offset, src, len);
+    if (r->kind == MemKind::kCuda)
+        return cuda::device().copy(r->device, r->base + offset, src, len);
     std::memcpy(r->base + offset, src, len);
     return Status();
 }
@@ -362,7 +372,8 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
             iov.size(), notification ? notification->size() : size_t{0},
             static_cast<unsigned long long>(config_.max_ctrl_message)));
     }
-    const bool is_inline = total <= inline_limit(*p, gpu);
+    const bool is_inline =
+        total <= inline_limit(*p, gpu) && (!gpu || iov.size() <= wire::kMaxInlineGpuPieces);
     std::string payload;  // an inline write's bytes, read before anything is sent
     if (is_inline) {
         for (size_t i = 0; i < iov.size(); ++i) {
@@ -471,7 +482,20 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     TCPX_RETURN_IF_ERROR(check_deferrable(*p));
-    issue_or_defer(*p, [this, p, msg = wire::encode_notif(payload)]() mutable {
+    // A notification has no transfer to wait for: what waits to go out (on a slow wire, or to a
+    // peer still connecting) is bounded here, or a loop of notify() would hold without bound.
+    const uint64_t waiting = p->ctrl.unsent() + p->deferred_notif_bytes;
+    if (waiting > 0 && waiting + payload.size() > config_.max_queued_notification_bytes) {
+        return resource_exhausted(
+            strformat("notify: %llu bytes wait to go to peer '%s' already "
+                      "(TCPX_P2P_MAX_QUEUED_NOTIFICATION_BYTES); try again once they have gone",
+                      static_cast<unsigned long long>(waiting), p->name.c_str()));
+    }
+    const bool deferred = p->state != Peer::State::kReady;
+    if (deferred) p->deferred_notif_bytes += payload.size();
+    issue_or_defer(*p, [this, p, deferred, size = payload.size(),
+                        msg = wire::encode_notif(payload)]() mutable {
+        if (deferred) p->deferred_notif_bytes -= size;
         send_ctrl(*p, std::move(msg));
     });
     if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
@@ -485,9 +509,25 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
         return invalid_argument(strformat("copy: %zu pieces exceed the limit of %zu", pieces.size(),
                                           wire::kMaxSegments));
     }
-    // Resolve and hold every region first (a concurrent dereg waits for us), copy without the
-    // lock (the progress thread goes on), then let go.
+    // Resolve and hold every region first (a concurrent dereg waits for us, as long as we take),
+    // copy without the lock (the progress thread goes on), then let go, whatever happened.
     std::vector<std::pair<Region*, Region*>> held;
+    struct Release {
+        Impl* self;
+        std::vector<std::pair<Region*, Region*>>* held;
+        ~Release() {
+            auto lock = self->api_lock();
+            bool dying = false;
+            for (auto [d, s] : *held) {
+                for (Region* r : {d, s}) {
+                    --r->copies;
+                    dying |= r->dead;
+                    self->registry_.unref(r);
+                }
+            }
+            if (dying) self->wake_waiters();  // a dereg() waits for us
+        }
+    } release{this, &held};
     held.reserve(pieces.size());
     Status st;
     {
@@ -500,8 +540,10 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
                 st = st.with_context("copy");
                 break;
             }
-            registry_.ref(*d);
-            registry_.ref(*s);
+            for (Region* r : {*d, *s}) {
+                registry_.ref(r);
+                ++r->copies;
+            }
             held.emplace_back(*d, *s);
         }
     }
@@ -516,13 +558,9 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
         if (d->kind == MemKind::kHost && s->kind == MemKind::kHost) {
             std::memmove(to, from, c.len);
         } else {
-            st = cuda::device().copy(to, from, c.len).with_context("copy");
+            const int gpu = d->kind == MemKind::kCuda ? d->device : s->device;
+            st = cuda::device().copy(gpu, to, from, c.len).with_context("copy");
         }
-    }
-    auto lock = api_lock();
-    for (auto [d, s] : held) {
-        registry_.unref(d);
-        registry_.unref(s);
     }
     return st;
 }

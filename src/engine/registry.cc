@@ -22,10 +22,10 @@ StatusOr<Region*> Registry::add(void* ptr, uint64_t len, MemKind kind, int32_t d
         return invalid_argument("reg: region wraps around the address space");
     }
     auto region = std::make_unique<Region>();
-    region->id = next_id_++;
     do {
-        region->key = random_u64();
+        TCPX_ASSIGN_OR_RETURN(region->key, random_u64());
     } while (region->key == 0 || by_key_.count(region->key) != 0);
+    region->id = next_id_++;
     region->base = static_cast<uint8_t*>(ptr);
     region->len = len;
     region->kind = kind;

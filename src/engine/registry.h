@@ -20,8 +20,9 @@ struct Region {
     uint64_t len = 0;
     MemKind kind = MemKind::kHost;
     int32_t device = -1;
-    int64_t refs = 0;   // operations using the region
-    bool dead = false;  // deregistered: no new operation may use it
+    int64_t refs = 0;    // operations using the region
+    int64_t copies = 0;  // of which local copies (Endpoint::copy), which end by themselves
+    bool dead = false;   // deregistered: no new operation may use it
 };
 
 class Registry {

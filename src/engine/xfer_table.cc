@@ -5,8 +5,10 @@
 
 namespace tcpx::engine {
 
-XferTable::XferTable(size_t capacity)
-    : capacity_(capacity), nblocks_((capacity + kBlock - 1) / kBlock) {
+XferTable::XferTable(size_t capacity, uint32_t first_gen)
+    : capacity_(capacity),
+      first_gen_(first_gen == 0 ? 1 : first_gen),
+      nblocks_((capacity + kBlock - 1) / kBlock) {
     blocks_.reset(new std::atomic<Slot*>[nblocks_]);
     for (size_t i = 0; i < nblocks_; ++i) blocks_[i].store(nullptr);
 }
@@ -27,10 +29,14 @@ StatusOr<XferId> XferTable::allocate() {
         index = free_.back();
         free_.pop_back();
     } else if (high_ < capacity_) {
-        index = high_++;
+        index = high_;
         if (index % kBlock == 0) {
-            blocks_[index / kBlock].store(new Slot[kBlock], std::memory_order_release);
+            // Allocated before the count moves on: out of memory leaves the table as it was.
+            auto* block = new Slot[kBlock];
+            for (size_t i = 0; i < kBlock; ++i) block[i].gen.store(first_gen_);
+            blocks_[index / kBlock].store(block, std::memory_order_release);
         }
+        ++high_;
     } else {
         return resource_exhausted(strformat(
             "%zu transfers are in flight (TCPX_P2P_MAX_TRANSFERS); poll or wait for some first",

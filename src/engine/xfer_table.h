@@ -1,5 +1,8 @@
 // The user-visible transfers of an endpoint: a fixed capacity of slots, each id a slot index
-// plus a generation (so a forgotten id is never mistaken for a new transfer).
+// plus a generation (so a forgotten id is never mistaken for a new transfer). Generations start
+// at a random value per table, so that an id of another endpoint (every endpoint hands out slot 1
+// first) is unknown here rather than another transfer; a slot never handed out reads as failed,
+// so such an id is reported unknown at once, never waited for.
 //
 // Threads: allocate/finish/take run under the engine's lock; state() takes no lock, so polling a
 // transfer in flight costs two atomic loads and never contends with the progress engine.
@@ -17,7 +20,8 @@ namespace tcpx::engine {
 
 class XferTable {
  public:
-    explicit XferTable(size_t capacity);
+    // `first_gen`: the generation of every slot's first transfer (0 is taken as 1).
+    XferTable(size_t capacity, uint32_t first_gen);
     ~XferTable();
 
     // A new id in state kInProgress; RESOURCE_EXHAUSTED when every slot is in use.
@@ -33,7 +37,8 @@ class XferTable {
  private:
     struct Slot {
         std::atomic<uint32_t> gen{1};
-        std::atomic<int> state{static_cast<int>(XferState::kInProgress)};
+        // Not in progress until allocated: a made-up id that names an unused slot is unknown.
+        std::atomic<int> state{static_cast<int>(XferState::kFailed)};
         bool busy = false;
         Status result;
     };
@@ -44,6 +49,7 @@ class XferTable {
     static uint32_t gen_of(XferId id) { return static_cast<uint32_t>(id >> 32); }
 
     const size_t capacity_;
+    const uint32_t first_gen_;
     std::unique_ptr<std::atomic<Slot*>[]> blocks_;  // allocated on demand, never moved
     size_t nblocks_;
     std::vector<uint64_t> free_;

@@ -917,6 +917,36 @@ static void test_disconnect(void) {
     CHECK(memcmp(payload, "again", 5) == 0 && strcmp(name, "a") == 0);
 }
 
+// A transfer that fails with TIMEOUT (here a receive whose region is deregistered: after
+// PEER_TIMEOUT_MS the peer holding it up is dropped, with TIMEOUT) is reported by tcpx_wait(-1)
+// as that failure. Before, the wait took TIMEOUT for "still in flight", waited again, and found
+// the id already reported (INVALID_ARGUMENT).
+static void test_wait_forever_reports_a_timed_out_transfer(void) {
+    tcpx_config_t* cfg = loopback_config();
+    CHECK_OK(tcpx_config_set(cfg, "PEER_TIMEOUT_MS", "200"));
+    tcpx_endpoint_t* x = NULL;
+    tcpx_endpoint_t* y = NULL;
+    CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
+    CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
+    tcpx_config_free(cfg);
+    uint8_t md[512];
+    size_t md_len = sizeof(md);
+    CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
+    uint64_t x_to_y, y_to_x;
+    CHECK_OK(tcpx_connect(x, md, md_len, &x_to_y));
+    CHECK_OK(tcpx_accept(y, -1, &y_to_x));
+    guarded_buf r = buf_new(4096);
+    uint64_t m, rx;
+    CHECK_OK(tcpx_reg(x, r.data, 4096, &m));
+    CHECK_OK(tcpx_recv(x, x_to_y, m, 0, 4096, 5, &rx));
+    CHECK_OK(tcpx_dereg(x, m));
+    CHECK_ERR(tcpx_wait(x, rx, -1), TCPX_ERR_TIMEOUT);
+    check_error_message(__FILE__, __LINE__, "tcpx_wait", TCPX_ERR_TIMEOUT);
+    tcpx_endpoint_destroy(x);
+    tcpx_endpoint_destroy(y);
+    buf_free(&r);
+}
+
 // Counters: a write moves them by exactly its bytes and one transfer here, one served there; a
 // peer's are the endpoint's when it is the only one; bad arguments are refused.
 static void test_stats(void) {
@@ -975,6 +1005,7 @@ int main(void) {
     test_bad_inputs();
     test_thread_local_error();
     test_disconnect();
+    test_wait_forever_reports_a_timed_out_transfer();
     tcpx_endpoint_destroy(a);
     tcpx_endpoint_destroy(b);
     printf("c_api_test: all checks passed\n");

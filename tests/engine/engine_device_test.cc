@@ -7,10 +7,13 @@
 // plugin (the unpack path).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -154,6 +157,19 @@ TEST_P(EngineDevice, DescriptorsSayKindAndGpu) {
     ASSERT_TRUE(part.ok());
     EXPECT_EQ(a_->describe(*part)->kind, MemKind::kCuda);
     EXPECT_TRUE(a_->dereg(*part).ok());
+}
+
+// A registration of GPU memory must lie within one allocation: the engine's kernels and copies
+// would otherwise touch the application's next allocation (or fault, killing the context). Only
+// its start pointer was looked at.
+TEST_P(EngineDevice, ARegistrationPastItsGpuAllocationIsRefused) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "no network involved";
+    const Reg& dev = a_bufs_[1];
+    auto past = a_->reg(dev.buf->data() + 4096, kSize + (2 << 20));
+    EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange) << past.status().to_string();
+    auto inside = a_->reg(dev.buf->data() + 4096, kSize - 4096);
+    ASSERT_TRUE(inside.ok()) << inside.status().to_string();
+    EXPECT_TRUE(a_->dereg(*inside).ok());
 }
 
 TEST_P(EngineDevice, EveryMixOfHostAndDeviceMemoryWriteAndRead) {
@@ -560,6 +576,59 @@ TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
     EXPECT_EQ(mismatch(host.buf.get(), 5 << 20, 1 << 20, 71), -1);
 }
 
+// dereg() gives peers' transfers PEER_TIMEOUT_MS, then disconnects them; a local copy has no
+// peer to blame and ends by itself, so dereg() waits for it however long it takes: once dereg()
+// returns, the application may free the memory, and nothing may touch it after that.
+TEST_P(EngineDevice, ADeregWaitsForALocalCopyHoweverLong) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "no network involved";
+    if (emulation() == nullptr) GTEST_SKIP() << "holds a copy in flight through the emulation";
+    Config config = a_config_;
+    config.peer_timeout_ms = 100;  // the shortest: a dereg waiting on peers gives up after it
+    auto ep = make_endpoint("copier", config);
+    ASSERT_TRUE(ep);
+    std::vector<Reg> bufs;
+    add(ep.get(), host_buffer(1 << 20), &bufs);
+    add(ep.get(), device_buffer(1 << 20, 0, emulation()), &bufs);
+    fill(bufs[0].buf.get(), 0, 1 << 20, 5);
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool entered = false, released = false;
+    emulation()->set_copy_hook([&] {
+        std::unique_lock<std::mutex> lock(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return released; });
+    });
+    std::atomic<bool> copied{false};
+    std::thread copier([&] {
+        const LocalCopy to_dev[] = {{bufs[1].mem, 0, bufs[0].mem, 0, 1 << 20}};
+        EXPECT_TRUE(ep->copy(to_dev).ok());
+        copied = true;
+    });
+    {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return entered; });
+    }
+    // The copy is under way (its regions held): let it go on for 4 peer timeouts.
+    std::thread releaser([&] {
+        std::this_thread::sleep_for(400ms);
+        std::lock_guard<std::mutex> lock(mu);
+        released = true;
+        cv.notify_all();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(ep->dereg(bufs[1].mem).ok());
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_TRUE(copied.load()) << "dereg() returned while a copy into the region was in flight";
+    EXPECT_GE(took, 300ms);
+    releaser.join();
+    copier.join();
+    emulation()->set_copy_hook(nullptr);
+    EXPECT_EQ(mismatch(bufs[1].buf.get(), 0, 1 << 20, 5), -1);
+    ep.reset();
+}
+
 TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
     const Reg& from = a_bufs_[1];
     const Reg& to = b_bufs_[1];
@@ -591,7 +660,8 @@ TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
 
 // A transport plugin that reports a GPU receive done with a broken description of where its
 // bytes are (the emulated TCPX plugin's FAKETCPX_MISBEHAVE: an unpack slot outside its queue, an
-// entry count past the queue's, an entry placed past the receive's end). The transfer fails
+// entry count past the queue's, an entry placed past the receive's end, entries that cover less
+// than the receive: a short one, whose missing bytes were taken as landed). The transfer fails
 // with an error instead of a hang or a crash, the endpoint goes on serving, and nothing outside
 // the registration is written. A contiguous transfer (the unpack path) and a vector of pieces
 // (the unpack straight into the pieces), WRITE (the peer's receive) and READ (ours).
@@ -721,7 +791,7 @@ const std::vector<Transport> kTransports =
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::ValuesIn(kTransports),
                          transport_name);
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
-                         ::testing::Values("slot", "count", "dst"));
+                         ::testing::Values("slot", "count", "dst", "short"));
 
 }  // namespace
 }  // namespace tcpx::testing

@@ -27,6 +27,7 @@
 #include "net/socket/socket_net.h"
 #include "net/socket/wire.h"
 #include "tests/support/engine_test_util.h"
+#include "tests/support/host_device.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
@@ -1140,6 +1141,124 @@ TEST(EngineHostile, DeregOfARegionAStuckPeerHoldsReturnsAndDropsThePeer) {
     EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the peer holding the region up stayed";
     std::this_thread::sleep_for(200ms);
     expect_serves(ep.get());
+}
+
+// notify() has no transfer to wait for: a loop of notifications to a peer that does not read
+// them (or to one still connecting) queued every byte, without bound. Past
+// MAX_QUEUED_NOTIFICATION_BYTES waiting to go out, notify() says RESOURCE_EXHAUSTED.
+TEST(EngineHostile, NotificationsWaitingToGoOutAreBounded) {
+    Config c = engine_test_config();
+    c.max_queued_notification_bytes = 4 << 20;
+    auto ep = make_endpoint("notifier", c);
+    ASSERT_NE(ep, nullptr);
+    const std::string note(1 << 20, 'n');
+    // A peer that never reads its control connection.
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    int sent = 0;
+    Status st;
+    for (; sent < 256 && (st = ep->notify(*peer, note)).ok(); ++sent) {
+    }
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << "after " << sent << " MiB";
+    EXPECT_GE(sent, 4);  // the bound, and what the sockets took
+    // A peer still connecting (a listener that never answers): the bound holds for what waits.
+    Trap silent("127.0.0.1");
+    engine::EndpointAddress nobody;
+    nobody.name = "nobody";
+    nobody.address = local_address(silent.fd.get()).value();
+    auto later = ep->connect_async(engine::encode_metadata(nobody));
+    ASSERT_TRUE(later.ok()) << later.status().to_string();
+    for (sent = 0; sent < 256 && (st = ep->notify(*later, note)).ok(); ++sent) {
+    }
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+    EXPECT_EQ(sent, 4);
+}
+
+// An application that accepts peers and never disconnects the ones that failed (an accept loop,
+// the failure seen only by the transfers) kept every failed peer, and failed peers counted
+// against MAX_PEERS: once that many had come and gone, every new connection was closed (and
+// strangers without a secret could bring that about). Failed peers no longer count; the records
+// of their errors are kept up to MAX_PEERS, the oldest forgotten first.
+TEST(EngineHostile, FailedPeersNeverDisconnectedDoNotFillMaxPeers) {
+    Config c = engine_test_config();
+    c.max_peers = 3;
+    auto server = make_endpoint("server", c);
+    ASSERT_NE(server, nullptr);
+    std::vector<PeerId> accepted;
+    for (int i = 0; i < 8; ++i) {
+        SCOPED_TRACE(i);
+        auto client = make_endpoint("client-" + std::to_string(i), engine_test_config());
+        ASSERT_NE(client, nullptr);
+        auto id = client->connect(server->metadata());
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        auto peer = server->accept(5s);
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        accepted.push_back(*peer);
+        client.reset();  // it goes; the server learns of it, and keeps its record
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (server->peer_status(*peer).code() != StatusCode::kUnavailable &&
+               std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(10ms);
+        }
+        EXPECT_EQ(server->peer_status(*peer).code(), StatusCode::kUnavailable);
+    }
+    // The newest records are kept (their errors), the oldest forgotten: at most MAX_PEERS.
+    int kept = 0;
+    for (PeerId id : accepted) kept += server->peer_status(id).code() != StatusCode::kNotFound;
+    EXPECT_LE(kept, 3);
+    EXPECT_GE(kept, 1);
+    EXPECT_EQ(server->peer_status(accepted.back()).code(), StatusCode::kUnavailable);
+    EXPECT_EQ(server->peer_status(accepted.front()).code(), StatusCode::kNotFound);
+    expect_serves(server.get());
+}
+
+// Each piece of an inline WRITE into GPU memory is a synchronous CUDA copy at the target, under
+// its lock: a request of thousands of one-byte pieces (8 KiB inline: 8,192 of them) held the
+// target's endpoint for tens of milliseconds, request after request. Past
+// wire::kMaxInlineGpuPieces such a write is refused before any byte lands (our own initiators
+// send it through the data channels); up to it, it lands.
+TEST(EngineHostile, AnInlineWriteOfManyGpuPiecesIsRefused) {
+    ScopedHostDevice emu(1);
+    Config c = engine_test_config();
+    c.gpu_index = 0;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    constexpr size_t kLen = 4096;
+    auto gpu = std::make_unique<GuardedBuffer>(kLen, 0x5a);
+    emu->declare(gpu->data(), kLen, 0);
+    const MemId mem = *ep->reg(gpu->data(), kLen);
+    const RemoteMem desc = *ep->describe(mem);
+    ASSERT_EQ(desc.kind, MemKind::kCuda);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    for (const size_t pieces : {wire::kMaxInlineGpuPieces + 1, wire::kMaxInlineGpuPieces}) {
+        SCOPED_TRACE(pieces);
+        wire::WriteReq req;
+        req.xfer = pieces;
+        req.flags = wire::kFlagInline;
+        for (size_t i = 0; i < pieces; ++i) req.segs.push_back(wire::Segment{desc.key, 2 * i, 1});
+        std::string msg = wire::encode_write_req(req);
+        msg += std::string(pieces, 'w');  // the inline data: the body's tail
+        wire::end_message(&msg);
+        send_all(raw.fd(), msg);
+        std::string body;
+        wire::WriteAck ack;
+        ASSERT_TRUE(read_write_ack(raw.fd(), &body, &ack));
+        EXPECT_EQ(ack.xfer, pieces);
+        const bool landed = pieces <= wire::kMaxInlineGpuPieces;
+        EXPECT_EQ(static_cast<StatusCode>(ack.result.code),
+                  landed ? StatusCode::kOk : StatusCode::kInvalidArgument);
+        for (size_t i = 0; i < 2 * pieces; ++i) {
+            const uint8_t want = landed && i % 2 == 0 ? 'w' : 0x5a;
+            ASSERT_EQ(gpu->data()[i], want) << "byte " << i;
+        }
+    }
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a refused write failed the peer";
+    EXPECT_TRUE(ep->dereg(mem).ok());
+    ep.reset();
+    emu->forget(gpu->data());
 }
 
 // Replies naming a transfer of ours that does not exist (or is of another kind) fail the peer;

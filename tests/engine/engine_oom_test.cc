@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "engine/xfer_table.h"
 #include "tests/support/alloc_fault.h"
 #include "tests/support/engine_test_util.h"
 
@@ -181,6 +183,36 @@ TEST_P(EngineOomIoThreads, AnAllocationFailingInASocketThreadEndsInErrorsNotTheP
 }
 
 INSTANTIATE_TEST_SUITE_P(SocketIo, EngineOomIoThreads, ::testing::Values("threads"));
+
+// The transfer table allocates its slots a block of 1024 at a time, with the first transfer of
+// each block: a block that cannot be allocated must leave the table as it was (the post fails
+// RESOURCE_EXHAUSTED), not a slot counted whose memory does not exist (the next post crashed).
+TEST(XferTableOom, ABlockThatCannotBeAllocatedLeavesTheTableAsItWas) {
+    engine::XferTable table(4096, 77);
+    bool threw = false;
+    {
+        test::AllocFault fault("", 0, 1);
+        try {
+            (void)table.allocate();
+        } catch (const std::bad_alloc&) {
+            threw = true;
+        }
+    }
+    ASSERT_TRUE(threw);
+    EXPECT_EQ(table.in_use(), 0u);
+    std::vector<XferId> ids;
+    for (int i = 0; i < 1500; ++i) {  // past the first block
+        auto id = table.allocate();
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        ids.push_back(*id);
+    }
+    EXPECT_EQ(ids.front() >> 32, 77u);  // the first generation, as asked
+    for (XferId id : ids) {
+        table.finish(id, Status());
+        EXPECT_EQ(table.take(id).state, XferState::kDone);
+    }
+    EXPECT_EQ(table.in_use(), 0u);
+}
 
 }  // namespace
 

@@ -1023,6 +1023,28 @@ TEST_F(EnginePair, LocalErrorsAreReportedAtOnce) {
     EXPECT_TRUE(a_->wait(*y, std::chrono::milliseconds::max()).ok());
 }
 
+// Ids nobody was given: one naming a slot never used (its generation guessed from a real id), and
+// another endpoint's (every endpoint hands out slot 1 first). Each is unknown at once: before,
+// the first read as in flight for ever (wait() without a timeout never returned) and the second
+// named this endpoint's own transfer in that slot, whose outcome it took.
+TEST_F(EnginePair, IdsThisEndpointDidNotGiveAreUnknownAtOnce) {
+    auto mine = a_->write(link_.a_to_b, amem_, 0, bdesc_, 0, 10);
+    ASSERT_TRUE(mine.ok());
+    const XferId unused = (*mine & ~uint64_t{0xffffffff}) | ((*mine & 0xffffffff) + 5);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(a_->poll(unused).error.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a_->wait(unused, std::chrono::milliseconds::max()).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    // b's first transfer, asked of a (whose own first transfer is in the same slot).
+    auto theirs = b_->read(link_.b_to_a, bmem_, 0, adesc_, 0, 10);
+    ASSERT_TRUE(theirs.ok());
+    EXPECT_EQ(*theirs & 0xffffffff, *mine & 0xffffffff);  // the same slot, as the test means
+    EXPECT_EQ(a_->wait(*theirs, 5s).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(a_->wait(*mine, 5s).ok());  // still ours to report
+    EXPECT_TRUE(b_->wait(*theirs, 5s).ok());
+}
+
 TEST_F(EnginePair, DeregisteredRegionsRefuseNewRequestsAndWaitForOldOnes) {
     // A large write in flight: the target deregisters its region meanwhile. dereg waits for the
     // write, which completes; afterwards the key is refused.

@@ -50,10 +50,11 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
-//   FAKETCPX_MISBEHAVE=slot|count|dst (read by accept): every CUDA receive of that comm is
+//   FAKETCPX_MISBEHAVE=slot|count|dst|short (read by accept): every CUDA receive of that comm is
 //     reported done with a broken description, as a plugin with a bug might: an unpack slot index
-//     outside the queue, an entry count past kUnpackMaxEntries, or a first entry whose place is
-//     past the end of the receive. For the tests of what a caller does with a plugin's garbage.
+//     outside the queue, an entry count past kUnpackMaxEntries, a first entry whose place is
+//     past the end of the receive, or its last entry left out (fewer bytes than the receive's, as
+//     a short receive). For the tests of what a caller does with a plugin's garbage.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1259,6 +1260,8 @@ void misbehave(const std::string& how, FakeReq* r) {
         *slot.cnt = cu::kUnpackMaxEntries + 1;
     } else if (how == "dst") {
         static_cast<cu::LoadMeta*>(slot.mem)[0].dst_off = r->size + (uint64_t{1} << 32);
+    } else if (how == "short" && *slot.cnt > 0) {
+        --*slot.cnt;
     }
 }
 

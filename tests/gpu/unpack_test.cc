@@ -186,20 +186,25 @@ TEST_F(UnpackTest, CountAboveAFullSlotIsRefused) {
 TEST(CudaMemory, PointersAreClassified) {
     if (device_count() == 0) GTEST_SKIP() << "no GPU";
     std::vector<uint8_t> host(100);
-    EXPECT_EQ(classify(host.data()).kind, MemKind::kHost);
+    EXPECT_EQ(classify(host.data(), host.size())->kind, MemKind::kHost);
     void* dev = nullptr;
     CUDA_OK(cudaMalloc(&dev, 1 << 20));
-    const PointerInfo info = classify(static_cast<uint8_t*>(dev) + 12345);
-    EXPECT_EQ(info.kind, MemKind::kCuda);
+    auto info = classify(static_cast<uint8_t*>(dev) + 12345, (1 << 20) - 12345);
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    EXPECT_EQ(info->kind, MemKind::kCuda);
     int current = -1;
     cudaGetDevice(&current);
-    EXPECT_EQ(info.device, current);
+    EXPECT_EQ(info->device, current);
+    // A range that runs past its allocation is refused (a registration of it would let the
+    // engine's kernels touch the next allocation).
+    auto past = classify(static_cast<uint8_t*>(dev) + 12345, (1 << 20) - 12344);
+    EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange) << past.status().to_string();
     cudaFree(dev);
     void* pinned = nullptr;
     CUDA_OK(cudaMallocHost(&pinned, 4096));
-    EXPECT_EQ(classify(pinned).kind, MemKind::kHost);
+    EXPECT_EQ(classify(pinned, 4096)->kind, MemKind::kHost);
     cudaFreeHost(pinned);
-    EXPECT_EQ(classify(nullptr).kind, MemKind::kHost);
+    EXPECT_EQ(classify(nullptr, 0)->kind, MemKind::kHost);
 }
 
 }  // namespace

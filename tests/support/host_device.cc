@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "common/status_util.h"
+#include "common/strings.h"
 #include "cuda/unpack.h"
 #include "cuda/unpack_plan.h"
 
@@ -234,7 +235,7 @@ void HostDevice::forget(const void* ptr) {
     regions_.erase(reinterpret_cast<uintptr_t>(ptr));
 }
 
-cuda::PointerInfo HostDevice::classify(const void* ptr) {
+StatusOr<cuda::PointerInfo> HostDevice::classify(const void* ptr, size_t len) {
     std::lock_guard<std::mutex> lock(mu_);
     cuda::PointerInfo info;
     const auto p = reinterpret_cast<uintptr_t>(ptr);
@@ -244,6 +245,10 @@ cuda::PointerInfo HostDevice::classify(const void* ptr) {
     if (p < it->first + it->second.len) {
         info.kind = MemKind::kCuda;
         info.device = it->second.device;
+        // As CUDA's: device memory past the end of its allocation is refused.
+        if (len > it->first + it->second.len - p) {
+            return out_of_range("runs past the end of its GPU allocation");
+        }
     }
     return info;
 }
@@ -257,7 +262,31 @@ bool HostDevice::is_device_range(const void* ptr, size_t len) {
     return p >= it->first && p + len <= it->first + it->second.len;
 }
 
-Status HostDevice::copy(void* dst, const void* src, size_t len) {
+void HostDevice::set_copy_hook(std::function<void()> hook) {
+    std::lock_guard<std::mutex> lock(mu_);
+    copy_hook_ = std::move(hook);
+}
+
+Status HostDevice::copy(int device, void* dst, const void* src, size_t len) {
+    std::function<void()> hook;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        hook = copy_hook_;
+    }
+    if (hook) hook();
+    // As CUDA's, the copy names the GPU of the device memory it involves (a wrong one would copy
+    // on another GPU's stream, with another GPU current).
+    const auto kind_of = [&](const void* p) {
+        auto info = classify(p, 1);  // one byte: never past its region
+        return info.ok() ? *info : cuda::PointerInfo{};
+    };
+    const cuda::PointerInfo to = kind_of(dst), from = kind_of(src);
+    if ((to.kind == MemKind::kCuda || from.kind == MemKind::kCuda) &&
+        !(to.kind == MemKind::kCuda && to.device == device) &&
+        !(from.kind == MemKind::kCuda && from.device == device)) {
+        return internal_error(strformat("a copy on GPU %d of GPU %d's memory", device,
+                                        to.kind == MemKind::kCuda ? to.device : from.device));
+    }
     // Like cudaMemcpyDefault, any two of host and device memory.
     if (len == 0) return Status();
     std::memcpy(dst, src, len);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,8 +30,11 @@ class HostDevice final : public cuda::Device {
     void forget(const void* ptr);
 
     int count() override { return gpus_; }
-    cuda::PointerInfo classify(const void* ptr) override;
-    Status copy(void* dst, const void* src, size_t len) override;
+    StatusOr<cuda::PointerInfo> classify(const void* ptr, size_t len) override;
+    Status copy(int device, void* dst, const void* src, size_t len) override;
+    // Runs `hook` at the start of every copy() (a test holds a copy in flight this way); empty:
+    // none.
+    void set_copy_hook(std::function<void()> hook);
     StatusOr<std::unique_ptr<cuda::CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
                                                         int records) override;
     // The calling thread's "current GPU" (-1: none, as in a thread that never used one), which
@@ -68,6 +72,7 @@ class HostDevice final : public cuda::Device {
     uint64_t unpacks_ = 0;
     uint64_t direct_unpacks_ = 0;
     std::vector<std::string> pci_bus_ids_;
+    std::function<void()> copy_hook_;
 };
 
 // Installs a HostDevice for its lifetime (create it before any endpoint, destroy it after).

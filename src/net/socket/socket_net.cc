@@ -314,7 +314,7 @@ Status SocketNet::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     l->dev = dev;
     TCPX_ASSIGN_OR_RETURN(l->fd, listen_tcp(iface.address, kListenBacklog));
     TCPX_ASSIGN_OR_RETURN(l->addr, local_address(l->fd.get()));
-    l->nonce = random_u64();
+    TCPX_ASSIGN_OR_RETURN(l->nonce, random_u64());
     l->nsocks = static_cast<uint16_t>(settings_.nsocks);
 
     wire::HandleBlob blob{};
@@ -435,7 +435,7 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
         TCPX_ASSIGN_OR_RETURN(state->addr, handle_address(blob));
         state->nsocks = nsocks;
         state->deadline = Clock::now() + std::chrono::milliseconds(settings_.handshake_timeout_ms);
-        const uint64_t comm_nonce = random_u64();
+        TCPX_ASSIGN_OR_RETURN(const uint64_t comm_nonce, random_u64());
         // From the device's own address: each comm of a peer striped over several NICs leaves
         // through its own (routing picks the interface of the source's subnet).
         const SocketAddress& source = devices_[static_cast<size_t>(dev)].address;
@@ -456,7 +456,9 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
             state->socks.push_back(std::move(sock));
         }
         uint64_t key = 0;
-        while (key == 0 || connecting_.count(key) != 0) key = random_u64();
+        while (key == 0 || connecting_.count(key) != 0) {
+            TCPX_ASSIGN_OR_RETURN(key, random_u64());
+        }
         st = state.get();
         connecting_.emplace(key, std::move(state));
         save_key(key);
