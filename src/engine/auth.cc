@@ -15,11 +15,35 @@ namespace tcpx::engine::auth {
 namespace {
 
 constexpr std::string_view kLabel = "tcpx-p2p auth v1";
+constexpr std::string_view kSessionLabel = "tcpx-p2p session v1";
+constexpr std::string_view kHelloLabel = "tcpx-p2p hello v1";
 
 void put(std::string* out, std::string_view field) {
     const uint32_t n = static_cast<uint32_t>(field.size());
     out->append(reinterpret_cast<const char*>(&n), sizeof(n));
     out->append(field);
+}
+
+std::string_view role_name(Role role) { return role == Role::kListener ? "listener" : "connector"; }
+
+// HMAC-SHA-256 of `data` under `key`. HMAC() only fails on allocation failure; it leaves the zero
+// MAC, which equal() never accepts: a peer that sends 32 zero bytes must not pass because our
+// HMAC failed.
+Bytes hmac(std::string_view key, std::string_view data) {
+    Bytes out{};
+    unsigned int len = 0;
+    if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+             reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(),
+             &len) == nullptr ||
+        len != kBytes) {
+        out.fill(0);
+        ERR_clear_error();
+    }
+    return out;
+}
+
+std::string_view view(const Bytes& b) {
+    return std::string_view(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
 }  // namespace
@@ -36,23 +60,31 @@ Bytes mac(std::string_view secret, Role role, std::string_view nonce_c, std::str
           std::string_view name_c, std::string_view name_l) {
     std::string transcript;
     put(&transcript, kLabel);
-    put(&transcript, role == Role::kListener ? "listener" : "connector");
+    put(&transcript, role_name(role));
     put(&transcript, nonce_c);
     put(&transcript, nonce_l);
     put(&transcript, name_c);
     put(&transcript, name_l);
-    Bytes out{};
-    unsigned int len = 0;
-    // HMAC() only fails on allocation failure; it leaves the zero MAC, which equal() never
-    // accepts: a peer that sends 32 zero bytes must not pass because our HMAC failed.
-    if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-             reinterpret_cast<const unsigned char*>(transcript.data()), transcript.size(),
-             out.data(), &len) == nullptr ||
-        len != kBytes) {
-        out.fill(0);
-        ERR_clear_error();
-    }
-    return out;
+    return hmac(secret, transcript);
+}
+
+Bytes session_key(std::string_view secret, std::string_view nonce_c, std::string_view nonce_l,
+                  std::string_view name_c, std::string_view name_l) {
+    std::string transcript;
+    put(&transcript, kSessionLabel);
+    put(&transcript, nonce_c);
+    put(&transcript, nonce_l);
+    put(&transcript, name_c);
+    put(&transcript, name_l);
+    return hmac(secret, transcript);
+}
+
+Bytes hello_mac(const Bytes& session_key, Role role, std::string_view body) {
+    std::string data;
+    put(&data, kHelloLabel);
+    put(&data, role_name(role));
+    put(&data, body);
+    return hmac(view(session_key), data);
 }
 
 bool equal(std::string_view received, const Bytes& expected) {
@@ -81,15 +113,17 @@ std::vector<Bytes> ListenerCheck::challenge_macs(const Secrets& secrets, std::st
     return out;
 }
 
-bool ListenerCheck::proof_ok(const Secrets& secrets, std::string_view proof,
-                             std::string_view nonce_c, std::string_view nonce_l,
-                             std::string_view name_c, std::string_view name_l) {
-    bool ok = false;
+std::optional<std::string> ListenerCheck::proof_match(
+    const Secrets& secrets, std::string_view proof, std::string_view nonce_c,
+    std::string_view nonce_l, std::string_view name_c, std::string_view name_l) {
+    std::optional<std::string> found;
     // Every secret is tried, whatever matched first: the time taken does not say which.
     for (const std::string& s : secrets.all()) {
-        ok |= equal(proof, mac(s, Role::kConnector, nonce_c, nonce_l, name_c, name_l));
+        if (equal(proof, mac(s, Role::kConnector, nonce_c, nonce_l, name_c, name_l)) && !found) {
+            found = s;
+        }
     }
-    return ok;
+    return found;
 }
 
 std::optional<std::string> connector_match(const Secrets& secrets,

@@ -5,12 +5,17 @@
 //   listener  -> connector AUTH_CHALLENGE  nonce_l, name_l, MAC(k, "listener"  | transcript)
 //                                          for each secret k the listener holds
 //   connector -> listener  AUTH_PROOF      MAC(k, "connector" | transcript)
+//   both ways              HELLO           ..., MAC(s, role | the HELLO's other bytes)
 //
 // transcript = protocol label, nonce_c, nonce_l, name_c, name_l (each length-prefixed), so a MAC
 // binds both fresh nonces and both endpoint identities; the role label keeps a MAC of one
 // direction from being replayed in the other (reflection). The connector checks the listener's
 // MAC before it sends anything else (its HELLO carries its handles), and proves itself with the
-// secret that matched; the listener checks that proof before it reads a HELLO. A listener holds
+// secret that matched; the listener checks that proof before it reads a HELLO. Each side's HELLO
+// (its data-channel handles, channel count, chunk size) then carries a MAC under the connection's
+// session key s, derived from the secret and the transcript: what the handshake authenticated is
+// also what sets the connection up, so no one on the path can change where we connect our data
+// channels to or what we take from the peer's HELLO. A listener holds
 // one or two secrets (AUTH_SECRET, AUTH_SECRET_PREVIOUS while rotating), so endpoints on the old
 // and the new secret keep talking during a rotation (docs/security.md).
 //
@@ -63,10 +68,11 @@ struct ListenerCheck {
     static std::vector<Bytes> challenge_macs(const Secrets& secrets, std::string_view nonce_c,
                                              std::string_view nonce_l, std::string_view name_c,
                                              std::string_view name_l);
-    // Whether the connector's proof is valid under any of the listener's secrets.
-    static bool proof_ok(const Secrets& secrets, std::string_view proof, std::string_view nonce_c,
-                         std::string_view nonce_l, std::string_view name_c,
-                         std::string_view name_l);
+    // The listener's secret the connector's proof is valid under, or none.
+    static std::optional<std::string> proof_match(const Secrets& secrets, std::string_view proof,
+                                                  std::string_view nonce_c,
+                                                  std::string_view nonce_l, std::string_view name_c,
+                                                  std::string_view name_l);
 };
 
 // The connector's side: the secret of ours that one of the listener's MACs proves it knows, or
@@ -75,5 +81,13 @@ std::optional<std::string> connector_match(const Secrets& secrets,
                                            const std::vector<std::string_view>& listener_macs,
                                            std::string_view nonce_c, std::string_view nonce_l,
                                            std::string_view name_c, std::string_view name_l);
+
+// Once both sides have proved `secret`: the connection's own key, from the secret and the
+// exchange's transcript (both nonces, both names).
+Bytes session_key(std::string_view secret, std::string_view nonce_c, std::string_view nonce_l,
+                  std::string_view name_c, std::string_view name_l);
+
+// The MAC `role` puts on its HELLO, whose other bytes are `body`, under the session key.
+Bytes hello_mac(const Bytes& session_key, Role role, std::string_view body);
 
 }  // namespace tcpx::engine::auth

@@ -188,6 +188,7 @@ std::string encode_hello(const Hello& m) {
     w.str(m.name);
     w.u32(static_cast<uint32_t>(m.handles.size()));
     for (const net::Handle& h : m.handles) w.raw(h.bytes.data(), h.bytes.size());
+    w.raw(m.mac.data(), m.mac.size());
     return finish(std::move(msg));
 }
 
@@ -354,14 +355,16 @@ Status decode_hello(std::string_view body, Hello* m) {
     m->chunk = r.u64();
     m->name = std::string(r.str(kMaxName));
     const uint32_t n = r.u32();
+    const uint64_t handles = static_cast<uint64_t>(n) * net::kHandleSize;
     if (r.failed() || n != m->channels || n == 0 ||
-        static_cast<uint64_t>(n) * net::kHandleSize != r.left() || !valid_name(m->name)) {
+        (handles != r.left() && handles + kAuthBytes != r.left()) || !valid_name(m->name)) {
         return malformed(MsgType::kHello);
     }
     m->handles.resize(n);
     for (net::Handle& h : m->handles) {
         std::memcpy(h.bytes.data(), r.raw(net::kHandleSize).data(), net::kHandleSize);
     }
+    m->mac = std::string(r.raw(r.left()));
     return Status();
 }
 

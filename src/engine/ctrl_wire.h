@@ -1,4 +1,4 @@
-// The engine's control protocol (version 2): framed messages on one TCP connection per peer pair.
+// The engine's control protocol (version 3): framed messages on one TCP connection per peer pair.
 //
 // Every message is a 16-byte header (magic, type, flags, body length) and a body of little-endian
 // fields. Decoding checks every length against what arrived, so a malformed message is a
@@ -7,7 +7,7 @@
 //   AUTH_INIT / AUTH_CHALLENGE / AUTH_PROOF / AUTH_FAIL   with a shared secret, before anything
 //              else: the mutual challenge-response of auth.h
 //   HELLO      both ways, first (after authentication): version, name, channel count, chunk
-//              size, the sender's listen handles
+//              size, the sender's listen handles; after authentication, a MAC of all that
 //   READY      both ways: the sender's data channels are all up
 //   PING       heartbeat, with how many chunks the sender has moved on its data channels with
 //              us (the progress of what it serves, which the other side cannot see); BYE: the
@@ -37,7 +37,8 @@ namespace tcpx::engine::wire {
 
 inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
-inline constexpr uint16_t kVersion = 2;
+// 3: a HELLO after authentication carries a MAC (auth::hello_mac).
+inline constexpr uint16_t kVersion = 3;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 // The most of a peer's error message (in a reply) that reaches a transfer's status.
 inline constexpr size_t kMaxPeerMessage = 1024;
@@ -55,12 +56,12 @@ inline constexpr size_t kMaxName = 256;
 // refused. Other bytes (UTF-8) are fine.
 bool valid_name(std::string_view name);
 inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
-// The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
 // The most pieces in GPU memory that one message's inline data may be copied into or out of
 // (an inline WRITE's or READ's): each is a synchronous CUDA copy at the target, under its lock, so
 // a request of many tiny pieces would hold the target's endpoint for milliseconds. A WRITE with
 // more goes through the data channels (a gather kernel); one sent inline is refused.
 inline constexpr size_t kMaxInlineGpuPieces = 16;
+// The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
 inline constexpr uint64_t kMinChunk = 4096;
 
 enum class MsgType : uint16_t {
@@ -152,6 +153,9 @@ struct Hello {
     uint64_t chunk = 0;
     std::string name;
     std::vector<net::Handle> handles;  // one per channel: where to connect to reach its receiver
+    // Empty, or after authentication kAuthBytes: the MAC of the message's other bytes (its body
+    // up to here), auth::hello_mac. The last field.
+    std::string mac;
 };
 
 // Authentication (auth.h). Nonces and MACs are 32 bytes.
@@ -278,6 +282,10 @@ Status decode_bye(std::string_view body, std::string_view* reason);
 // The count a PING carries; an empty PING (a heartbeat during the handshake) carries none.
 Status decode_ping(std::string_view body, std::optional<uint64_t>* moved);
 Status decode_hello(std::string_view body, Hello* m);
+// The bytes of a HELLO's body its MAC covers: all but the MAC.
+inline std::string_view hello_signed_part(std::string_view body, const Hello& m) {
+    return body.substr(0, body.size() - m.mac.size());
+}
 Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m);
 Status decode_write_ack(std::string_view body, WriteAck* m);
 Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m);

@@ -303,7 +303,7 @@ struct Peer {
     State state = State::kConnecting;
     bool authenticated = false;    // proved the shared secret
     std::string nonce_c, nonce_l;  // the authentication's nonces
-    std::string auth_secret;       // outbound: the secret the listener proved it knows
+    auth::Bytes session_key{};     // authenticated: the connection's (its HELLOs' MACs)
     Clock::time_point deadline;    // the handshake's
     CtrlConn ctrl;
     SocketAddress address;
@@ -541,6 +541,8 @@ class Endpoint::Impl {
     Status on_auth_proof(Peer& p, std::string_view body);
     Status on_auth_fail(Peer& p, std::string_view body);
     Status send_hello(Peer& p);
+    // Our HELLO to `p`, with its MAC where `p` is authenticated.
+    std::string encode_hello(const Peer& p, engine::wire::Hello hello) const;
     // The endpoint's GPU made current for the caller's scope (where it has a usable one), for
     // transports that allocate on or record the current GPU; the caller's own is put back after.
     void serve_gpu(std::optional<cuda::ScopedGpu>* gpu) const;

@@ -163,13 +163,8 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
         id = p->id;
         p->name = p->expected_name = addr.name;
         p->known_to_user = true;
-        Status st = start_channels(*p, static_cast<int>(config_.channels));
-        if (!st.ok()) {
-            fail_peer(*p, st);
-            settle_peer(*p);
-            peers_.erase(id);
-            return st.with_context("connect to '" + addr.name + "'");
-        }
+        // Our listeners for its channels are opened when our HELLO goes (send_hello): with a
+        // shared secret, only once the peer has proved it.
     }
     wake();
     return id;
@@ -230,15 +225,30 @@ Status Endpoint::Impl::start_handshake(Peer& p) {
 }
 
 Status Endpoint::Impl::send_hello(Peer& p) {
+    if (p.outbound && p.listens.empty()) {
+        // Not before: a transport's listener is a port anyone may connect to, and a transport
+        // that cannot tell who connects to it (Google's TCPX plugin) takes the first comer as the
+        // peer's data channel (docs/security.md).
+        TCPX_RETURN_IF_ERROR(start_channels(p, static_cast<int>(config_.channels)));
+    }
     wire::Hello hello;
     hello.channels = static_cast<uint16_t>(p.listens.size());
     hello.nonce = nonce_;
     hello.chunk = chunk_;
     hello.name = name_;
     hello.handles = p.listen_handles;
-    send_ctrl(p, wire::encode_hello(hello));
+    send_ctrl(p, encode_hello(p, std::move(hello)));
     p.state = State::kHello;
     return Status();
+}
+
+std::string Endpoint::Impl::encode_hello(const Peer& p, wire::Hello hello) const {
+    std::string msg = wire::encode_hello(hello);
+    if (!p.authenticated) return msg;
+    const auto role = p.outbound ? auth::Role::kConnector : auth::Role::kListener;
+    hello.mac = std::string(view(
+        auth::hello_mac(p.session_key, role, std::string_view(msg).substr(sizeof(wire::Header)))));
+    return wire::encode_hello(hello);
 }
 
 Status Endpoint::Impl::dispatch_handshake(Peer& p, wire::MsgType type, std::string_view body) {
@@ -348,13 +358,16 @@ Status Endpoint::Impl::on_auth_challenge(Peer& p, std::string_view body) {
     proof.mac = view(m);
     send_ctrl(p, wire::encode_auth_proof(proof));
     p.authenticated = true;
+    p.session_key = auth::session_key(*secret, p.nonce_c, p.nonce_l, name_, ch.name);
     return send_hello(p);
 }
 
 Status Endpoint::Impl::on_auth_proof(Peer& p, std::string_view body) {
     wire::AuthProof proof;
     TCPX_RETURN_IF_ERROR(wire::decode_auth_proof(body, &proof));
-    if (!auth::ListenerCheck::proof_ok(secrets_, proof.mac, p.nonce_c, p.nonce_l, p.name, name_)) {
+    const std::optional<std::string> secret =
+        auth::ListenerCheck::proof_match(secrets_, proof.mac, p.nonce_c, p.nonce_l, p.name, name_);
+    if (!secret) {
         const std::string claimed = p.name;
         p.name = p.address.to_string();
         refuse(p, unauthenticated(strformat("authentication failed: the peer (claiming to be "
@@ -363,6 +376,7 @@ Status Endpoint::Impl::on_auth_proof(Peer& p, std::string_view body) {
         return Status();
     }
     p.authenticated = true;
+    p.session_key = auth::session_key(*secret, p.nonce_c, p.nonce_l, p.name, name_);
     p.state = State::kHello;
     return Status();
 }
@@ -425,6 +439,20 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
         return protocol_error(strformat("peer offers chunks of %llu bytes",
                                         static_cast<unsigned long long>(hello.chunk)));
     }
+    if (p.authenticated) {
+        // Everything it says (where our data channels go, how many, the chunk size) comes from
+        // the peer that proved the secret, unchanged on the way.
+        const auto role = p.outbound ? auth::Role::kListener : auth::Role::kConnector;
+        if (!auth::equal(hello.mac, auth::hello_mac(p.session_key, role,
+                                                    wire::hello_signed_part(body, hello)))) {
+            return unauthenticated(hello.mac.empty()
+                                       ? "authentication failed: the peer's HELLO has no MAC"
+                                       : "authentication failed: the peer's HELLO has a wrong "
+                                         "MAC (changed on the way?)");
+        }
+    } else if (!hello.mac.empty()) {
+        return protocol_error("a HELLO with a MAC on a connection that is not authenticated");
+    }
     if (p.authenticated && hello.name != p.name && !p.outbound) {
         return protocol_error("HELLO names another endpoint than the one authenticated");
     }
@@ -442,7 +470,7 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
         reply.chunk = p.chunk;
         reply.name = name_;
         reply.handles = p.listen_handles;
-        send_ctrl(p, wire::encode_hello(reply));
+        send_ctrl(p, encode_hello(p, std::move(reply)));
     } else {
         if (hello.channels > p.listens.size()) {
             return protocol_error(strformat("peer answered with %u channels, we offered %zu",

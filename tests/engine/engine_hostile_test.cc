@@ -1979,6 +1979,122 @@ TEST(EngineAuth, AnEndpointOtherThanTheOneNamedIsRefused) {
     EXPECT_TRUE(c->connect(a->metadata()).ok());
 }
 
+std::string_view mac_view(const engine::auth::Bytes& b) {
+    return std::string_view(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// After the proofs, each side's HELLO (where the other connects its data channels, how many,
+// the chunk size) carries a MAC under the connection's session key: someone on the path who
+// lets the authentication through and rewrites a HELLO is refused. Before, the HELLO was not
+// covered, and an authenticated peer's handles are taken to name any host.
+TEST(EngineAuth, AConnectorsHelloWithoutItsMacOrWithAWrongOneIsRefused) {
+    auto ep = make_endpoint("target", with_secret(kNew));
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");
+    const std::string name = "raw";
+    for (const std::string what : {"no MAC", "a wrong MAC", "the right MAC"}) {
+        SCOPED_TRACE(what);
+        const int fd = raw_connect(address_of(*ep));
+        ASSERT_GE(fd, 0);
+        const std::string nonce_c(wire::kAuthBytes, 'c');
+        send_all(fd, wire::encode_auth_init(wire::AuthInit{wire::kVersion, nonce_c, name}));
+        wire::Header h;
+        std::string body;
+        wire::AuthChallenge ch;
+        ASSERT_TRUE(read_next(fd, &h, &body));
+        ASSERT_TRUE(wire::decode_auth_challenge(body, &ch).ok());
+        const std::string nonce_l(ch.nonce), listener(ch.name);
+        const auto proof = engine::auth::mac(kNew, engine::auth::Role::kConnector, nonce_c, nonce_l,
+                                             name, listener);
+        send_all(fd, wire::encode_auth_proof(wire::AuthProof{mac_view(proof)}));
+        const auto key = engine::auth::session_key(kNew, nonce_c, nonce_l, name, listener);
+        wire::Hello hello;
+        hello.channels = 1;
+        hello.chunk = 1 << 20;
+        hello.name = name;
+        hello.handles = {socket_handle("127.0.0.1", trap.port)};
+        if (what != "no MAC") {
+            const std::string unsigned_msg = wire::encode_hello(hello);
+            auto mac = engine::auth::hello_mac(key, engine::auth::Role::kConnector,
+                                               std::string_view(unsigned_msg).substr(sizeof(h)));
+            if (what == "a wrong MAC") mac[7] ^= 1;
+            hello.mac = std::string(mac_view(mac));
+        }
+        send_all(fd, wire::encode_hello(hello));
+        if (what != "the right MAC") {
+            EXPECT_TRUE(closed_by_peer(fd, 5s));
+            EXPECT_FALSE(trap.connected_within(100ms)) << "connected where a refused HELLO said";
+            ::close(fd);
+            continue;
+        }
+        // Accepted; the answer is signed the same way (the listener's role).
+        ASSERT_TRUE(read_next(fd, &h, &body));
+        ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kHello));
+        wire::Hello reply;
+        ASSERT_TRUE(wire::decode_hello(body, &reply).ok());
+        EXPECT_TRUE(engine::auth::equal(
+            reply.mac, engine::auth::hello_mac(key, engine::auth::Role::kListener,
+                                               wire::hello_signed_part(body, reply))));
+        EXPECT_TRUE(trap.connected_within(5s));
+        ::close(fd);
+    }
+    expect_serves(ep.get(), with_secret(kNew));
+}
+
+// The same for the listener's answer: our connector checks its MAC before it connects anywhere.
+TEST(EngineAuth, AListenersHelloWithoutItsMacIsRefused) {
+    auto connector = make_endpoint("connector", with_secret(kNew));
+    ASSERT_NE(connector, nullptr);
+    Trap trap("127.0.0.1");
+    Fd server = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 4).value();
+    engine::EndpointAddress liar;
+    liar.name = "liar";
+    liar.address = local_address(server.get()).value();
+    bool connector_signed = false;
+    std::thread answer([&] {
+        pollfd p{server.get(), POLLIN, 0};
+        if (::poll(&p, 1, 5000) <= 0) return;
+        SocketAddress from;
+        auto s = accept_tcp(server.get(), &from);
+        if (!s.ok() || !s->valid()) return;
+        const int fd = s->get();
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        wire::Header h;
+        std::string init_body, body;
+        wire::AuthInit init;
+        if (!read_next(fd, &h, &init_body) || !wire::decode_auth_init(init_body, &init).ok()) {
+            return;
+        }
+        const std::string nonce_l(wire::kAuthBytes, 'l');
+        const auto mac = engine::auth::mac(kNew, engine::auth::Role::kListener, init.nonce, nonce_l,
+                                           init.name, "liar");
+        send_all(
+            fd, wire::encode_auth_challenge(wire::AuthChallenge{nonce_l, "liar", {mac_view(mac)}}));
+        if (!read_next(fd, &h, &body)) return;  // the proof
+        wire::Hello hello;
+        if (!read_next(fd, &h, &body) || !wire::decode_hello(body, &hello).ok()) return;
+        const auto key = engine::auth::session_key(kNew, init.nonce, nonce_l, init.name, "liar");
+        connector_signed = engine::auth::equal(
+            hello.mac, engine::auth::hello_mac(key, engine::auth::Role::kConnector,
+                                               wire::hello_signed_part(body, hello)));
+        wire::Hello reply;
+        reply.channels = 1;
+        reply.chunk = hello.chunk;
+        reply.name = "liar";
+        reply.handles = {socket_handle("127.0.0.1", trap.port)};
+        send_all(fd, wire::encode_hello(reply));
+        closed_by_peer(fd, 5s);
+    });
+    auto id = connector->connect(engine::encode_metadata(liar));
+    answer.join();
+    EXPECT_TRUE(connector_signed) << "our HELLO had no valid MAC";
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kUnauthenticated) << id.status().to_string();
+    EXPECT_NE(id.status().message().find("has no MAC"), std::string::npos)
+        << id.status().to_string();
+    EXPECT_FALSE(trap.connected_within(200ms)) << "connected where an unsigned HELLO said";
+}
+
 // A raw connector that proves the secret, then says nothing more: a peer in its handshake that
 // has authenticated.
 int authenticated_but_silent(const SocketAddress& to, const std::string& secret,

@@ -67,6 +67,8 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             FUZZ_CHECK(m.version == w::kVersion);
             FUZZ_CHECK(m.channels > 0 && m.handles.size() == m.channels);
             FUZZ_CHECK(w::valid_name(m.name));
+            FUZZ_CHECK(m.mac.empty() || m.mac.size() == w::kAuthBytes);
+            FUZZ_CHECK(w::hello_signed_part(body, m).size() + m.mac.size() == body.size());
             const std::string msg = w::encode_hello(m);
             // The format has no slack: the re-encoding is the input.
             FUZZ_CHECK(body_of(msg, type, 0) == body);

@@ -70,6 +70,8 @@ std::vector<Msg> control_messages() {
     hello.handles[0].bytes[0] = 0x54;
     hello.handles[1].bytes[0] = 0x55;
     out.push_back({"hello", w::encode_hello(hello)});
+    hello.mac = std::string(w::kAuthBytes, 'm');
+    out.push_back({"hello_mac", w::encode_hello(hello)});
 
     const std::vector<w::Segment> segs = {{7, 0, 4}, {9, 16, 3}};
     for (uint16_t flags = 0; flags < 4; ++flags) {

@@ -232,6 +232,19 @@ TEST(CtrlWire, HelloIsCheckedWhole) {
     hello.name = std::string(kMaxName + 1, 'n');
     msg = encode_hello(hello);
     EXPECT_EQ(decode_hello(body_of(msg), &out).code(), StatusCode::kProtocol);
+    // A MAC is the last kAuthBytes, or nothing: the signed part is everything before it.
+    hello.name = "x";
+    const std::string unsigned_body(body_of(encode_hello(hello)));
+    hello.mac = std::string(kAuthBytes, 'm');
+    msg = encode_hello(hello);
+    ASSERT_TRUE(decode_hello(body_of(msg), &out).ok());
+    EXPECT_EQ(out.mac, hello.mac);
+    EXPECT_EQ(hello_signed_part(body_of(msg), out), unsigned_body);
+    for (const size_t n : {size_t{1}, kAuthBytes - 1, kAuthBytes + 1}) {
+        hello.mac = std::string(n, 'm');
+        msg = encode_hello(hello);
+        EXPECT_EQ(decode_hello(body_of(msg), &out).code(), StatusCode::kProtocol) << n;
+    }
 }
 
 // A peer's name reaches logs, errors and the application: no control characters in it, from

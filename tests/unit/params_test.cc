@@ -182,6 +182,29 @@ TEST(Params, EnvironmentOverridesAndRejects) {
     }
 }
 
+// A secret variable set to nothing is most likely a secret that failed to load
+// (TCPX_P2P_AUTH_SECRET=$(cat a-missing-file)): an error, not "no secret" (authentication off
+// without a word). Unset, there is no secret, as before.
+TEST(Params, ASecretSetButEmptyIsAnError) {
+    for (const char* name : {"TCPX_P2P_AUTH_SECRET", "TCPX_P2P_AUTH_SECRET_PREVIOUS"}) {
+        for (const char* value : {"", "   "}) {
+            ScopedEnv a(name, value);
+            auto s = Settings::from_env();
+            ASSERT_FALSE(s.ok()) << name << "='" << value << "'";
+            EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+            EXPECT_NE(s.status().message().find("set but empty"), std::string::npos)
+                << s.status().to_string();
+        }
+    }
+    auto unset = Settings::from_env();
+    ASSERT_TRUE(unset.ok()) << unset.status().to_string();
+    EXPECT_TRUE(unset->auth_secret.empty());
+    ScopedEnv set("TCPX_P2P_AUTH_SECRET", "0123456789abcdef0123");
+    auto s = Settings::from_env();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_EQ(s->auth_secret, "0123456789abcdef0123");
+}
+
 TEST(Params, TableIsCompleteAndDocumented) {
     ASSERT_FALSE(param_table().empty());
     for (const ParamInfo& p : param_table()) {
