@@ -576,6 +576,47 @@ TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
     EXPECT_EQ(mismatch(host.buf.get(), 5 << 20, 1 << 20, 71), -1);
 }
 
+#if TCPX_TEST_REAL_GPU
+// Small transfers (inline: the bytes ride in the control message) are copied into and out of GPU
+// memory on a stream of the engine's own, which does not wait for the application's work on the
+// legacy default stream (PyTorch's default). They ran on the per-thread default stream, which
+// does wait for it: here that stream is held by a host function that returns once the transfers
+// are over, or after 10 s, when they would have waited for it.
+struct LegacyStreamHold {
+    std::atomic<bool> release{false};
+    std::atomic<bool> timed_out{false};
+    static void CUDART_CB run(void* arg) {
+        auto* h = static_cast<LegacyStreamHold*>(arg);
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (!h->release.load()) {
+            if (std::chrono::steady_clock::now() > deadline) {
+                h->timed_out = true;
+                return;
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+    }
+};
+
+TEST_P(EngineDevice, SmallGpuTransfersDoNotWaitForTheApplicationsLegacyStream) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the inline path is the engine's own";
+    const Reg& host = a_bufs_[0];
+    const Reg& their_gpu = b_bufs_[1];
+    fill(host.buf.get(), 0, 4096, 91);
+    cudaSetDevice(0);
+    LegacyStreamHold hold;
+    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &LegacyStreamHold::run, &hold), cudaSuccess);
+    const Status w = write(host, 0, their_gpu, 8192, 4096);     // inline into their GPU memory
+    const Status r = read(host, 65536, their_gpu, 8192, 4096);  // inline out of it
+    hold.release = true;
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    EXPECT_TRUE(w.ok()) << w.to_string();
+    EXPECT_TRUE(r.ok()) << r.to_string();
+    EXPECT_FALSE(hold.timed_out.load()) << "the copies waited for the legacy stream";
+    EXPECT_EQ(mismatch(host.buf.get(), 65536, 4096, 91), -1);
+}
+#endif
+
 // dereg() gives peers' transfers PEER_TIMEOUT_MS, then disconnects them; a local copy has no
 // peer to blame and ends by itself, so dereg() waits for it however long it takes: once dereg()
 // returns, the application may free the memory, and nothing may touch it after that.
