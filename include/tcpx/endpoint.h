@@ -146,7 +146,8 @@ class TCPX_API Endpoint {
     // Starts connecting and returns at once. Writes, reads, sends, receives and notifications may
     // be posted to the peer right away: they wait (in order, at most 65536) until the connection
     // is ready and then go out; if it fails, they fail with its error. peer_status() says where
-    // it stands. A failed peer stays known (with its error) until disconnect().
+    // it stands. A failed peer stays known (with its error) until disconnect(), or until
+    // MAX_PEERS peers have failed after it without being disconnected (then NOT_FOUND).
     StatusOr<PeerId> connect_async(std::string_view metadata);
     // Endpoints that connect to us are served at once, without accept(): one-sided transfers,
     // notifications and sends from them work immediately. accept() returns the next such peer

@@ -151,7 +151,8 @@ TCPX_C_API tcpx_status_t tcpx_connect(tcpx_endpoint_t* ep, const void* md, size_
 /* Starts connecting and returns at once. Transfers and notifications may be posted to the peer
  * right away: they wait (in order, at most 65536) for the connection and then go out, or fail
  * with its error. tcpx_peer_status() says where it stands; a failed peer stays known until
- * tcpx_disconnect(). */
+ * tcpx_disconnect(), or until TCPX_P2P_MAX_PEERS peers have failed after it without being
+ * disconnected (then TCPX_ERR_NOT_FOUND). */
 TCPX_C_API tcpx_status_t tcpx_connect_async(tcpx_endpoint_t* ep, const void* md, size_t len,
                                             uint64_t* peer);
 

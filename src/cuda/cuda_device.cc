@@ -477,25 +477,39 @@ class CudaDevice final : public Device {
         if (attr.type != cudaMemoryTypeDevice) return info;
         info.kind = MemKind::kCuda;
         info.device = attr.device;
-        // The whole range in the one allocation: the kernels and copies the engine runs on it
-        // would touch another allocation of the application's (or fault, killing the context).
-        if (const auto range = address_range_call(); range != nullptr) {
+        // The whole range mapped on that GPU: the kernels and copies the engine runs on it would
+        // otherwise touch whatever lies past the allocation (or fault, killing the context).
+        TCPX_RETURN_IF_ERROR(check_mapped(ptr, len, attr.device));
+        return info;
+    }
+
+    // Whether [ptr, ptr + len) is device memory of GPU `device` throughout. An allocation of
+    // the virtual memory API (cuMemCreate + cuMemMap: PyTorch's expandable segments) is a
+    // contiguous range of separately mapped pieces, and cuMemGetAddressRange answers for the
+    // piece a pointer lies in: the range is walked piece by piece.
+    Status check_mapped(const void* ptr, size_t len, int device) {
+        const auto range = address_range_call();
+        if (range == nullptr) return Status();  // the driver cannot say: as before
+        OnGpu on(device);                       // the driver answers in the current context
+        TCPX_RETURN_IF_ERROR(on.status());
+        const auto start = reinterpret_cast<CUdeviceptr>(ptr);
+        CUdeviceptr at = start;
+        for (int pieces = 0; at - start < len; ++pieces) {
             CUdeviceptr base = 0;
             size_t size = 0;
-            if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+            cudaPointerAttributes attr{};
+            if (pieces >= (1 << 20) || range(&base, &size, at) != CUDA_SUCCESS ||
+                cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(at)) != cudaSuccess ||
+                attr.type != cudaMemoryTypeDevice || attr.device != device || base + size <= at) {
                 cudaGetLastError();
-                return Status(StatusCode::kCuda,
-                              strformat("cannot find the GPU allocation of %p", ptr));
-            }
-            const uint64_t left = base + size - reinterpret_cast<CUdeviceptr>(ptr);
-            if (len > left) {
                 return out_of_range(strformat(
-                    "%zu bytes from %p run past the end of its GPU allocation (%llu bytes from it "
-                    "to the end)",
-                    len, ptr, static_cast<unsigned long long>(left)));
+                    "%zu bytes from %p run past the end of GPU %d's memory there (%llu bytes of "
+                    "it from that address)",
+                    len, ptr, device, static_cast<unsigned long long>(at - start)));
             }
+            at = base + size;
         }
-        return info;
+        return Status();
     }
 
     Status copy(int device, void* dst, const void* src, size_t len) override {

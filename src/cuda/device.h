@@ -137,7 +137,8 @@ class Device {
     // What [ptr, ptr + len) is: kCuda for device memory (and the device it lives on), kHost for
     // anything else (pageable or pinned host memory, or when there is no GPU). An error where
     // CUDA cannot tell (a sticky error of the context: taking GPU memory for host memory would
-    // have the CPU write into it), or where device memory runs past the end of its allocation.
+    // have the CPU write into it), or where device memory runs into addresses with no memory of
+    // that GPU mapped.
     virtual StatusOr<PointerInfo> classify(const void* ptr, size_t len) = 0;
     // A synchronous copy of `len` bytes between any two of host and device memory; `device` is
     // the GPU of the device memory involved (of `dst` where both are). It runs on a stream of our

@@ -1053,6 +1053,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         // memory any more.
         if (p.state == Peer::State::kReady) p.bye = why.to_string();
         p.error = std::move(why).with_context("peer '" + p.name + "'");
+        p.failed_seq = ++failures_;
         const bool lost = std::any_of(p.xfers.begin(), p.xfers.end(),
                                       [](const Xfer* x) { return x->user_id != 0; });
         if (lost) {
@@ -1208,17 +1209,28 @@ void Endpoint::Impl::reap_peers() {
     // Those it knows of stay, with their error, until disconnect(); but at most MAX_PEERS of
     // them, the oldest forgotten first: an application that never disconnects failed peers (an
     // accept loop) would otherwise keep one for every connection ever made.
+    const auto is_record = [](const Peer& p) { return gone(p) && (p.known_to_user || p.outbound); };
     size_t records = 0;
-    for (const auto& [id, p] : peers_) records += gone(*p) && (p->known_to_user || p->outbound);
-    size_t excess = records > static_cast<size_t>(config_.max_peers)
-                        ? records - static_cast<size_t>(config_.max_peers)
-                        : 0;
+    for (const auto& [id, p] : peers_) records += is_record(*p);
+    // Past the bound, the records of the peers that failed first go (not the oldest peers: a
+    // long-lived one that just failed keeps its error).
+    uint64_t forget_up_to = 0;
+    if (records > static_cast<size_t>(config_.max_peers)) {
+        std::vector<uint64_t> seqs;
+        seqs.reserve(records);
+        for (const auto& [id, p] : peers_) {
+            if (is_record(*p)) seqs.push_back(p->failed_seq);
+        }
+        const size_t excess = records - static_cast<size_t>(config_.max_peers);
+        std::nth_element(seqs.begin(), seqs.begin() + static_cast<ptrdiff_t>(excess - 1),
+                         seqs.end());
+        forget_up_to = seqs[excess - 1];
+    }
     bool reaped = false;
-    for (auto it = peers_.begin(); it != peers_.end();) {  // oldest first
+    for (auto it = peers_.begin(); it != peers_.end();) {
         const Peer& p = *it->second;
         const bool record = p.known_to_user || p.outbound;
-        if (gone(p) && (!record || excess > 0)) {
-            if (record) --excess;
+        if (gone(p) && (!record || p.failed_seq <= forget_up_to)) {
             if (p.notif_count > 0) {
                 try {
                     gone_.insert_or_assign(

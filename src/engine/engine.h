@@ -359,6 +359,7 @@ struct Peer {
     // them). At most kMaxDeferred.
     std::deque<std::function<void()>> deferred;
     uint64_t deferred_notif_bytes = 0;  // of notify()'s among them
+    uint64_t failed_seq = 0;            // when it failed, in the endpoint's count of failures
     Status error;                       // why it failed
     Stats stats;                        // its counters (Impl::count adds to the endpoint's too)
     bool known_to_user = false;         // returned by connect() or accept()
@@ -675,6 +676,7 @@ class Endpoint::Impl {
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;
+    uint64_t failures_ = 0;  // peers failed so far (Peer::failed_seq)
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;

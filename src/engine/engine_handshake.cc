@@ -107,6 +107,7 @@ void Endpoint::Impl::accept_inbound() {
     // such connections per HANDSHAKE_TIMEOUT_MS keep every peer out.
     size_t handshakes = 0;
     for (const auto& [id, p] : peers_) handshakes += !p->outbound && in_handshake(*p);
+    size_t live = live_peers();  // counted once a pass: each peer accepted below adds one
     for (int i = 0; i < 64; ++i) {
         SocketAddress from;
         auto fd = accept_tcp(listen_fd_.get(), &from);
@@ -123,9 +124,10 @@ void Endpoint::Impl::accept_inbound() {
         if (handshakes >= static_cast<size_t>(config_.max_handshakes) &&
             evict_stalest_handshake()) {
             --handshakes;
+            --live;  // (it failed at once: a handshake holds no transport comm)
         }
         const char* full = nullptr;
-        if (live_peers() >= static_cast<size_t>(config_.max_peers)) {
+        if (live >= static_cast<size_t>(config_.max_peers)) {
             full = "MAX_PEERS";
         } else if (handshakes >= static_cast<size_t>(config_.max_handshakes)) {
             full = "MAX_HANDSHAKES";
@@ -145,6 +147,7 @@ void Endpoint::Impl::accept_inbound() {
             continue;
         }
         ++handshakes;
+        ++live;
         TCPX_DEBUG("endpoint '%s': connection from %s", name_.c_str(), from.to_string().c_str());
     }
 }

@@ -492,12 +492,12 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
                       static_cast<unsigned long long>(waiting), p->name.c_str()));
     }
     const bool deferred = p->state != Peer::State::kReady;
-    if (deferred) p->deferred_notif_bytes += payload.size();
     issue_or_defer(*p, [this, p, deferred, size = payload.size(),
                         msg = wire::encode_notif(payload)]() mutable {
         if (deferred) p->deferred_notif_bytes -= size;
         send_ctrl(*p, std::move(msg));
     });
+    if (deferred) p->deferred_notif_bytes += payload.size();  // once it waits (not out of memory)
     if (p->state == Peer::State::kReady) progress_peer(*p, false, false);
     lock.unlock();
     wake();
@@ -685,7 +685,7 @@ XferStatus Endpoint::Impl::poll(XferId xfer) {
     }
     if (!xfers_->state(xfer, &state)) {
         auto lock = api_lock();
-        return xfers_->take(xfer);  // reports NOT_FOUND
+        return xfers_->take(xfer);  // reports INVALID_ARGUMENT
     }
     if (state == XferState::kInProgress) {
         // The caller polls in a loop, as NIXL's getXferStatus users do: give the core to whoever

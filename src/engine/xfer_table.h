@@ -30,7 +30,8 @@ class XferTable {
     void finish(XferId id, Status result);
     // No lock: kInProgress, kDone or kFailed; false when `id` is unknown or already taken.
     bool state(XferId id, XferState* state) const;
-    // Takes a finished transfer's outcome and frees its slot; NOT_FOUND for an unknown id.
+    // Takes a finished transfer's outcome and frees its slot; INVALID_ARGUMENT (as a failed
+    // transfer) for an unknown id.
     XferStatus take(XferId id);
     size_t in_use() const { return in_use_; }
 

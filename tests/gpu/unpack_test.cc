@@ -1,6 +1,7 @@
 // The unpack kernel against its CPU reference, on a real GPU (skipped without one): random
 // entry lists over every alignment and length, empty lists, full slots; canaries around the
 // destination. Also what pointer classification says of host and device memory.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -195,16 +196,85 @@ TEST(CudaMemory, PointersAreClassified) {
     int current = -1;
     cudaGetDevice(&current);
     EXPECT_EQ(info->device, current);
-    // A range that runs past its allocation is refused (a registration of it would let the
-    // engine's kernels touch the next allocation).
-    auto past = classify(static_cast<uint8_t*>(dev) + 12345, (1 << 20) - 12344);
-    EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange) << past.status().to_string();
     cudaFree(dev);
     void* pinned = nullptr;
     CUDA_OK(cudaMallocHost(&pinned, 4096));
     EXPECT_EQ(classify(pinned, 4096)->kind, MemKind::kHost);
     cudaFreeHost(pinned);
     EXPECT_EQ(classify(nullptr, 0)->kind, MemKind::kHost);
+}
+
+// The driver's virtual memory calls, reached through the runtime (as the library reaches its).
+struct Vmm {
+    CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+    CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                       unsigned long long) = nullptr;
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                    unsigned long long) = nullptr;
+    CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+    CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+    CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+    CUresult (*free)(CUdeviceptr, size_t) = nullptr;
+    bool ok() const { return reserve && create && map && access && unmap && release && free; }
+    template <typename F>
+    static void get(const char* name, F* fn) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess) {
+            *fn = reinterpret_cast<F>(p);
+        }
+    }
+    Vmm() {
+        get("cuMemAddressReserve", &reserve);
+        get("cuMemCreate", &create);
+        get("cuMemMap", &map);
+        get("cuMemSetAccess", &access);
+        get("cuMemUnmap", &unmap);
+        get("cuMemRelease", &release);
+        get("cuMemAddressFree", &free);
+    }
+};
+
+// A registration must be GPU memory throughout. Memory of the virtual memory API (PyTorch's
+// expandable segments: one reserved range, mapped piece by piece) is, across its pieces; a range
+// that runs into addresses with nothing mapped is refused (the engine's kernels would fault
+// there, killing the context).
+TEST(CudaMemory, ARangeMustBeMappedThroughout) {
+    if (device_count() == 0) GTEST_SKIP() << "no GPU";
+    Vmm vmm;
+    if (!vmm.ok()) GTEST_SKIP() << "the driver gives no virtual memory calls";
+    int gpu = -1;
+    cudaGetDevice(&gpu);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = gpu;
+    constexpr size_t kPiece = 2 << 20;  // the granularity on every GPU of the last years
+    CUdeviceptr va = 0;
+    ASSERT_EQ(vmm.reserve(&va, 4 * kPiece, 0, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h[2] = {};
+    for (int i = 0; i < 2; ++i) {  // two pieces mapped side by side, the rest left unmapped
+        ASSERT_EQ(vmm.create(&h[i], kPiece, &prop, 0), CUDA_SUCCESS);
+        ASSERT_EQ(vmm.map(va + i * kPiece, kPiece, 0, h[i], 0), CUDA_SUCCESS);
+    }
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    ASSERT_EQ(vmm.access(va, 2 * kPiece, &access, 1), CUDA_SUCCESS);
+    const void* p = reinterpret_cast<const void*>(va + 4096);
+    auto both = classify(p, 2 * kPiece - 4096);
+    ASSERT_TRUE(both.ok()) << both.status().to_string();
+    EXPECT_EQ(both->kind, MemKind::kCuda);
+    EXPECT_EQ(both->device, gpu);
+    auto past = classify(p, 2 * kPiece);  // 4 KiB into the unmapped third piece
+    EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange) << past.status().to_string();
+    for (int i = 0; i < 2; ++i) {
+        vmm.unmap(va + i * kPiece, kPiece);
+        vmm.release(h[i]);
+    }
+    vmm.free(va, 4 * kPiece);
 }
 
 }  // namespace
