@@ -1736,6 +1736,18 @@ TEST(EngineHostile, HandshakeMessagesOutOfOrderEndIt) {
     expect_serves(ep.get());
 }
 
+// The first connection to a raw listener within 5 s, made blocking; invalid if none came.
+Fd accept_blocking(const Fd& server) {
+    pollfd p{server.get(), POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return Fd();
+    SocketAddress from;
+    auto s = accept_tcp(server.get(), &from);
+    if (!s.ok() || !s->valid()) return Fd();
+    const int fd = s->get();
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return std::move(s).value();
+}
+
 // The answer a connector gets is checked as a request is: a listener answering with more
 // channels or larger chunks than offered, or chunks below the minimum, is refused, and the
 // connector connects nowhere it said.
@@ -1757,13 +1769,9 @@ TEST(EngineHostile, AListenerAnsweringOutsideTheOfferIsRefused) {
         liar.name = "liar";
         liar.address = local_address(server.get()).value();
         std::thread answer([&] {
-            pollfd p{server.get(), POLLIN, 0};
-            if (::poll(&p, 1, 5000) <= 0) return;
-            SocketAddress from;
-            auto s = accept_tcp(server.get(), &from);
-            if (!s.ok() || !s->valid()) return;
-            const int fd = s->get();
-            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+            const Fd s = accept_blocking(server);
+            if (!s.valid()) return;
+            const int fd = s.get();
             wire::Header h;
             std::string body;
             if (!read_next(fd, &h, &body)) return;
@@ -2072,13 +2080,9 @@ TEST(EngineAuth, AListenersHelloWithoutItsMacIsRefused) {
     liar.address = local_address(server.get()).value();
     bool connector_signed = false;
     std::thread answer([&] {
-        pollfd p{server.get(), POLLIN, 0};
-        if (::poll(&p, 1, 5000) <= 0) return;
-        SocketAddress from;
-        auto s = accept_tcp(server.get(), &from);
-        if (!s.ok() || !s->valid()) return;
-        const int fd = s->get();
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        const Fd s = accept_blocking(server);
+        if (!s.valid()) return;
+        const int fd = s.get();
         wire::Header h;
         std::string init_body, body;
         wire::AuthInit init;
