@@ -293,6 +293,14 @@ TCPX_C_API tcpx_status_t tcpx_notify(tcpx_endpoint_t* ep, uint64_t peer, const v
 TCPX_C_API tcpx_status_t tcpx_get_notification(tcpx_endpoint_t* ep, char* peer_name,
                                                size_t name_len, void* payload, size_t* payload_len);
 
+/* The same, and the id of the connection it came on in `*peer` (when `peer` is not NULL). The
+ * name is only the sender's claim: tcpx_peer_matches(ep, *peer, metadata) says whether that
+ * connection is the endpoint a metadata describes (also for a sender that has disconnected since,
+ * until the next call after the one that returned it). */
+TCPX_C_API tcpx_status_t tcpx_get_notification_from(tcpx_endpoint_t* ep, uint64_t* peer,
+                                                    char* peer_name, size_t name_len, void* payload,
+                                                    size_t* payload_len);
+
 /* ---------------------------------------------------------------------------------------------
  * Two-sided transfers: a send matches the peer's first posted receive of the same tag (in posting
  * order); the receive's length must be at least the send's (else both fail, OUT_OF_RANGE). The

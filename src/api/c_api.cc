@@ -202,6 +202,10 @@ auto with_timeout(int timeout_ms, Call&& call) {
                                 : std::chrono::milliseconds::max());
 }
 
+tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t* peer,
+                                char* peer_name, size_t name_len, void* payload,
+                                size_t* payload_len);
+
 }  // namespace
 
 extern "C" {
@@ -489,7 +493,25 @@ tcpx_status_t tcpx_notify(tcpx_endpoint_t* ep, uint64_t peer, const void* payloa
 
 tcpx_status_t tcpx_get_notification(tcpx_endpoint_t* ep, char* peer_name, size_t name_len,
                                     void* payload, size_t* payload_len) {
-    return guarded("tcpx_get_notification", [&]() -> Status {
+    return take_notification("tcpx_get_notification", ep, nullptr, peer_name, name_len, payload,
+                             payload_len);
+}
+
+tcpx_status_t tcpx_get_notification_from(tcpx_endpoint_t* ep, uint64_t* peer, char* peer_name,
+                                         size_t name_len, void* payload, size_t* payload_len) {
+    return take_notification("tcpx_get_notification_from", ep, peer, peer_name, name_len, payload,
+                             payload_len);
+}
+
+}  // extern "C"
+
+namespace {
+
+// Both calls of the notification queue (the sender's id is what the second adds).
+tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t* peer,
+                                char* peer_name, size_t name_len, void* payload,
+                                size_t* payload_len) {
+    return guarded(what, [&]() -> Status {
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(payload_len);
         std::lock_guard<std::mutex> lock(ep->mu);
@@ -510,10 +532,15 @@ tcpx_status_t tcpx_get_notification(tcpx_endpoint_t* ep, char* peer_name, size_t
         }
         TCPX_RETURN_IF_ERROR(copy_bytes(n.payload, payload, payload_len));
         if (peer_name != nullptr) TCPX_RETURN_IF_ERROR(copy_string(n.peer, peer_name, name_len));
+        if (peer != nullptr) *peer = n.peer_id;
         ep->pending.pop_front();
         return Status();
     });
 }
+
+}  // namespace
+
+extern "C" {
 
 // --- two-sided ---------------------------------------------------------------------------------
 
