@@ -619,6 +619,40 @@ TEST_P(EngineDevice, SmallGpuTransfersDoNotWaitForTheApplicationsLegacyStream) {
     EXPECT_FALSE(hold.timed_out.load()) << "the copies waited for the legacy stream";
     EXPECT_EQ(mismatch(host.buf.get(), 65536, 4096, 91), -1);
 }
+
+// A peer's teardown frees the staging rings its GPU transfers used; freeing GPU and pinned
+// memory (cudaFree, cudaFreeHost) waits for every kernel on the device. Under the engine's lock,
+// a disconnect() while the application's kernels run stalled every other peer and API call until
+// they ended (here the legacy stream is held by a host function, as a long kernel would hold the
+// device): the rings are now freed outside the lock.
+TEST_P(EngineDevice, ADisconnectDoesNotWaitForTheApplicationsKernels) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the staging rings are the socket path's";
+    const Reg& mine = a_bufs_[1];
+    const Reg& theirs = b_bufs_[1];
+    fill(mine.buf.get(), 0, 1 << 20, 17);
+    ASSERT_TRUE(write(mine, 0, theirs, 0, 1 << 20).ok());  // staging rings made on both sides
+    // A bystander of host memory, linked before the hold.
+    auto c = make_endpoint("gamma", a_config_);
+    ASSERT_TRUE(c);
+    const Link to_c = link(a_.get(), c.get());
+    ASSERT_NE(to_c.a_to_b, 0u);
+    auto c_buf = host_buffer(1 << 20);
+    auto c_mem = c->reg(c_buf->data(), c_buf->size());
+    ASSERT_TRUE(c_mem.ok());
+    const RemoteMem c_desc = *c->describe(*c_mem);
+    cudaSetDevice(0);
+    LegacyStreamHold hold;
+    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &LegacyStreamHold::run, &hold), cudaSuccess);
+    const Status gone = a_->disconnect(link_.a_to_b);
+    auto x = a_->write(to_c.a_to_b, a_bufs_[0].mem, 0, c_desc, 0, 64 * 1024);
+    const Status bystander = x.ok() ? a_->wait(*x, 30s) : x.status();
+    hold.release = true;
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    EXPECT_TRUE(gone.ok()) << gone.to_string();
+    EXPECT_TRUE(bystander.ok()) << bystander.to_string();
+    EXPECT_FALSE(hold.timed_out.load()) << "the disconnect or the bystander waited for the device";
+    c.reset();
+}
 #endif
 
 // dereg() gives peers' transfers PEER_TIMEOUT_MS, then disconnects them; a local copy has no
