@@ -288,10 +288,9 @@ StatusOr<Settings> Settings::from_env() {
             }
             continue;
         }
-        // A secret set to nothing is most likely a secret that failed to load
-        // (TCPX_P2P_AUTH_SECRET=
-        // $(cat a-missing-file)): refused, where taking it as "no secret" would turn authentication
-        // off without a word. Unset the variable to run without one.
+        // A secret set to nothing is most likely one that failed to load (the variable set to
+        // "$(cat a-missing-file)"): refused, where taking it as "no secret" would turn
+        // authentication off without a word. Unset the variable to run without one.
         const std::string_view key = name.substr(kEnvPrefix.size());
         if ((key == "AUTH_SECRET" || key == "AUTH_SECRET_PREVIOUS") && trim(value).empty()) {
             return invalid_argument(

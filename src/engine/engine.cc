@@ -263,7 +263,7 @@ Endpoint::Impl::~Impl() {
     // holds run side by side, not one after another.
     for (bool settle : {false, true}) {
         for (auto& [id, p] : peers_) {
-            if (p->state == Peer::State::kFailed && p->teardown == Peer::Teardown::kDone) continue;
+            if (gone(*p)) continue;
             // A destructor lets nothing out: out of memory here would end the process.
             try {
                 if (p->state != Peer::State::kFailed) {
@@ -1230,8 +1230,8 @@ size_t Endpoint::Impl::live_peers() const {
 void Endpoint::Impl::reap_peers() {
     // Failed peers the application never learnt of (inbound, not accepted) have nobody to tell.
     // Those it knows of stay, with their error, until disconnect(); but at most MAX_PEERS of
-    // them, the oldest forgotten first: an application that never disconnects failed peers (an
-    // accept loop) would otherwise keep one for every connection ever made.
+    // them: an application that never disconnects failed peers (an accept loop) would otherwise
+    // keep one for every connection ever made.
     const auto is_record = [](const Peer& p) { return gone(p) && (p.known_to_user || p.outbound); };
     size_t records = 0;
     for (const auto& [id, p] : peers_) records += is_record(*p);

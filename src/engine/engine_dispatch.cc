@@ -205,10 +205,10 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         }
     }
     if (flags & wire::kFlagInline) {
-        if (ok && gpu_pieces(regions) > wire::kMaxInlineGpuPieces) {
+        if (const size_t on_gpu = gpu_pieces(regions); ok && on_gpu > wire::kMaxInlineGpuPieces) {
             x->result = invalid_argument(
-                strformat("write refused: %zu pieces inline into GPU memory (at most %zu)",
-                          gpu_pieces(regions), wire::kMaxInlineGpuPieces));
+                strformat("write refused: %zu pieces inline into GPU memory (at most %zu)", on_gpu,
+                          wire::kMaxInlineGpuPieces));
         } else if (ok) {
             uint64_t at = 0;
             for (const Xfer::Piece& piece : x->pieces) {
