@@ -485,7 +485,6 @@ bool Endpoint::Impl::drive(const std::function<bool()>& done, Clock::time_point 
                 if (done()) return finish(true);
             }
         }
-        if (!own_progress_thread_) free_retired_rings();  // (else the progress thread does)
         const auto now = Clock::now();
         if (now >= deadline) return finish(false);
         if (spins < 2000 && now < spin_until) {
@@ -589,7 +588,6 @@ void Endpoint::Impl::run_progress_thread() {
             heartbeat_ms = static_cast<int>(
                 std::clamp<int64_t>(config_.peer_timeout_ms / 8, 1, kTick.count()));
         }
-        free_retired_rings();  // a failed peer's staging, outside the lock
         // Let API calls waiting for the lock in (posting threads would otherwise lose the race
         // for it again and again).
         for (int i = 0; i < 1000 && api_waiting_.load() > 0; ++i) std::this_thread::yield();
@@ -1139,27 +1137,6 @@ void Endpoint::Impl::settle_peer(Peer& p) {
     drain_peer(p, true);
 }
 
-void Endpoint::Impl::retire(std::unique_ptr<cuda::CopyRing> ring) {
-    if (!ring) return;
-    try {
-        retired_rings_.push_back(std::move(ring));
-        has_retired_.store(true);
-    } catch (const std::bad_alloc&) {
-        ring.reset();  // no room to put it aside: freed here, as before
-    }
-}
-
-void Endpoint::Impl::free_retired_rings() {
-    if (!has_retired_.load()) return;
-    std::vector<std::unique_ptr<cuda::CopyRing>> dead;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        dead.swap(retired_rings_);
-        has_retired_.store(false);
-    }
-    dead.clear();  // cudaFree, cudaFreeHost: they wait for the device, without our lock
-}
-
 void Endpoint::Impl::finish_teardown(Peer& p) {
     size_t abandoned = 0;  // requests still in flight when their comm closed
     for (bool tx : {true, false}) {
@@ -1183,8 +1160,8 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
             ch.inflight.clear();
             ch.finishing.clear();
             ch.staged_ahead = 0;
-            retire(std::move(ch.ring));
-            retire(std::move(ch.gring));
+            reaper_.put(std::move(ch.ring));  // freed off the lock and the progress thread
+            reaper_.put(std::move(ch.gring));
             ch.hslots.reset();
         }
     }

@@ -54,6 +54,7 @@
 #include "engine/auth.h"
 #include "engine/ctrl_conn.h"
 #include "engine/packer.h"
+#include "engine/reaper.h"
 #include "engine/registry.h"
 #include "engine/spin_score.h"
 #include "engine/xfer_table.h"
@@ -472,9 +473,6 @@ class Endpoint::Impl {
     // gone meanwhile are skipped.
     void settle_peers(std::unique_lock<std::mutex>& lock, const std::vector<PeerId>& ids);
     void reap_peers();
-    // Puts a torn-down channel's ring aside (retired_rings_); frees those put aside.
-    void retire(std::unique_ptr<cuda::CopyRing> ring);
-    void free_retired_rings();
     // Whether `p` has failed and let go of its connection: a record of its error, no more.
     static bool gone(const Peer& p) {
         return p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone;
@@ -679,12 +677,11 @@ class Endpoint::Impl {
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;
-    // Staging rings of peers torn down, freed outside the lock (free_retired_rings): freeing
-    // GPU and pinned memory (cudaFree, cudaFreeHost) waits for every kernel on the device, and
-    // under the lock a disconnect would stall every peer and API call behind the application's
-    // kernels. Freed by the progress thread, or by drive() without one, or with the endpoint.
-    std::vector<std::unique_ptr<cuda::CopyRing>> retired_rings_;
-    std::atomic<bool> has_retired_{false};
+    // Staging rings of peers torn down, freed on a thread of their own (reaper.h): freeing GPU
+    // and pinned memory waits for every kernel on the device, which under the lock stalled every
+    // peer and API call, and on the progress thread every peer's progress, behind the
+    // application's kernels. Its destructor frees what is left, with the endpoint.
+    engine::Reaper<cuda::CopyRing> reaper_;
     uint64_t failures_ = 0;  // peers failed so far (Peer::failed_seq)
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;

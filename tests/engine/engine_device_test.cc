@@ -624,7 +624,9 @@ TEST_P(EngineDevice, SmallGpuTransfersDoNotWaitForTheApplicationsLegacyStream) {
 // memory (cudaFree, cudaFreeHost) waits for every kernel on the device. Under the engine's lock,
 // a disconnect() while the application's kernels run stalled every other peer and API call until
 // they ended (here the legacy stream is held by a host function, as a long kernel would hold the
-// device): the rings are now freed outside the lock.
+// device); freed by the progress thread, they stalled every request it serves for other peers (a
+// read of this endpoint's memory, which no call of its application waits for). The rings are now
+// freed on a thread of their own (engine/reaper.h).
 TEST_P(EngineDevice, ADisconnectDoesNotWaitForTheApplicationsKernels) {
     if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the staging rings are the socket path's";
     const Reg& mine = a_bufs_[1];
@@ -644,11 +646,19 @@ TEST_P(EngineDevice, ADisconnectDoesNotWaitForTheApplicationsKernels) {
     LegacyStreamHold hold;
     ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &LegacyStreamHold::run, &hold), cudaSuccess);
     const Status gone = a_->disconnect(link_.a_to_b);
+    // The peer's teardown and the freeing of its rings under way; then the bystander reads this
+    // endpoint's memory (served by its progress thread) and this side writes to the bystander
+    // (its wait() makes progress itself).
+    std::this_thread::sleep_for(300ms);
+    const RemoteMem a_desc = *a_->describe(a_bufs_[0].mem);
+    auto r = c->read(to_c.b_to_a, *c_mem, 0, a_desc, 0, 64 * 1024);
+    const Status served = r.ok() ? c->wait(*r, 30s) : r.status();
     auto x = a_->write(to_c.a_to_b, a_bufs_[0].mem, 0, c_desc, 0, 64 * 1024);
     const Status bystander = x.ok() ? a_->wait(*x, 30s) : x.status();
     hold.release = true;
     ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
     EXPECT_TRUE(gone.ok()) << gone.to_string();
+    EXPECT_TRUE(served.ok()) << served.to_string();
     EXPECT_TRUE(bystander.ok()) << bystander.to_string();
     EXPECT_FALSE(hold.timed_out.load()) << "the disconnect or the bystander waited for the device";
     c.reset();
