@@ -108,6 +108,24 @@ void Subprocess::kill_now() {
     if (pid_ > 0) ::kill(pid_, SIGKILL);
 }
 
+bool Subprocess::stop(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0 || ::kill(pid_, SIGSTOP) != 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        int status = 0;
+        // Reported once every thread has stopped (wait() below does not ask for stops).
+        const pid_t r = ::waitpid(pid_, &status, WUNTRACED | WNOHANG);
+        if (r == pid_) {
+            if (WIFSTOPPED(status)) return true;
+            pid_ = -1;  // exited instead: reaped here
+            return false;
+        }
+        if (r < 0) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+}
+
 int Subprocess::wait(std::chrono::milliseconds timeout) {
     if (pid_ <= 0) return -1;
     const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -27,6 +27,10 @@ class Subprocess {
     // Writes a line to the child's stdin (which stays open until this object goes away).
     bool write_line(const std::string& line);
     void kill_now();
+    // SIGSTOP, and waits until every thread of the child has stopped (kill() only queues the
+    // signal: a thread already running goes on until the one woken handles it); false when it
+    // did not stop within `timeout` or exited.
+    bool stop(std::chrono::milliseconds timeout);
     // Waits for exit; returns the exit status as from waitpid, or -1 on timeout.
     int wait(std::chrono::milliseconds timeout);
     pid_t pid() const { return pid_; }
