@@ -488,6 +488,16 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
         if (p.authenticated && hello.name != p.expected_name) {
             return protocol_error("HELLO names another endpoint than the one authenticated");
         }
+        // Without a secret the name proves nothing, but a listener of another name is not the
+        // endpoint the metadata describes: stale metadata, whose endpoint is gone and whose port
+        // another endpoint took. Its memory descriptors and notifications are not the
+        // application's to mix up with the one it meant.
+        if (!p.expected_name.empty() && hello.name != p.expected_name) {
+            return failed_precondition(strformat(
+                "the endpoint at %s is '%s', not '%s' named by the metadata (a stale metadata: "
+                "that endpoint is gone)",
+                p.address.to_string().c_str(), hello.name.c_str(), p.expected_name.c_str()));
+        }
         p.name = hello.name;
         p.channels = hello.channels;
         p.chunk = hello.chunk;

@@ -1800,6 +1800,28 @@ TEST(EngineHostile, AListenerAnsweringOutsideTheOfferIsRefused) {
     EXPECT_TRUE(id.ok()) << id.status().to_string();
 }
 
+// Metadata whose endpoint is gone, its port taken by another endpoint: without a secret the
+// listener's name proves nothing, but a name other than the metadata's says this is not the
+// endpoint meant, and the connect fails rather than hand the application a peer it would take
+// for the one it named (its memory descriptors, its notifications).
+TEST(EngineHostile, AConnectToAnEndpointOfAnotherNameFails) {
+    auto there = make_endpoint("newcomer", engine_test_config());
+    auto connector = make_endpoint("connector", engine_test_config());
+    ASSERT_TRUE(there && connector);
+    auto parsed = engine::decode_metadata(there->metadata());
+    ASSERT_TRUE(parsed.ok());
+    engine::EndpointAddress stale = *parsed;
+    stale.name = "departed";  // what used to listen at that address
+    auto id = connector->connect(engine::encode_metadata(stale));
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kFailedPrecondition) << id.status().to_string();
+    EXPECT_NE(id.status().message().find("'newcomer', not 'departed'"), std::string::npos)
+        << id.status().to_string();
+    // Both are none the worse for it.
+    auto right = connector->connect(there->metadata());
+    EXPECT_TRUE(right.ok()) << right.status().to_string();
+}
+
 // --- authentication
 
 Config with_secret(std::string secret, std::string previous = "") {
