@@ -55,8 +55,11 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_copy_segments(const CopyEntry* entries, uint32_t count, cudaStream_t stream) {
     if (count == 0) return cudaSuccess;
     const uint32_t blocks = count < 4096 ? count : 4096;
-    copy_segments_kernel<<<blocks, kThreads, 0, stream>>>(entries, count);
-    return cudaGetLastError();
+    // Launched through cudaLaunchKernel for its own status: cudaGetLastError() after <<<>>>
+    // would report (and clear) an error the application's thread left pending as this launch's.
+    void* args[] = {&entries, &count};
+    return cudaLaunchKernel(reinterpret_cast<const void*>(&copy_segments_kernel), dim3(blocks),
+                            dim3(kThreads), args, 0, stream);
 }
 
 }  // namespace tcpx::cuda

@@ -84,8 +84,10 @@ cudaError_t launch_unpack_kernel(const LoadMeta* entries, const uint64_t* count,
     if (expected == 0) expected = 1;
     if (expected > kUnpackMaxEntries) expected = kUnpackMaxEntries;
     const int blocks = static_cast<int>((expected + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    unpack_kernel<<<blocks, kThreads, 0, stream>>>(entries, count, bounce, dst, dst_len, bad);
-    return cudaGetLastError();
+    // (cudaLaunchKernel for its own status, as launch_copy_segments)
+    void* args[] = {&entries, &count, &bounce, &dst, &dst_len, &bad};
+    return cudaLaunchKernel(reinterpret_cast<const void*>(&unpack_kernel), dim3(blocks),
+                            dim3(kThreads), args, 0, stream);
 }
 
 }  // namespace tcpx::cuda

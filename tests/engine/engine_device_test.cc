@@ -620,6 +620,50 @@ TEST_P(EngineDevice, SmallGpuTransfersDoNotWaitForTheApplicationsLegacyStream) {
     EXPECT_EQ(mismatch(host.buf.get(), 65536, 4096, 91), -1);
 }
 
+// The engine's kernels (gathers and scatters of GPU pieces) run in whatever thread makes
+// progress: here the application's, which has left an error of its own pending (a failed CUDA
+// call it has not checked yet). Launches asked cudaGetLastError() for their status, which
+// reported that error as the launch's, and the transfer failed with the application's error.
+TEST_P(EngineDevice, AnErrorTheApplicationLeftPendingIsNotTakenForTheEnginesOwn) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the gather kernels of the socket path";
+    Config polled_config = a_config_;
+    polled_config.progress_thread = "off";  // the caller's calls do everything
+    std::vector<Reg> polled_bufs;
+    auto polled = make_endpoint("polled", polled_config);
+    ASSERT_NE(polled, nullptr);
+    auto to_b = polled->connect(b_->metadata());
+    ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
+    add(polled.get(), device_buffer(kSize, 0, emulation()), &polled_bufs);
+    const Reg& ours = polled_bufs[0];
+    const Reg& theirs = b_bufs_[1];
+    // 64 GPU pieces of 3000 bytes: chunks of many pieces, gathered and scattered by the kernel.
+    std::vector<IoVec> iov;
+    for (uint64_t k = 0; k < 64; ++k) {
+        iov.push_back(IoVec{ours.mem, k * 4096 + 7, theirs.desc, k * 5000 + 3, 3000});
+        fill(ours.buf.get(), iov.back().offset, 3000, 500 + k);
+    }
+    ASSERT_NE(cudaSetDevice(1 << 20), cudaSuccess);  // left pending, as the application's
+    auto w = polled->writev(*to_b, iov);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    const Status ws = polled->wait(*w, 30s);
+    EXPECT_TRUE(ws.ok()) << ws.to_string();
+    for (uint64_t k = 0; k < iov.size(); ++k) {
+        EXPECT_EQ(mismatch(theirs.buf.get(), iov[k].remote_offset, 3000, 500 + k), -1) << k;
+    }
+    // And back into our GPU memory, 1 MiB further on, through the scatter kernel.
+    for (IoVec& v : iov) v.offset += 1 << 20;
+    ASSERT_NE(cudaSetDevice(1 << 20), cudaSuccess);
+    auto r = polled->readv(*to_b, iov);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Status rs = polled->wait(*r, 30s);
+    EXPECT_TRUE(rs.ok()) << rs.to_string();
+    for (uint64_t k = 0; k < iov.size(); ++k) {
+        EXPECT_EQ(mismatch(ours.buf.get(), iov[k].offset, 3000, 500 + k), -1) << k;
+    }
+    cudaGetLastError();
+    polled.reset();
+}
+
 // A peer's teardown frees the staging rings its GPU transfers used; freeing GPU and pinned
 // memory (cudaFree, cudaFreeHost) waits for every kernel on the device. Under the engine's lock,
 // a disconnect() while the application's kernels run stalled every other peer and API call until
