@@ -16,4 +16,13 @@ const tcpx_ncclNet_v7_t& core();
 // falls back to its own transport with its own settings.
 tcpx_ncclResult_t plugin_init(tcpx_ncclDebugLogger_t logger);
 
+// Every table's properties: the core's, with maxRecvs 1. The core takes grouped receives (n > 1,
+// for the engine and its tests), but matches a group's buffers to messages in the order they
+// arrive. With maxRecvs > 1 NCCL shares one connection among several source ranks (PXN, on by
+// default where a NIC is near only some GPUs) and groups their receives, while each source
+// sends on its own schedule: a source's next step could land in another's buffer, and NCCL's
+// collective aborted. NCCL's IB transport holds such a send back until the receiver's posted tags
+// say it fits; a TCP stream has no such word from the receiver. With 1, NCCL never groups.
+tcpx_ncclResult_t plugin_properties(int dev, tcpx_ncclNetProperties_v7_t* out);
+
 }  // namespace tcpx::nccl_plugin

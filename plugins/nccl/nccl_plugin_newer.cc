@@ -40,7 +40,7 @@ using Table = tcpx_ncclNet_v8_t;
 tcpx_ncclResult_t get_properties(int dev, Props* out) {
     if (out == nullptr) return tcpx_ncclInvalidArgument;
     tcpx_ncclNetProperties_v7_t p{};
-    const tcpx_ncclResult_t rc = core().getProperties(dev, &p);
+    const tcpx_ncclResult_t rc = plugin_properties(dev, &p);
     if (rc != tcpx_ncclSuccess) return rc;
     *out = Props{};
     out->name = p.name;
@@ -77,12 +77,6 @@ tcpx_ncclResult_t isend_v10(void* comm, void* data, size_t size, int tag, void* 
 tcpx_ncclResult_t irecv_v10(void* comm, int n, void** data, size_t* sizes, int* tags,
                             void** mhandles, void** /*phandles*/, void** request) {
     return net::socket_v7_irecv_sized(comm, n, data, sizes, tags, mhandles, request);
-}
-#endif
-
-#if TCPX_NCCL_PLUGIN_VERSION >= 9
-tcpx_ncclResult_t make_vdevice(int*, tcpx_ncclNetVDeviceProps_v9_t*) {
-    return tcpx_ncclInvalidUsage;  // no virtual NICs: NCCL uses the devices as they are
 }
 #endif
 
@@ -190,7 +184,9 @@ Table make_table() {
     t.irecv = core().irecv;
 #endif
 #if TCPX_NCCL_PLUGIN_VERSION >= 9
-    t.makeVDevice = net::guarded<make_vdevice>;
+    t.makeVDevice = nullptr;  // no virtual NICs: NCCL uses the devices as they are (a
+                              // function, even one that refuses, sends NCCL down its NIC-merging
+                              // path, and NCCL_NET_FORCE_MERGE then fails the communicator)
 #endif
     return t;
 }

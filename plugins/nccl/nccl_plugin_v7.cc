@@ -14,12 +14,19 @@ tcpx_ncclResult_t plugin_init(tcpx_ncclDebugLogger_t logger) {
     return rc;
 }
 
+tcpx_ncclResult_t plugin_properties(int dev, tcpx_ncclNetProperties_v7_t* out) {
+    const tcpx_ncclResult_t rc = core().getProperties(dev, out);
+    if (rc == tcpx_ncclSuccess && out != nullptr) out->maxRecvs = 1;  // (nccl_plugin.h)
+    return rc;
+}
+
 namespace {
 
 tcpx_ncclNet_v7_t make_v7_table() {
     tcpx_ncclNet_v7_t t = core();
     t.name = kName;
     t.init = net::guarded<plugin_init>;  // the core guards the rest (socket_v7.cc)
+    t.getProperties = net::guarded<plugin_properties>;
     return t;
 }
 

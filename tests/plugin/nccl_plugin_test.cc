@@ -129,7 +129,10 @@ TEST(NcclPlugin, V7AndV8Properties) {
     EXPECT_GT(p8.speed, 0);
     EXPECT_EQ(p8.maxComms, p7.maxComms);
     EXPECT_GT(p8.maxComms, 0);
-    EXPECT_EQ(p8.maxRecvs, p7.maxRecvs);
+    // One receive per request: NCCL groups receives of several source ranks on one connection
+    // only where maxRecvs > 1, and their sends would then land in each other's buffers.
+    EXPECT_EQ(p7.maxRecvs, 1);
+    EXPECT_EQ(p8.maxRecvs, 1);
     EXPECT_EQ(v8->getProperties(0, nullptr), tcpx_ncclInvalidArgument);
     EXPECT_NE(v8->getProperties(ndev, &p8), tcpx_ncclSuccess);
     EXPECT_NE(v8->getProperties(-1, &p8), tcpx_ncclSuccess);
@@ -161,10 +164,14 @@ TEST(NcclPlugin, V9ToV11Properties) {
     EXPECT_EQ(p11.maxMultiRequestSize, 1);
     EXPECT_EQ(p11.vProps.ndevs, 1);
     EXPECT_STREQ(p11.name, p9.name);
-    // No virtual NICs: NCCL then uses the devices as they are.
-    int d = -1;
-    tcpx_ncclNetVDeviceProps_v9_t vp{1, {0, 0, 0, 0}};
-    EXPECT_NE(v9->makeVDevice(&d, &vp), tcpx_ncclSuccess);
+    EXPECT_EQ(p9.maxRecvs, 1);
+    EXPECT_EQ(p10.maxRecvs, 1);
+    EXPECT_EQ(p11.maxRecvs, 1);
+    // No virtual NICs: no makeVDevice, so NCCL uses the devices as they are (one that refuses
+    // still sends NCCL down its NIC-merging path).
+    EXPECT_EQ(v9->makeVDevice, nullptr);
+    EXPECT_EQ(v10->makeVDevice, nullptr);
+    EXPECT_EQ(v11->makeVDevice, nullptr);
 }
 
 // v11: init makes a context per communicator; listen, connect and setNetAttr take only contexts
