@@ -5,8 +5,10 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "net/ncclnet_newer.h"
@@ -258,6 +261,99 @@ TEST(NcclPlugin, SizesPastTheCoresIntAreRefused) {
     EXPECT_EQ(v9->deregMr(send, mh), tcpx_ncclSuccess);
     EXPECT_EQ(v9->closeSend(send), tcpx_ncclSuccess);
     EXPECT_EQ(v9->closeRecv(recv), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeListen(listen), tcpx_ncclSuccess);
+}
+
+// NCCL's teardown of a connection (recvProxyFree: deregMr, free the buffers, then closeRecv), an
+// abort's with receives still posted and the peer still sending: a receive pending on the
+// registration's memory must fail at deregMr, and nothing may write there after (the I/O
+// threads copied the peer's bytes into the unmapped buffer: SIGSEGV). Memory no request uses is
+// deregistered without harm to the connection.
+TEST(NcclPlugin, DeregWithAReceivePendingOnItFailsTheReceiveAndNothingWritesThere) {
+    const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
+    ASSERT_NE(v9, nullptr);
+    ASSERT_EQ(v9->init(count_logger), tcpx_ncclSuccess);
+    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listen = nullptr;
+    ASSERT_EQ(v9->listen(0, handle, &listen), tcpx_ncclSuccess);
+    void* send = nullptr;
+    void* recv = nullptr;
+    tcpx_ncclNetDeviceHandle_t dev{};
+    tcpx_ncclNetDeviceHandle_t* devp = &dev;
+    for (int i = 0; i < 100000 && (send == nullptr || recv == nullptr); ++i) {
+        if (send == nullptr) {
+            ASSERT_EQ(v9->connect(0, handle, &send, &devp), tcpx_ncclSuccess);
+        }
+        if (recv == nullptr) {
+            ASSERT_EQ(v9->accept(listen, &recv, &devp), tcpx_ncclSuccess);
+        }
+    }
+    ASSERT_TRUE(send != nullptr && recv != nullptr);
+    constexpr size_t kRegion = 1 << 20;
+    void* region =
+        ::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(region, MAP_FAILED);
+    std::vector<char> other(4096);
+    void* region_mh = nullptr;
+    void* other_mh = nullptr;
+    ASSERT_EQ(v9->regMr(recv, region, kRegion, TCPX_NCCL_PTR_HOST, &region_mh), tcpx_ncclSuccess);
+    ASSERT_EQ(v9->regMr(recv, other.data(), other.size(), TCPX_NCCL_PTR_HOST, &other_mh),
+              tcpx_ncclSuccess);
+    // Two receives into the region: an inline message and a chunked one.
+    void* rreq[2] = {};
+    for (int i = 0; i < 2; ++i) {
+        void* data[1] = {static_cast<char*>(region) + i * (kRegion / 2)};
+        size_t sizes[1] = {kRegion / 2};
+        int tags[1] = {i};
+        void* mhs[1] = {region_mh};
+        ASSERT_EQ(v9->irecv(recv, 1, data, sizes, tags, mhs, &rreq[i]), tcpx_ncclSuccess);
+        ASSERT_NE(rreq[i], nullptr);
+    }
+    // Memory no request uses: the connection is none the worse.
+    EXPECT_EQ(v9->deregMr(recv, other_mh), tcpx_ncclSuccess);
+    int done = 0;
+    int size = 0;
+    EXPECT_EQ(v9->test(rreq[0], &done, &size), tcpx_ncclSuccess);
+    EXPECT_EQ(done, 0);
+    // The region goes, as NCCL's teardown frees it.
+    EXPECT_EQ(v9->deregMr(recv, region_mh), tcpx_ncclSuccess);
+    ASSERT_EQ(::munmap(region, kRegion), 0);
+    // The peer sends into it regardless.
+    std::vector<char> payload(kRegion / 2, 'x');
+    void* send_mh = nullptr;
+    ASSERT_EQ(v9->regMr(send, payload.data(), payload.size(), TCPX_NCCL_PTR_HOST, &send_mh),
+              tcpx_ncclSuccess);
+    void* sreq[2] = {};
+    const size_t send_sizes[2] = {100, payload.size()};
+    for (int i = 0; i < 2; ++i) {
+        for (int k = 0; k < 100000 && sreq[i] == nullptr; ++k) {
+            if (v9->isend(send, payload.data(), send_sizes[i], i, send_mh, &sreq[i]) !=
+                tcpx_ncclSuccess) {
+                break;  // (the receiving side's failure may already show here)
+            }
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        tcpx_ncclResult_t rc = tcpx_ncclSuccess;
+        done = 0;
+        for (int k = 0; k < 2000 && rc == tcpx_ncclSuccess && done == 0; ++k) {
+            rc = v9->test(rreq[i], &done, &size);
+            if (rc == tcpx_ncclSuccess && done == 0) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+        }
+        EXPECT_NE(rc, tcpx_ncclSuccess) << "receive " << i << " completed into freed memory";
+    }
+    for (int i = 0; i < 2; ++i) {
+        for (int k = 0; k < 2000 && sreq[i] != nullptr; ++k) {
+            done = 0;
+            if (v9->test(sreq[i], &done, &size) != tcpx_ncclSuccess || done != 0) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+    EXPECT_EQ(v9->deregMr(send, send_mh), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeRecv(recv), tcpx_ncclSuccess);
+    EXPECT_EQ(v9->closeSend(send), tcpx_ncclSuccess);
     EXPECT_EQ(v9->closeListen(listen), tcpx_ncclSuccess);
 }
 

@@ -116,6 +116,16 @@ void Comm::detach(Conn* conn) {
     }
 }
 
+bool Comm::drop_memory(const uint8_t* data, uint64_t size) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!pending_on_locked(data, size)) return false;
+        fail_locked(cancelled("memory deregistered while requests on it were pending"));
+    }
+    shut_down();
+    return true;
+}
+
 void Comm::shut_down() {
     std::unique_lock<std::mutex> lock(mu_);
     closing_ = true;
@@ -296,6 +306,10 @@ Status SendComm::test(SendReq* req, bool* done, size_t* size) {
     reqs_.give(req);
     if (state == ReqState::kFailed) return error_locked("isend");
     return Status();
+}
+
+bool SendComm::pending_on_locked(const uint8_t* data, uint64_t size) const {
+    return reqs_.any_pending([&](const SendReq& r) { return r.mem.overlaps(data, size); });
 }
 
 void SendComm::fail_pending_locked() {
@@ -595,6 +609,15 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
     return result;
 }
 
+bool RecvComm::pending_on_locked(const uint8_t* data, uint64_t size) const {
+    return reqs_.any_pending([&](const RecvReq& r) {
+        for (int i = 0; i < r.n && i < kMaxRecvs; ++i) {
+            if (r.slots[i].mem.overlaps(data, size)) return true;
+        }
+        return false;
+    });
+}
+
 void RecvComm::fail_pending_locked() {
     const int failed = reqs_.fail_pending();
     if (failed > 0) {
@@ -766,6 +789,15 @@ int MsgMemory::iov(uint64_t off, uint64_t len, iovec* out, int max) const {
         ++i;
     }
     return n;
+}
+
+bool MsgMemory::overlaps(const uint8_t* data, uint64_t size) const {
+    const auto lo = reinterpret_cast<uintptr_t>(data);
+    for (const IoSeg& seg : segs_) {
+        const auto at = reinterpret_cast<uintptr_t>(seg.data);
+        if (seg.size > 0 && size > 0 && at < lo + size && lo < at + seg.size) return true;
+    }
+    return false;
 }
 
 void MsgMemory::copy_in(uint64_t off, const uint8_t* src, uint64_t len) const {

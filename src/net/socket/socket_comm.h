@@ -64,6 +64,8 @@ class MsgMemory {
     int iov(uint64_t off, uint64_t len, iovec* out, int max) const;
     // Copies `len` bytes from `src` to [off, off + len).
     void copy_in(uint64_t off, const uint8_t* src, uint64_t len) const;
+    // Whether any segment shares a byte with [data, data + size).
+    bool overlaps(const uint8_t* data, uint64_t size) const;
 
  private:
     std::vector<IoSeg> segs_;
@@ -103,6 +105,16 @@ class RequestPool {
         free_.push_back(req);
     }
     size_t in_use() const { return all_.size() - free_.size(); }
+    // Whether a pending request satisfies `pred`.
+    template <typename Pred>
+    bool any_pending(Pred pred) const {
+        for (const auto& req : all_) {
+            if (req->state.load(std::memory_order_relaxed) == ReqState::kPending && pred(*req)) {
+                return true;
+            }
+        }
+        return false;
+    }
     // Marks every pending request failed; returns how many.
     int fail_pending() {
         int failed = 0;
@@ -174,10 +186,18 @@ class Comm {
     void fail_locked(Status why);
     // Detaches every conn and waits until no pool thread can touch this comm. Caller's thread.
     void shut_down();
+    // [data, data + size) is going away (its registration is being dropped). Where a pending
+    // request's memory shares a byte with it, the pool threads would go on reading or writing
+    // it once freed: NCCL deregisters only at teardown, an abort's included, with receives still
+    // posted and a live peer still sending. Such a comm fails (its requests fail), and this
+    // returns once no pool thread can touch it; true then. Caller's thread.
+    bool drop_memory(const uint8_t* data, uint64_t size);
 
  protected:
     // Under mu_, once every conn is detached after a failure: fail the pending requests.
     virtual void fail_pending_locked() = 0;
+    // Under mu_: whether a pending request's memory shares a byte with [data, data + size).
+    virtual bool pending_on_locked(const uint8_t* data, uint64_t size) const = 0;
     // Makes the control conn and one data conn per data fd (before start()).
     template <typename ControlConn, typename DataConn>
     void add_conns(Fd control, std::vector<Fd> data, ControlConn** control_out,
@@ -283,6 +303,7 @@ class SendComm final : public Comm {
     };
 
     void fail_pending_locked() override;
+    bool pending_on_locked(const uint8_t* data, uint64_t size) const override;
     // isend and isendv: one message of `segs`.
     Status send_impl(std::span<const IoSeg> segs, int tag, SendReq** out);
     uint64_t chunk_size_for(uint64_t size) const;
@@ -401,6 +422,7 @@ class RecvComm final : public Comm {
 
     enum class Bind { kBound, kPark, kError };
     void fail_pending_locked() override;
+    bool pending_on_locked(const uint8_t* data, uint64_t size) const override;
     // irecv and irecvv: `n` messages, message i into the segments msgs[i].
     Status recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags, RecvReq** out);
     // Under mu_: binds message `seq` to the oldest posted receive. kPark when an earlier message is

@@ -680,6 +680,18 @@ Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
     if (rec == nullptr || rec->magic != kMrMagic) {
         return invalid_argument("dereg_mr: not a registration of the socket transport");
     }
+    bool open = false;  // the comm not closed yet (close forgets its registrations)
+    {
+        std::lock_guard<std::mutex> lock(mr_mu_);
+        open = mrs_.count(rec->comm) != 0;
+    }
+    // Requests still pending on this memory (an abort's teardown) fail with their comm first:
+    // nothing of ours may touch the memory once its owner frees it.
+    auto* c = reinterpret_cast<socket_internal::Comm*>(rec->comm);
+    if (open && rec->data != nullptr &&
+        (c->kind() == Comm::kSendKind || c->kind() == Comm::kRecvKind)) {
+        c->drop_memory(static_cast<const uint8_t*>(rec->data), rec->size);
+    }
     {
         std::lock_guard<std::mutex> lock(mr_mu_);
         auto it = mrs_.find(rec->comm);
