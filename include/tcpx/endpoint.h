@@ -187,7 +187,9 @@ class TCPX_API Endpoint {
     // --- one-sided ---
     // Copies `len` bytes from our registration `mem` at `offset` to the peer's `remote` at
     // `remote_offset`. With `notification`, the peer's application receives it (with our name)
-    // once all the data is in place there.
+    // once all the data is in place there; when the peer has no room for it (its application
+    // has not taken MAX_QUEUED_NOTIFICATIONS of ours), the write is refused, RESOURCE_EXHAUSTED,
+    // before any byte moves.
     StatusOr<XferId> write(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
                            uint64_t remote_offset, uint64_t len,
                            std::optional<std::string_view> notification = std::nullopt);
@@ -195,7 +197,9 @@ class TCPX_API Endpoint {
     // With `notification`, the peer's application receives it (with our name) exactly once,
     // after all the data is in place here: sent by whatever makes progress here (the progress
     // thread, poll, wait), at the latest when the read is reported done; never if the read fails.
-    // Notifications we send the peer after that report arrive after it.
+    // Notifications we send the peer after that report arrive after it. The peer holds room for
+    // it from the request on: with none, the read is refused (RESOURCE_EXHAUSTED) before any byte
+    // moves, as a write.
     StatusOr<XferId> read(PeerId peer, MemId mem, uint64_t offset, const RemoteMem& remote,
                           uint64_t remote_offset, uint64_t len,
                           std::optional<std::string_view> notification = std::nullopt);

@@ -36,6 +36,8 @@ const char* msg_type_name(MsgType type) {
             return "READ_RESP";
         case MsgType::kNotif:
             return "NOTIF";
+        case MsgType::kReadDone:
+            return "READ_DONE";
         case MsgType::kSendRts:
             return "SEND_RTS";
         case MsgType::kRecvCts:
@@ -233,11 +235,20 @@ std::string encode_write_ack(uint64_t xfer, const Status& st) {
 }
 
 std::string encode_read_req(const ReadReq& m) {
-    std::string msg = begin_message(MsgType::kReadReq, m.flags & kFlagInline);
+    std::string msg = begin_message(MsgType::kReadReq, m.flags & (kFlagInline | kFlagNotif));
     Writer w(&msg);
     w.u64(m.xfer);
     w.u64(m.chunk);
     put_segments(&w, m.segs);
+    if (m.flags & kFlagNotif) w.str(m.notification);
+    return finish(std::move(msg));
+}
+
+std::string encode_read_done(const ReadDone& m) {
+    std::string msg = begin_message(MsgType::kReadDone, 0);
+    Writer w(&msg);
+    w.u64(m.xfer);
+    w.u8(m.delivered ? 1 : 0);
     return finish(std::move(msg));
 }
 
@@ -398,11 +409,13 @@ Status decode_write_ack(std::string_view body, WriteAck* m) {
 
 Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m) {
     Reader r(body);
-    m->flags = flags & kFlagInline;
+    m->flags = flags & (kFlagInline | kFlagNotif);
     m->xfer = r.u64();
     m->chunk = r.u64();
     if (m->chunk != 0 && m->chunk < kMinChunk) return malformed(MsgType::kReadReq);
-    if (!get_segments(&r, &m->segs) || r.left() != 0) return malformed(MsgType::kReadReq);
+    if (!get_segments(&r, &m->segs)) return malformed(MsgType::kReadReq);
+    if (flags & kFlagNotif) m->notification = r.str(kMaxBody);
+    if (r.failed() || r.left() != 0) return malformed(MsgType::kReadReq);
     // The server adds the lengths up (inline or not): a sum that wraps would pass for a small one.
     uint64_t total = 0;
     if (!sum_lengths(m->segs, &total)) return malformed(MsgType::kReadReq);
@@ -427,6 +440,15 @@ Status decode_notif(std::string_view body, std::string_view* payload) {
     Reader r(body);
     *payload = r.str(kMaxBody);
     if (r.failed() || r.left() != 0) return malformed(MsgType::kNotif);
+    return Status();
+}
+
+Status decode_read_done(std::string_view body, ReadDone* m) {
+    Reader r(body);
+    m->xfer = r.u64();
+    const uint8_t delivered = r.u8();
+    if (r.failed() || r.left() != 0 || delivered > 1) return malformed(MsgType::kReadDone);
+    m->delivered = delivered == 1;
     return Status();
 }
 

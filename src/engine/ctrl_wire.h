@@ -38,7 +38,9 @@ namespace tcpx::engine::wire {
 inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 2: a transfer's pieces are cut into chunks by packer.h (1 cut every piece on its own).
 // 3: a HELLO after authentication carries a MAC (auth::hello_mac).
-inline constexpr uint16_t kVersion = 3;
+// 4: a READ_REQ carries its notification (the target holds room for it, or refuses the read);
+//    READ_DONE, not NOTIF, delivers it once the reader has the data.
+inline constexpr uint16_t kVersion = 4;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 // The most of a peer's error message (in a reply) that reaches a transfer's status.
 inline constexpr size_t kMaxPeerMessage = 1024;
@@ -78,6 +80,7 @@ enum class MsgType : uint16_t {
     kReadReq = 12,
     kReadResp = 13,
     kNotif = 14,
+    kReadDone = 15,
     kSendRts = 20,
     kRecvCts = 21,
     kSendData = 22,
@@ -182,7 +185,7 @@ struct AuthProof {         // connector -> listener
     std::string_view mac;  // kAuthBytes
 };
 
-inline constexpr uint16_t kFlagNotif = 0x1;   // WRITE_REQ carries a notification
+inline constexpr uint16_t kFlagNotif = 0x1;   // WRITE_REQ, READ_REQ carry a notification
 inline constexpr uint16_t kFlagInline = 0x2;  // the data follows in this message
 
 struct WriteReq {
@@ -209,11 +212,21 @@ struct WriteAck {
 
 struct ReadReq {
     // kFlagInline: the reader is alone with us and reads into host memory: data up to our
-    // XFER_INLINE_ALONE_READ is welcome inside the READ_RESP. Other bits are ignored.
+    // XFER_INLINE_ALONE_READ is welcome inside the READ_RESP. kFlagNotif: a notification for
+    // us follows the segments, delivered on the reader's READ_DONE. Other bits are ignored.
     uint16_t flags = 0;
     uint64_t xfer = 0;
     uint64_t chunk = 0;  // as WriteReq::chunk
     std::vector<Segment> segs;
+    std::string_view notification;  // with kFlagNotif
+};
+
+// The reader of a READ_REQ with a notification, once its read has ended (an accepted one only:
+// its READ_RESP was not an error): `delivered` when the data is in place, and the target queues
+// the notification it held; else the target lets the room go.
+struct ReadDone {
+    uint64_t xfer = 0;
+    bool delivered = false;
 };
 
 struct ReadResp {
@@ -268,6 +281,7 @@ std::string encode_read_req(const ReadReq& m);
 // READ_RESP without its inline data: append it (or queue it after), then end_message().
 std::string encode_read_resp(uint64_t xfer, uint16_t flags, const Status& st);
 std::string encode_notif(std::string_view payload);
+std::string encode_read_done(const ReadDone& m);
 std::string encode_send_rts(const SendRts& m);
 std::string encode_recv_cts(uint64_t send_xfer, uint64_t recv_xfer, const Status& st);
 // SEND_DATA without its inline data: append it (or queue it after), then end_message().
@@ -291,6 +305,7 @@ Status decode_write_ack(std::string_view body, WriteAck* m);
 Status decode_read_req(std::string_view body, uint16_t flags, ReadReq* m);
 Status decode_read_resp(std::string_view body, uint16_t flags, ReadResp* m);
 Status decode_notif(std::string_view body, std::string_view* payload);
+Status decode_read_done(std::string_view body, ReadDone* m);
 Status decode_send_rts(std::string_view body, SendRts* m);
 Status decode_recv_cts(std::string_view body, RecvCts* m);
 Status decode_send_data(std::string_view body, uint16_t flags, SendData* m);

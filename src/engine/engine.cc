@@ -1145,7 +1145,8 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
             if (ch.inflight.empty()) drop_mrs(ch, tx);
         }
     }
-    close_comms(p);  // (with the registrations of requests still in flight)
+    close_comms(p);              // (with the registrations of requests still in flight)
+    drop_read_notifications(p);  // no READ_DONE can come any more
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             ch.mrs.clear();

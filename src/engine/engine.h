@@ -143,6 +143,9 @@ struct Xfer {
     // A served write's notification has its room in the peer's queue held from the request on,
     // so writes in flight cannot push the queue past its bound; and in the endpoint's.
     bool notification_held = false;
+    // A read with a notification the target accepted (its READ_RESP was not an error): the
+    // target holds the notification until our READ_DONE, owed once the read ends.
+    bool read_done_owed = false;
     HeldNotificationRoom endpoint_notification_room;
     // A served request's pieces, counted in its peer's served_pieces until it is destroyed.
     uint64_t served_pieces = 0;
@@ -348,9 +351,18 @@ struct Peer {
     std::deque<Rts> unexpected;  // the peer's sends not yet matched
     // Extents not yet cut into chunk requests, per direction, in the order they were queued.
     std::deque<Extent> tx_pending, rx_pending;
-    // Notifications from this peer that our application has not taken yet.
+    // Notifications from this peer that our application has not taken yet (those held for its
+    // reads and writes in flight included).
     uint64_t notif_count = 0;
     uint64_t notif_bytes = 0;
+    // The notifications of this peer's reads we served, held (in notif_count and notif_bytes,
+    // and in the endpoint's held tally) until its READ_DONE says the data reached it; keyed by
+    // its transfer id. As many as MAX_QUEUED_NOTIFICATIONS at most, with the queue.
+    struct HeldReadNotification {
+        std::string payload;
+        HeldNotificationRoom room;
+    };
+    std::unordered_map<uint64_t, HeldReadNotification> read_notifs;
     // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
     uint64_t served_pieces = 0;
     // This peer's requests being served (MAX_TRANSFERS at most): of `xfers`, the kServe ones.
@@ -639,6 +651,9 @@ class Endpoint::Impl {
     // Whether a notification of `size` bytes from `p` fits what we hold for the application:
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
+    Status on_read_done(Peer& p, std::string_view body);
+    // Lets every notification held for the peer's reads go (its connection is torn down).
+    void drop_read_notifications(Peer& p);
     // `held`: its room was taken already (a served write's).
     void queue_notification(Peer& p, std::string payload, bool held);
     // A transfer of ours starts waiting for the peer's reply (and counts toward the answers

@@ -48,6 +48,8 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
             return on_read_req(p, h.flags, body);
         case wire::MsgType::kReadResp:
             return on_read_resp(p, h.flags, body);
+        case wire::MsgType::kReadDone:
+            return on_read_done(p, body);
         case wire::MsgType::kNotif: {
             std::string_view payload;
             TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
@@ -100,6 +102,32 @@ Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
             static_cast<unsigned long long>(count), static_cast<unsigned long long>(bytes)));
     }
     return Status();
+}
+
+Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {
+    wire::ReadDone m;
+    TCPX_RETURN_IF_ERROR(wire::decode_read_done(body, &m));
+    auto it = p.read_notifs.find(m.xfer);
+    if (it == p.read_notifs.end()) {
+        return protocol_error("READ_DONE for a read whose notification we do not hold");
+    }
+    std::string payload = std::move(it->second.payload);
+    p.read_notifs.erase(it);  // its endpoint-wide room goes back; the queue counts it from here
+    if (m.delivered) {
+        queue_notification(p, std::move(payload), /*held=*/true);
+    } else {
+        --p.notif_count;
+        p.notif_bytes -= payload.size();
+    }
+    return Status();
+}
+
+void Endpoint::Impl::drop_read_notifications(Peer& p) {
+    for (const auto& [id, held] : p.read_notifs) {
+        --p.notif_count;
+        p.notif_bytes -= held.payload.size();
+    }
+    p.read_notifs.clear();
 }
 
 void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held) {
@@ -295,6 +323,30 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         regions.push_back(*r);
         total += s.len;  // no overflow: decode checked
     }
+    // Its notification, if any, must have room before any byte moves, as a write's: held from
+    // the reply on until the reader's READ_DONE says the data reached it. A refused read holds
+    // none. (The notification went after the data as a NOTIF of its own before: one we had no
+    // room for then failed the peer after the reader had already seen its read succeed.)
+    const bool notify = (req.flags & wire::kFlagNotif) != 0;
+    if (notify) {
+        // Larger than any we accept: fails the peer, as a write's does.
+        TCPX_RETURN_IF_ERROR(check_notification_size(req.notification.size()));
+        if (p.read_notifs.count(req.xfer) != 0) {
+            return protocol_error("READ_REQ reuses the id of a read whose notification we hold");
+        }
+        if (refused.ok()) {
+            Status room = notification_room(p, req.notification.size());
+            if (!room.ok()) refused = room.with_context("read refused");
+        }
+    }
+    const auto hold_notification = [&] {
+        if (!notify) return;
+        Peer::HeldReadNotification& held = p.read_notifs[req.xfer];
+        held.payload = std::string(req.notification);
+        held.room = engine::HeldNotificationRoom(&held_notifications_, held.payload.size());
+        ++p.notif_count;
+        p.notif_bytes += held.payload.size();
+    };
     if (!refused.ok()) {
         std::string msg = wire::encode_read_resp(req.xfer, 0, refused);
         wire::end_message(&msg);
@@ -321,6 +373,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
                               ? wire::encode_read_resp(req.xfer, wire::kFlagInline, Status())
                               : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
         if (!st.ok()) payload.clear();
+        if (st.ok()) hold_notification();
         wire::end_message(&msg, payload.size());
         send_reply(p, std::move(msg), std::move(payload));
         count(p, &Stats::requests_served);
@@ -329,6 +382,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     }
     std::string msg = wire::encode_read_resp(req.xfer, 0, Status());
     wire::end_message(&msg);
+    hold_notification();
     send_reply(p, std::move(msg));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
     TCPX_RETURN_IF_ERROR(hold_served_pieces(p, x, req.segs.size()));  // (fails the peer)
@@ -347,6 +401,8 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
     TCPX_RETURN_IF_ERROR(wire::decode_read_resp(body, flags, &resp));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, resp.xfer, Xfer::Kind::kRead, "READ_RESP"));
     Status st = wire::to_status(resp.result, "peer '" + p.name + "'");
+    // Accepted: the target holds the read's notification until our READ_DONE.
+    if (st.ok() && x->has_notification) x->read_done_owed = true;
     if (!st.ok()) {
         x->result = st;
     } else if (flags & wire::kFlagInline) {

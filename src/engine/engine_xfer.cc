@@ -292,11 +292,12 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
         case Xfer::Kind::kServeRead:
             break;
         case Xfer::Kind::kRead:
-            // The data is in place here: now the peer may hear of it. Queued before completion is
-            // reported, so nothing our application sends after seeing it done overtakes it, and
-            // flushed by the same progress step.
-            if (x->result.ok() && x->has_notification) {
-                send_ctrl(p, wire::encode_notif(x->notification));
+            // The data is in place here: now the peer may hear of it (it holds the notification
+            // since it accepted the read), or let its room go if the read failed. Queued before
+            // completion is reported, so nothing our application sends after seeing it done
+            // overtakes it, and flushed by the same progress step.
+            if (x->read_done_owed && p.state != Peer::State::kFailed) {
+                send_ctrl(p, wire::encode_read_done(wire::ReadDone{x->wire_id, x->result.ok()}));
             }
             [[fallthrough]];
         default:
@@ -420,7 +421,8 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
 
 StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
                                       std::optional<std::string_view> notification) {
-    // It travels as a NOTIF message of its own once the read is complete (as notify() sends it).
+    // It travels in the request; the target holds it (or refuses the read when it has no room)
+    // and delivers it on our READ_DONE, once the data is in place here.
     if (notification && notification->size() > config_.max_notification_size) {
         return invalid_argument(strformat(
             "read: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
@@ -430,11 +432,13 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
     TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     TCPX_RETURN_IF_ERROR(check_deferrable(*p));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
-    if (64 + 24 * iov.size() > config_.max_ctrl_message) {
-        return invalid_argument(
-            strformat("read: %zu pieces exceed the %llu-byte limit of one request "
-                      "(TCPX_P2P_MAX_CTRL_MESSAGE); split it",
-                      iov.size(), static_cast<unsigned long long>(config_.max_ctrl_message)));
+    const uint64_t request_bytes = 64 + 24 * iov.size() + (notification ? notification->size() : 0);
+    if (request_bytes > config_.max_ctrl_message) {
+        return invalid_argument(strformat(
+            "read: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
+            "request (TCPX_P2P_MAX_CTRL_MESSAGE); split it",
+            iov.size(), notification ? notification->size() : size_t{0},
+            static_cast<unsigned long long>(config_.max_ctrl_message)));
     }
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
     const XferId id = x->user_id;
@@ -447,6 +451,8 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         if (notification) {
             x->has_notification = true;
             x->notification = std::string(*notification);
+            req.flags |= wire::kFlagNotif;
+            req.notification = x->notification;
         }
         uint64_t total = 0;
         for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)

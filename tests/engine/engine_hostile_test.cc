@@ -703,6 +703,86 @@ TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
     EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
 }
 
+// A read's notification has its room held at the target from the request on, as a write's: one
+// that finds no room is refused before any byte moves, and the connection lives. (It went as a
+// NOTIF after the data before: the target, out of room, failed the connection, after the reader
+// had already seen its read succeed, and the notification was lost.)
+TEST(EngineHostile, AReadWhoseNotificationHasNoRoomIsRefused) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 2;
+    auto ep = make_endpoint("target", tc);
+    auto peer = make_endpoint("reader", engine_test_config());
+    ASSERT_TRUE(ep && peer);
+    Link l = link(peer.get(), ep.get());
+    // Inline (64 KiB) and through the data channels (1 MiB).
+    for (const size_t len : {size_t{64} << 10, size_t{1} << 20}) {
+        SCOPED_TRACE(len);
+        GuardedBuffer src(len), dst(len);
+        fill_pattern(src.data(), len, 11);
+        RemoteMem s = *ep->describe(*ep->reg(src.data(), len));
+        MemId d = *peer->reg(dst.data(), len);
+        for (int i = 0; i < 2; ++i) {
+            auto r = peer->read(l.a_to_b, d, 0, s, 0, len, "read " + std::to_string(i));
+            ASSERT_TRUE(r.ok());
+            EXPECT_TRUE(peer->wait(*r, 10s).ok());
+        }
+        std::memset(dst.data(), 0, len);
+        auto r = peer->read(l.a_to_b, d, 0, s, 0, len, "no room");
+        ASSERT_TRUE(r.ok());
+        Status st = peer->wait(*r, 10s);
+        EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+        EXPECT_EQ(std::count(dst.data(), dst.data() + len, 0), static_cast<long>(len))
+            << "a refused read moved bytes";
+        // Both delivered, in order, once each; the refused one never.
+        auto got = ep->get_notifications();
+        ASSERT_EQ(got.size(), 2u);
+        EXPECT_EQ(got[0].payload, "read 0");
+        EXPECT_EQ(got[1].payload, "read 1");
+        // Taken: room again, and the connection lived through it.
+        auto again = peer->read(l.a_to_b, d, 0, s, 0, len, "again");
+        ASSERT_TRUE(again.ok());
+        EXPECT_TRUE(peer->wait(*again, 10s).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), len, 11), -1);
+        EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
+        EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
+    }
+    EXPECT_TRUE(peer->peer_status(l.a_to_b).ok());
+}
+
+// READ_DONE names a read whose notification the target holds; any other is a protocol error,
+// and a READ_REQ may not reuse the id of one held. Held notifications go with the connection.
+TEST(EngineHostile, ReadDonesForNoHeldNotificationFailTheConnection) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    GuardedBuffer region(1 << 20);
+    const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
+    {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        send_all(raw.fd(), wire::encode_read_done(wire::ReadDone{12345, true}));
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "an unknown READ_DONE was taken";
+    }
+    {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        wire::ReadReq req;
+        req.xfer = 7;
+        req.flags = wire::kFlagInline | wire::kFlagNotif;
+        req.segs = {{desc.key, 0, 16}};
+        req.notification = "held";
+        send_all(raw.fd(), wire::encode_read_req(req));
+        wire::Header h;
+        std::string body;
+        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+        EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+        send_all(raw.fd(), wire::encode_read_req(req));  // the same id while it is held
+        EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a READ_REQ reused a held id";
+    }
+    // Neither notification was delivered, and their room went with their connections.
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
 // The bound holds for all peers together: a peer that fills its share and goes leaves its
 // notifications to the application, still counted, and the next one gets only what is left.
 TEST(EngineHostile, NotificationsOfAPeerThatLeftStillCountAgainstTheEndpointBound) {

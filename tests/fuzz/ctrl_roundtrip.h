@@ -109,13 +109,21 @@ inline bool check_message(w::MsgType type, uint16_t flags, std::string_view body
             if (!w::decode_read_req(body, flags, &m).ok()) return false;
             FUZZ_CHECK(m.segs.size() <= w::kMaxSegments);
             FUZZ_CHECK(m.chunk == 0 || m.chunk >= w::kMinChunk);
-            FUZZ_CHECK(m.flags == (flags & w::kFlagInline));
+            FUZZ_CHECK(m.flags == (flags & (w::kFlagInline | w::kFlagNotif)));
+            FUZZ_CHECK(m.notification.empty() || (flags & w::kFlagNotif));
             const std::string msg = w::encode_read_req(m);
             FUZZ_CHECK(body_of(msg, type, m.flags) == body);
             w::ReadReq again;
             FUZZ_CHECK(w::decode_read_req(body_of(msg, type, m.flags), m.flags, &again).ok());
             FUZZ_CHECK(again.xfer == m.xfer && again.chunk == m.chunk && again.flags == m.flags &&
-                       same_segments(again.segs, m.segs));
+                       same_segments(again.segs, m.segs) && again.notification == m.notification);
+            return true;
+        }
+        case w::MsgType::kReadDone: {
+            w::ReadDone m;
+            if (!w::decode_read_done(body, &m).ok()) return false;
+            const std::string msg = w::encode_read_done(m);
+            FUZZ_CHECK(body_of(msg, type, 0) == body);
             return true;
         }
         case w::MsgType::kReadResp: {

@@ -96,6 +96,11 @@ std::vector<Msg> control_messages() {
     out.push_back({"read_req", w::encode_read_req(rreq)});
     rreq.flags = w::kFlagInline;
     out.push_back({"read_req_inline_welcome", w::encode_read_req(rreq)});
+    rreq.flags = w::kFlagInline | w::kFlagNotif;
+    rreq.notification = "read done";
+    out.push_back({"read_req_notif", w::encode_read_req(rreq)});
+    out.push_back({"read_done", w::encode_read_done(w::ReadDone{43, true})});
+    out.push_back({"read_done_failed", w::encode_read_done(w::ReadDone{43, false})});
     out.push_back({"read_resp_inline",
                    closed(w::encode_read_resp(43, w::kFlagInline, tcpx::Status()), "abcdefg")});
     out.push_back({"read_resp_chunks", closed(w::encode_read_resp(43, 0, tcpx::Status()))});
@@ -137,10 +142,12 @@ std::vector<Msg> control_messages() {
             w::MsgType::kSendRts,  w::MsgType::kRecvCts,       w::MsgType::kSendData,
             w::MsgType::kReady,    w::MsgType::kPing,          w::MsgType::kBye,
             w::MsgType::kAuthInit, w::MsgType::kAuthChallenge, w::MsgType::kAuthProof,
-            w::MsgType::kAuthFail};
+            w::MsgType::kAuthFail, w::MsgType::kReadDone};
         for (uint8_t i = 0; i < std::size(order); ++i) {
             if (static_cast<uint16_t>(order[i]) == h.type) {
-                m.selector = static_cast<uint8_t>(i | ((h.flags & 3) << 4));
+                // (index bit 4 in the selector's bit 6)
+                m.selector =
+                    static_cast<uint8_t>((i & 0xf) | ((i & 0x10) << 2) | ((h.flags & 3) << 4));
             }
         }
     }

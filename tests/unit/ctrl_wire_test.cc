@@ -75,8 +75,29 @@ TEST(CtrlWire, RequestsCarryTheirChunkSize) {
     ASSERT_TRUE(
         decode_read_req(body_of(encode_read_req(r)), flags_of(encode_read_req(r)), &rout).ok());
     EXPECT_EQ(rout.flags, kFlagInline);
-    ASSERT_TRUE(decode_read_req(body_of(msg), 0xfffd, &rout).ok());
+    ASSERT_TRUE(decode_read_req(body_of(msg), 0xfffc, &rout).ok());
     EXPECT_EQ(rout.flags, 0);
+    // Its notification follows the segments, with kFlagNotif.
+    r.flags = kFlagNotif;
+    r.notification = "blocks 3-9 read";
+    const std::string with_note = encode_read_req(r);
+    ASSERT_TRUE(decode_read_req(body_of(with_note), flags_of(with_note), &rout).ok());
+    EXPECT_EQ(rout.flags, kFlagNotif);
+    EXPECT_EQ(rout.notification, "blocks 3-9 read");
+    EXPECT_EQ(decode_read_req(body_of(with_note), 0, &rout).code(), StatusCode::kProtocol);
+    EXPECT_EQ(decode_read_req(body_of(msg), kFlagNotif, &rout).code(), StatusCode::kProtocol);
+    r.notification = {};
+    r.flags = 0;
+    // READ_DONE: the id and whether the data arrived (0 or 1, nothing else).
+    ReadDone done;
+    ASSERT_TRUE(decode_read_done(body_of(encode_read_done(ReadDone{77, true})), &done).ok());
+    EXPECT_EQ(done.xfer, 77u);
+    EXPECT_TRUE(done.delivered);
+    ASSERT_TRUE(decode_read_done(body_of(encode_read_done(ReadDone{78, false})), &done).ok());
+    EXPECT_FALSE(done.delivered);
+    std::string bad(body_of(encode_read_done(ReadDone{79, true})));
+    bad.back() = 2;
+    EXPECT_EQ(decode_read_done(bad, &done).code(), StatusCode::kProtocol);
     // Below the smallest chunk (but not 0, "the agreed one"): malformed.
     set_request_chunk(&msg, kMinChunk - 1);
     EXPECT_EQ(decode_read_req(body_of(msg), 0, &rout).code(), StatusCode::kProtocol);
@@ -114,7 +135,8 @@ TEST(CtrlWire, EveryTruncationIsRefused) {
     const std::string messages[] = {
         w,
         encode_write_ack(5, Status(StatusCode::kNotFound, "nope")),
-        encode_read_req(ReadReq{kFlagInline, 9, 0, {{1, 2, 3}}}),
+        encode_read_req(ReadReq{kFlagInline | kFlagNotif, 9, 0, {{1, 2, 3}}, "note"}),
+        encode_read_done(ReadDone{9, true}),
         encode_recv_cts(1, 2, Status()),
         encode_send_rts(SendRts{1, 2, 3}),
         encode_notif("payload"),
@@ -158,6 +180,11 @@ TEST(CtrlWire, EveryTruncationIsRefused) {
                     st = decode_notif(part, &m);
                     break;
                 }
+                case MsgType::kReadDone: {
+                    ReadDone m;
+                    st = decode_read_done(part, &m);
+                    break;
+                }
                 default:
                     FAIL();
             }
@@ -198,9 +225,9 @@ TEST(CtrlWire, ForgedCountsAndLengthsAreRefused) {
     EXPECT_EQ(decode_write_req(body_of(msg), 0, &m).code(), StatusCode::kProtocol);
     // The same for a read: its server adds them up too.
     ReadReq rm;
-    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}});
+    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX}, {2, 0, 2}}, {}});
     EXPECT_EQ(decode_read_req(body_of(msg), 0, &rm).code(), StatusCode::kProtocol);
-    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX - 2}, {2, 0, 2}}});
+    msg = encode_read_req(ReadReq{0, 1, 0, {{1, 0, UINT64_MAX - 2}, {2, 0, 2}}, {}});
     EXPECT_TRUE(decode_read_req(body_of(msg), 0, &rm).ok());
     // SEND_DATA whose inline bytes disagree with its length.
     msg = encode_send_data(1, kFlagInline, 4);
