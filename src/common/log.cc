@@ -21,13 +21,17 @@ namespace {
 constexpr int kLevelUnset = -1;
 std::atomic<int> g_level{kLevelUnset};
 
+// Never destroyed: threads the library does not join (a plugin's I/O threads: NCCL never unloads
+// it, and older ncclNet versions have no finalize) may log while the process exits, after static
+// destructors have run; a destroyed sink (NCCL's logger, held by a std::function) would then be
+// called.
 std::mutex& sink_mutex() {
-    static std::mutex mu;
-    return mu;
+    static auto* mu = new std::mutex;
+    return *mu;
 }
 LogSink& sink_slot() {
-    static LogSink sink;
-    return sink;
+    static auto* sink = new LogSink;
+    return *sink;
 }
 
 void stderr_sink(LogLevel level, const char* file, int line, std::string_view message) {
