@@ -920,6 +920,49 @@ TEST(NixlNames, AClaimedNameCannotTakeOverAConnectedAgent) {
     EXPECT_EQ(write_from(real), NIXL_SUCCESS);
 }
 
+// An agent restarted under its name while its old connection still looks alive (its host went
+// without closing it): where the target knows that agent's connection info and the newcomer is
+// where it says, the new connection replaces the old one. Refused, as before, the new agent's
+// writes had already succeeded (the engine serves a connection at once) and their notifications
+// were dropped.
+TEST(NixlNames, AnAgentRestartedWhileItsOldConnectionLooksAliveReplacesIt) {
+    constexpr size_t kSize = 4096;
+    auto src = Buffer::create(DRAM_SEG, kSize);
+    auto dst = Buffer::create(DRAM_SEG, kSize);
+    ASSERT_TRUE(src && dst);
+    TestAgent target("restart-target");
+    ASSERT_TRUE(target.reg(*dst));
+    const std::string md = target.metadata();
+    auto write_from = [&](TestAgent& a, const std::string& note) {
+        nixlXferReqH* req = nullptr;
+        const nixl_opt_args_t args = with_notif(note);
+        EXPECT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                                   xfer_list(*dst, {{0, kSize}}), "restart-target", req, &args),
+                  NIXL_SUCCESS);
+        const nixl_status_t st = post_and_wait(a, req, {&target});
+        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+        return st;
+    };
+    TestAgent old_one("restart-agent");
+    ASSERT_TRUE(old_one.reg(*src));
+    ASSERT_EQ(old_one.load(md), "restart-target");
+    ASSERT_EQ(write_from(old_one, "before"), NIXL_SUCCESS);
+    ASSERT_TRUE(wait_notifs(target, 1, {&old_one}));
+    ASSERT_EQ(target.load(old_one.metadata()), "restart-agent");  // where that agent is
+    {
+        TestAgent restarted("restart-agent");
+        ASSERT_TRUE(restarted.reg(*src));
+        ASSERT_EQ(restarted.load(md), "restart-target");
+        EXPECT_EQ(write_from(restarted, "after the restart"), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(target, 2, {&restarted}));
+        EXPECT_EQ(write_from(restarted, "and on"), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(target, 3, {&restarted}));
+    }
+    EXPECT_EQ(target.received(), (std::vector<Notif>{{"restart-agent", "before"},
+                                                     {"restart-agent", "after the restart"},
+                                                     {"restart-agent", "and on"}}));
+}
+
 // What a refused connection sent before the target looked at who it is (the engine serves a
 // connection, and queues its notifications, from the moment it is made) is not delivered: an
 // impostor cannot tell the application, under a connected agent's name, that blocks are ready.
