@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "common/params.h"
@@ -24,15 +25,16 @@ std::atomic<int> g_level{kLevelUnset};
 // Never destroyed: threads the library does not join (a plugin's I/O threads: NCCL never unloads
 // it, and older ncclNet versions have no finalize) may log while the process exits, after static
 // destructors have run; a destroyed sink (NCCL's logger, held by a std::function) would then be
-// called.
-std::mutex& sink_mutex() {
-    static auto* mu = new std::mutex;
-    return *mu;
+// called. Built in static storage, not on the heap: the first message may be the one that says
+// memory ran out.
+template <typename T>
+T& immortal() {
+    alignas(T) static unsigned char storage[sizeof(T)];
+    static T* object = new (storage) T();
+    return *object;
 }
-LogSink& sink_slot() {
-    static auto* sink = new LogSink;
-    return *sink;
-}
+std::mutex& sink_mutex() { return immortal<std::mutex>(); }
+LogSink& sink_slot() { return immortal<LogSink>(); }
 
 void stderr_sink(LogLevel level, const char* file, int line, std::string_view message) {
     const char* base = std::strrchr(file, '/');
@@ -116,10 +118,14 @@ void log_message(LogLevel level, const char* file, int line, const char* fmt, ..
     std::string heap_buf;
     std::string_view message(stack_buf, len < 0 ? 0 : static_cast<size_t>(len));
     if (len >= static_cast<int>(sizeof(stack_buf))) {
-        heap_buf.resize(static_cast<size_t>(len) + 1);
-        std::vsnprintf(heap_buf.data(), heap_buf.size(), fmt, args);
-        heap_buf.resize(static_cast<size_t>(len));
-        message = heap_buf;
+        try {
+            heap_buf.resize(static_cast<size_t>(len) + 1);
+            std::vsnprintf(heap_buf.data(), heap_buf.size(), fmt, args);
+            heap_buf.resize(static_cast<size_t>(len));
+            message = heap_buf;
+        } catch (const std::bad_alloc&) {
+            message = std::string_view(stack_buf, sizeof(stack_buf) - 1);  // cut short
+        }
     }
     va_end(args);
 
