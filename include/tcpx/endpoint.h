@@ -212,7 +212,9 @@ class TCPX_API Endpoint {
 
     // Copies between this endpoint's own registrations — host or GPU memory, any mix — without
     // the network (memcpy / cudaMemcpy), synchronously: the bytes are in place when it returns.
-    // Every piece is checked before any is copied; pieces must not overlap.
+    // Every piece is checked before any is copied; pieces must not overlap: a destination that
+    // shares a byte with another piece's destination or source, or its own source (by address,
+    // whatever registrations name them), is refused with kInvalidArgument naming both.
     Status copy(std::span<const LocalCopy> pieces);
 
     // A notification on its own. It has no transfer to wait for: once what waits to go out to

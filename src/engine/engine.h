@@ -652,6 +652,9 @@ class Endpoint::Impl {
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
     Status on_read_done(Peer& p, std::string_view body);
+    static Status check_copy_overlaps(
+        std::span<const LocalCopy> pieces,
+        const std::vector<std::pair<engine::Region*, engine::Region*>>& held);
     // Lets every notification held for the peer's reads go (its connection is torn down).
     void drop_read_notifications(Peer& p);
     // `held`: its room was taken already (a served write's).

@@ -510,6 +510,52 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
     return Status();
 }
 
+// The pieces' ranges by address (two registrations may cover the same memory): no destination
+// may share a byte with any other range, its own piece's source included. Pieces are copied one
+// after another, each by the memory's own means (a CUDA copy between overlapping ranges is
+// undefined), so an overlap would make the outcome depend on how the copy was carried out.
+Status Endpoint::Impl::check_copy_overlaps(std::span<const LocalCopy> pieces,
+                                           const std::vector<std::pair<Region*, Region*>>& held) {
+    struct Range {
+        uintptr_t lo, hi;  // [lo, hi)
+        size_t piece;
+        bool dst;
+    };
+    std::vector<Range> ranges;
+    ranges.reserve(2 * held.size());
+    for (size_t i = 0; i < held.size(); ++i) {
+        const LocalCopy& c = pieces[i];
+        if (c.len == 0) continue;
+        const auto to = reinterpret_cast<uintptr_t>(held[i].first->base + c.dst_offset);
+        const auto from = reinterpret_cast<uintptr_t>(held[i].second->base + c.src_offset);
+        ranges.push_back(Range{to, to + c.len, i, true});
+        ranges.push_back(Range{from, from + c.len, i, false});
+    }
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range& a, const Range& b) { return a.lo < b.lo; });
+    // Sweep in order of start: a range overlaps an earlier one iff that one reaches past its
+    // start. Any earlier destination that does is an overlap, as is any earlier range when this
+    // one is a destination: the earlier ones reaching furthest (of destinations, of all) tell.
+    const Range* far_dst = nullptr;
+    const Range* far_any = nullptr;
+    for (const Range& r : ranges) {
+        const Range* hit = far_dst != nullptr && far_dst->hi > r.lo            ? far_dst
+                           : r.dst && far_any != nullptr && far_any->hi > r.lo ? far_any
+                                                                               : nullptr;
+        if (hit != nullptr) {
+            const Range& d = hit->dst ? *hit : r;
+            const Range& other = hit->dst ? r : *hit;
+            return invalid_argument(strformat(
+                "copy: piece %zu's destination overlaps %s %s (pieces must not overlap)", d.piece,
+                other.piece == d.piece ? "its own" : strformat("piece %zu's", other.piece).c_str(),
+                other.dst ? "destination" : "source"));
+        }
+        if (r.dst && (far_dst == nullptr || r.hi > far_dst->hi)) far_dst = &r;
+        if (far_any == nullptr || r.hi > far_any->hi) far_any = &r;
+    }
+    return Status();
+}
+
 Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
     if (pieces.size() > wire::kMaxSegments) {
         return invalid_argument(strformat("copy: %zu pieces exceed the limit of %zu", pieces.size(),
@@ -552,8 +598,9 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
             }
             held.emplace_back(*d, *s);
         }
+        if (st.ok()) st = check_copy_overlaps(pieces, held);
     }
-    // Nothing is copied unless every piece resolved.
+    // Nothing is copied unless every piece resolved and none overlaps another.
     for (size_t i = 0; i < held.size() && st.ok(); ++i) {
         const LocalCopy& c = pieces[i];
         if (c.len == 0) continue;

@@ -1098,6 +1098,55 @@ TEST_F(EnginePair, LocalCopiesBetweenOwnRegistrations) {
     EXPECT_TRUE(other.canaries_intact());
 }
 
+// Pieces are copied one after another, each by its memory's means: a destination that shares a
+// byte with another range (another piece's destination or source, or its own source), by address
+// whatever registrations name it, is refused before any byte moves. Touching ranges and sources
+// read twice are fine.
+TEST_F(EnginePair, LocalCopiesThatOverlapAreRefused) {
+    GuardedBuffer other(1 << 20);
+    MemId omem = *a_->reg(other.data(), other.size());
+    MemId alias = *a_->reg(other.data() + 4096, 65536);  // the same bytes, another registration
+    fill_pattern(abuf_->data(), 1 << 20, 63);
+    struct Case {
+        const char* what;
+        std::vector<LocalCopy> pieces;
+        const char* error;  // null: accepted
+    };
+    const Case cases[] = {
+        {"two destinations",
+         {{omem, 0, amem_, 0, 100}, {omem, 50, amem_, 1000, 100}},
+         "piece 0's destination overlaps piece 1's destination"},
+        {"a destination over another's source",
+         {{omem, 0, amem_, 0, 100}, {amem_, 2000, omem, 10000, 100}, {amem_, 50, amem_, 5000, 8}},
+         "piece 2's destination overlaps piece 0's source"},
+        {"its own source",
+         {{omem, 100, omem, 150, 100}},
+         "piece 0's destination overlaps its own source"},
+        {"through another registration",
+         {{alias, 0, amem_, 0, 100}, {omem, 4000, amem_, 0, 200}},
+         "piece 1's destination overlaps piece 0's destination"},
+        {"touching", {{omem, 0, amem_, 0, 100}, {omem, 100, amem_, 100, 100}}, nullptr},
+        {"one source read twice", {{omem, 0, amem_, 0, 100}, {omem, 200, amem_, 0, 100}}, nullptr},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        std::memset(other.data(), 0, other.size());
+        const Status st = a_->copy(c.pieces);
+        if (c.error == nullptr) {
+            EXPECT_TRUE(st.ok()) << st.to_string();
+            continue;
+        }
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+        EXPECT_NE(st.message().find(c.error), std::string::npos) << st.to_string();
+        EXPECT_EQ(std::count(other.data(), other.data() + other.size(), 0),
+                  static_cast<long>(other.size()))
+            << "a refused copy moved bytes";
+    }
+    EXPECT_TRUE(a_->dereg(alias).ok());
+    EXPECT_TRUE(a_->dereg(omem).ok());
+    EXPECT_TRUE(other.canaries_intact());
+}
+
 TEST_F(EnginePair, SendRecvByTag) {
     // Receives posted before and after their sends, tags out of order, sizes up to several
     // chunks.
