@@ -109,7 +109,8 @@ class RequestPool {
     template <typename Pred>
     bool any_pending(Pred pred) const {
         for (const auto& req : all_) {
-            if (req->state.load(std::memory_order_relaxed) == ReqState::kPending && pred(*req)) {
+            // (acquire: a request seen done is done with its memory)
+            if (req->state.load(std::memory_order_acquire) == ReqState::kPending && pred(*req)) {
                 return true;
             }
         }

@@ -675,22 +675,28 @@ void SocketNet::forget_mrs(void* comm) {
     }
 }
 
-Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
+Status SocketNet::dereg_mr_failing_pending(void* comm, MemHandle* mhandle) {
     auto* rec = reinterpret_cast<MrRecord*>(mhandle);
     if (rec == nullptr || rec->magic != kMrMagic) {
         return invalid_argument("dereg_mr: not a registration of the socket transport");
     }
-    bool open = false;  // the comm not closed yet (close forgets its registrations)
     {
+        // Held throughout: a close of the comm on another thread forgets its registrations
+        // under it, and deletes the comm only after.
         std::lock_guard<std::mutex> lock(mr_mu_);
-        open = mrs_.count(rec->comm) != 0;
+        auto* c = reinterpret_cast<socket_internal::Comm*>(rec->comm);
+        if (mrs_.count(rec->comm) != 0 && rec->data != nullptr &&
+            (c->kind() == Comm::kSendKind || c->kind() == Comm::kRecvKind)) {
+            c->drop_memory(static_cast<const uint8_t*>(rec->data), rec->size);
+        }
     }
-    // Requests still pending on this memory (an abort's teardown) fail with their comm first:
-    // nothing of ours may touch the memory once its owner frees it.
-    auto* c = reinterpret_cast<socket_internal::Comm*>(rec->comm);
-    if (open && rec->data != nullptr &&
-        (c->kind() == Comm::kSendKind || c->kind() == Comm::kRecvKind)) {
-        c->drop_memory(static_cast<const uint8_t*>(rec->data), rec->size);
+    return dereg_mr(comm, mhandle);
+}
+
+Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
+    auto* rec = reinterpret_cast<MrRecord*>(mhandle);
+    if (rec == nullptr || rec->magic != kMrMagic) {
+        return invalid_argument("dereg_mr: not a registration of the socket transport");
     }
     {
         std::lock_guard<std::mutex> lock(mr_mu_);

@@ -46,6 +46,13 @@ class SocketNet final : public Net {
 
     Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
     Status dereg_mr(void* comm, MemHandle* mhandle) override;
+    // dereg_mr for a caller that frees the memory next with requests maybe still pending on it
+    // (NCCL's teardown, an abort's: deregMr, free the buffers, then close): a comm with a
+    // request pending on memory that shares a byte with the registration fails first, and this
+    // returns once no I/O thread can touch it (socket_internal::Comm::drop_memory). The engine
+    // deregisters only memory none of its requests uses, and keeps dereg_mr: a request on
+    // another registration of the same bytes must not fail its comm.
+    Status dereg_mr_failing_pending(void* comm, MemHandle* mhandle);
 
     Status isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
                  Request** request) override;

@@ -320,7 +320,8 @@ tcpx_ncclResult_t v7_reg_mr(void* comm, void* data, int size, int type, void** m
 tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
     if (!net()) return not_initialized("deregMr");
     if (!live().remove_mr(mhandle, comm)) return bad_handle("deregMr", "registration");
-    return to_nccl_result(net()->dereg_mr(comm, static_cast<MemHandle*>(mhandle)), "deregMr");
+    return to_nccl_result(net()->dereg_mr_failing_pending(comm, static_cast<MemHandle*>(mhandle)),
+                          "deregMr");
 }
 
 tcpx_ncclResult_t v7_isend(void* send_comm, void* data, int size, int tag, void* mhandle,
