@@ -208,6 +208,8 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
         return;
     }
     ep_ = std::move(ep).value();
+    // With a secret every connection proved it (strangers are refused before they are served).
+    authenticated_ = !config->auth_secret.empty();
 }
 
 TcpxBackend::~TcpxBackend() {
@@ -370,8 +372,9 @@ void TcpxBackend::harvest_inbound() const {
         // name from elsewhere is a stranger's: its notifications would be delivered under the
         // agent's name, and it would keep the agent itself out.
         Status who;
-        const auto info = conn_info_.find(*name);
-        if (info != conn_info_.end()) who = ep_->peer_matches(*peer, info->second);
+        if (auto info = conn_info_.find(*name); info != conn_info_.end()) {
+            who = ep_->peer_matches(*peer, info->second);
+        }
         const std::string mismatch = who.ok() ? "" : who.to_string();
         const char* refusal = nullptr;
         if (*name == localAgent) {
@@ -379,16 +382,18 @@ void TcpxBackend::harvest_inbound() const {
         } else if (!who.ok()) {
             refusal = mismatch.c_str();
         } else if (auto it = inbound_.find(*name); it != inbound_.end()) {
-            if (!connection_lost(it->second) && info == conn_info_.end()) {
-                // Nothing to judge the newcomer by: the connected one keeps its place.
+            if (!connection_lost(it->second) && !authenticated_) {
+                // Nothing proves the newcomer is that agent (its host alone does not: any
+                // process there could claim the name and evict the agent at will): the
+                // connected one keeps its place.
                 refusal = "an agent of that name is already connected";
             } else {
-                // The old connection ended, or the newcomer is where that agent's connection
-                // info says it is (its host, or it proved the shared secret): the agent itself,
-                // restarted while its old connection still looked alive (a host that vanished
-                // without closing it). The engine has served the new connection from the moment
-                // it was made, its writes' initiators told of success: refusing it now would
-                // drop their notifications. The old connection's still arrive.
+                // The old connection ended, or the newcomer proved the shared secret under the
+                // agent's name: the agent itself, restarted while its old connection still looked
+                // alive (a host that vanished without closing it). The engine has served the new
+                // connection from the moment it was made, its writes' initiators told of success:
+                // refusing it now would drop their notifications. The old connection's still
+                // arrive.
                 if (!connection_lost(it->second)) {
                     NIXL_WARN << "TCPX: a new connection from '" << *name
                               << "' replaces its earlier one";

@@ -107,6 +107,7 @@ class TcpxBackend final : public nixlBackendEngine {
     nixl_status_t start(Request* req, const nixl_opt_b_args_t* opt_args) const;
 
     std::unique_ptr<Endpoint> ep_;
+    bool authenticated_ = false;  // auth_secret set: every connection proved the secret
     mutable std::mutex mu_;
     mutable std::map<std::string, std::string> conn_info_;  // agent -> endpoint metadata
     mutable std::map<std::string, PeerId> outbound_;        // our connections, by agent

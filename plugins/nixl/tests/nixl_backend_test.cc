@@ -921,46 +921,73 @@ TEST(NixlNames, AClaimedNameCannotTakeOverAConnectedAgent) {
 }
 
 // An agent restarted under its name while its old connection still looks alive (its host went
-// without closing it): where the target knows that agent's connection info and the newcomer is
-// where it says, the new connection replaces the old one. Refused, as before, the new agent's
-// writes had already succeeded (the engine serves a connection at once) and their notifications
-// were dropped.
-TEST(NixlNames, AnAgentRestartedWhileItsOldConnectionLooksAliveReplacesIt) {
+// without closing it). With a shared secret the newcomer proved it is that agent: its connection
+// replaces the old one (refused, as before, the new agent's writes had already succeeded, the
+// engine serving a connection at once, and their notifications were dropped). Without one, its
+// host proves nothing (any process there could claim the name and evict the agent at will): the
+// connected agent keeps its place, even where the target holds its connection info.
+TEST(NixlNames, AnAgentRestartedWhileItsOldConnectionLooksAliveReplacesItWithASecret) {
     constexpr size_t kSize = 4096;
     auto src = Buffer::create(DRAM_SEG, kSize);
     auto dst = Buffer::create(DRAM_SEG, kSize);
     ASSERT_TRUE(src && dst);
-    TestAgent target("restart-target");
-    ASSERT_TRUE(target.reg(*dst));
-    const std::string md = target.metadata();
-    auto write_from = [&](TestAgent& a, const std::string& note) {
-        nixlXferReqH* req = nullptr;
-        const nixl_opt_args_t args = with_notif(note);
-        EXPECT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
-                                   xfer_list(*dst, {{0, kSize}}), "restart-target", req, &args),
-                  NIXL_SUCCESS);
-        const nixl_status_t st = post_and_wait(a, req, {&target});
-        EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
-        return st;
-    };
-    TestAgent old_one("restart-agent");
-    ASSERT_TRUE(old_one.reg(*src));
-    ASSERT_EQ(old_one.load(md), "restart-target");
-    ASSERT_EQ(write_from(old_one, "before"), NIXL_SUCCESS);
-    ASSERT_TRUE(wait_notifs(target, 1, {&old_one}));
-    ASSERT_EQ(target.load(old_one.metadata()), "restart-agent");  // where that agent is
-    {
-        TestAgent restarted("restart-agent");
-        ASSERT_TRUE(restarted.reg(*src));
-        ASSERT_EQ(restarted.load(md), "restart-target");
-        EXPECT_EQ(write_from(restarted, "after the restart"), NIXL_SUCCESS);
-        ASSERT_TRUE(wait_notifs(target, 2, {&restarted}));
-        EXPECT_EQ(write_from(restarted, "and on"), NIXL_SUCCESS);
-        ASSERT_TRUE(wait_notifs(target, 3, {&restarted}));
+    const std::string secret = "a shared secret of enough length for the test";
+    for (const bool with : {true, false}) {
+        SCOPED_TRACE(with ? "with a secret" : "without");
+        const std::string tname = with ? "restart-target-s" : "restart-target";
+        const std::string aname = with ? "restart-agent-s" : "restart-agent";
+        const AgentOptions opts{.params = with_secret(with ? secret : "")};
+        TestAgent target(tname, opts);
+        ASSERT_TRUE(target.reg(*dst));
+        const std::string md = target.metadata();
+        auto write_from = [&](TestAgent& a, const std::string& note) {
+            nixlXferReqH* req = nullptr;
+            const nixl_opt_args_t args = with_notif(note);
+            EXPECT_EQ(a->createXferReq(NIXL_WRITE, xfer_list(*src, {{0, kSize}}),
+                                       xfer_list(*dst, {{0, kSize}}), tname, req, &args),
+                      NIXL_SUCCESS);
+            const nixl_status_t st = post_and_wait(a, req, {&target});
+            EXPECT_EQ(a->releaseXferReq(req), NIXL_SUCCESS);
+            return st;
+        };
+        TestAgent old_one(aname, opts);
+        ASSERT_TRUE(old_one.reg(*src));
+        ASSERT_EQ(old_one.load(md), tname);
+        ASSERT_EQ(write_from(old_one, "before"), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(target, 1, {&old_one}));
+        ASSERT_EQ(target.load(old_one.metadata()), aname);  // where that agent is
+        {
+            TestAgent newcomer(aname, opts);
+            ASSERT_TRUE(newcomer.reg(*src));
+            ASSERT_EQ(newcomer.load(md), tname);
+            if (with) {
+                EXPECT_EQ(write_from(newcomer, "after the restart"), NIXL_SUCCESS);
+                ASSERT_TRUE(wait_notifs(target, 2, {&newcomer}));
+                EXPECT_EQ(write_from(newcomer, "and on"), NIXL_SUCCESS);
+                ASSERT_TRUE(wait_notifs(target, 3, {&newcomer}));
+            } else {
+                // Served until the target looks at who it is, then closed.
+                nixl_status_t st = NIXL_SUCCESS;
+                const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+                while (st == NIXL_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+                    st = write_from(newcomer, "claimed");
+                    target.pump();
+                }
+                EXPECT_EQ(st, NIXL_ERR_REMOTE_DISCONNECT) << nixlEnumStrings::statusStr(st);
+            }
+        }
+        if (with) {
+            EXPECT_EQ(target.received(),
+                      (std::vector<Notif>{
+                          {aname, "before"}, {aname, "after the restart"}, {aname, "and on"}}));
+        } else {
+            // The connected agent still writes, and its notifications alone arrive.
+            EXPECT_EQ(write_from(old_one, "still here"), NIXL_SUCCESS);
+            ASSERT_TRUE(wait_notifs(target, 2, {&old_one}));
+            EXPECT_EQ(target.received(),
+                      (std::vector<Notif>{{aname, "before"}, {aname, "still here"}}));
+        }
     }
-    EXPECT_EQ(target.received(), (std::vector<Notif>{{"restart-agent", "before"},
-                                                     {"restart-agent", "after the restart"},
-                                                     {"restart-agent", "and on"}}));
 }
 
 // What a refused connection sent before the target looked at who it is (the engine serves a
