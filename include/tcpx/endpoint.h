@@ -141,8 +141,8 @@ class TCPX_API Endpoint {
 
     // --- peers ---
     // Connects to the endpoint described by `metadata`; returns once the connection is ready
-    // (or fails after TCPX_P2P_CONNECT_TIMEOUT_MS). kFailedPrecondition when the endpoint that
-    // answers there has another name than the metadata's (stale metadata).
+    // (or fails after TCPX_P2P_CONNECT_TIMEOUT_MS). kUnavailable also when the endpoint that
+    // answers there has another name or nonce than the metadata's (stale metadata).
     StatusOr<PeerId> connect(std::string_view metadata);
     // Starts connecting and returns at once. Writes, reads, sends, receives and notifications may
     // be posted to the peer right away: they wait (in order, at most 65536) until the connection

@@ -236,7 +236,9 @@ TCPX_C_API tcpx_status_t tcpx_mem_descriptor(const tcpx_endpoint_t* ep, uint64_t
 /* Copies `len` bytes from our registration `mem` at `offset` to the peer's region at
  * `remote_offset`. When `has_notif` is non-zero, the peer's application receives `notif`
  * (`notif_len` bytes, possibly 0; `notif` may be NULL when notif_len is 0) with our name, once all
- * the data is in place there (tcpx_get_notification). */
+ * the data is in place there (tcpx_get_notification). A peer with no room for it (its application
+ * has not taken TCPX_P2P_MAX_QUEUED_NOTIFICATIONS of ours) refuses the write before any byte moves:
+ * the transfer fails with TCPX_ERR_RESOURCE_EXHAUSTED. */
 TCPX_C_API tcpx_status_t tcpx_write(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem,
                                     uint64_t offset, const void* remote_desc,
                                     size_t remote_desc_len, uint64_t remote_offset, uint64_t len,
@@ -247,7 +249,8 @@ TCPX_C_API tcpx_status_t tcpx_write(tcpx_endpoint_t* ep, uint64_t peer, uint64_t
  * `has_notif` is non-zero, the peer's application receives `notif` (as in tcpx_write) with our
  * name, once all the data is in place here: this endpoint sends it when the read completes (its
  * progress thread, or tcpx_poll / tcpx_wait), before the read is reported done, and never if the
- * read fails. */
+ * read fails. The peer holds room for it from the request on: with none, the read is refused as a
+ * write is (TCPX_ERR_RESOURCE_EXHAUSTED, no byte moved). */
 TCPX_C_API tcpx_status_t tcpx_read(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem,
                                    uint64_t offset, const void* remote_desc, size_t remote_desc_len,
                                    uint64_t remote_offset, uint64_t len, const void* notif,

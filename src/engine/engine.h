@@ -301,8 +301,9 @@ struct Peer {
         kFailed,
     };
     PeerId id = 0;
-    std::string name;           // the peer's own name, from its HELLO (until then, its address)
-    std::string expected_name;  // outbound: the name its metadata gave
+    std::string name;             // the peer's own name, from its HELLO (until then, its address)
+    std::string expected_name;    // outbound: the name its metadata gave
+    uint64_t expected_nonce = 0;  // outbound: the endpoint's nonce its metadata gave (0: none)
     bool outbound = false;
     State state = State::kConnecting;
     bool authenticated = false;    // proved the shared secret

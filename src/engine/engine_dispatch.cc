@@ -111,14 +111,16 @@ Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {
     if (it == p.read_notifs.end()) {
         return protocol_error("READ_DONE for a read whose notification we do not hold");
     }
-    std::string payload = std::move(it->second.payload);
-    p.read_notifs.erase(it);  // its endpoint-wide room goes back; the queue counts it from here
+    // Queued (a copy: out of memory, nothing has changed) before the entry goes.
     if (m.delivered) {
-        queue_notification(p, std::move(payload), /*held=*/true);
+        queue_notification(p, it->second.payload, /*held=*/true);
     } else {
         --p.notif_count;
-        p.notif_bytes -= payload.size();
+        p.notif_bytes -= it->second.payload.size();
     }
+    p.read_notifs.erase(it);  // its endpoint-wide room goes back; the queue counts it from here
+    --p.answers_owed;
+    p.last_answer = Clock::now();
     return Status();
 }
 
@@ -127,6 +129,7 @@ void Endpoint::Impl::drop_read_notifications(Peer& p) {
         --p.notif_count;
         p.notif_bytes -= held.payload.size();
     }
+    p.answers_owed -= std::min<uint64_t>(p.answers_owed, p.read_notifs.size());
     p.read_notifs.clear();
 }
 
@@ -339,13 +342,18 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
             if (!room.ok()) refused = room.with_context("read refused");
         }
     }
+    // Its READ_DONE is an answer owed: a peer that never sends one (but heartbeats on) would
+    // hold the room for ever; past twice PEER_TIMEOUT_MS with nothing of ours pending, it fails
+    // as one that answers none of our requests does.
     const auto hold_notification = [&] {
         if (!notify) return;
-        Peer::HeldReadNotification& held = p.read_notifs[req.xfer];
-        held.payload = std::string(req.notification);
+        std::string payload(req.notification);  // (out of memory: nothing changed yet)
+        Peer::HeldReadNotification& held = p.read_notifs.try_emplace(req.xfer).first->second;
+        held.payload = std::move(payload);
         held.room = engine::HeldNotificationRoom(&held_notifications_, held.payload.size());
         ++p.notif_count;
         p.notif_bytes += held.payload.size();
+        if (p.answers_owed++ == 0) p.last_answer = Clock::now();
     };
     if (!refused.ok()) {
         std::string msg = wire::encode_read_resp(req.xfer, 0, refused);

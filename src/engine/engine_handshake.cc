@@ -165,6 +165,7 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
         TCPX_ASSIGN_OR_RETURN(Peer * p, add_peer(std::move(fd), true, addr.address));
         id = p->id;
         p->name = p->expected_name = addr.name;
+        p->expected_nonce = addr.nonce;
         p->known_to_user = true;
         // Our listeners for its channels are opened when our HELLO goes (send_hello): with a
         // shared secret, only once the peer has proved it.
@@ -488,15 +489,23 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
         if (p.authenticated && hello.name != p.expected_name) {
             return protocol_error("HELLO names another endpoint than the one authenticated");
         }
-        // Without a secret the name proves nothing, but a listener of another name is not the
-        // endpoint the metadata describes: stale metadata, whose endpoint is gone and whose port
-        // another endpoint took. Its memory descriptors and notifications are not the
-        // application's to mix up with the one it meant.
+        // Without a secret the name proves nothing, but a listener of another name, or of the
+        // same name with another endpoint nonce (one made since), is not the endpoint the
+        // metadata describes: stale metadata, whose endpoint is gone and whose port another took.
+        // Its memory descriptors and notifications are not the application's to mix up with the
+        // one it meant. UNAVAILABLE, as for an endpoint not there at all (FAILED_PRECONDITION is
+        // peer_status()'s "still connecting").
         if (!p.expected_name.empty() && hello.name != p.expected_name) {
-            return failed_precondition(strformat(
-                "the endpoint at %s is '%s', not '%s' named by the metadata (a stale metadata: "
+            return unavailable(strformat(
+                "the endpoint at %s is '%s', not '%s' named by the metadata (stale metadata: "
                 "that endpoint is gone)",
                 p.address.to_string().c_str(), hello.name.c_str(), p.expected_name.c_str()));
+        }
+        if (p.expected_nonce != 0 && hello.nonce != p.expected_nonce) {
+            return unavailable(strformat(
+                "the endpoint '%s' at %s is not the one the metadata describes, but one made since "
+                "under its name (stale metadata)",
+                hello.name.c_str(), p.address.to_string().c_str()));
         }
         p.name = hello.name;
         p.channels = hello.channels;

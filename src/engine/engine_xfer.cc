@@ -511,7 +511,8 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
 }
 
 // The pieces' ranges by address (two registrations may cover the same memory): no destination
-// may share a byte with any other range, its own piece's source included. Pieces are copied one
+// may share a byte with any other range, its own piece's source included (a piece copied onto
+// itself, exactly, is none: nothing moves). Pieces are copied one
 // after another, each by the memory's own means (a CUDA copy between overlapping ranges is
 // undefined), so an overlap would make the outcome depend on how the copy was carried out.
 Status Endpoint::Impl::check_copy_overlaps(std::span<const LocalCopy> pieces,
@@ -528,6 +529,7 @@ Status Endpoint::Impl::check_copy_overlaps(std::span<const LocalCopy> pieces,
         if (c.len == 0) continue;
         const auto to = reinterpret_cast<uintptr_t>(held[i].first->base + c.dst_offset);
         const auto from = reinterpret_cast<uintptr_t>(held[i].second->base + c.src_offset);
+        if (to == from) continue;  // onto itself: nothing to copy (skipped below)
         ranges.push_back(Range{to, to + c.len, i, true});
         ranges.push_back(Range{from, from + c.len, i, false});
     }
@@ -598,8 +600,9 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
             }
             held.emplace_back(*d, *s);
         }
-        if (st.ok()) st = check_copy_overlaps(pieces, held);
     }
+    // (Outside the lock: up to 2^21 ranges sorted; the regions are held.)
+    if (st.ok()) st = check_copy_overlaps(pieces, held);
     // Nothing is copied unless every piece resolved and none overlaps another.
     for (size_t i = 0; i < held.size() && st.ok(); ++i) {
         const LocalCopy& c = pieces[i];
@@ -608,6 +611,7 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
         Region* s = held[i].second;
         uint8_t* to = d->base + c.dst_offset;
         const uint8_t* from = s->base + c.src_offset;
+        if (to == from) continue;  // the bytes are where they are to be
         if (d->kind == MemKind::kHost && s->kind == MemKind::kHost) {
             std::memmove(to, from, c.len);
         } else {

@@ -783,6 +783,40 @@ TEST(EngineHostile, ReadDonesForNoHeldNotificationFailTheConnection) {
     expect_serves(ep.get());
 }
 
+// A reader that takes its data and never sends READ_DONE (but heartbeats on) would hold its
+// notification's room for ever: the READ_DONE is an answer owed, and past twice PEER_TIMEOUT_MS
+// without it the peer fails, the room going back with it.
+TEST(EngineHostile, AReaderThatNeverSendsReadDoneFailsAfterThePeerTimeout) {
+    Config tc = engine_test_config();
+    tc.peer_timeout_ms = 200;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    GuardedBuffer region(4096);
+    const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    wire::ReadReq req;
+    req.xfer = 1;
+    req.flags = wire::kFlagInline | wire::kFlagNotif;
+    req.segs = {{desc.key, 0, 16}};
+    req.notification = "never done";
+    send_all(raw.fd(), wire::encode_read_req(req));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+    // Heartbeats every 20 ms, never the READ_DONE.
+    const auto start = std::chrono::steady_clock::now();
+    bool closed = false;
+    while (!closed && std::chrono::steady_clock::now() - start < 10s) {
+        send_all(raw.fd(), wire::encode_ping(0));
+        closed = closed_by_peer(raw.fd(), 20ms);
+    }
+    EXPECT_TRUE(closed) << "a reader owing its READ_DONE was kept for 10 s";
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
 // The bound holds for all peers together: a peer that fills its share and goes leaves its
 // notifications to the application, still counted, and the next one gets only what is left.
 TEST(EngineHostile, NotificationsOfAPeerThatLeftStillCountAgainstTheEndpointBound) {
@@ -1894,9 +1928,23 @@ TEST(EngineHostile, AConnectToAnEndpointOfAnotherNameFails) {
     stale.name = "departed";  // what used to listen at that address
     auto id = connector->connect(engine::encode_metadata(stale));
     ASSERT_FALSE(id.ok());
-    EXPECT_EQ(id.status().code(), StatusCode::kFailedPrecondition) << id.status().to_string();
+    EXPECT_EQ(id.status().code(), StatusCode::kUnavailable) << id.status().to_string();
     EXPECT_NE(id.status().message().find("'newcomer', not 'departed'"), std::string::npos)
         << id.status().to_string();
+    // The same name, but another endpoint made since under it (another nonce).
+    engine::EndpointAddress earlier = *parsed;
+    earlier.nonce ^= 1;
+    id = connector->connect(engine::encode_metadata(earlier));
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kUnavailable) << id.status().to_string();
+    EXPECT_NE(id.status().message().find("one made since"), std::string::npos)
+        << id.status().to_string();
+    // connect_async: peer_status() ends in the error, not in "still connecting".
+    auto later = connector->connect_async(engine::encode_metadata(stale));
+    ASSERT_TRUE(later.ok());
+    EXPECT_TRUE(eventually([&] {
+        return connector->peer_status(*later).code() == StatusCode::kUnavailable;
+    })) << connector->peer_status(*later).to_string();
     // Both are none the worse for it.
     auto right = connector->connect(there->metadata());
     EXPECT_TRUE(right.ok()) << right.status().to_string();

@@ -1127,6 +1127,9 @@ TEST_F(EnginePair, LocalCopiesThatOverlapAreRefused) {
          "piece 1's destination overlaps piece 0's destination"},
         {"touching", {{omem, 0, amem_, 0, 100}, {omem, 100, amem_, 100, 100}}, nullptr},
         {"one source read twice", {{omem, 0, amem_, 0, 100}, {omem, 200, amem_, 0, 100}}, nullptr},
+        {"a piece exactly onto itself",
+         {{omem, 300, omem, 300, 100}, {omem, 0, amem_, 0, 100}},
+         nullptr},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.what);
