@@ -117,6 +117,19 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
         out->push_back(std::move(r));
     }
 
+    // An endpoint without a progress thread (the caller's calls do everything) connected to b_,
+    // with one device buffer of kSize on GPU 0 in `bufs` (which outlives it, whatever fails).
+    void polled_endpoint(std::unique_ptr<Endpoint>* ep, PeerId* to_b, std::vector<Reg>* bufs) {
+        Config config = a_config_;
+        config.progress_thread = "off";
+        *ep = make_endpoint("polled", config);
+        ASSERT_NE(*ep, nullptr);
+        auto peer = (*ep)->connect(b_->metadata());
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        *to_b = *peer;
+        add(ep->get(), device_buffer(kSize, 0, emulation()), bufs);
+    }
+
     void fill(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
         std::vector<uint8_t> v(len);
         fill_pattern(v.data(), len, seed);
@@ -495,14 +508,10 @@ TEST_P(EngineDevice, ReadNotificationFollowsTheDataIntoDeviceMemory) {
     // not poll; and one without a progress thread, polled one step at a time, standing still
     // between steps while the target listens, so a notification sent a step too early is seen
     // with the data still incomplete.
-    Config polled_config = a_config_;
-    polled_config.progress_thread = "off";
     std::vector<Reg> polled_bufs;  // outlives the endpoint, whatever fails
-    auto polled = make_endpoint("polled", polled_config);
-    ASSERT_NE(polled, nullptr);
-    auto to_b = polled->connect(b_->metadata());
-    ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
-    add(polled.get(), device_buffer(kSize, 0, emulation()), &polled_bufs);
+    std::unique_ptr<Endpoint> polled;
+    PeerId to_b = 0;
+    ASSERT_NO_FATAL_FAILURE(polled_endpoint(&polled, &to_b, &polled_bufs));
     struct Initiator {
         Endpoint* ep;
         PeerId peer;
@@ -510,7 +519,7 @@ TEST_P(EngineDevice, ReadNotificationFollowsTheDataIntoDeviceMemory) {
         const char* name;
     };
     const Initiator initiators[] = {{a_.get(), link_.a_to_b, &a_bufs_[1], "alpha"},
-                                    {polled.get(), *to_b, &polled_bufs[0], "polled"}};
+                                    {polled.get(), to_b, &polled_bufs[0], "polled"}};
     uint64_t seed = 900;
     for (const Initiator& in : initiators) {
         const bool stepped = in.ep == polled.get();
@@ -626,14 +635,10 @@ TEST_P(EngineDevice, SmallGpuTransfersDoNotWaitForTheApplicationsLegacyStream) {
 // reported that error as the launch's, and the transfer failed with the application's error.
 TEST_P(EngineDevice, AnErrorTheApplicationLeftPendingIsNotTakenForTheEnginesOwn) {
     if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the gather kernels of the socket path";
-    Config polled_config = a_config_;
-    polled_config.progress_thread = "off";  // the caller's calls do everything
     std::vector<Reg> polled_bufs;
-    auto polled = make_endpoint("polled", polled_config);
-    ASSERT_NE(polled, nullptr);
-    auto to_b = polled->connect(b_->metadata());
-    ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
-    add(polled.get(), device_buffer(kSize, 0, emulation()), &polled_bufs);
+    std::unique_ptr<Endpoint> polled;
+    PeerId to_b = 0;
+    ASSERT_NO_FATAL_FAILURE(polled_endpoint(&polled, &to_b, &polled_bufs));
     const Reg& ours = polled_bufs[0];
     const Reg& theirs = b_bufs_[1];
     // 64 GPU pieces of 3000 bytes: chunks of many pieces, gathered and scattered by the kernel.
@@ -643,7 +648,7 @@ TEST_P(EngineDevice, AnErrorTheApplicationLeftPendingIsNotTakenForTheEnginesOwn)
         fill(ours.buf.get(), iov.back().offset, 3000, 500 + k);
     }
     ASSERT_NE(cudaSetDevice(1 << 20), cudaSuccess);  // left pending, as the application's
-    auto w = polled->writev(*to_b, iov);
+    auto w = polled->writev(to_b, iov);
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     const Status ws = polled->wait(*w, 30s);
     EXPECT_TRUE(ws.ok()) << ws.to_string();
@@ -653,7 +658,7 @@ TEST_P(EngineDevice, AnErrorTheApplicationLeftPendingIsNotTakenForTheEnginesOwn)
     // And back into our GPU memory, 1 MiB further on, through the scatter kernel.
     for (IoVec& v : iov) v.offset += 1 << 20;
     ASSERT_NE(cudaSetDevice(1 << 20), cudaSuccess);
-    auto r = polled->readv(*to_b, iov);
+    auto r = polled->readv(to_b, iov);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     const Status rs = polled->wait(*r, 30s);
     EXPECT_TRUE(rs.ok()) << rs.to_string();

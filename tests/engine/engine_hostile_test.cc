@@ -749,6 +749,27 @@ TEST(EngineHostile, AReadWhoseNotificationHasNoRoomIsRefused) {
     EXPECT_TRUE(peer->peer_status(l.a_to_b).ok());
 }
 
+// A 16-byte inline READ_REQ of `desc` with a notification, as transfer `xfer`.
+wire::ReadReq inline_read_with_notification(const RemoteMem& desc, uint64_t xfer,
+                                            std::string_view note) {
+    wire::ReadReq req;
+    req.xfer = xfer;
+    req.flags = wire::kFlagInline | wire::kFlagNotif;
+    req.segs = {{desc.key, 0, 16}};
+    req.notification = note;
+    return req;
+}
+
+// Sends it on a raw peer's control socket and takes the READ_RESP.
+void read_inline_with_notification(int fd, const RemoteMem& desc, uint64_t xfer,
+                                   std::string_view note) {
+    send_all(fd, wire::encode_read_req(inline_read_with_notification(desc, xfer, note)));
+    wire::Header h;
+    std::string body;
+    ASSERT_TRUE(read_message(fd, &h, &body));
+    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+}
+
 // READ_DONE names a read whose notification the target holds; any other is a protocol error,
 // and a READ_REQ may not reuse the id of one held. Held notifications go with the connection.
 TEST(EngineHostile, ReadDonesForNoHeldNotificationFailTheConnection) {
@@ -765,17 +786,9 @@ TEST(EngineHostile, ReadDonesForNoHeldNotificationFailTheConnection) {
     {
         RawPeer raw(*ep);
         ASSERT_TRUE(raw.ok());
-        wire::ReadReq req;
-        req.xfer = 7;
-        req.flags = wire::kFlagInline | wire::kFlagNotif;
-        req.segs = {{desc.key, 0, 16}};
-        req.notification = "held";
-        send_all(raw.fd(), wire::encode_read_req(req));
-        wire::Header h;
-        std::string body;
-        ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-        EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
-        send_all(raw.fd(), wire::encode_read_req(req));  // the same id while it is held
+        ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(raw.fd(), desc, 7, "held"));
+        // The same id while it is held.
+        send_all(raw.fd(), wire::encode_read_req(inline_read_with_notification(desc, 7, "held")));
         EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a READ_REQ reused a held id";
     }
     // Neither notification was delivered, and their room went with their connections.
@@ -795,16 +808,7 @@ TEST(EngineHostile, AReaderThatNeverSendsReadDoneFailsAfterThePeerTimeout) {
     const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
     RawPeer raw(*ep);
     ASSERT_TRUE(raw.ok());
-    wire::ReadReq req;
-    req.xfer = 1;
-    req.flags = wire::kFlagInline | wire::kFlagNotif;
-    req.segs = {{desc.key, 0, 16}};
-    req.notification = "never done";
-    send_all(raw.fd(), wire::encode_read_req(req));
-    wire::Header h;
-    std::string body;
-    ASSERT_TRUE(read_message(raw.fd(), &h, &body));
-    ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+    ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(raw.fd(), desc, 1, "never done"));
     // Heartbeats every 20 ms, never the READ_DONE.
     const auto start = std::chrono::steady_clock::now();
     bool closed = false;

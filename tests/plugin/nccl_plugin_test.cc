@@ -211,6 +211,23 @@ TEST(NcclPlugin, V11ContextsAreCheckedAndFinalized) {
     EXPECT_EQ(v11->finalize(&foreign), tcpx_ncclInvalidUsage);
 }
 
+// A connected pair over loopback, through the v9 table itself.
+void connected_pair(const tcpx_ncclNet_v9_t* v9, void** listen, void** send, void** recv) {
+    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+    ASSERT_EQ(v9->listen(0, handle, listen), tcpx_ncclSuccess);
+    tcpx_ncclNetDeviceHandle_t dev{};
+    tcpx_ncclNetDeviceHandle_t* devp = &dev;
+    for (int i = 0; i < 100000 && (*send == nullptr || *recv == nullptr); ++i) {
+        if (*send == nullptr) {
+            ASSERT_EQ(v9->connect(0, handle, send, &devp), tcpx_ncclSuccess);
+        }
+        if (*recv == nullptr) {
+            ASSERT_EQ(v9->accept(*listen, recv, &devp), tcpx_ncclSuccess);
+        }
+    }
+    ASSERT_TRUE(*send != nullptr && *recv != nullptr);
+}
+
 // Sizes the core cannot take (its ints) are refused, not truncated: a registration of more than
 // INT_MAX bytes (v8 on), a send or receive of more (v9 on, whose sizes are size_t), more than 8
 // grouped receives.
@@ -218,23 +235,10 @@ TEST(NcclPlugin, SizesPastTheCoresIntAreRefused) {
     const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
     ASSERT_NE(v9, nullptr);
     ASSERT_EQ(v9->init(count_logger), tcpx_ncclSuccess);
-    // A connected pair over loopback, through the table itself.
-    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
     void* listen = nullptr;
-    ASSERT_EQ(v9->listen(0, handle, &listen), tcpx_ncclSuccess);
     void* send = nullptr;
     void* recv = nullptr;
-    tcpx_ncclNetDeviceHandle_t dev{};
-    tcpx_ncclNetDeviceHandle_t* devp = &dev;
-    for (int i = 0; i < 100000 && (send == nullptr || recv == nullptr); ++i) {
-        if (send == nullptr) {
-            ASSERT_EQ(v9->connect(0, handle, &send, &devp), tcpx_ncclSuccess);
-        }
-        if (recv == nullptr) {
-            ASSERT_EQ(v9->accept(listen, &recv, &devp), tcpx_ncclSuccess);
-        }
-    }
-    ASSERT_TRUE(send != nullptr && recv != nullptr);
+    ASSERT_NO_FATAL_FAILURE(connected_pair(v9, &listen, &send, &recv));
     std::vector<char> buf(4096);
     void* mh = nullptr;
     EXPECT_EQ(v9->regMr(send, buf.data(), size_t{INT_MAX} + 1, TCPX_NCCL_PTR_HOST, &mh),
@@ -273,22 +277,10 @@ TEST(NcclPlugin, DeregWithAReceivePendingOnItFailsTheReceiveAndNothingWritesTher
     const auto* v9 = table<tcpx_ncclNet_v9_t>(9);
     ASSERT_NE(v9, nullptr);
     ASSERT_EQ(v9->init(count_logger), tcpx_ncclSuccess);
-    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
     void* listen = nullptr;
-    ASSERT_EQ(v9->listen(0, handle, &listen), tcpx_ncclSuccess);
     void* send = nullptr;
     void* recv = nullptr;
-    tcpx_ncclNetDeviceHandle_t dev{};
-    tcpx_ncclNetDeviceHandle_t* devp = &dev;
-    for (int i = 0; i < 100000 && (send == nullptr || recv == nullptr); ++i) {
-        if (send == nullptr) {
-            ASSERT_EQ(v9->connect(0, handle, &send, &devp), tcpx_ncclSuccess);
-        }
-        if (recv == nullptr) {
-            ASSERT_EQ(v9->accept(listen, &recv, &devp), tcpx_ncclSuccess);
-        }
-    }
-    ASSERT_TRUE(send != nullptr && recv != nullptr);
+    ASSERT_NO_FATAL_FAILURE(connected_pair(v9, &listen, &send, &recv));
     constexpr size_t kRegion = 1 << 20;
     void* region =
         ::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
