@@ -246,6 +246,12 @@ class TCPX_API Endpoint {
     // (PEER_TIMEOUT_MS) fails with kTimeout too: poll() tells the two apart (still in flight, or
     // INVALID_ARGUMENT: reported already).
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
+    // Cancels a receive (recv) that no send has matched yet: it fails with kCancelled (reported
+    // by poll() or wait(), as any failure), and lets go of its memory at once (a dereg() of it
+    // no longer waits for it; a send with its tag that comes later waits for another receive).
+    // Any other transfer, or a receive already matched, has bytes on the wire and ends on its
+    // own: kFailedPrecondition. kInvalidArgument for an id unknown here or already reported.
+    Status cancel(XferId xfer);
 
     class Impl;
 

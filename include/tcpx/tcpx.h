@@ -334,6 +334,12 @@ TCPX_C_API tcpx_status_t tcpx_poll(tcpx_endpoint_t* ep, uint64_t xfer, int* done
  * once reported). With a negative timeout TCPX_ERR_TIMEOUT is always such a failure. */
 TCPX_C_API tcpx_status_t tcpx_wait(tcpx_endpoint_t* ep, uint64_t xfer, int timeout_ms);
 
+/* Cancels a receive (tcpx_recv) no send has matched yet: it fails with TCPX_ERR_CANCELLED (as
+ * tcpx_poll / tcpx_wait report) and lets go of its memory at once. Any other transfer, or a
+ * receive already matched, has bytes on the wire and ends on its own:
+ * TCPX_ERR_FAILED_PRECONDITION. TCPX_ERR_INVALID_ARGUMENT for an unknown or reported id. */
+TCPX_C_API tcpx_status_t tcpx_cancel(tcpx_endpoint_t* ep, uint64_t xfer);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -584,4 +584,11 @@ tcpx_status_t tcpx_wait(tcpx_endpoint_t* ep, uint64_t xfer, int timeout_ms) {
     });
 }
 
+tcpx_status_t tcpx_cancel(tcpx_endpoint_t* ep, uint64_t xfer) {
+    return guarded("tcpx_cancel", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        return ep->endpoint->cancel(xfer);
+    });
+}
+
 }  // extern "C"

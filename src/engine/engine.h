@@ -418,6 +418,7 @@ class Endpoint::Impl {
 
     XferStatus poll(XferId xfer);
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
+    Status cancel(XferId xfer);
 
  private:
     using Clock = engine::Clock;

@@ -731,6 +731,35 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
 // --- completion
 // ------------------------------------------------------------------------------------
 
+Status Endpoint::Impl::cancel(XferId xfer) {
+    auto lock = api_lock();
+    XferState state;
+    if (!xfers_->state(xfer, &state)) {
+        return invalid_argument(strformat("cancel: no transfer %016llx (unknown, or reported)",
+                                          static_cast<unsigned long long>(xfer)));
+    }
+    // Only a receive still waiting for its send holds nothing on the wire: the sender has not
+    // been told to go ahead (no RECV_CTS), and a send that comes later meets another receive.
+    for (auto& [id, p] : peers_) {
+        auto it = std::find_if(p->posted_recvs.begin(), p->posted_recvs.end(),
+                               [&](const Xfer* x) { return x->user_id == xfer; });
+        if (it == p->posted_recvs.end()) continue;
+        Xfer* x = *it;
+        p->posted_recvs.erase(it);
+        x->result = cancelled("the receive was cancelled");
+        x->waiting = false;
+        maybe_finish(x);  // reported as failed; its regions let go (dereg() is woken)
+        return Status();
+    }
+    if (state != XferState::kInProgress) {
+        return failed_precondition(
+            "cancel: the transfer has finished; poll() or wait() reports it");
+    }
+    return failed_precondition(
+        "cancel: the transfer has bytes on the wire (only a receive no send has matched yet can "
+        "be cancelled); it completes or fails on its own");
+}
+
 XferStatus Endpoint::Impl::poll(XferId xfer) {
     XferState state;
     // The caller polls in a loop: make progress here, progress thread or not (it stands back

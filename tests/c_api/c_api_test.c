@@ -644,6 +644,21 @@ static void test_send_recv(uint64_t size) {
     CHECK_ERR(tcpx_wait(b, rx, kTimeoutMs), TCPX_ERR_OUT_OF_RANGE);
     CHECK_ERR(tcpx_wait(a, tx, kTimeoutMs), TCPX_ERR_OUT_OF_RANGE);
 
+    // A receive no send has matched is cancelled: it fails with CANCELLED, and a send with its
+    // tag that comes later meets the next receive. A send, on the wire, cannot be.
+    CHECK_OK(tcpx_recv(b, b_to_a, n2, 0, size, 44, &rx));
+    CHECK_OK(tcpx_cancel(b, rx));
+    CHECK_ERR(tcpx_wait(b, rx, kTimeoutMs), TCPX_ERR_CANCELLED);
+    CHECK_ERR(tcpx_cancel(b, rx), TCPX_ERR_INVALID_ARGUMENT);  // reported: unknown
+    memset(r2.data, 0, size);
+    CHECK_OK(tcpx_send(a, a_to_b, m1, 0, size, 44, &tx));
+    CHECK_ERR(tcpx_cancel(a, tx), TCPX_ERR_FAILED_PRECONDITION);
+    CHECK_OK(tcpx_recv(b, b_to_a, n2, 0, size, 44, &rx));
+    CHECK_OK(tcpx_wait(b, rx, kTimeoutMs));
+    CHECK_OK(tcpx_wait(a, tx, kTimeoutMs));
+    CHECK_PATTERN(r2.data, size, seed);
+    CHECK_ERR(tcpx_cancel(NULL, rx), TCPX_ERR_INVALID_ARGUMENT);
+
     // Bad arguments.
     CHECK_ERR(tcpx_send(a, a_to_b, m1, 1, size, 1, &tx), TCPX_ERR_OUT_OF_RANGE);
     CHECK_ERR(tcpx_recv(b, b_to_a, n2, size, 1, 1, &rx), TCPX_ERR_OUT_OF_RANGE);

@@ -1150,6 +1150,37 @@ TEST_F(EnginePair, LocalCopiesThatOverlapAreRefused) {
     EXPECT_TRUE(other.canaries_intact());
 }
 
+// A receive no send has matched holds its memory until one comes (dereg() waited for it up to
+// PEER_TIMEOUT_MS, then dropped the peer): cancel() ends it at once. A send that comes later
+// meets the next receive; transfers with bytes on the wire cannot be cancelled.
+TEST_F(EnginePair, AReceiveNoSendMatchedCanBeCancelled) {
+    GuardedBuffer rbuf(1 << 20);
+    MemId rmem = *b_->reg(rbuf.data(), rbuf.size());
+    auto r = b_->recv(link_.b_to_a, rmem, 0, 4096, 77);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(b_->poll(*r).state, XferState::kInProgress);
+    ASSERT_TRUE(b_->cancel(*r).ok());
+    EXPECT_EQ(b_->wait(*r, 5s).code(), StatusCode::kCancelled);
+    EXPECT_EQ(b_->cancel(*r).code(), StatusCode::kInvalidArgument);  // reported: unknown
+    // Its memory is free at once: dereg() does not wait for it.
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(b_->dereg(rmem).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    EXPECT_TRUE(b_->peer_status(link_.b_to_a).ok()) << "the peer was dropped";
+    // A send with that tag meets the next receive, byte for byte.
+    fill_pattern(abuf_->data(), 4096, 78);
+    auto s = a_->send(link_.a_to_b, amem_, 0, 4096, 77);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(a_->cancel(*s).code(), StatusCode::kFailedPrecondition);
+    auto r2 = b_->recv(link_.b_to_a, bmem_, 0, 4096, 77);
+    ASSERT_TRUE(r2.ok());
+    ASSERT_TRUE(b_->wait(*r2, 10s).ok());
+    ASSERT_TRUE(a_->wait(*s, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), 4096, 78), -1);
+    EXPECT_EQ(a_->cancel(12345).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(rbuf.canaries_intact());
+}
+
 TEST_F(EnginePair, SendRecvByTag) {
     // Receives posted before and after their sends, tags out of order, sizes up to several
     // chunks.
