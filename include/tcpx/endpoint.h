@@ -179,8 +179,9 @@ class TCPX_API Endpoint {
     // Registers [ptr, ptr + len) for transfers. Registration ids and keys are never reused.
     StatusOr<MemId> reg(void* ptr, size_t len);
     // After dereg returns, nothing reads or writes the region any more: new requests for it are
-    // refused; transfers already using it finish first (or fail, if their peer does not complete
-    // them within TCPX_P2P_PEER_TIMEOUT_MS — that peer is then disconnected).
+    // refused; a receive into it that no send has matched yet fails at once (kCancelled);
+    // transfers already using it finish first (or fail, if their peer does not complete them
+    // within TCPX_P2P_PEER_TIMEOUT_MS — that peer is then disconnected).
     Status dereg(MemId mem);
     StatusOr<RemoteMem> describe(MemId mem) const;
 

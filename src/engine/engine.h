@@ -419,6 +419,8 @@ class Endpoint::Impl {
     XferStatus poll(XferId xfer);
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
     Status cancel(XferId xfer);
+    // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
+    void end_unmatched_recv(engine::Xfer* x, Status why);
 
  private:
     using Clock = engine::Clock;

@@ -36,6 +36,22 @@ Status Endpoint::Impl::dereg(MemId mem) {
         auto lock = api_lock();
         TCPX_ASSIGN_OR_RETURN(dying, registry_.kill(mem));
         if (dying == nullptr) return Status();
+        // A receive no send has matched holds the region with nothing on the wire: it ends now
+        // (CANCELLED), rather than hold this up for PEER_TIMEOUT_MS and then take its peer down.
+        for (auto& [id, p] : peers_) {
+            for (auto it = p->posted_recvs.begin(); it != p->posted_recvs.end();) {
+                Xfer* x = *it;
+                const bool holds =
+                    std::any_of(x->pieces.begin(), x->pieces.end(),
+                                [&](const Xfer::Piece& piece) { return piece.region == dying; });
+                if (!holds) {
+                    ++it;
+                    continue;
+                }
+                it = p->posted_recvs.erase(it);
+                end_unmatched_recv(x, cancelled("the receive's memory was deregistered"));
+            }
+        }
     }
     // Transfers still use the region: they finish first. The registry frees it with its last
     // reference; until then `dying` stays valid.
@@ -731,6 +747,12 @@ void Endpoint::Impl::match(Peer& p, Xfer* recv, const Peer::Rts& rts) {
 // --- completion
 // ------------------------------------------------------------------------------------
 
+void Endpoint::Impl::end_unmatched_recv(Xfer* x, Status why) {
+    x->result = std::move(why);
+    x->waiting = false;
+    maybe_finish(x);  // reported as failed; its regions let go (a dereg() waiting is woken)
+}
+
 Status Endpoint::Impl::cancel(XferId xfer) {
     auto lock = api_lock();
     XferState state;
@@ -746,9 +768,7 @@ Status Endpoint::Impl::cancel(XferId xfer) {
         if (it == p->posted_recvs.end()) continue;
         Xfer* x = *it;
         p->posted_recvs.erase(it);
-        x->result = cancelled("the receive was cancelled");
-        x->waiting = false;
-        maybe_finish(x);  // reported as failed; its regions let go (dereg() is woken)
+        end_unmatched_recv(x, cancelled("the receive was cancelled"));
         return Status();
     }
     if (state != XferState::kInProgress) {

@@ -950,34 +950,45 @@ static void test_disconnect(void) {
     CHECK(memcmp(payload, "again", 5) == 0 && strcmp(name, "a") == 0);
 }
 
-// A transfer that fails with TIMEOUT (here a receive whose region is deregistered: after
-// PEER_TIMEOUT_MS the peer holding it up is dropped, with TIMEOUT) is reported by tcpx_wait(-1)
-// as that failure. Before, the wait took TIMEOUT for "still in flight", waited again, and found
-// the id already reported (INVALID_ARGUMENT).
+// A transfer that fails with TIMEOUT (here a write to an endpoint without a progress thread
+// whose application stops calling it: after PEER_TIMEOUT_MS without a word from it, the peer
+// fails with TIMEOUT) is reported by tcpx_wait(-1) as that failure. Before, the wait took
+// TIMEOUT for "still in flight", waited again, and found the id already reported
+// (INVALID_ARGUMENT).
 static void test_wait_forever_reports_a_timed_out_transfer(void) {
     tcpx_config_t* cfg = loopback_config();
     CHECK_OK(tcpx_config_set(cfg, "PEER_TIMEOUT_MS", "200"));
     tcpx_endpoint_t* x = NULL;
     tcpx_endpoint_t* y = NULL;
     CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
+    CHECK_OK(tcpx_config_set(cfg, "PROGRESS_THREAD", "off"));  // y moves only in its calls
     CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
     tcpx_config_free(cfg);
     uint8_t md[512];
     size_t md_len = sizeof(md);
     CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
     uint64_t x_to_y, y_to_x;
-    CHECK_OK(tcpx_connect(x, md, md_len, &x_to_y));
+    CHECK_OK(tcpx_connect_async(x, md, md_len, &x_to_y));
     CHECK_OK(tcpx_accept(y, -1, &y_to_x));
-    guarded_buf r = buf_new(4096);
-    uint64_t m, rx;
-    CHECK_OK(tcpx_reg(x, r.data, 4096, &m));
-    CHECK_OK(tcpx_recv(x, x_to_y, m, 0, 4096, 5, &rx));
-    CHECK_OK(tcpx_dereg(x, m));
-    CHECK_ERR(tcpx_wait(x, rx, -1), TCPX_ERR_TIMEOUT);
+    // y's calls make its progress: a few more, until x has the connection.
+    const double deadline = now_s() + kTimeoutMs / 1000.0;
+    while (tcpx_peer_status(x, x_to_y) != TCPX_OK && now_s() < deadline) {
+        uint64_t none;
+        (void)tcpx_accept(y, 1, &none);
+    }
+    CHECK_OK(tcpx_peer_status(x, x_to_y));
+    guarded_buf src = buf_new(4096), dst = buf_new(4096);
+    uint64_t m, n, w;
+    CHECK_OK(tcpx_reg(x, src.data, 4096, &m));
+    CHECK_OK(tcpx_reg(y, dst.data, 4096, &n));
+    const desc_t d = describe(y, n);
+    CHECK_OK(tcpx_write(x, x_to_y, m, 0, d.bytes, d.len, 0, 4096, NULL, 0, 0, &w));
+    CHECK_ERR(tcpx_wait(x, w, -1), TCPX_ERR_TIMEOUT);  // y is not called meanwhile
     check_error_message(__FILE__, __LINE__, "tcpx_wait", TCPX_ERR_TIMEOUT);
     tcpx_endpoint_destroy(x);
     tcpx_endpoint_destroy(y);
-    buf_free(&r);
+    buf_free(&src);
+    buf_free(&dst);
 }
 
 // Counters: a write moves them by exactly its bytes and one transfer here, one served there; a

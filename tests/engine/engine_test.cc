@@ -1178,6 +1178,16 @@ TEST_F(EnginePair, AReceiveNoSendMatchedCanBeCancelled) {
     ASSERT_TRUE(a_->wait(*s, 10s).ok());
     EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), 4096, 78), -1);
     EXPECT_EQ(a_->cancel(12345).code(), StatusCode::kInvalidArgument);
+    // dereg() of a region an unmatched receive holds cancels it, rather than wait for a send for
+    // PEER_TIMEOUT_MS and then drop the peer.
+    MemId again = *b_->reg(rbuf.data(), rbuf.size());
+    auto r3 = b_->recv(link_.b_to_a, again, 0, 4096, 79);
+    ASSERT_TRUE(r3.ok());
+    const auto dereg_start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(b_->dereg(again).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - dereg_start, 1s);
+    EXPECT_EQ(b_->wait(*r3, 5s).code(), StatusCode::kCancelled);
+    EXPECT_TRUE(b_->peer_status(link_.b_to_a).ok()) << "the peer was dropped";
     EXPECT_TRUE(rbuf.canaries_intact());
 }
 
