@@ -419,8 +419,6 @@ class Endpoint::Impl {
     XferStatus poll(XferId xfer);
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
     Status cancel(XferId xfer);
-    // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
-    void end_unmatched_recv(engine::Xfer* x, Status why);
 
  private:
     using Clock = engine::Clock;
@@ -656,6 +654,8 @@ class Endpoint::Impl {
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
     Status on_read_done(Peer& p, std::string_view body);
+    // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
+    void end_unmatched_recv(Xfer* x, Status why);
     static Status check_copy_overlaps(
         std::span<const LocalCopy> pieces,
         const std::vector<std::pair<engine::Region*, engine::Region*>>& held);

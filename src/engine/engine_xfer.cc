@@ -30,6 +30,12 @@ StatusOr<MemId> Endpoint::Impl::reg(void* ptr, size_t len) {
     return r->id;
 }
 
+// Whether one of the transfer's pieces lies in `r` (compared, never dereferenced).
+static bool uses_region(const engine::Xfer& x, const engine::Region* r) {
+    return std::any_of(x.pieces.begin(), x.pieces.end(),
+                       [&](const engine::Xfer::Piece& piece) { return piece.region == r; });
+}
+
 Status Endpoint::Impl::dereg(MemId mem) {
     Region* dying = nullptr;
     {
@@ -41,10 +47,7 @@ Status Endpoint::Impl::dereg(MemId mem) {
         for (auto& [id, p] : peers_) {
             for (auto it = p->posted_recvs.begin(); it != p->posted_recvs.end();) {
                 Xfer* x = *it;
-                const bool holds =
-                    std::any_of(x->pieces.begin(), x->pieces.end(),
-                                [&](const Xfer::Piece& piece) { return piece.region == dying; });
-                if (!holds) {
+                if (!uses_region(*x, dying)) {
                     ++it;
                     continue;
                 }
@@ -64,10 +67,8 @@ Status Endpoint::Impl::dereg(MemId mem) {
     // nothing touches the region once we return.
     std::vector<PeerId> stuck;
     for (auto& [id, p] : peers_) {
-        const bool holds = std::any_of(p->xfers.begin(), p->xfers.end(), [&](const Xfer* x) {
-            return std::any_of(x->pieces.begin(), x->pieces.end(),
-                               [&](const Xfer::Piece& piece) { return piece.region == dying; });
-        });
+        const bool holds = std::any_of(p->xfers.begin(), p->xfers.end(),
+                                       [&](const Xfer* x) { return uses_region(*x, dying); });
         if (holds) stuck.push_back(id);
     }
     for (PeerId id : stuck) {
@@ -528,9 +529,9 @@ Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
 
 // The pieces' ranges by address (two registrations may cover the same memory): no destination
 // may share a byte with any other range, its own piece's source included (a piece copied onto
-// itself, exactly, is none: nothing moves). Pieces are copied one
-// after another, each by the memory's own means (a CUDA copy between overlapping ranges is
-// undefined), so an overlap would make the outcome depend on how the copy was carried out.
+// itself, exactly, is none: nothing moves). Pieces are copied one after another, each by the
+// memory's own means (a CUDA copy between overlapping ranges is undefined), so an overlap would
+// make the outcome depend on how the copy was carried out.
 Status Endpoint::Impl::check_copy_overlaps(std::span<const LocalCopy> pieces,
                                            const std::vector<std::pair<Region*, Region*>>& held) {
     struct Range {
