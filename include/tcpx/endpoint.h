@@ -247,11 +247,23 @@ class TCPX_API Endpoint {
     // (PEER_TIMEOUT_MS) fails with kTimeout too: poll() tells the two apart (still in flight, or
     // INVALID_ARGUMENT: reported already).
     Status wait(XferId xfer, std::chrono::milliseconds timeout);
-    // Cancels a receive (recv) that no send has matched yet: it fails with kCancelled (reported
-    // by poll() or wait(), as any failure), and lets go of its memory at once (a dereg() of it
-    // no longer waits for it; a send with its tag that comes later waits for another receive).
-    // Any other transfer, or a receive already matched, has bytes on the wire and ends on its
-    // own: kFailedPrecondition. kInvalidArgument for an id unknown here or already reported.
+    // Cancels a transfer in progress. OK: it is cancelled. It fails with kCancelled (reported by
+    // poll() or wait(), as any failure), nothing of it reads or writes our memory any more, and
+    // it lets go of its regions (a dereg() no longer waits for it).
+    // - A receive (recv) no send has matched yet: OK; a send with its tag that comes later meets
+    //   another receive. One already matched, and a send, have their bytes on the wire and end on
+    //   their own: kFailedPrecondition.
+    // - A read (read, readv): what has not yet been posted into our memory lands in scratch
+    //   instead, and the peer's application never gets its notification. OK when nothing was on
+    //   its way into our memory; kUnavailable when chunks were: it is cancelled all the same,
+    //   and reports kCancelled once they have landed (a window's worth at most).
+    // - A write (write, writev): one still waiting for its connection is dropped, nothing sent
+    //   (OK). Once its request is out, the peer waits for every byte it announced, so its data is
+    //   sent whole and lands there, with its notification: OK once all of it has been sent
+    //   (nothing of it reads our memory any more), else kUnavailable: it reports kCancelled once
+    //   it has been (or the peer's error, if the connection fails first).
+    // kFailedPrecondition for a transfer that has finished (poll() or wait() reports it), and
+    // kInvalidArgument for an id unknown here or already reported.
     Status cancel(XferId xfer);
 
     class Impl;

@@ -25,7 +25,8 @@ enum class StatusCode : int {
     kOutOfRange = 4,          // offset/length outside a registration or limit
     kResourceExhausted = 5,   // a bounded resource is full; retry later
     kFailedPrecondition = 6,  // the object is in the wrong state (closed, failed)
-    kUnavailable = 7,         // the peer or connection is unreachable or was lost
+    kUnavailable = 7,         // the peer or connection is unreachable or was lost; or not yet
+                              // (cancel() of a transfer still landing: it ends by itself)
     kTimeout = 8,             // a deadline passed
     kCancelled = 9,           // the operation was cancelled or its object closed
     kProtocol = 10,           // the peer sent something the protocol does not allow

@@ -59,7 +59,8 @@ typedef enum tcpx_status_t {
     TCPX_ERR_OUT_OF_RANGE = 4,        /* offset/length outside a registration or limit */
     TCPX_ERR_RESOURCE_EXHAUSTED = 5,  /* a bounded resource is full, or a buffer too small */
     TCPX_ERR_FAILED_PRECONDITION = 6, /* the object is in the wrong state (closed, failed) */
-    TCPX_ERR_UNAVAILABLE = 7,         /* the peer or connection is unreachable or was lost */
+    TCPX_ERR_UNAVAILABLE = 7,         /* the peer or connection is unreachable or was lost; or not
+                                         yet, try again (tcpx_cancel of a transfer still landing) */
     TCPX_ERR_TIMEOUT = 8,             /* a deadline passed */
     TCPX_ERR_CANCELLED = 9,           /* the operation was cancelled or its object closed */
     TCPX_ERR_PROTOCOL = 10,           /* the peer sent something the protocol does not allow */
@@ -334,10 +335,17 @@ TCPX_C_API tcpx_status_t tcpx_poll(tcpx_endpoint_t* ep, uint64_t xfer, int* done
  * once reported). With a negative timeout TCPX_ERR_TIMEOUT is always such a failure. */
 TCPX_C_API tcpx_status_t tcpx_wait(tcpx_endpoint_t* ep, uint64_t xfer, int timeout_ms);
 
-/* Cancels a receive (tcpx_recv) no send has matched yet: it fails with TCPX_ERR_CANCELLED (as
- * tcpx_poll / tcpx_wait report) and lets go of its memory at once. Any other transfer, or a
- * receive already matched, has bytes on the wire and ends on its own:
- * TCPX_ERR_FAILED_PRECONDITION. TCPX_ERR_INVALID_ARGUMENT for an unknown or reported id. */
+/* Cancels a transfer in progress. TCPX_OK: it is cancelled; it fails with TCPX_ERR_CANCELLED (as
+ * tcpx_poll / tcpx_wait report), nothing of it touches our memory any more, and it lets go of
+ * its regions. A receive (tcpx_recv) no send has matched: TCPX_OK; one already matched, and a
+ * send: TCPX_ERR_FAILED_PRECONDITION (they end on their own). A read: what is not yet on its way
+ * into our memory lands in scratch and the peer never gets its notification; TCPX_OK, or
+ * TCPX_ERR_UNAVAILABLE while chunks already on their way land (it is cancelled all the same and
+ * reports TCPX_ERR_CANCELLED once they have). A write: dropped, nothing sent, while its
+ * connection is being made; once its request is out its data is sent whole and arrives with its
+ * notification: TCPX_OK once all of it has gone, else TCPX_ERR_UNAVAILABLE (it reports
+ * TCPX_ERR_CANCELLED once it has). TCPX_ERR_FAILED_PRECONDITION for a finished transfer,
+ * TCPX_ERR_INVALID_ARGUMENT for an unknown or reported id (Endpoint::cancel says more). */
 TCPX_C_API tcpx_status_t tcpx_cancel(tcpx_endpoint_t* ep, uint64_t xfer);
 
 #ifdef __cplusplus

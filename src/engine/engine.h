@@ -146,6 +146,12 @@ struct Xfer {
     // A read with a notification the target accepted (its READ_RESP was not an error): the
     // target holds the notification until our READ_DONE, owed once the read ends.
     bool read_done_owed = false;
+    // cancel() asked (a read or write of ours): nothing more of it touches our memory (a read's
+    // chunks not yet posted land in scratch, see make_op), and once nothing of it does (a read's
+    // chunks on their way have landed, a write's data has all been sent) its id reports
+    // CANCELLED and it lets go of its regions (detach_cancelled: user_id 0 from then on), while
+    // what is left of it on the wire drains.
+    bool cancelled = false;
     HeldNotificationRoom endpoint_notification_room;
     // A served request's pieces, counted in its peer's served_pieces until it is destroyed.
     uint64_t served_pieces = 0;
@@ -629,6 +635,11 @@ class Endpoint::Impl {
     void drop_mrs(Channel& ch, bool tx);
     void forget_region(engine::Region* r);
     void op_done(const engine::Op& op);
+    // Whether a cancelled transfer of ours no longer touches our memory (see Xfer::cancelled).
+    bool cancel_settled(const Xfer& x) const;
+    // Reports a cancelled transfer that no longer touches our memory (CANCELLED) and lets go of
+    // its regions; it lives on, unseen, until what it has on the wire is done.
+    void detach_cancelled(Xfer* x);
     void maybe_finish(Xfer* x);
     void destroy(Xfer* x);
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }

@@ -423,6 +423,7 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
         }
         uint64_t at = 0;
         for (const Xfer::Piece& piece : x->pieces) {
+            if (x->cancelled) break;  // (its memory is not to be touched: detach_cancelled)
             Status copied =
                 write_region(piece.region, piece.offset, resp.data.data() + at, piece.len);
             if (!copied.ok()) {

@@ -217,6 +217,8 @@ void Endpoint::Impl::refill(Peer& p, bool tx) {
 Op Endpoint::Impl::make_op(const Channel& ch, bool tx, Xfer* x,
                            const engine::packer::Cut& cut) const {
     using engine::OpPath;
+    // A cancelled read's chunks not yet cut land in scratch: its memory is not to be touched.
+    if (x->cancelled) return Op{x, nullptr, nullptr, cut.len};
     const Xfer::Piece& first = x->pieces[cut.first];
     Op op{x, first.region, nullptr, cut.len};
     op.first = static_cast<uint32_t>(cut.first);
@@ -274,7 +276,39 @@ Status Endpoint::Impl::append_region(std::string* msg, const Region* r, uint64_t
 
 void Endpoint::Impl::op_done(const Op& op) {
     --active_ops_;
-    if (--op.xfer->ops_left == 0) maybe_finish(op.xfer);
+    Xfer* x = op.xfer;
+    --x->ops_left;
+    // (op is off its channel's lists by now: cancel_settled does not count it)
+    if (x->cancelled && x->user_id != 0 && op.region != nullptr && cancel_settled(*x)) {
+        detach_cancelled(x);
+    }
+    if (x->ops_left == 0) maybe_finish(x);
+}
+
+bool Endpoint::Impl::cancel_settled(const Xfer& x) const {
+    // A write's data is read from our memory until it has all been sent (the peer waits for
+    // every chunk its request announced: none can be left out).
+    if (x.kind == Xfer::Kind::kWrite) return x.ops_left == 0;
+    // A read's chunks posted into our memory (or staged for it) land before it is let go; those
+    // queued or cut after the cancel land in scratch.
+    for (const Channel& ch : x.peer->rx) {
+        for (const auto* list : {&ch.inflight, &ch.finishing}) {
+            for (const Channel::InFlight& f : *list) {
+                if (f.op.xfer == &x && f.op.region != nullptr) return false;
+            }
+        }
+    }
+    return true;
+}
+
+void Endpoint::Impl::detach_cancelled(Xfer* x) {
+    for (Xfer::Piece& piece : x->pieces) {
+        if (piece.region != nullptr) registry_.unref(piece.region);
+        piece.region = nullptr;  // (destroy() unrefs only what is left; make_op drains)
+    }
+    xfers_->finish(x->user_id, x->result);
+    x->user_id = 0;
+    wake_waiters();  // wait() for it, dereg() for a region it held
 }
 
 void Endpoint::Impl::count_finished(const Xfer& x) {
@@ -318,7 +352,8 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             }
             [[fallthrough]];
         default:
-            xfers_->finish(x->user_id, x->result);
+            // (0 once a cancel reported it: detach_cancelled)
+            if (x->user_id != 0) xfers_->finish(x->user_id, x->result);
             break;
     }
     destroy(x);
@@ -417,6 +452,10 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         // (An inline write's bytes were read above: what the region holds at the post is sent.)
         issue_or_defer(*p, [this, p, x, is_inline, total, gpu, msg = std::move(msg),
                             payload = std::move(payload)]() mutable {
+            if (x->cancelled) {  // while its connection was being made: nothing went out
+                maybe_finish(x);
+                return;
+            }
             // The chunk size is the peer's (known once connected), or less for a short GPU transfer
             // that has the peer to itself (under load, smaller chunks would only hold staging slots
             // with fewer bytes each).
@@ -483,6 +522,10 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
                           config_.xfer_inline_busy > config_.xfer_inline_threshold;
         if (all_host(regions) && (alone || busy)) req.flags |= wire::kFlagInline;
         issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
+            if (x->cancelled) {  // while its connection was being made: nothing went out
+                maybe_finish(x);
+                return;
+            }
             x->chunk = engine::packer::transfer_chunk(p->chunk, total, gpu && p->xfers.size() == 1);
             wire::set_request_chunk(&msg, x->chunk);
             send_ctrl(*p, std::move(msg));
@@ -761,24 +804,62 @@ Status Endpoint::Impl::cancel(XferId xfer) {
         return invalid_argument(strformat("cancel: no transfer %016llx (unknown, or reported)",
                                           static_cast<unsigned long long>(xfer)));
     }
-    // Only a receive still waiting for its send holds nothing on the wire: the sender has not
-    // been told to go ahead (no RECV_CTS), and a send that comes later meets another receive.
-    for (auto& [id, p] : peers_) {
-        auto it = std::find_if(p->posted_recvs.begin(), p->posted_recvs.end(),
-                               [&](const Xfer* x) { return x->user_id == xfer; });
-        if (it == p->posted_recvs.end()) continue;
-        Xfer* x = *it;
-        p->posted_recvs.erase(it);
-        end_unmatched_recv(x, cancelled("the receive was cancelled"));
-        return Status();
-    }
     if (state != XferState::kInProgress) {
         return failed_precondition(
             "cancel: the transfer has finished; poll() or wait() reports it");
     }
-    return failed_precondition(
-        "cancel: the transfer has bytes on the wire (only a receive no send has matched yet can "
-        "be cancelled); it completes or fails on its own");
+    Xfer* x = nullptr;
+    for (auto& [id, p] : peers_) {
+        auto it = std::find_if(p->xfers.begin(), p->xfers.end(),
+                               [&](const Xfer* t) { return t->user_id == xfer; });
+        if (it != p->xfers.end()) {
+            x = *it;
+            break;
+        }
+    }
+    if (x == nullptr) return internal_error("cancel: a transfer in progress has no state");
+    Peer& p = *x->peer;
+    if (x->kind == Xfer::Kind::kRecv) {
+        // Only a receive still waiting for its send holds nothing on the wire: the sender has not
+        // been told to go ahead (no RECV_CTS), and a send that comes later meets another receive.
+        auto it = std::find(p.posted_recvs.begin(), p.posted_recvs.end(), x);
+        if (it == p.posted_recvs.end()) {
+            return failed_precondition(
+                "cancel: the receive has met its send, and its bytes are on the wire; it "
+                "completes or fails on its own");
+        }
+        p.posted_recvs.erase(it);
+        end_unmatched_recv(x, cancelled("the receive was cancelled"));
+        return Status();
+    }
+    if (x->kind != Xfer::Kind::kWrite && x->kind != Xfer::Kind::kRead) {
+        return failed_precondition(
+            "cancel: a send cannot be cancelled (its receiver may have taken it); it completes "
+            "or fails on its own");
+    }
+    if (!x->cancelled) {
+        if (x->result.ok()) x->result = cancelled("the transfer was cancelled");
+        x->cancelled = true;
+        if (x->kind == Xfer::Kind::kRead) {
+            // Its chunks queued but not posted land in scratch, in their places on the channels
+            // (the target sends them all the same).
+            for (Channel& ch : p.rx) {
+                for (Op& op : ch.queued) {
+                    if (op.xfer == x) op = Op{x, nullptr, nullptr, op.len};
+                }
+            }
+        }
+    }
+    if (cancel_settled(*x)) {
+        detach_cancelled(x);
+        return Status();
+    }
+    return unavailable(x->kind == Xfer::Kind::kRead
+                           ? "cancel: the read's chunks already on their way into memory land "
+                             "first; it reports CANCELLED once they have (the rest lands in "
+                             "scratch)"
+                           : "cancel: a write's data is read from memory until it has all been "
+                             "sent (the peer waits for it); it reports CANCELLED once it has");
 }
 
 XferStatus Endpoint::Impl::poll(XferId xfer) {

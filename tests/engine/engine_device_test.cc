@@ -574,6 +574,65 @@ TEST_P(EngineDevice, ReadNotificationFollowsTheDataIntoDeviceMemory) {
     EXPECT_TRUE(polled_bufs[0].buf->canaries_intact());
 }
 
+// A read into device memory cancelled at any point writes nothing there once it reports
+// CANCELLED: chunks staged or unpacked for it when it was cancelled land first (their copies and
+// kernels finish), the rest lands in scratch; every byte is the old one or the read's. Pieces of
+// every size, so that single chunks and packed ones (gather rings, the unpack kernel) are cut.
+TEST_P(EngineDevice, ACancelledReadIntoDeviceMemoryWritesNothingOnceItReportsCancelled) {
+    std::mt19937_64 rng(31);
+    const Reg& into = a_bufs_[1];
+    std::vector<std::string> cancelled;
+    for (int round = 0; round < 8; ++round) {
+        const Reg& from = b_bufs_[round % 2];
+        SCOPED_TRACE("round " + std::to_string(round) + " from " + (round % 2 ? "device" : "host"));
+        const uint64_t old_seed = 100 + round, seed = 200 + round;
+        fill(into.buf.get(), 0, kSize, old_seed);
+        fill(from.buf.get(), 0, kSize, seed);
+        std::vector<IoVec> iov;
+        for (uint64_t at = 0; at < kSize;) {
+            const uint64_t len = std::min<uint64_t>(
+                round % 4 < 2 ? 1 + rng() % (3000) : 1 + rng() % (400 << 10), kSize - at);
+            IoVec v;
+            v.mem = into.mem;
+            v.offset = at;
+            v.remote = from.desc;
+            v.remote_offset = at;
+            v.len = len;
+            iov.push_back(v);
+            at += len + rng() % 512;
+        }
+        const std::string note = "read " + std::to_string(round);
+        auto x = a_->readv(link_.a_to_b, iov, note);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        std::this_thread::sleep_for(std::chrono::microseconds(500 * (round % 3)));
+        const Status c = a_->cancel(*x);
+        const Status end = a_->wait(*x, 30s);
+        if (c.ok() || c.code() == StatusCode::kUnavailable) {
+            cancelled.push_back(note);
+            EXPECT_EQ(end.code(), StatusCode::kCancelled) << end.to_string();
+        } else {
+            EXPECT_EQ(c.code(), StatusCode::kFailedPrecondition) << c.to_string();
+            EXPECT_TRUE(end.ok()) << end.to_string();
+        }
+        const std::vector<uint8_t> seen = into.buf->download(0, kSize);
+        std::vector<uint8_t> was(kSize), want(kSize);
+        fill_pattern(was.data(), kSize, old_seed);
+        fill_pattern(want.data(), kSize, seed);
+        size_t wrong = 0;
+        for (size_t i = 0; i < kSize; ++i) wrong += seen[i] != was[i] && seen[i] != want[i];
+        ASSERT_EQ(wrong, 0u) << "bytes that are neither the old ones nor the read's";
+        // A read on every channel behind it: once it is done, everything of the cancelled one is.
+        ASSERT_TRUE(read(a_bufs_[0], 0, b_bufs_[0], 0, 2 << 20).ok());
+        EXPECT_EQ(into.buf->download(0, kSize), seen)
+            << "the read wrote into device memory after it reported";
+    }
+    EXPECT_FALSE(cancelled.empty());
+    for (const Notification& n : b_->get_notifications()) {
+        EXPECT_EQ(std::count(cancelled.begin(), cancelled.end(), n.payload), 0)
+            << "a cancelled read's notification: " << n.payload;
+    }
+}
+
 TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
     if (GetParam() != Transport::kSocket) GTEST_SKIP() << "no network involved";
     const Reg& host = a_bufs_[0];

@@ -1191,6 +1191,253 @@ TEST_F(EnginePair, AReceiveNoSendMatchedCanBeCancelled) {
     EXPECT_TRUE(rbuf.canaries_intact());
 }
 
+// Room for 3 notifications at each end: a cancelled read's notification, held by the target
+// from the request on, must be let go (READ_DONE), or the fourth read with one is refused.
+class EngineCancel : public EnginePair {
+ protected:
+    void SetUp() override {
+        Config config = engine_test_config();
+        config.max_queued_notifications = 3;
+        set_up(config);
+    }
+    // b's notifications until one says `last` (a write's, sent after everything we look for).
+    std::vector<std::string> notifications_until(const std::string& last) {
+        std::vector<std::string> got;
+        EXPECT_TRUE(eventually([&] {
+            for (Notification& n : b_->get_notifications()) got.push_back(n.payload);
+            return std::find(got.begin(), got.end(), last) != got.end();
+        }));
+        return got;
+    }
+};
+
+// A read cancelled at any point of its life (in the request, chunks on their way, nearly done)
+// writes nothing into our memory once it reports CANCELLED: what landed before is the right
+// bytes, the rest stays as it was, and chunks that arrive later land in scratch. The target never
+// delivers a cancelled read's notification, and lets its room go.
+TEST_F(EngineCancel, ACancelledReadWritesNothingOnceItReportsCancelled) {
+    constexpr uint64_t kArea = 12 << 20;
+    constexpr uint64_t kSeed = 4242;
+    fill_pattern(bbuf_->data(), kArea, kSeed);
+    std::vector<uint8_t> want(kArea);
+    fill_pattern(want.data(), kArea, kSeed);
+    std::mt19937_64 rng(99);
+    int cancelled_at_once = 0, cancelled_later = 0, too_late = 0;
+    for (int round = 0; round < 12; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        std::memset(abuf_->data(), 0x5a, kArea);
+        std::vector<IoVec> iov;
+        for (uint64_t at = 0; at < kArea;) {
+            const uint64_t len = std::min<uint64_t>(1 + rng() % (600 << 10), kArea - at);
+            IoVec v;
+            v.mem = amem_;
+            v.offset = at;
+            v.remote = bdesc_;
+            v.remote_offset = at;
+            v.len = len;
+            iov.push_back(v);
+            at += len + rng() % 4096;
+        }
+        const std::string note = "read " + std::to_string(round);
+        auto x = a_->readv(link_.a_to_b, iov, note);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        std::this_thread::sleep_for(std::chrono::microseconds(700 * (round % 4)));
+        const Status c = a_->cancel(*x);
+        const Status end = a_->wait(*x, 20s);
+        bool delivered = false;
+        if (c.ok()) {
+            ++cancelled_at_once;
+            EXPECT_EQ(end.code(), StatusCode::kCancelled) << end.to_string();
+        } else if (c.code() == StatusCode::kUnavailable) {
+            ++cancelled_later;
+            EXPECT_EQ(end.code(), StatusCode::kCancelled) << end.to_string();
+        } else {
+            ++too_late;  // it finished first
+            EXPECT_EQ(c.code(), StatusCode::kFailedPrecondition) << c.to_string();
+            EXPECT_TRUE(end.ok()) << end.to_string();
+            delivered = true;
+        }
+        EXPECT_EQ(a_->cancel(*x).code(), StatusCode::kInvalidArgument);  // reported
+        const std::vector<uint8_t> seen(abuf_->data(), abuf_->data() + kArea);
+        size_t wrong = 0;
+        for (uint64_t i = 0; i < kArea; ++i) wrong += seen[i] != 0x5a && seen[i] != want[i];
+        ASSERT_EQ(wrong, 0u) << "bytes that are neither the old ones nor the read's";
+        // A read on every channel behind the cancelled one's chunks, then a write with a
+        // notification behind its READ_DONE: once both are through, everything of it is.
+        ASSERT_TRUE(read(kArea, kArea, 4 << 20).ok());
+        const std::string fence = "fence " + std::to_string(round);
+        ASSERT_TRUE(write(kArea + (4 << 20), kArea + (4 << 20), 4096, fence).ok());
+        const std::vector<std::string> got = notifications_until(fence);
+        EXPECT_EQ(std::memcmp(abuf_->data(), seen.data(), kArea), 0)
+            << "the read wrote into our memory after it reported";
+        const bool heard = std::find(got.begin(), got.end(), note) != got.end();
+        EXPECT_EQ(heard, delivered) << "the read's notification";
+        EXPECT_EQ(got.size(), delivered ? 2u : 1u);
+    }
+    EXPECT_GT(cancelled_at_once + cancelled_later, 0);
+    std::printf("cancelled at once %d, once their chunks landed %d, finished first %d\n",
+                cancelled_at_once, cancelled_later, too_late);
+    EXPECT_TRUE(a_->peer_status(link_.a_to_b).ok());
+    expect_canaries();
+}
+
+// Without a progress thread the target answers only when its application calls it: a read
+// still waiting for its answer is cancelled at once, and its memory is free (dereg() had to
+// wait for it PEER_TIMEOUT_MS, then drop the peer). The answer that comes later drains.
+TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
+    Config quiet = engine_test_config();
+    quiet.progress_thread = "off";
+    auto a = make_endpoint("cancel-a");
+    auto b = make_endpoint("cancel-b", quiet);
+    ASSERT_TRUE(a && b);
+    constexpr size_t kLen = 8 << 20;
+    GuardedBuffer src(kLen), fence_to(4096), dst(kLen, 0x5a), fence_from(4096);
+    fill_pattern(src.data(), kLen, 7);
+    const MemId ms = *b->reg(src.data(), kLen);
+    const MemId mf = *b->reg(fence_to.data(), 4096);
+    const MemId md = *a->reg(dst.data(), kLen);
+    const MemId mff = *a->reg(fence_from.data(), 4096);
+    auto id = a->connect_async(b->metadata());
+    ASSERT_TRUE(id.ok());
+    auto back = b->accept(5s);  // (drives b until a is in)
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
+    auto x = a->read(*id, md, 0, *b->describe(ms), 0, kLen, "never");
+    ASSERT_TRUE(x.ok());
+    std::this_thread::sleep_for(50ms);  // the request waits in b's socket
+    EXPECT_TRUE(a->cancel(*x).ok());
+    EXPECT_EQ(a->wait(*x, 1s).code(), StatusCode::kCancelled);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(a->dereg(md).ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    // b answers now, the data follows into scratch; then a write with a notification.
+    auto w = a->write(*id, mff, 0, *b->describe(mf), 0, 4096, "fence");
+    ASSERT_TRUE(w.ok());
+    XferStatus st;
+    ASSERT_TRUE(eventually([&] {
+        (void)b->peer_status(*back);  // (b's progress)
+        st = a->poll(*w);
+        return st.state != XferState::kInProgress;
+    }));
+    EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
+    std::vector<std::string> got;
+    for (Notification& n : b->get_notifications()) got.push_back(n.payload);
+    EXPECT_EQ(got, std::vector<std::string>{"fence"});
+    EXPECT_TRUE(std::all_of(dst.data(), dst.data() + kLen, [](uint8_t v) { return v == 0x5a; }));
+    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(b->peer_status(*back).ok());
+    EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
+}
+
+// A read cancelled with chunks on their way lets those land, and the rest, not yet posted into
+// our memory, land in scratch: with a window of 4 chunks per channel and a target that serves it
+// only when its application calls, most of a 48 MiB read is still to come at the cancel.
+TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
+    Config config = engine_test_config();
+    config.window = 4;
+    Config quiet = config;
+    quiet.progress_thread = "off";
+    auto a = make_endpoint("cancel-r", config);
+    auto b = make_endpoint("cancel-s", quiet);
+    ASSERT_TRUE(a && b);
+    constexpr size_t kLen = 48 << 20;
+    GuardedBuffer src(kLen), dst(kLen, 0x5a);
+    fill_pattern(src.data(), kLen, 13);
+    const RemoteMem desc = *b->describe(*b->reg(src.data(), kLen));
+    const MemId md = *a->reg(dst.data(), kLen);
+    auto id = a->connect_async(b->metadata());
+    ASSERT_TRUE(id.ok());
+    auto back = b->accept(5s);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
+    auto x = a->read(*id, md, 0, desc, 0, kLen, "never");
+    ASSERT_TRUE(x.ok());
+    std::this_thread::sleep_for(20ms);
+    (void)b->peer_status(*back);  // b answers and sends its first chunks
+    std::this_thread::sleep_for(20ms);
+    const Status c = a->cancel(*x);
+    EXPECT_TRUE(c.ok() || c.code() == StatusCode::kUnavailable) << c.to_string();
+    XferStatus st;
+    ASSERT_TRUE(eventually([&] {
+        (void)b->peer_status(*back);
+        st = a->poll(*x);
+        return st.state != XferState::kInProgress;
+    }));
+    EXPECT_EQ(st.error.code(), StatusCode::kCancelled) << st.error.to_string();
+    // b serves the rest (into a's scratch) as its application calls it; a read behind it on
+    // every channel ends after it.
+    GuardedBuffer more(1 << 20);
+    const MemId mm = *a->reg(more.data(), more.size());
+    auto flush = a->read(*id, mm, 0, desc, 0, more.size());
+    ASSERT_TRUE(flush.ok());
+    ASSERT_TRUE(eventually([&] {
+        (void)b->peer_status(*back);
+        st = a->poll(*flush);
+        return st.state != XferState::kInProgress;
+    }));
+    EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
+    std::vector<uint8_t> want(kLen);
+    fill_pattern(want.data(), kLen, 13);
+    size_t untouched = 0, wrong = 0;
+    for (size_t i = 0; i < kLen; ++i) {
+        untouched += dst.data()[i] == 0x5a && want[i] != 0x5a;
+        wrong += dst.data()[i] != 0x5a && dst.data()[i] != want[i];
+    }
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_GT(untouched, kLen / 2) << "chunks posted after the cancel landed in our memory";
+    std::vector<std::string> got;
+    for (Notification& n : b->get_notifications()) got.push_back(n.payload);
+    EXPECT_TRUE(got.empty());
+    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact() && more.canaries_intact());
+}
+
+// A write still waiting for its connection is dropped whole; one whose request is out sends all
+// its data (the target waits for every byte it was told of), which lands there with its
+// notification, and reports CANCELLED once it has all gone.
+TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
+    Config quiet = engine_test_config();
+    quiet.progress_thread = "off";
+    auto a = make_endpoint("cancel-w");
+    auto b = make_endpoint("cancel-t", quiet);
+    ASSERT_TRUE(a && b);
+    constexpr size_t kLen = 24 << 20;
+    GuardedBuffer src(kLen), dst(kLen);
+    fill_pattern(src.data(), kLen, 11);
+    const MemId ms = *a->reg(src.data(), kLen);
+    const RemoteMem desc = *b->describe(*b->reg(dst.data(), kLen));
+    auto id = a->connect_async(b->metadata());
+    ASSERT_TRUE(id.ok());
+    // While the connection waits for b: dropped, nothing sent.
+    auto early = a->write(*id, ms, 0, desc, 0, 4096, "dropped");
+    ASSERT_TRUE(early.ok()) << early.status().to_string();
+    EXPECT_TRUE(a->cancel(*early).ok());
+    EXPECT_EQ(a->wait(*early, 1s).code(), StatusCode::kCancelled);
+    auto back = b->accept(5s);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
+    // Out, with b not reading: cancelled once all of it has gone.
+    auto w = a->write(*id, ms, 0, desc, 0, kLen, "whole");
+    ASSERT_TRUE(w.ok());
+    std::this_thread::sleep_for(20ms);
+    const Status c = a->cancel(*w);
+    EXPECT_TRUE(c.ok() || c.code() == StatusCode::kUnavailable) << c.to_string();
+    XferStatus st;
+    std::vector<std::string> got;
+    ASSERT_TRUE(eventually([&] {
+        (void)b->peer_status(*back);
+        if (st.state == XferState::kInProgress) st = a->poll(*w);
+        for (Notification& n : b->get_notifications()) got.push_back(n.payload);
+        return st.state != XferState::kInProgress && !got.empty();
+    }));
+    EXPECT_EQ(st.state, XferState::kFailed);
+    EXPECT_EQ(st.error.code(), StatusCode::kCancelled) << st.error.to_string();
+    EXPECT_EQ(got, std::vector<std::string>{"whole"});
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 11), -1);
+    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
+}
+
 TEST_F(EnginePair, SendRecvByTag) {
     // Receives posted before and after their sends, tags out of order, sizes up to several
     // chunks.
