@@ -126,6 +126,10 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     PeerId peer = 0;                // the connection it was last posted on
     XferId xfer = 0;
     bool active = false;  // posted, completion not yet reported
+    // A release of it failed (see releaseReqH): NIXL frees its handle on the next one, whatever
+    // we answer.
+    bool release_failed = false;
+    bool abandoned = false;  // its id is in abandoned_
     // The target refused it as naming unknown memory (reported by the engine, not yet to NIXL):
     // the refusal and when it was seen (see kRefusalGrace).
     std::optional<Status> refusal;
@@ -688,15 +692,39 @@ nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
     return guarded("releaseReqH", [&]() -> nixl_status_t {
         auto* req = dynamic_cast<Request*>(handle);
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
-        // (A refused request has finished in the engine: nothing to wait for.)
-        if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
-            // The engine cannot take back bytes already on the wire; it finishes (or fails) the
-            // transfer on its own, delivering its notification if it succeeds, and we forget it
-            // then. Out of memory here, the request is not freed: NIXL keeps a handle whose
-            // release failed (releaseXferReq answers NIXL_ERR_REPOST_ACTIVE) and releases it
-            // again later.
-            std::lock_guard<std::mutex> lock(mu_);
-            abandoned_.push_back(req->xfer);
+        // NIXL's contract: a release cancels the transfer, or fails if it cannot. After a failed
+        // one NIXL keeps its handle with our error as its status (getXferStatus no longer asks
+        // us), and the next release frees the handle whatever we answer: so this one is
+        // marked before anything here can fail, and the next frees the request come what may.
+        const bool again = std::exchange(req->release_failed, true);
+        // (A refused request has finished in the engine: nothing to wait for. poll() takes the
+        // outcome of one that has finished.)
+        if (req->active && !req->refusal && !req->abandoned &&
+            ep_->poll(req->xfer).state == XferState::kInProgress) {
+            // Released in flight: the application means to abort it, and may reuse the memory
+            // once the release succeeds. The engine cancels it: a READ's chunks not yet on their
+            // way land in scratch and its notification is never delivered; a WRITE's data, once
+            // its request is out, is sent whole (the target waits for it).
+            const Status c = again ? Status() : ep_->cancel(req->xfer);
+            if (!again && c.ok()) {
+                (void)ep_->poll(req->xfer);  // (takes its CANCELLED)
+            } else if (!again && c.code() == StatusCode::kFailedPrecondition) {
+                (void)ep_->poll(req->xfer);  // (it ended meanwhile: takes its outcome)
+            } else if (!again && c.code() != StatusCode::kUnavailable) {
+                NIXL_ERROR << "TCPX: releaseReqH: " << c.to_string();
+                return to_nixl(c);
+            } else {
+                // Cancelled, but still touching memory (chunks on their way land first, a
+                // window's worth; a WRITE's data is still being read and sent), or released
+                // again after a failed release. The engine ends it on its own; its outcome is
+                // taken then.
+                {
+                    std::lock_guard<std::mutex> lock(mu_);
+                    abandoned_.push_back(req->xfer);
+                }
+                req->abandoned = true;
+                if (!again) return NIXL_ERR_REPOST_ACTIVE;  // (releaseXferReq answers the same)
+            }
         }
         delete req;
         return NIXL_SUCCESS;
