@@ -21,6 +21,7 @@ namespace tcpx {
 namespace {
 
 using testing::CliResult;
+using testing::ClosedPort;
 using testing::contains;
 using testing::exited_with;
 using testing::has_all;
@@ -52,11 +53,6 @@ bool start_target(ListeningTarget* target) {
 }
 
 // A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
-std::string closed_port() {
-    auto fd = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 1);
-    EXPECT_TRUE(fd.ok());
-    return std::to_string(local_address(fd->get()).value().port());
-}
 
 // --kv at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces, one NIXL request of
 // 1024 descriptors each), WRITE and READ verified; then as JSON with a smaller shape.
@@ -284,8 +280,9 @@ TEST(NixlBenchRoles, HostileCommandsGetErrorReplies) {
 
 TEST(NixlBenchRoles, NothingListeningIsAClearErrorInBoundedTime) {
     const auto start = std::chrono::steady_clock::now();
+    const ClosedPort closed;
     const CliResult r = run_bench(
-        {"--connect", "127.0.0.1:" + closed_port(), "--connect-timeout", "1", "--sizes", "4K"});
+        {"--connect", "127.0.0.1:" + closed.port(), "--connect-timeout", "1", "--sizes", "4K"});
     EXPECT_TRUE(exited_with(r, 1));
     EXPECT_TRUE(has_all(r.output, {"no benchmark target answers at 127.0.0.1:", "refused"}));
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
@@ -312,7 +309,8 @@ TEST(NixlBenchRoles, BadAddressesAndRolesAreRefused) {
         std::vector<std::string> args;
         const char* says;
     };
-    const std::string p = "127.0.0.1:" + closed_port();
+    const ClosedPort closed;
+    const std::string p = "127.0.0.1:" + closed.port();
     const std::vector<Case> cases = {
         {{"--listen", p, "--connect", p}, "one host has one role"},
         {{"--listen", p, "--sizes", "4K"}, "--listen: --sizes is the initiator's to choose"},

@@ -22,6 +22,7 @@ namespace tcpx {
 namespace {
 
 using testing::CliResult;
+using testing::ClosedPort;
 using testing::contains;
 using testing::exited_with;
 using testing::has_all;
@@ -45,12 +46,6 @@ std::vector<std::string> role_quick(std::vector<std::string> args) {
 }
 
 // A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
-std::string closed_port() {
-    auto fd = listen_tcp(SocketAddress::parse("127.0.0.1", 0).value(), 1);
-    EXPECT_TRUE(fd.ok());
-    const uint16_t port = local_address(fd->get()).value().port();
-    return std::to_string(port);
-}
 
 TEST(BenchEngineRoles, ListenAndConnectOverLoopback) {
     ListeningTarget target;
@@ -213,7 +208,8 @@ TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
 
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
     const auto start = std::chrono::steady_clock::now();
-    const CliResult r = run_cli({"bench", "engine", "--connect", "127.0.0.1:" + closed_port(),
+    const ClosedPort closed;
+    const CliResult r = run_cli({"bench", "engine", "--connect", "127.0.0.1:" + closed.port(),
                                  "--connect-timeout", "1", "--sizes", "4K", "--no-progress"});
     EXPECT_TRUE(exited_with(r, 1));
     EXPECT_TRUE(has_all(r.output, {"no benchmark target answers at 127.0.0.1:", "refused"}));
@@ -241,7 +237,8 @@ TEST(BenchEngineRoles, BadCombinationsAreRefused) {
         int code;
         const char* says;
     };
-    const std::string p = "127.0.0.1:" + closed_port();
+    const ClosedPort closed;
+    const std::string p = "127.0.0.1:" + closed.port();
     const std::vector<Case> cases = {
         {{"--listen", p, "--procs", "1"}, 2, "no --procs"},
         {{"--connect", p, "--procs", "1"}, 2, "no --procs"},
