@@ -256,7 +256,8 @@ class TCPX_API Endpoint {
     // - A read (read, readv): what has not yet been posted into our memory lands in scratch
     //   instead, and the peer's application never gets its notification. OK when nothing was on
     //   its way into our memory; kUnavailable when chunks were: it is cancelled all the same,
-    //   and reports kCancelled once they have landed (a window's worth at most).
+    //   and reports kCancelled once they have landed (a window's worth at most), or the
+    //   connection's error if it fails first.
     // - A write (write, writev): one still waiting for its connection is dropped, nothing sent
     //   (OK). Once its request is out, the peer waits for every byte it announced, so its data is
     //   sent whole and lands there, with its notification: OK once all of it has been sent

@@ -341,10 +341,10 @@ TCPX_C_API tcpx_status_t tcpx_wait(tcpx_endpoint_t* ep, uint64_t xfer, int timeo
  * send: TCPX_ERR_FAILED_PRECONDITION (they end on their own). A read: what is not yet on its way
  * into our memory lands in scratch and the peer never gets its notification; TCPX_OK, or
  * TCPX_ERR_UNAVAILABLE while chunks already on their way land (it is cancelled all the same and
- * reports TCPX_ERR_CANCELLED once they have). A write: dropped, nothing sent, while its
- * connection is being made; once its request is out its data is sent whole and arrives with its
- * notification: TCPX_OK once all of it has gone, else TCPX_ERR_UNAVAILABLE (it reports
- * TCPX_ERR_CANCELLED once it has). TCPX_ERR_FAILED_PRECONDITION for a finished transfer,
+ * reports TCPX_ERR_CANCELLED once they have, or the connection's error). A write: dropped, nothing
+ * sent, while its connection is being made; once its request is out its data is sent whole and
+ * arrives with its notification: TCPX_OK once all of it has gone, else TCPX_ERR_UNAVAILABLE (it
+ * reports TCPX_ERR_CANCELLED once it has). TCPX_ERR_FAILED_PRECONDITION for a finished transfer,
  * TCPX_ERR_INVALID_ARGUMENT for an unknown or reported id (Endpoint::cancel says more). */
 TCPX_C_API tcpx_status_t tcpx_cancel(tcpx_endpoint_t* ep, uint64_t xfer);
 

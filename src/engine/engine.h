@@ -640,6 +640,8 @@ class Endpoint::Impl {
     // Reports a cancelled transfer that no longer touches our memory (CANCELLED) and lets go of
     // its regions; it lives on, unseen, until what it has on the wire is done.
     void detach_cancelled(Xfer* x);
+    // A cancelled read's READ_DONE (not delivered), if the target holds its notification.
+    void let_read_notification_go(Xfer* x);
     void maybe_finish(Xfer* x);
     void destroy(Xfer* x);
     uint64_t inline_limit() const { return config_.xfer_inline_threshold; }

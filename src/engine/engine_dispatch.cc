@@ -409,8 +409,10 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
     TCPX_RETURN_IF_ERROR(wire::decode_read_resp(body, flags, &resp));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, take_awaiting(p, resp.xfer, Xfer::Kind::kRead, "READ_RESP"));
     Status st = wire::to_status(resp.result, "peer '" + p.name + "'");
-    // Accepted: the target holds the read's notification until our READ_DONE.
+    // Accepted: the target holds the read's notification until our READ_DONE (at once for a
+    // read cancel() has reported already).
     if (st.ok() && x->has_notification) x->read_done_owed = true;
+    if (x->user_id == 0 && x->cancelled) let_read_notification_go(x);
     if (!st.ok()) {
         x->result = st;
     } else if (flags & wire::kFlagInline) {

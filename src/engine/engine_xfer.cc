@@ -217,8 +217,9 @@ void Endpoint::Impl::refill(Peer& p, bool tx) {
 Op Endpoint::Impl::make_op(const Channel& ch, bool tx, Xfer* x,
                            const engine::packer::Cut& cut) const {
     using engine::OpPath;
-    // A cancelled read's chunks not yet cut land in scratch: its memory is not to be touched.
-    if (x->cancelled) return Op{x, nullptr, nullptr, cut.len};
+    // A cancelled read's chunks not yet cut land in scratch: its memory is not to be touched. (A
+    // cancelled write's are sent from its memory all the same: the target waits for them.)
+    if (x->cancelled && x->kind == Xfer::Kind::kRead) return Op{x, nullptr, nullptr, cut.len};
     const Xfer::Piece& first = x->pieces[cut.first];
     Op op{x, first.region, nullptr, cut.len};
     op.first = static_cast<uint32_t>(cut.first);
@@ -302,6 +303,7 @@ bool Endpoint::Impl::cancel_settled(const Xfer& x) const {
 }
 
 void Endpoint::Impl::detach_cancelled(Xfer* x) {
+    let_read_notification_go(x);
     for (Xfer::Piece& piece : x->pieces) {
         if (piece.region != nullptr) registry_.unref(piece.region);
         piece.region = nullptr;  // (destroy() unrefs only what is left; make_op drains)
@@ -309,6 +311,14 @@ void Endpoint::Impl::detach_cancelled(Xfer* x) {
     xfers_->finish(x->user_id, x->result);
     x->user_id = 0;
     wake_waiters();  // wait() for it, dereg() for a region it held
+}
+
+void Endpoint::Impl::let_read_notification_go(Xfer* x) {
+    // Now, not once the rest has drained (a whole read's worth, into scratch): the target's room
+    // for our notifications comes back at once. It holds nothing else for the read.
+    if (!x->read_done_owed || x->peer->state == Peer::State::kFailed) return;
+    send_ctrl(*x->peer, wire::encode_read_done(wire::ReadDone{x->wire_id, false}));
+    x->read_done_owed = false;
 }
 
 void Endpoint::Impl::count_finished(const Xfer& x) {
