@@ -127,9 +127,9 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     XferId xfer = 0;
     bool active = false;  // posted, completion not yet reported
     // A release of it failed (see releaseReqH): NIXL frees its handle on the next one, whatever
-    // we answer.
+    // we answer; room for its note in abandoned_ is reserved meanwhile.
     bool release_failed = false;
-    bool abandoned = false;  // its id is in abandoned_
+    bool reserved = false;
     // The target refused it as naming unknown memory (reported by the engine, not yet to NIXL):
     // the refusal and when it was seen (see kRefusalGrace).
     std::optional<Status> refusal;
@@ -626,6 +626,10 @@ nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
 nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args) const {
     const bool notify = opt_args != nullptr && opt_args->hasNotif;
     req->refusal.reset();
+    // Reposted after a failed release (NIXL allows it once the handle's status is an error):
+    // a new transfer, released anew.
+    unreserve_abandon(req);
+    req->release_failed = false;
     if (req->local) {
         Status st = ep_->copy(req->copies);
         if (!st.ok()) {
@@ -670,6 +674,10 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
                 req->active = false;
                 return NIXL_SUCCESS;
             }
+            if (s.error.code() == StatusCode::kCancelled) {  // (released: the caller knows why)
+                req->active = false;
+                return NIXL_ERR_CANCELED;
+            }
             if (s.error.code() != StatusCode::kNotFound) {
                 req->active = false;
                 return failed("transfer", req->agent, req->peer, s.error);
@@ -694,41 +702,66 @@ nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
         // NIXL's contract: a release cancels the transfer, or fails if it cannot. After a failed
         // one NIXL keeps its handle with our error as its status (getXferStatus no longer asks
-        // us), and the next release frees the handle whatever we answer: so this one is
-        // marked before anything here can fail, and the next frees the request come what may.
+        // us; a repost may start it again), and the next release frees the handle whatever we
+        // answer: so this one is marked before anything here can fail, and the next one frees
+        // the request come what may, without allocating (its note was reserved).
         const bool again = std::exchange(req->release_failed, true);
         // (A refused request has finished in the engine: nothing to wait for. poll() takes the
         // outcome of one that has finished.)
-        if (req->active && !req->refusal && !req->abandoned &&
-            ep_->poll(req->xfer).state == XferState::kInProgress) {
-            // Released in flight: the application means to abort it, and may reuse the memory
-            // once the release succeeds. The engine cancels it: a READ's chunks not yet on their
-            // way land in scratch and its notification is never delivered; a WRITE's data, once
-            // its request is out, is sent whole (the target waits for it).
-            const Status c = again ? Status() : ep_->cancel(req->xfer);
-            if (!again && c.ok()) {
-                (void)ep_->poll(req->xfer);  // (takes its CANCELLED)
-            } else if (!again && c.code() == StatusCode::kFailedPrecondition) {
-                (void)ep_->poll(req->xfer);  // (it ended meanwhile: takes its outcome)
-            } else if (!again && c.code() != StatusCode::kUnavailable) {
-                NIXL_ERROR << "TCPX: releaseReqH: " << c.to_string();
-                return to_nixl(c);
+        if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
+            if (again) {
+                // NIXL frees its handle now: the engine ends the transfer on its own (it was
+                // cancelled), and its outcome is taken then.
+                abandon(req);
             } else {
-                // Cancelled, but still touching memory (chunks on their way land first, a
-                // window's worth; a WRITE's data is still being read and sent), or released
-                // again after a failed release. The engine ends it on its own; its outcome is
-                // taken then.
-                {
-                    std::lock_guard<std::mutex> lock(mu_);
-                    abandoned_.push_back(req->xfer);
+                // Released in flight: the application means to abort it, and may reuse the
+                // memory once the release succeeds. The engine cancels it: a READ's chunks not
+                // yet on their way land in scratch and its notification is never delivered; a
+                // WRITE's data, once its request is out, is sent whole (the target waits for it).
+                const Status c = ep_->cancel(req->xfer);
+                if (!c.ok() && c.code() != StatusCode::kFailedPrecondition) {
+                    // Still touching memory: chunks on their way land first (a window's worth),
+                    // or a WRITE's data is still being read and sent (UNAVAILABLE); or out of
+                    // memory. The release fails (releaseXferReq answers NIXL_ERR_REPOST_ACTIVE)
+                    // and NIXL keeps the handle.
+                    reserve_abandon(req);
+                    if (c.code() == StatusCode::kUnavailable) return NIXL_ERR_REPOST_ACTIVE;
+                    NIXL_ERROR << "TCPX: releaseReqH: " << c.to_string();
+                    return to_nixl(c);
                 }
-                req->abandoned = true;
-                if (!again) return NIXL_ERR_REPOST_ACTIVE;  // (releaseXferReq answers the same)
+                (void)ep_->poll(req->xfer);  // (takes its CANCELLED, or the outcome it reached)
             }
         }
+        unreserve_abandon(req);
         delete req;
         return NIXL_SUCCESS;
     });
+}
+
+void TcpxBackend::reserve_abandon(Request* req) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->reserved) return;
+    // (capacity >= size + abandon_reserved_ holds: reap_abandoned's erase keeps the capacity)
+    abandoned_.reserve(abandoned_.size() + abandon_reserved_ + 1);
+    ++abandon_reserved_;
+    req->reserved = true;
+}
+
+void TcpxBackend::unreserve_abandon(Request* req) const {
+    if (!req->reserved) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    --abandon_reserved_;
+    req->reserved = false;
+}
+
+void TcpxBackend::abandon(Request* req) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (req->reserved) {
+        --abandon_reserved_;  // (its room: the push below does not allocate)
+        req->reserved = false;
+    }
+    abandoned_.push_back(req->xfer);
+    req->active = false;
 }
 
 void TcpxBackend::reap_abandoned() const {

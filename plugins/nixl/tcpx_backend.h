@@ -104,6 +104,12 @@ class TcpxBackend final : public nixlBackendEngine {
     bool deliverable(const Notification& n) const noexcept;
     // Polls requests released while in flight, forgetting the finished ones. Locks mu_.
     void reap_abandoned() const;
+    // Room in abandoned_ for a request whose release failed (its next release must not fail);
+    // given back when it is no longer needed. Lock mu_.
+    void reserve_abandon(Request* req) const;
+    void unreserve_abandon(Request* req) const;
+    // Leaves `req`'s transfer, still in flight, to reap_abandoned. Locks mu_.
+    void abandon(Request* req) const;
     nixl_status_t start(Request* req, const nixl_opt_b_args_t* opt_args) const;
 
     std::unique_ptr<Endpoint> ep_;
@@ -113,6 +119,7 @@ class TcpxBackend final : public nixlBackendEngine {
     mutable std::map<std::string, PeerId> outbound_;        // our connections, by agent
     mutable std::map<std::string, PeerId> inbound_;         // connections to us, by agent
     mutable std::vector<XferId> abandoned_;                 // released while in flight
+    mutable size_t abandon_reserved_ = 0;                   // its room kept for reserve_abandon
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
     // Connections we closed whose notifications may still wait in the engine (it keeps what a
     // peer sent before the close), and whether to deliver them; forgotten once a later
