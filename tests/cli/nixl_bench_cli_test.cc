@@ -52,8 +52,6 @@ bool start_target(ListeningTarget* target) {
     return target->start_program({TCPX_NIXL_BENCH_PATH, "--listen", "127.0.0.1:0"}, kEnv);
 }
 
-// A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
-
 // --kv at a small scale (a 64 MiB pool, 16 blocks per request = 1024 pieces, one NIXL request of
 // 1024 descriptors each), WRITE and READ verified; then as JSON with a smaller shape.
 TEST(NixlBenchCli, KvWorkloadIsVerifiedAndComparedWithOneContiguousRequest) {

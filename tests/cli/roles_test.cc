@@ -45,8 +45,6 @@ std::vector<std::string> role_quick(std::vector<std::string> args) {
     return args;
 }
 
-// A port nothing listens on (bound, then closed: the kernel does not hand it out again at once).
-
 TEST(BenchEngineRoles, ListenAndConnectOverLoopback) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
