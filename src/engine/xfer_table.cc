@@ -25,9 +25,9 @@ XferTable::Slot* XferTable::slot(uint64_t index) const {
 
 StatusOr<XferId> XferTable::allocate() {
     uint64_t index;
-    if (!free_.empty()) {
-        index = free_.back();
-        free_.pop_back();
+    if (!free_.empty() && (free_.size() >= kReuseAfter || high_ >= capacity_)) {
+        index = free_.front();
+        free_.pop_front();
     } else if (high_ < capacity_) {
         index = high_;
         if (index % kBlock == 0) {

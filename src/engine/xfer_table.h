@@ -10,8 +10,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
-#include <vector>
 
 #include "tcpx/endpoint.h"
 #include "tcpx/status.h"
@@ -34,6 +34,14 @@ class XferTable {
     // transfer) for an unknown id.
     XferStatus take(XferId id);
     size_t in_use() const { return in_use_; }
+    // Slots ever handed out: in use at most, plus kReuseAfter.
+    size_t slots_made() const { return high_; }
+
+    // A freed slot is used again only once this many are free (or no new one may be made),
+    // oldest first: a program that runs one transfer at a time goes round this many slots, so
+    // its ids' 32-bit generations wrap after 2^32 x kReuseAfter transfers, not 2^32 (hours of
+    // small transfers, when the slot just freed came back at once). Costs a few KiB.
+    static constexpr size_t kReuseAfter = 256;
 
  private:
     struct Slot {
@@ -53,8 +61,8 @@ class XferTable {
     const uint32_t first_gen_;
     std::unique_ptr<std::atomic<Slot*>[]> blocks_;  // allocated on demand, never moved
     size_t nblocks_;
-    std::vector<uint64_t> free_;
-    uint64_t high_ = 0;  // slots ever handed out
+    std::deque<uint64_t> free_;  // oldest first
+    uint64_t high_ = 0;          // slots ever handed out
     size_t in_use_ = 0;
 };
 
