@@ -991,6 +991,56 @@ static void test_wait_forever_reports_a_timed_out_transfer(void) {
     buf_free(&dst);
 }
 
+// A read the target has not answered yet (it has no progress thread, and its application is
+// not calling it) is cancelled at once: CANCELLED, its memory free (a dereg does not wait for
+// it), and nothing lands there when the target answers later.
+static void test_cancel_a_read_in_flight(void) {
+    tcpx_config_t* cfg = loopback_config();
+    tcpx_endpoint_t* x = NULL;
+    tcpx_endpoint_t* y = NULL;
+    CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
+    CHECK_OK(tcpx_config_set(cfg, "PROGRESS_THREAD", "off"));  // y moves only in its calls
+    CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
+    tcpx_config_free(cfg);
+    uint8_t md[512];
+    size_t md_len = sizeof(md);
+    CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
+    uint64_t x_to_y, y_to_x, none;
+    CHECK_OK(tcpx_connect_async(x, md, md_len, &x_to_y));
+    CHECK_OK(tcpx_accept(y, -1, &y_to_x));
+    double deadline = now_s() + kTimeoutMs / 1000.0;
+    while (tcpx_peer_status(x, x_to_y) != TCPX_OK && now_s() < deadline) {
+        (void)tcpx_accept(y, 1, &none);
+    }
+    CHECK_OK(tcpx_peer_status(x, x_to_y));
+    const uint64_t size = 1 << 20;
+    guarded_buf src = buf_new(size), dst = buf_new(size);
+    memset(src.data, 0x3c, size);
+    uint64_t m, n, r;
+    CHECK_OK(tcpx_reg(x, dst.data, size, &m));
+    CHECK_OK(tcpx_reg(y, src.data, size, &n));
+    const desc_t d = describe(y, n);
+    CHECK_OK(tcpx_read(x, x_to_y, m, 0, d.bytes, d.len, 0, size, "gone", 4, 1, &r));
+    sleep_ms(20);
+    CHECK_OK(tcpx_cancel(x, r));
+    CHECK_ERR(tcpx_wait(x, r, kTimeoutMs), TCPX_ERR_CANCELLED);
+    CHECK_ERR(tcpx_cancel(x, r), TCPX_ERR_INVALID_ARGUMENT);  // reported: unknown
+    const double dereg_start = now_s();
+    CHECK_OK(tcpx_dereg(x, m));
+    CHECK(now_s() - dereg_start < 1.0);
+    // y answers now; the data drains into x's scratch.
+    deadline = now_s() + 0.3;
+    while (now_s() < deadline) (void)tcpx_accept(y, 1, &none);
+    for (uint64_t i = 0; i < size; ++i) {
+        if (dst.data[i] != 0) FAIL("byte %" PRIu64 " of a cancelled read's memory changed", i);
+    }
+    CHECK_OK(tcpx_peer_status(x, x_to_y));
+    tcpx_endpoint_destroy(x);
+    tcpx_endpoint_destroy(y);
+    buf_free(&src);
+    buf_free(&dst);
+}
+
 // Counters: a write moves them by exactly its bytes and one transfer here, one served there; a
 // peer's are the endpoint's when it is the only one; bad arguments are refused.
 static void test_stats(void) {
@@ -1050,6 +1100,7 @@ int main(void) {
     test_thread_local_error();
     test_disconnect();
     test_wait_forever_reports_a_timed_out_transfer();
+    test_cancel_a_read_in_flight();
     tcpx_endpoint_destroy(a);
     tcpx_endpoint_destroy(b);
     printf("c_api_test: all checks passed\n");
