@@ -1285,13 +1285,14 @@ TEST_F(EngineCancel, ACancelledReadWritesNothingOnceItReportsCancelled) {
 // still waiting for its answer is cancelled at once, and its memory is free (dereg() had to
 // wait for it PEER_TIMEOUT_MS, then drop the peer). The answer that comes later drains.
 TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
+    // The memory outlives the endpoints (a target may still be sending from it at the end).
+    constexpr size_t kLen = 8 << 20;
+    GuardedBuffer src(kLen), fence_to(4096), dst(kLen, 0x5a), fence_from(4096);
     Config quiet = engine_test_config();
     quiet.progress_thread = "off";
     auto a = make_endpoint("cancel-a");
     auto b = make_endpoint("cancel-b", quiet);
     ASSERT_TRUE(a && b);
-    constexpr size_t kLen = 8 << 20;
-    GuardedBuffer src(kLen), fence_to(4096), dst(kLen, 0x5a), fence_from(4096);
     fill_pattern(src.data(), kLen, 7);
     const MemId ms = *b->reg(src.data(), kLen);
     const MemId mf = *b->reg(fence_to.data(), 4096);
@@ -1333,6 +1334,9 @@ TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
 // as soon as the answer comes, not once its data has drained: with room for one notification,
 // the next read with one is served while the cancelled one's data still flows.
 TEST(EngineEndpoints, ACancelledReadGivesTheTargetsRoomBackAtOnce) {
+    // The memory outlives the endpoints (a target may still be sending from it at the end).
+    constexpr size_t kLen = 16 << 20;
+    GuardedBuffer src(kLen), dst(kLen);
     Config config = engine_test_config();
     config.window = 4;
     Config quiet = config;
@@ -1341,8 +1345,6 @@ TEST(EngineEndpoints, ACancelledReadGivesTheTargetsRoomBackAtOnce) {
     auto a = make_endpoint("room-a", config);
     auto b = make_endpoint("room-b", quiet);
     ASSERT_TRUE(a && b);
-    constexpr size_t kLen = 16 << 20;
-    GuardedBuffer src(kLen), dst(kLen);
     fill_pattern(src.data(), kLen, 17);
     const RemoteMem desc = *b->describe(*b->reg(src.data(), kLen));
     const MemId md = *a->reg(dst.data(), kLen);
@@ -1382,6 +1384,9 @@ TEST(EngineEndpoints, ACancelledReadGivesTheTargetsRoomBackAtOnce) {
 // our memory, land in scratch: with a window of 4 chunks per channel and a target that serves it
 // only when its application calls, most of a 48 MiB read is still to come at the cancel.
 TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
+    // The memory outlives the endpoints (a target may still be sending from it at the end).
+    constexpr size_t kLen = 48 << 20;
+    GuardedBuffer src(kLen), dst(kLen, 0x5a), more(1 << 20);
     Config config = engine_test_config();
     config.window = 4;
     Config quiet = config;
@@ -1389,8 +1394,6 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
     auto a = make_endpoint("cancel-r", config);
     auto b = make_endpoint("cancel-s", quiet);
     ASSERT_TRUE(a && b);
-    constexpr size_t kLen = 48 << 20;
-    GuardedBuffer src(kLen), dst(kLen, 0x5a);
     fill_pattern(src.data(), kLen, 13);
     const RemoteMem desc = *b->describe(*b->reg(src.data(), kLen));
     const MemId md = *a->reg(dst.data(), kLen);
@@ -1417,7 +1420,6 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
     EXPECT_EQ(st.error.code(), StatusCode::kCancelled) << st.error.to_string();
     // b serves the rest (into a's scratch) as its application calls it; a read behind it on
     // every channel ends after it.
-    GuardedBuffer more(1 << 20);
     const MemId mm = *a->reg(more.data(), more.size());
     auto flush = a->read(*id, mm, 0, desc, 0, more.size());
     ASSERT_TRUE(flush.ok());
@@ -1448,6 +1450,9 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
 // notification, and reports CANCELLED once it has all gone. With a window of 4 chunks per channel
 // most of the 24 MiB is not yet cut into chunks at the cancel (they were once sent from scratch).
 TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
+    // The memory outlives the endpoints (a target may still be sending from it at the end).
+    constexpr size_t kLen = 24 << 20;
+    GuardedBuffer src(kLen), dst(kLen);
     Config config = engine_test_config();
     config.window = 4;
     Config quiet = config;
@@ -1455,8 +1460,6 @@ TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
     auto a = make_endpoint("cancel-w", config);
     auto b = make_endpoint("cancel-t", quiet);
     ASSERT_TRUE(a && b);
-    constexpr size_t kLen = 24 << 20;
-    GuardedBuffer src(kLen), dst(kLen);
     fill_pattern(src.data(), kLen, 11);
     const MemId ms = *a->reg(src.data(), kLen);
     const RemoteMem desc = *b->describe(*b->reg(dst.data(), kLen));
