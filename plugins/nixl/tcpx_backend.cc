@@ -130,6 +130,7 @@ struct TcpxBackend::Request final : nixlBackendReqH {
     // we answer; room for its note in abandoned_ is reserved meanwhile.
     bool release_failed = false;
     bool reserved = false;
+    bool cancelled = false;  // the engine was asked to cancel its transfer
     // The target refused it as naming unknown memory (reported by the engine, not yet to NIXL):
     // the refusal and when it was seen (see kRefusalGrace).
     std::optional<Status> refusal;
@@ -630,6 +631,7 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
     // a new transfer, released anew.
     unreserve_abandon(req);
     req->release_failed = false;
+    req->cancelled = false;
     if (req->local) {
         Status st = ep_->copy(req->copies);
         if (!st.ok()) {
@@ -674,8 +676,8 @@ nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
                 req->active = false;
                 return NIXL_SUCCESS;
             }
-            if (s.error.code() == StatusCode::kCancelled) {  // (released: the caller knows why)
-                req->active = false;
+            if (req->release_failed && s.error.code() == StatusCode::kCancelled) {
+                req->active = false;  // (our cancel, from a failed release: the caller knows why)
                 return NIXL_ERR_CANCELED;
             }
             if (s.error.code() != StatusCode::kNotFound) {
@@ -702,34 +704,41 @@ nixl_status_t TcpxBackend::releaseReqH(nixlBackendReqH* handle) const {
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
         // NIXL's contract: a release cancels the transfer, or fails if it cannot. After a failed
         // one NIXL keeps its handle with our error as its status (getXferStatus no longer asks
-        // us; a repost may start it again), and the next release frees the handle whatever we
-        // answer: so this one is marked before anything here can fail, and the next one frees
-        // the request come what may, without allocating (its note was reserved).
+        // us; a repost may start it again once it has ended), and the next release frees the
+        // handle whatever we answer: so this one is marked before anything here can fail, and
+        // room for the note of a transfer left in flight is reserved before anything else, so
+        // that the next release frees the request without allocating.
         const bool again = std::exchange(req->release_failed, true);
-        // (A refused request has finished in the engine: nothing to wait for. poll() takes the
-        // outcome of one that has finished.)
-        if (req->active && !req->refusal && ep_->poll(req->xfer).state == XferState::kInProgress) {
-            if (again) {
-                // NIXL frees its handle now: the engine ends the transfer on its own (it was
-                // cancelled), and its outcome is taken then.
-                abandon(req);
-            } else {
+        if (req->active && !req->refusal) {
+            if (!again) reserve_abandon(req);
+            // (A refused request has finished in the engine: nothing to wait for. poll() takes
+            // the outcome of one that has finished.)
+            if (ep_->poll(req->xfer).state == XferState::kInProgress) {
                 // Released in flight: the application means to abort it, and may reuse the
                 // memory once the release succeeds. The engine cancels it: a READ's chunks not
                 // yet on their way land in scratch and its notification is never delivered; a
                 // WRITE's data, once its request is out, is sent whole (the target waits for it).
-                const Status c = ep_->cancel(req->xfer);
-                if (!c.ok() && c.code() != StatusCode::kFailedPrecondition) {
+                Status c;
+                if (!req->cancelled) {
+                    c = ep_->cancel(req->xfer);  // (out of memory: RESOURCE_EXHAUSTED, not done)
+                    req->cancelled = c.ok() || c.code() == StatusCode::kUnavailable ||
+                                     c.code() == StatusCode::kFailedPrecondition;
+                }
+                if (again) {
+                    // NIXL frees its handle now: the engine ends the transfer on its own, and
+                    // its outcome is taken then.
+                    abandon(req);
+                } else if (!c.ok() && c.code() != StatusCode::kFailedPrecondition) {
                     // Still touching memory: chunks on their way land first (a window's worth),
                     // or a WRITE's data is still being read and sent (UNAVAILABLE); or out of
                     // memory. The release fails (releaseXferReq answers NIXL_ERR_REPOST_ACTIVE)
                     // and NIXL keeps the handle.
-                    reserve_abandon(req);
                     if (c.code() == StatusCode::kUnavailable) return NIXL_ERR_REPOST_ACTIVE;
                     NIXL_ERROR << "TCPX: releaseReqH: " << c.to_string();
                     return to_nixl(c);
+                } else {
+                    (void)ep_->poll(req->xfer);  // (takes its CANCELLED, or the outcome reached)
                 }
-                (void)ep_->poll(req->xfer);  // (takes its CANCELLED, or the outcome it reached)
             }
         }
         unreserve_abandon(req);
@@ -759,6 +768,9 @@ void TcpxBackend::abandon(Request* req) const {
     if (req->reserved) {
         --abandon_reserved_;  // (its room: the push below does not allocate)
         req->reserved = false;
+    } else {
+        // (Its reservation failed: room of its own, not another request's.)
+        abandoned_.reserve(abandoned_.size() + abandon_reserved_ + 1);
     }
     abandoned_.push_back(req->xfer);
     req->active = false;

@@ -132,7 +132,9 @@ StatusOr<XferId> Endpoint::recv(PeerId peer, MemId mem, uint64_t offset, uint64_
 TcpxSession Endpoint::session(PeerId peer) { return TcpxSession(this, peer); }
 
 XferStatus Endpoint::poll(XferId xfer) { return impl_->poll(xfer); }
-Status Endpoint::cancel(XferId xfer) { return impl_->cancel(xfer); }
+Status Endpoint::cancel(XferId xfer) {
+    return guarded("cancel", [&] { return impl_->cancel(xfer); });
+}
 Status Endpoint::wait(XferId xfer, std::chrono::milliseconds timeout) {
     return guarded("wait", [&] { return impl_->wait(xfer, timeout); });
 }

@@ -191,8 +191,8 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             mh = ch.hslots_mr;
         } else {
             if (op.region == nullptr) {
-                // Draining a refused write: one scratch receive at a time per channel, so no two
-                // transport requests ever write the scratch buffer at once.
+                // Draining a refused write or a cancelled read: one scratch receive at a time per
+                // channel, so no two transport requests ever write the scratch buffer at once.
                 if (ch.scratch_busy) break;
                 if (!ch.scratch) ch.scratch.reset(new uint8_t[p.chunk]);
                 ptr = ch.scratch.get();

@@ -314,8 +314,9 @@ void Endpoint::Impl::detach_cancelled(Xfer* x) {
 }
 
 void Endpoint::Impl::let_read_notification_go(Xfer* x) {
-    // Now, not once the rest has drained (a whole read's worth, into scratch): the target's room
-    // for our notifications comes back at once. It holds nothing else for the read.
+    // Now (at the cancel, or once the target's answer is in), not once the rest has drained (a
+    // whole read's worth, into scratch): the target's room for our notifications comes back at
+    // once. It holds nothing else for the read.
     if (!x->read_done_owed || x->peer->state == Peer::State::kFailed) return;
     send_ctrl(*x->peer, wire::encode_read_done(wire::ReadDone{x->wire_id, false}));
     x->read_done_owed = false;
@@ -858,6 +859,8 @@ Status Endpoint::Impl::cancel(XferId xfer) {
                     if (op.xfer == x) op = Op{x, nullptr, nullptr, op.len};
                 }
             }
+            // Its notification will not be delivered: the target may let its room go now.
+            let_read_notification_go(x);
         }
     }
     if (cancel_settled(*x)) {

@@ -25,9 +25,13 @@ XferTable::Slot* XferTable::slot(uint64_t index) const {
 
 StatusOr<XferId> XferTable::allocate() {
     uint64_t index;
-    if (!free_.empty() && (free_.size() >= kReuseAfter || high_ >= capacity_)) {
-        index = free_.front();
-        free_.pop_front();
+    if (free_count_ > 0 && (free_count_ >= kReuseAfter || high_ >= capacity_)) {
+        index = free_head_;
+        Slot* head = slot(index);
+        free_head_ = head->next_free;
+        head->next_free = kNone;
+        if (free_head_ == kNone) free_tail_ = kNone;
+        --free_count_;
     } else if (high_ < capacity_) {
         index = high_;
         if (index % kBlock == 0) {
@@ -87,7 +91,14 @@ XferStatus XferTable::take(XferId id) {
     uint32_t gen = s->gen.load() + 1;
     if (gen == 0) gen = 1;
     s->gen.store(gen, std::memory_order_release);
-    free_.push_back(index_of(id));
+    const uint64_t index = index_of(id);
+    if (free_tail_ == kNone) {
+        free_head_ = index;
+    } else {
+        slot(free_tail_)->next_free = index;
+    }
+    free_tail_ = index;
+    ++free_count_;
     --in_use_;
     return out;
 }

@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 
 #include "tcpx/endpoint.h"
@@ -44,12 +43,14 @@ class XferTable {
     static constexpr size_t kReuseAfter = 256;
 
  private:
+    static constexpr uint64_t kNone = ~uint64_t{0};
     struct Slot {
         std::atomic<uint32_t> gen{1};
         // Not in progress until allocated: a made-up id that names an unused slot is unknown.
         std::atomic<int> state{static_cast<int>(XferState::kFailed)};
         bool busy = false;
         Status result;
+        uint64_t next_free = kNone;  // the free list's next slot, oldest first
     };
     static constexpr size_t kBlock = 1024;
 
@@ -61,8 +62,11 @@ class XferTable {
     const uint32_t first_gen_;
     std::unique_ptr<std::atomic<Slot*>[]> blocks_;  // allocated on demand, never moved
     size_t nblocks_;
-    std::deque<uint64_t> free_;  // oldest first
-    uint64_t high_ = 0;          // slots ever handed out
+    // Free slots, oldest first, as a list through the slots: take() never allocates (an id
+    // reported is never lost to an allocation that failed).
+    uint64_t free_head_ = kNone, free_tail_ = kNone;
+    size_t free_count_ = 0;
+    uint64_t high_ = 0;  // slots ever handed out
     size_t in_use_ = 0;
 };
 

@@ -214,6 +214,24 @@ TEST(XferTableOom, ABlockThatCannotBeAllocatedLeavesTheTableAsItWas) {
     EXPECT_EQ(table.in_use(), 0u);
 }
 
+// Reporting a transfer (take) frees its slot onto the free list: that must not allocate, or an
+// allocation that failed there lost the outcome and the slot (the list was a deque, which takes
+// a new node every 64 entries).
+TEST(XferTableOom, ReportingNeverAllocates) {
+    engine::XferTable table(4096, 3);
+    std::vector<XferId> ids;
+    for (int i = 0; i < 700; ++i) ids.push_back(*table.allocate());
+    for (XferId id : ids) table.finish(id, Status());
+    {
+        test::AllocFault fault("", 0, 1 << 20);
+        for (XferId id : ids) EXPECT_EQ(table.take(id).state, XferState::kDone);
+        EXPECT_EQ(fault.failed(), 0);
+    }
+    EXPECT_EQ(table.in_use(), 0u);
+    for (int i = 0; i < 700; ++i) ASSERT_TRUE(table.allocate().ok());  // every slot came back
+    EXPECT_LE(table.slots_made(), 700 + engine::XferTable::kReuseAfter);
+}
+
 }  // namespace
 
 }  // namespace oom

@@ -573,7 +573,15 @@ TEST_P(ReleaseInFlight, ReturnsPromptlyAndNothingBreaks) {
         // NIXL lets the handle be posted again (its status is an error): a new transfer, which
         // a release in flight cancels or fails anew (it once went unnoticed: the request kept
         // its failed release's marks, and the release succeeded with the transfer running).
-        ASSERT_EQ((*a_)->postXferReq(req), NIXL_IN_PROG);
+        // (The target notifies, then acknowledges: until the old write has its acknowledgement
+        // the handle is still active.)
+        nixl_status_t reposted = NIXL_ERR_REPOST_ACTIVE;
+        const auto until = std::chrono::steady_clock::now() + kTimeout;
+        while (reposted == NIXL_ERR_REPOST_ACTIVE && std::chrono::steady_clock::now() < until) {
+            ASSERT_EQ(b_->pump(), NIXL_SUCCESS);
+            reposted = (*a_)->postXferReq(req);
+        }
+        ASSERT_EQ(reposted, NIXL_IN_PROG);
         std::this_thread::sleep_for(milliseconds(50));
         EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_ERR_REPOST_ACTIVE);
         EXPECT_EQ((*a_)->releaseXferReq(req), NIXL_SUCCESS);  // the next frees it
