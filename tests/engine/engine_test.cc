@@ -1288,9 +1288,11 @@ TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
     // The memory outlives the endpoints (a target may still be sending from it at the end).
     constexpr size_t kLen = 8 << 20;
     GuardedBuffer src(kLen), fence_to(4096), dst(kLen, 0x5a), fence_from(4096);
-    Config quiet = engine_test_config();
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
+    Config quiet = config;
     quiet.progress_thread = "off";
-    auto a = make_endpoint("cancel-a");
+    auto a = make_endpoint("cancel-a", config);
     auto b = make_endpoint("cancel-b", quiet);
     ASSERT_TRUE(a && b);
     fill_pattern(src.data(), kLen, 7);
@@ -1339,6 +1341,7 @@ TEST(EngineEndpoints, ACancelledReadGivesTheTargetsRoomBackAtOnce) {
     GuardedBuffer src(kLen), dst(kLen);
     Config config = engine_test_config();
     config.window = 4;
+    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
     Config quiet = config;
     quiet.progress_thread = "off";
     quiet.max_queued_notifications = 1;
@@ -1389,6 +1392,7 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
     GuardedBuffer src(kLen), dst(kLen, 0x5a), more(1 << 20);
     Config config = engine_test_config();
     config.window = 4;
+    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
     Config quiet = config;
     quiet.progress_thread = "off";
     auto a = make_endpoint("cancel-r", config);
@@ -1429,6 +1433,7 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
         return st.state != XferState::kInProgress;
     }));
     EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
+    EXPECT_TRUE(a->peer_status(*id).ok());
     std::vector<uint8_t> want(kLen);
     fill_pattern(want.data(), kLen, 13);
     size_t untouched = 0, wrong = 0;
@@ -1441,7 +1446,6 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
     std::vector<std::string> got;
     for (Notification& n : b->get_notifications()) got.push_back(n.payload);
     EXPECT_TRUE(got.empty());
-    EXPECT_TRUE(a->peer_status(*id).ok());
     EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact() && more.canaries_intact());
 }
 
@@ -1455,6 +1459,7 @@ TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
     GuardedBuffer src(kLen), dst(kLen);
     Config config = engine_test_config();
     config.window = 4;
+    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
     Config quiet = config;
     quiet.progress_thread = "off";
     auto a = make_endpoint("cancel-w", config);
