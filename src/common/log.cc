@@ -107,7 +107,7 @@ LogLevel log_level() {
     return static_cast<LogLevel>(level);
 }
 
-void log_message(LogLevel level, const char* file, int line, const char* fmt, ...) {
+void log_message(LogLevel level, const char* file, int line, const char* fmt, ...) noexcept {
     char stack_buf[512];
     va_list args;
     va_start(args, fmt);
@@ -129,10 +129,19 @@ void log_message(LogLevel level, const char* file, int line, const char* fmt, ..
     }
     va_end(args);
 
-    std::lock_guard<std::mutex> lock(sink_mutex());
-    if (sink_slot()) {
-        sink_slot()(level, file, line, message);
-    } else {
+    try {
+        std::lock_guard<std::mutex> lock(sink_mutex());
+        if (sink_slot()) {
+            try {
+                sink_slot()(level, file, line, message);
+                return;
+            } catch (...) {
+                // The application's sink failed (out of memory, say): the line still goes out.
+            }
+        }
+        stderr_sink(level, file, line, message);
+    } catch (...) {
+        // The mutex could not be locked (std::system_error): stderr, unserialised.
         stderr_sink(level, file, line, message);
     }
 }

@@ -27,7 +27,9 @@ void set_log_level(LogLevel level);
 LogLevel log_level();
 inline bool log_enabled(LogLevel level) { return level >= log_level() && level != LogLevel::kOff; }
 
-void log_message(LogLevel level, const char* file, int line, const char* fmt, ...)
+// Never throws: it is called from catch handlers and noexcept functions (a sink that fails, out
+// of memory or otherwise, has the line go to stderr instead).
+void log_message(LogLevel level, const char* file, int line, const char* fmt, ...) noexcept
     __attribute__((format(printf, 4, 5)));
 
 // Whether a line about something a stranger did (a connection refused, closed or cut short) may

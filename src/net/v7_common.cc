@@ -155,8 +155,9 @@ void forward_log_to_nccl(tcpx_ncclDebugLogger_t logger) {
         } else if (level == LogLevel::kTrace) {
             nccl_level = TCPX_NCCL_LOG_TRACE;
         }
-        const std::string text(message);
-        logger(nccl_level, TCPX_NCCL_NET_FLAG, file, line, "%s", text.c_str());
+        // (No copy: the logger may run where memory has run out, from a catch handler.)
+        logger(nccl_level, TCPX_NCCL_NET_FLAG, file, line, "%.*s", static_cast<int>(message.size()),
+               message.data());
     });
 }
 

@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -103,10 +105,24 @@ bool faults_reach_plugin(const tcpx_ncclNet_v9_t* t) {
     return fault.failed() > 0;
 }
 
+// NCCL's logger formats each line into a buffer of its own, as this one does.
+int g_logged = 0;
+void formatting_logger(int, unsigned long, const char*, int, const char* fmt, ...) {
+    char line[1024];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(line, sizeof(line), fmt, args);
+    va_end(args);
+    ++g_logged;
+}
+
+// With a logger, as NCCL inits the plugin: every error the faults cause is logged through it,
+// from the entry points' catch handlers. (The plugin's sink once copied each line into a
+// std::string: out of memory there, the handler threw and the process was terminated.)
 TEST(NcclPluginOom, AnEntryPointOutOfMemoryReturnsSystemErrorAndThePluginGoesOn) {
     const auto* t = v9();
     ASSERT_NE(t, nullptr) << ::dlerror();
-    ASSERT_EQ(t->init(nullptr), tcpx_ncclSuccess);
+    ASSERT_EQ(t->init(formatting_logger), tcpx_ncclSuccess);
     if (!faults_reach_plugin(t)) {
         GTEST_SKIP() << "the plugin has an operator new of its own (the C++ runtime is linked "
                         "into it statically here): allocation faults cannot reach it";
@@ -158,6 +174,7 @@ TEST(NcclPluginOom, AnEntryPointOutOfMemoryReturnsSystemErrorAndThePluginGoesOn)
     }
     // The test means something only if the faults hit: these calls allocate.
     EXPECT_GE(hits, 4);
+    EXPECT_GT(g_logged, 0);  // (the errors went through the logger)
     // Memory back: a fresh pair moves a message byte for byte.
     Pair p;
     ASSERT_TRUE(open_pair(t, &p));
