@@ -1,6 +1,10 @@
 #include "nccl_defaults.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
 
 #include "common/log.h"
 
@@ -18,17 +22,44 @@ std::vector<NcclDefault> nccl_defaults(const Config& config) {
     return out;
 }
 
+namespace {
+
+// The values the plugin set in the environment, by variable (immortal: an init may run while
+// another thread's exit destroys statics, as the log sink's comment says).
+std::map<std::string, std::string>& set_by_plugin() {
+    static auto* values = new std::map<std::string, std::string>();
+    return *values;
+}
+
+}  // namespace
+
 void apply_nccl_defaults() {
     auto config = Config::from_env();
     if (!config.ok()) return;
-    for (const NcclDefault& d : nccl_defaults(*config)) {
-        if (std::getenv(d.name) != nullptr) {
-            TCPX_INFO("NCCL plugin: %s=%s from the environment", d.name, std::getenv(d.name));
+    const std::vector<NcclDefault> wanted = nccl_defaults(*config);
+    auto& ours = set_by_plugin();
+    for (const char* name : {"NCCL_P2P_NET_CHUNKSIZE", "NCCL_NCHANNELS_PER_NET_PEER"}) {
+        const char* now = std::getenv(name);
+        auto mine = ours.find(name);
+        if (now != nullptr && (mine == ours.end() || mine->second != now)) {
+            TCPX_INFO("NCCL plugin: %s=%s from the environment", name, now);
+            if (mine != ours.end()) ours.erase(mine);  // (the user's from now on)
             continue;
         }
-        if (::setenv(d.name, d.value.c_str(), /*overwrite=*/0) == 0) {
-            TCPX_INFO("NCCL plugin: %s=%s (the plugin's default; set it to choose another)", d.name,
-                      d.value.c_str());
+        auto want = std::find_if(wanted.begin(), wanted.end(), [&](const NcclDefault& d) {
+            return std::strcmp(d.name, name) == 0;
+        });
+        if (want == wanted.end()) {
+            // Asked for none: NCCL's own, including in place of one an earlier init set.
+            if (now != nullptr && ::unsetenv(name) == 0) ours.erase(name);
+            continue;
+        }
+        ours[name] = want->value;  // (first: out of memory, the environment is left as it was)
+        if (::setenv(name, want->value.c_str(), /*overwrite=*/1) == 0) {
+            TCPX_INFO("NCCL plugin: %s=%s (the plugin's default; set it to choose another)", name,
+                      want->value.c_str());
+        } else {
+            ours.erase(name);
         }
     }
 }

@@ -381,7 +381,8 @@ TEST(NcclPlugin, FailedInitIsAnErrorAndLeavesThePluginInert) {
 }
 
 // NCCL reads its P2P chunk size (and channels per network peer) from the environment after the
-// network's init: the plugin's init puts its values there, never over the user's.
+// network's init: the plugin's init puts its values there, never over the user's, and a later
+// init updates (or takes away) what an earlier one put there when its parameters changed.
 TEST(NcclPlugin, InitProvidesNcclSettingsTheEnvironmentLacks) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     EXPECT_EXIT(
@@ -417,6 +418,23 @@ TEST(NcclPlugin, InitProvidesNcclSettingsTheEnvironmentLacks) {
             ::setenv("TCPX_P2P_NCCL_P2P_CHUNK_SIZE", "0", 1);
             if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(17);
             if (!is("NCCL_P2P_NET_CHUNKSIZE", nullptr)) std::_Exit(18);
+            // What an earlier init set (NCCL_NCHANNELS_PER_NET_PEER=4, above) is the plugin's:
+            // it follows the plugin's parameters, to another value or away.
+            ::setenv("TCPX_P2P_NCCL_CHANNELS_PER_PEER", "8", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(19);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", "8")) std::_Exit(20);
+            ::setenv("TCPX_P2P_NCCL_CHANNELS_PER_PEER", "0", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(21);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", nullptr)) std::_Exit(22);
+            // The user's, set over the plugin's, is the user's from then on.
+            ::setenv("TCPX_P2P_NCCL_CHANNELS_PER_PEER", "4", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(23);
+            ::setenv("NCCL_NCHANNELS_PER_NET_PEER", "2", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(24);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", "2")) std::_Exit(25);
+            ::setenv("TCPX_P2P_NCCL_CHANNELS_PER_PEER", "0", 1);
+            if (v7->init(count_logger) != tcpx_ncclSuccess) std::_Exit(26);
+            if (!is("NCCL_NCHANNELS_PER_NET_PEER", "2")) std::_Exit(27);
             std::_Exit(0);
         },
         ::testing::ExitedWithCode(0), "");
