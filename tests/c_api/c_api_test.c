@@ -950,43 +950,60 @@ static void test_disconnect(void) {
     CHECK(memcmp(payload, "again", 5) == 0 && strcmp(name, "a") == 0);
 }
 
+// Two endpoints joined: x with a progress thread, and y without one, which moves only in its
+// calls (an application that stops calling it leaves its peer's transfers waiting).
+// `peer_timeout_ms`: both endpoints' PEER_TIMEOUT_MS, or NULL for the test config's.
+typedef struct {
+    tcpx_endpoint_t* x;
+    tcpx_endpoint_t* y;
+    uint64_t x_to_y;  // x's id for y
+    uint64_t y_to_x;  // y's id for x
+} quiet_pair;
+
+static quiet_pair quiet_pair_new(const char* peer_timeout_ms) {
+    quiet_pair p = {NULL, NULL, 0, 0};
+    tcpx_config_t* cfg = loopback_config();
+    if (peer_timeout_ms != NULL) CHECK_OK(tcpx_config_set(cfg, "PEER_TIMEOUT_MS", peer_timeout_ms));
+    CHECK_OK(tcpx_endpoint_create(cfg, "x", &p.x));
+    CHECK_OK(tcpx_config_set(cfg, "PROGRESS_THREAD", "off"));
+    CHECK_OK(tcpx_endpoint_create(cfg, "y", &p.y));
+    tcpx_config_free(cfg);
+    uint8_t md[512];
+    size_t md_len = sizeof(md);
+    CHECK_OK(tcpx_endpoint_metadata(p.y, md, &md_len));
+    CHECK_OK(tcpx_connect_async(p.x, md, md_len, &p.x_to_y));
+    CHECK_OK(tcpx_accept(p.y, -1, &p.y_to_x));
+    // y's calls make its progress: a few more, until x has the connection.
+    const double deadline = now_s() + kTimeoutMs / 1000.0;
+    while (tcpx_peer_status(p.x, p.x_to_y) != TCPX_OK && now_s() < deadline) {
+        uint64_t none;
+        (void)tcpx_accept(p.y, 1, &none);
+    }
+    CHECK_OK(tcpx_peer_status(p.x, p.x_to_y));
+    return p;
+}
+
+static void quiet_pair_free(quiet_pair* p) {
+    tcpx_endpoint_destroy(p->x);
+    tcpx_endpoint_destroy(p->y);
+}
+
 // A transfer that fails with TIMEOUT (here a write to an endpoint without a progress thread
 // whose application stops calling it: after PEER_TIMEOUT_MS without a word from it, the peer
 // fails with TIMEOUT) is reported by tcpx_wait(-1) as that failure. Before, the wait took
 // TIMEOUT for "still in flight", waited again, and found the id already reported
 // (INVALID_ARGUMENT).
 static void test_wait_forever_reports_a_timed_out_transfer(void) {
-    tcpx_config_t* cfg = loopback_config();
-    CHECK_OK(tcpx_config_set(cfg, "PEER_TIMEOUT_MS", "200"));
-    tcpx_endpoint_t* x = NULL;
-    tcpx_endpoint_t* y = NULL;
-    CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
-    CHECK_OK(tcpx_config_set(cfg, "PROGRESS_THREAD", "off"));  // y moves only in its calls
-    CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
-    tcpx_config_free(cfg);
-    uint8_t md[512];
-    size_t md_len = sizeof(md);
-    CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
-    uint64_t x_to_y, y_to_x;
-    CHECK_OK(tcpx_connect_async(x, md, md_len, &x_to_y));
-    CHECK_OK(tcpx_accept(y, -1, &y_to_x));
-    // y's calls make its progress: a few more, until x has the connection.
-    const double deadline = now_s() + kTimeoutMs / 1000.0;
-    while (tcpx_peer_status(x, x_to_y) != TCPX_OK && now_s() < deadline) {
-        uint64_t none;
-        (void)tcpx_accept(y, 1, &none);
-    }
-    CHECK_OK(tcpx_peer_status(x, x_to_y));
+    quiet_pair p = quiet_pair_new("200");
     guarded_buf src = buf_new(4096), dst = buf_new(4096);
     uint64_t m, n, w;
-    CHECK_OK(tcpx_reg(x, src.data, 4096, &m));
-    CHECK_OK(tcpx_reg(y, dst.data, 4096, &n));
-    const desc_t d = describe(y, n);
-    CHECK_OK(tcpx_write(x, x_to_y, m, 0, d.bytes, d.len, 0, 4096, NULL, 0, 0, &w));
-    CHECK_ERR(tcpx_wait(x, w, -1), TCPX_ERR_TIMEOUT);  // y is not called meanwhile
+    CHECK_OK(tcpx_reg(p.x, src.data, 4096, &m));
+    CHECK_OK(tcpx_reg(p.y, dst.data, 4096, &n));
+    const desc_t d = describe(p.y, n);
+    CHECK_OK(tcpx_write(p.x, p.x_to_y, m, 0, d.bytes, d.len, 0, 4096, NULL, 0, 0, &w));
+    CHECK_ERR(tcpx_wait(p.x, w, -1), TCPX_ERR_TIMEOUT);  // y is not called meanwhile
     check_error_message(__FILE__, __LINE__, "tcpx_wait", TCPX_ERR_TIMEOUT);
-    tcpx_endpoint_destroy(x);
-    tcpx_endpoint_destroy(y);
+    quiet_pair_free(&p);
     buf_free(&src);
     buf_free(&dst);
 }
@@ -995,48 +1012,30 @@ static void test_wait_forever_reports_a_timed_out_transfer(void) {
 // not calling it) is cancelled at once: CANCELLED, its memory free (a dereg does not wait for
 // it), and nothing lands there when the target answers later.
 static void test_cancel_a_read_in_flight(void) {
-    tcpx_config_t* cfg = loopback_config();
-    tcpx_endpoint_t* x = NULL;
-    tcpx_endpoint_t* y = NULL;
-    CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
-    CHECK_OK(tcpx_config_set(cfg, "PROGRESS_THREAD", "off"));  // y moves only in its calls
-    CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
-    tcpx_config_free(cfg);
-    uint8_t md[512];
-    size_t md_len = sizeof(md);
-    CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
-    uint64_t x_to_y, y_to_x, none;
-    CHECK_OK(tcpx_connect_async(x, md, md_len, &x_to_y));
-    CHECK_OK(tcpx_accept(y, -1, &y_to_x));
-    double deadline = now_s() + kTimeoutMs / 1000.0;
-    while (tcpx_peer_status(x, x_to_y) != TCPX_OK && now_s() < deadline) {
-        (void)tcpx_accept(y, 1, &none);
-    }
-    CHECK_OK(tcpx_peer_status(x, x_to_y));
+    quiet_pair p = quiet_pair_new(NULL);
     const uint64_t size = 1 << 20;
     guarded_buf src = buf_new(size), dst = buf_new(size);
     memset(src.data, 0x3c, size);
-    uint64_t m, n, r;
-    CHECK_OK(tcpx_reg(x, dst.data, size, &m));
-    CHECK_OK(tcpx_reg(y, src.data, size, &n));
-    const desc_t d = describe(y, n);
-    CHECK_OK(tcpx_read(x, x_to_y, m, 0, d.bytes, d.len, 0, size, "gone", 4, 1, &r));
+    uint64_t m, n, r, none;
+    CHECK_OK(tcpx_reg(p.x, dst.data, size, &m));
+    CHECK_OK(tcpx_reg(p.y, src.data, size, &n));
+    const desc_t d = describe(p.y, n);
+    CHECK_OK(tcpx_read(p.x, p.x_to_y, m, 0, d.bytes, d.len, 0, size, "gone", 4, 1, &r));
     sleep_ms(20);
-    CHECK_OK(tcpx_cancel(x, r));
-    CHECK_ERR(tcpx_wait(x, r, kTimeoutMs), TCPX_ERR_CANCELLED);
-    CHECK_ERR(tcpx_cancel(x, r), TCPX_ERR_INVALID_ARGUMENT);  // reported: unknown
+    CHECK_OK(tcpx_cancel(p.x, r));
+    CHECK_ERR(tcpx_wait(p.x, r, kTimeoutMs), TCPX_ERR_CANCELLED);
+    CHECK_ERR(tcpx_cancel(p.x, r), TCPX_ERR_INVALID_ARGUMENT);  // reported: unknown
     const double dereg_start = now_s();
-    CHECK_OK(tcpx_dereg(x, m));
+    CHECK_OK(tcpx_dereg(p.x, m));
     CHECK(now_s() - dereg_start < 1.0);
     // y answers now; the data drains into x's scratch.
-    deadline = now_s() + 0.3;
-    while (now_s() < deadline) (void)tcpx_accept(y, 1, &none);
+    const double deadline = now_s() + 0.3;
+    while (now_s() < deadline) (void)tcpx_accept(p.y, 1, &none);
     for (uint64_t i = 0; i < size; ++i) {
         if (dst.data[i] != 0) FAIL("byte %" PRIu64 " of a cancelled read's memory changed", i);
     }
-    CHECK_OK(tcpx_peer_status(x, x_to_y));
-    tcpx_endpoint_destroy(x);
-    tcpx_endpoint_destroy(y);
+    CHECK_OK(tcpx_peer_status(p.x, p.x_to_y));
+    quiet_pair_free(&p);
     buf_free(&src);
     buf_free(&dst);
 }

@@ -1281,6 +1281,56 @@ TEST_F(EngineCancel, ACancelledReadWritesNothingOnceItReportsCancelled) {
     expect_canaries();
 }
 
+// The cancel tests' pair: an initiator `a` and a target `b` without a progress thread, which
+// serves only when the test calls it (an application that polls now and then), so that a
+// transfer can be caught before, or while, the target serves it.
+struct QuietPair {
+    std::unique_ptr<Endpoint> a, b;
+    PeerId to_b = 0;  // a's id for b
+    PeerId to_a = 0;  // b's id for a
+};
+
+// `window`: requests in flight per channel, both sides; `tune_b` adjusts b's configuration.
+QuietPair quiet_pair(const std::string& a_name, const std::string& b_name, int window = 0,
+                     const std::function<void(Config&)>& tune_b = {}) {
+    Config config = engine_test_config();
+    if (window > 0) config.window = window;
+    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
+    Config quiet = config;
+    quiet.progress_thread = "off";
+    if (tune_b) tune_b(quiet);
+    return QuietPair{make_endpoint(a_name, config), make_endpoint(b_name, quiet)};
+}
+
+// a's connect_async() to b, already made (to_b): b accepts (driven until a is in), and a sees
+// the peer ready.
+void accept_quietly(QuietPair& p) {
+    auto back = p.b->accept(5s);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    p.to_a = *back;
+    ASSERT_TRUE(eventually([&] { return p.a->peer_status(p.to_b).ok(); }));
+}
+
+// connect_async() from a to b, then accept_quietly().
+void connect_quietly(QuietPair& p) {
+    auto id = p.a->connect_async(p.b->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    p.to_b = *id;
+    accept_quietly(p);
+}
+
+// Calls b (its progress) and polls `x` until it has ended; its last status (still in progress
+// when it did not end within eventually()'s time).
+XferStatus drive_until_done(QuietPair& p, XferId x) {
+    XferStatus st;
+    (void)eventually([&] {
+        (void)p.b->peer_status(p.to_a);  // (b's progress)
+        st = p.a->poll(x);
+        return st.state != XferState::kInProgress;
+    });
+    return st;
+}
+
 // Without a progress thread the target answers only when its application calls it: a read
 // still waiting for its answer is cancelled at once, and its memory is free (dereg() had to
 // wait for it PEER_TIMEOUT_MS, then drop the peer). The answer that comes later drains.
@@ -1288,24 +1338,17 @@ TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
     // The memory outlives the endpoints (a target may still be sending from it at the end).
     constexpr size_t kLen = 8 << 20;
     GuardedBuffer src(kLen), fence_to(4096), dst(kLen, 0x5a), fence_from(4096);
-    Config config = engine_test_config();
-    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
-    Config quiet = config;
-    quiet.progress_thread = "off";
-    auto a = make_endpoint("cancel-a", config);
-    auto b = make_endpoint("cancel-b", quiet);
+    QuietPair p = quiet_pair("cancel-a", "cancel-b");
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
     ASSERT_TRUE(a && b);
     fill_pattern(src.data(), kLen, 7);
     const MemId ms = *b->reg(src.data(), kLen);
     const MemId mf = *b->reg(fence_to.data(), 4096);
     const MemId md = *a->reg(dst.data(), kLen);
     const MemId mff = *a->reg(fence_from.data(), 4096);
-    auto id = a->connect_async(b->metadata());
-    ASSERT_TRUE(id.ok());
-    auto back = b->accept(5s);  // (drives b until a is in)
-    ASSERT_TRUE(back.ok()) << back.status().to_string();
-    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
-    auto x = a->read(*id, md, 0, *b->describe(ms), 0, kLen, "never");
+    ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+    auto x = a->read(p.to_b, md, 0, *b->describe(ms), 0, kLen, "never");
     ASSERT_TRUE(x.ok());
     std::this_thread::sleep_for(50ms);  // the request waits in b's socket
     EXPECT_TRUE(a->cancel(*x).ok());
@@ -1314,21 +1357,17 @@ TEST(EngineEndpoints, ACancelledReadLetsItsMemoryGoAtOnce) {
     EXPECT_TRUE(a->dereg(md).ok());
     EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
     // b answers now, the data follows into scratch; then a write with a notification.
-    auto w = a->write(*id, mff, 0, *b->describe(mf), 0, 4096, "fence");
+    auto w = a->write(p.to_b, mff, 0, *b->describe(mf), 0, 4096, "fence");
     ASSERT_TRUE(w.ok());
-    XferStatus st;
-    ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);  // (b's progress)
-        st = a->poll(*w);
-        return st.state != XferState::kInProgress;
-    }));
+    const XferStatus st = drive_until_done(p, *w);
+    ASSERT_NE(st.state, XferState::kInProgress);
     EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
     std::vector<std::string> got;
     for (Notification& n : b->get_notifications()) got.push_back(n.payload);
     EXPECT_EQ(got, std::vector<std::string>{"fence"});
     EXPECT_TRUE(std::all_of(dst.data(), dst.data() + kLen, [](uint8_t v) { return v == 0x5a; }));
-    EXPECT_TRUE(a->peer_status(*id).ok());
-    EXPECT_TRUE(b->peer_status(*back).ok());
+    EXPECT_TRUE(a->peer_status(p.to_b).ok());
+    EXPECT_TRUE(b->peer_status(p.to_a).ok());
     EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
 }
 
@@ -1339,47 +1378,35 @@ TEST(EngineEndpoints, ACancelledReadGivesTheTargetsRoomBackAtOnce) {
     // The memory outlives the endpoints (a target may still be sending from it at the end).
     constexpr size_t kLen = 16 << 20;
     GuardedBuffer src(kLen), dst(kLen);
-    Config config = engine_test_config();
-    config.window = 4;
-    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
-    Config quiet = config;
-    quiet.progress_thread = "off";
-    quiet.max_queued_notifications = 1;
-    auto a = make_endpoint("room-a", config);
-    auto b = make_endpoint("room-b", quiet);
+    QuietPair p =
+        quiet_pair("room-a", "room-b", 4, [](Config& c) { c.max_queued_notifications = 1; });
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
     ASSERT_TRUE(a && b);
     fill_pattern(src.data(), kLen, 17);
     const RemoteMem desc = *b->describe(*b->reg(src.data(), kLen));
     const MemId md = *a->reg(dst.data(), kLen);
-    auto id = a->connect_async(b->metadata());
-    ASSERT_TRUE(id.ok());
-    auto back = b->accept(5s);
-    ASSERT_TRUE(back.ok()) << back.status().to_string();
-    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
-    auto x = a->read(*id, md, 0, desc, 0, kLen, "cancelled");
+    ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+    auto x = a->read(p.to_b, md, 0, desc, 0, kLen, "cancelled");
     ASSERT_TRUE(x.ok());
     std::this_thread::sleep_for(20ms);
     EXPECT_TRUE(a->cancel(*x).ok());
-    (void)b->peer_status(*back);        // b holds the notification, answers, sends a few chunks
+    (void)b->peer_status(p.to_a);       // b holds the notification, answers, sends a few chunks
     std::this_thread::sleep_for(20ms);  // a's answer: READ_DONE, not delivered
-    auto second = a->read(*id, md, 0, desc, 0, 4096, "second");
+    auto second = a->read(p.to_b, md, 0, desc, 0, 4096, "second");
     ASSERT_TRUE(second.ok());
-    XferStatus st;
-    ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);
-        st = a->poll(*second);
-        return st.state != XferState::kInProgress;
-    }));
+    const XferStatus st = drive_until_done(p, *second);
+    ASSERT_NE(st.state, XferState::kInProgress);
     EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
     EXPECT_EQ(find_pattern_mismatch(dst.data(), 4096, 17), -1);
     std::vector<std::string> got;
     ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);
+        (void)b->peer_status(p.to_a);
         for (Notification& n : b->get_notifications()) got.push_back(n.payload);
         return !got.empty();
     }));
     EXPECT_EQ(got, std::vector<std::string>{"second"});
-    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(a->peer_status(p.to_b).ok());
     EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
 }
 
@@ -1390,50 +1417,35 @@ TEST(EngineEndpoints, ACancelledReadLandsWhatIsNotYetPostedInScratch) {
     // The memory outlives the endpoints (a target may still be sending from it at the end).
     constexpr size_t kLen = 48 << 20;
     GuardedBuffer src(kLen), dst(kLen, 0x5a), more(1 << 20);
-    Config config = engine_test_config();
-    config.window = 4;
-    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
-    Config quiet = config;
-    quiet.progress_thread = "off";
-    auto a = make_endpoint("cancel-r", config);
-    auto b = make_endpoint("cancel-s", quiet);
+    QuietPair p = quiet_pair("cancel-r", "cancel-s", 4);
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
     ASSERT_TRUE(a && b);
     fill_pattern(src.data(), kLen, 13);
     const RemoteMem desc = *b->describe(*b->reg(src.data(), kLen));
     const MemId md = *a->reg(dst.data(), kLen);
-    auto id = a->connect_async(b->metadata());
-    ASSERT_TRUE(id.ok());
-    auto back = b->accept(5s);
-    ASSERT_TRUE(back.ok()) << back.status().to_string();
-    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
-    auto x = a->read(*id, md, 0, desc, 0, kLen, "never");
+    ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+    auto x = a->read(p.to_b, md, 0, desc, 0, kLen, "never");
     ASSERT_TRUE(x.ok());
     std::this_thread::sleep_for(20ms);
-    (void)b->peer_status(*back);  // b answers and sends its first chunks
+    (void)b->peer_status(p.to_a);  // b answers and sends its first chunks
     std::this_thread::sleep_for(20ms);
     // a keeps a window of receives posted into its memory, which b has not sent yet: they land
     // before the read reports (when b sends them), the rest in scratch.
     EXPECT_EQ(a->cancel(*x).code(), StatusCode::kUnavailable);
     EXPECT_EQ(a->poll(*x).state, XferState::kInProgress);
-    XferStatus st;
-    ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);
-        st = a->poll(*x);
-        return st.state != XferState::kInProgress;
-    }));
+    XferStatus st = drive_until_done(p, *x);
+    ASSERT_NE(st.state, XferState::kInProgress);
     EXPECT_EQ(st.error.code(), StatusCode::kCancelled) << st.error.to_string();
     // b serves the rest (into a's scratch) as its application calls it; a read behind it on
     // every channel ends after it.
     const MemId mm = *a->reg(more.data(), more.size());
-    auto flush = a->read(*id, mm, 0, desc, 0, more.size());
+    auto flush = a->read(p.to_b, mm, 0, desc, 0, more.size());
     ASSERT_TRUE(flush.ok());
-    ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);
-        st = a->poll(*flush);
-        return st.state != XferState::kInProgress;
-    }));
+    st = drive_until_done(p, *flush);
+    ASSERT_NE(st.state, XferState::kInProgress);
     EXPECT_EQ(st.state, XferState::kDone) << st.error.to_string();
-    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(a->peer_status(p.to_b).ok());
     std::vector<uint8_t> want(kLen);
     fill_pattern(want.data(), kLen, 13);
     size_t untouched = 0, wrong = 0;
@@ -1457,29 +1469,24 @@ TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
     // The memory outlives the endpoints (a target may still be sending from it at the end).
     constexpr size_t kLen = 24 << 20;
     GuardedBuffer src(kLen), dst(kLen);
-    Config config = engine_test_config();
-    config.window = 4;
-    config.peer_timeout_ms = 60000;  // (b is called only now and then: slow under TSan)
-    Config quiet = config;
-    quiet.progress_thread = "off";
-    auto a = make_endpoint("cancel-w", config);
-    auto b = make_endpoint("cancel-t", quiet);
+    QuietPair p = quiet_pair("cancel-w", "cancel-t", 4);
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
     ASSERT_TRUE(a && b);
     fill_pattern(src.data(), kLen, 11);
     const MemId ms = *a->reg(src.data(), kLen);
     const RemoteMem desc = *b->describe(*b->reg(dst.data(), kLen));
     auto id = a->connect_async(b->metadata());
     ASSERT_TRUE(id.ok());
+    p.to_b = *id;
     // While the connection waits for b: dropped, nothing sent.
-    auto early = a->write(*id, ms, 0, desc, 0, 4096, "dropped");
+    auto early = a->write(p.to_b, ms, 0, desc, 0, 4096, "dropped");
     ASSERT_TRUE(early.ok()) << early.status().to_string();
     EXPECT_TRUE(a->cancel(*early).ok());
     EXPECT_EQ(a->wait(*early, 1s).code(), StatusCode::kCancelled);
-    auto back = b->accept(5s);
-    ASSERT_TRUE(back.ok()) << back.status().to_string();
-    ASSERT_TRUE(eventually([&] { return a->peer_status(*id).ok(); }));
+    ASSERT_NO_FATAL_FAILURE(accept_quietly(p));
     // Out, with b not reading: cancelled once all of it has gone.
-    auto w = a->write(*id, ms, 0, desc, 0, kLen, "whole");
+    auto w = a->write(p.to_b, ms, 0, desc, 0, kLen, "whole");
     ASSERT_TRUE(w.ok());
     std::this_thread::sleep_for(20ms);
     // b has taken none of it: most of it waits to be cut, and to be read from our memory.
@@ -1487,7 +1494,7 @@ TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
     XferStatus st;
     std::vector<std::string> got;
     ASSERT_TRUE(eventually([&] {
-        (void)b->peer_status(*back);
+        (void)b->peer_status(p.to_a);
         if (st.state == XferState::kInProgress) st = a->poll(*w);
         for (Notification& n : b->get_notifications()) got.push_back(n.payload);
         return st.state != XferState::kInProgress && !got.empty();
@@ -1496,7 +1503,7 @@ TEST(EngineEndpoints, ACancelledWriteIsDroppedOrSentWhole) {
     EXPECT_EQ(st.error.code(), StatusCode::kCancelled) << st.error.to_string();
     EXPECT_EQ(got, std::vector<std::string>{"whole"});
     EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 11), -1);
-    EXPECT_TRUE(a->peer_status(*id).ok());
+    EXPECT_TRUE(a->peer_status(p.to_b).ok());
     EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
 }
 
