@@ -581,6 +581,10 @@ void Endpoint::Impl::become_ready(Peer& p) {
     for (Channel& ch : p.rx) ch.last_progress = now;
     p.last_answer = now;
     p.last_tick = now;
+    // The peer's clock starts now: until we were ready it had nothing to say (its READY may
+    // have come long before our side of the handshake ended, which has its own deadline), and
+    // it sends heartbeats only once it is ready itself.
+    p.last_recv = now;
     TCPX_DEBUG("endpoint '%s': peer '%s' ready (%d channels%s)", name_.c_str(), p.name.c_str(),
                p.channels, p.authenticated ? ", authenticated" : "");
     // What was posted while connecting goes out now, in order.

@@ -355,7 +355,10 @@ TEST(EngineHostile, AbandonedChannelConnectsAreReleased) {
 // A peer that does the whole handshake by hand, then says what it likes.
 class RawPeer {
  public:
-    explicit RawPeer(const Endpoint& target, std::string name = "raw") {
+    // `ready_first`: send READY before opening the data channels, then wait this long (a peer
+    // whose side of the handshake ends before ours).
+    explicit RawPeer(const Endpoint& target, std::string name = "raw",
+                     std::chrono::milliseconds ready_first = 0ms) {
         Config c = engine_test_config();
         net_ = net::SocketNet::create(c).value();
         net::Handle mine;
@@ -375,6 +378,10 @@ class RawPeer {
         ok_ = ok_ && wire::decode_hello(body, &theirs).ok() && theirs.chunk == kChunk;
         if (!ok_) return;
         their_handle_ = theirs.handles.at(0);
+        if (ready_first > 0ms) {
+            send_all(fd_, wire::encode_empty(wire::MsgType::kReady));
+            std::this_thread::sleep_for(ready_first);
+        }
         const auto deadline = std::chrono::steady_clock::now() + 5s;
         while ((send_ == nullptr || recv_ == nullptr) &&
                std::chrono::steady_clock::now() < deadline) {
@@ -382,7 +389,7 @@ class RawPeer {
             if (recv_ == nullptr && !net_->accept(listen_, &recv_, nullptr).ok()) break;
         }
         ok_ = send_ != nullptr && recv_ != nullptr;
-        send_all(fd_, wire::encode_empty(wire::MsgType::kReady));
+        if (ready_first == 0ms) send_all(fd_, wire::encode_empty(wire::MsgType::kReady));
         ok_ = ok_ && read_message(fd_, &h, &body) &&
               h.type == static_cast<uint16_t>(wire::MsgType::kReady);
     }
@@ -1688,6 +1695,32 @@ TEST(EngineHostile, AtTheSmallestPeerTimeoutTheAnswerDeadlineStillFires) {
     // (On a loaded machine our own checks may also find the heartbeats late: either ends it.)
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
     EXPECT_EQ(st.message().find("still in flight"), std::string::npos) << st.to_string();
+}
+
+// A peer says READY as soon as its side of the handshake is done, then has nothing to say
+// until ours is: silence before we are ready is not silence of a connected peer (the handshake
+// has its own deadline). The peer's clock starts when we become ready. It used to start at its
+// last message, so a handshake whose last stretch on our side took longer than
+// PEER_TIMEOUT_MS (a loaded machine) failed the peer the moment it was ready: "no word from the
+// peer", before the application could post anything.
+TEST(EngineHostile, APeerSilentWhileWeFinishTheHandshakeIsNotTimedOut) {
+    Config config = engine_test_config();
+    config.peer_timeout_ms = 300;
+    auto ep = make_endpoint("slow-side", config);
+    ASSERT_NE(ep, nullptr);
+    // READY, then 600 ms before its channels open: our side finishes 600 ms after its last word.
+    RawPeer raw(*ep, "early", 600ms);
+    ASSERT_TRUE(raw.ok());
+    auto peer = ep->accept(5s);
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    // Our liveness checks run every 50 ms: a few of them before the peer's first heartbeat
+    // (half the timeout after we became ready), then heartbeats.
+    std::this_thread::sleep_for(150ms);
+    Heartbeats heartbeats(raw.fd(), 50ms, 0);
+    std::this_thread::sleep_for(200ms);
+    const Status st = ep->peer_status(*peer);
+    heartbeats.stop();
+    EXPECT_TRUE(st.ok()) << st.to_string();
 }
 
 // The other side of that deadline: a target that takes longer than it over a write, whose data
