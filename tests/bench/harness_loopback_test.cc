@@ -14,6 +14,7 @@
 #include "bench/harness/roles.h"
 #include "common/socket.h"
 #include "common/status_util.h"
+#include "tests/support/closed_port.h"
 
 namespace tcpx::bench {
 namespace {
@@ -219,10 +220,9 @@ TEST(BenchSideChannel, StrayRefusedThenInitiatorServed) {
 }
 
 TEST(BenchSideChannel, NothingListening) {
-    auto free_port = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 1);
-    ASSERT_TRUE(free_port.ok());
-    const std::string addr = local_address(free_port->get())->to_string();
-    free_port->reset();
+    // (A port found free and closed again could be taken by a test running beside this one.)
+    const tcpx::testing::ClosedPort closed;
+    const std::string addr = "127.0.0.1:" + closed.port();
     auto peer = connect_to_target(addr, 0.3, 1000);
     ASSERT_FALSE(peer.ok());
     EXPECT_NE(peer.status().message().find("no benchmark target answers"), std::string::npos);

@@ -2002,7 +2002,7 @@ TEST(EngineEndpoints, AStuckPeerTimesOut) {
     MemId rm = *stuck->reg(remote.data(), remote.size());
     RemoteMem rd = *stuck->describe(rm);
     auto w = live->write(*back, lm, 0, rd, 0, buf.size());
-    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
     const auto start = std::chrono::steady_clock::now();
     Status st = live->wait(*w, 10s);
     const auto took = std::chrono::steady_clock::now() - start;
