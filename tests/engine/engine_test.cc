@@ -2001,10 +2001,10 @@ TEST(EngineEndpoints, AStuckPeerTimesOut) {
     MemId lm = *live->reg(buf.data(), buf.size());
     MemId rm = *stuck->reg(remote.data(), remote.size());
     RemoteMem rd = *stuck->describe(rm);
-    auto w = live->write(*back, lm, 0, rd, 0, buf.size());
-    ASSERT_TRUE(w.ok()) << w.status().to_string();
     const auto start = std::chrono::steady_clock::now();
-    Status st = live->wait(*w, 10s);
+    auto w = live->write(*back, lm, 0, rd, 0, buf.size());
+    // (On a loaded machine the peer may time out before the post: it then fails with that.)
+    Status st = w.ok() ? live->wait(*w, 10s) : w.status();
     const auto took = std::chrono::steady_clock::now() - start;
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
     EXPECT_LT(took, 3s);
