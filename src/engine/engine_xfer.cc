@@ -122,6 +122,7 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
         x->chunk = p.chunk;  // (0 while connecting: set by queue_chunks or the deferred post)
         x->user_id = user_id;
         p.xfers.insert(x.get());
+        if (user_visible) xfers_->set_owner(user_id, x.get());
         if (x->served()) ++p.served;
         if (user_visible) count(p, &Stats::transfers_started);
         return x.release();
@@ -159,6 +160,9 @@ void Endpoint::Impl::destroy(Xfer* x) {
         --x->peer->notif_count;
         x->peer->notif_bytes -= x->notification.size();
     }
+    // (A transfer is finished, which forgets its record, before it goes; in any case the table
+    // must not point at a record that is gone.)
+    if (x->user_id != 0) xfers_->set_owner(x->user_id, nullptr);
     if (x->peer != nullptr) {
         x->peer->served_pieces -= x->served_pieces;
         if (x->served()) --x->peer->served;
@@ -819,15 +823,7 @@ Status Endpoint::Impl::cancel(XferId xfer) {
         return failed_precondition(
             "cancel: the transfer has finished; poll() or wait() reports it");
     }
-    Xfer* x = nullptr;
-    for (auto& [id, p] : peers_) {
-        auto it = std::find_if(p->xfers.begin(), p->xfers.end(),
-                               [&](const Xfer* t) { return t->user_id == xfer; });
-        if (it != p->xfers.end()) {
-            x = *it;
-            break;
-        }
-    }
+    Xfer* x = static_cast<Xfer*>(xfers_->owner(xfer));
     if (x == nullptr) return internal_error("cancel: a transfer in progress has no state");
     Peer& p = *x->peer;
     if (x->kind == Xfer::Kind::kRecv) {

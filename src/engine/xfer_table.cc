@@ -48,17 +48,39 @@ StatusOr<XferId> XferTable::allocate() {
     }
     Slot* s = slot(index);
     s->busy = true;
+    s->owner = nullptr;
     s->result = Status();
     s->state.store(static_cast<int>(XferState::kInProgress), std::memory_order_release);
     ++in_use_;
     return (static_cast<uint64_t>(s->gen.load()) << 32) | (index + 1);
 }
 
-void XferTable::finish(XferId id, Status result) {
+XferTable::Slot* XferTable::busy_slot(XferId id) const {
+    if ((id & 0xffffffffu) == 0) return nullptr;
     Slot* s = slot(index_of(id));
-    if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) return;
+    if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) return nullptr;
+    return s;
+}
+
+void XferTable::set_owner(XferId id, void* owner) {
+    Slot* s = busy_slot(id);
+    if (s != nullptr && s->state.load() == static_cast<int>(XferState::kInProgress)) {
+        s->owner = owner;
+    }
+}
+
+void* XferTable::owner(XferId id) const {
+    const Slot* s = busy_slot(id);
+    if (s == nullptr || s->state.load() != static_cast<int>(XferState::kInProgress)) return nullptr;
+    return s->owner;
+}
+
+void XferTable::finish(XferId id, Status result) {
+    Slot* s = busy_slot(id);
+    if (s == nullptr) return;
     if (s->state.load() != static_cast<int>(XferState::kInProgress)) return;  // first outcome wins
     const bool ok = result.ok();
+    s->owner = nullptr;
     s->result = std::move(result);
     s->state.store(static_cast<int>(ok ? XferState::kDone : XferState::kFailed),
                    std::memory_order_release);

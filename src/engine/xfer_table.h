@@ -4,8 +4,9 @@
 // first) is unknown here rather than another transfer; a slot never handed out reads as failed,
 // so such an id is reported unknown at once, never waited for.
 //
-// Threads: allocate/finish/take run under the engine's lock; state() takes no lock, so polling a
-// transfer in flight costs two atomic loads and never contends with the progress engine.
+// Threads: allocate/finish/take/set_owner/owner run under the engine's lock; state() takes no
+// lock, so polling a transfer in flight costs two atomic loads and never contends with the
+// progress engine.
 #pragma once
 
 #include <atomic>
@@ -32,6 +33,12 @@ class XferTable {
     // Takes a finished transfer's outcome and frees its slot; INVALID_ARGUMENT (as a failed
     // transfer) for an unknown id.
     XferStatus take(XferId id);
+    // The engine's record of a transfer in progress (what cancel() acts on), found by its id
+    // without a search. set_owner() on an id in progress; owner() is null once the transfer has
+    // finished (finish() forgets it: its record may be gone), for an unknown id, or if none was
+    // set.
+    void set_owner(XferId id, void* owner);
+    void* owner(XferId id) const;
     size_t in_use() const { return in_use_; }
     // Slots ever handed out: in use at most, plus kReuseAfter.
     size_t slots_made() const { return high_; }
@@ -51,7 +58,10 @@ class XferTable {
         bool busy = false;
         Status result;
         uint64_t next_free = kNone;  // the free list's next slot, oldest first
+        void* owner = nullptr;       // set_owner(), while in progress
     };
+    // The slot of `id` while it is allocated (its generation), else null.
+    Slot* busy_slot(XferId id) const;
     static constexpr size_t kBlock = 1024;
 
     Slot* slot(uint64_t index) const;

@@ -46,6 +46,47 @@ TEST(XferTable, OneTransferAtATimeGoesRoundManySlots) {
 
 // Slots made stay within what is in flight plus kReuseAfter; a full table takes back any free
 // slot at once, and refuses past its capacity.
+// A transfer's record (what cancel() acts on) is found by its id while it is in progress, and
+// by no other id: not once it has finished (its record may be gone), not by the id of an
+// earlier or later transfer in the same slot, not by a made-up one.
+TEST(XferTable, ATransfersOwnerIsFoundByItsIdOnlyWhileInProgress) {
+    XferTable table(4, 9);  // a full table reuses a slot at once
+    int records[3];
+    std::vector<XferId> ids;
+    for (int& r : records) {
+        auto id = table.allocate();
+        ASSERT_TRUE(id.ok());
+        EXPECT_EQ(table.owner(*id), nullptr);  // none set yet
+        table.set_owner(*id, &r);
+        ids.push_back(*id);
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(table.owner(ids[i]), &records[i]);
+    EXPECT_EQ(table.owner(0), nullptr);
+    EXPECT_EQ(table.owner(ids[0] + (uint64_t{1} << 32)), nullptr);  // another generation
+    EXPECT_EQ(table.owner(ids[0] + 3), nullptr);                    // a slot never handed out
+    // Finished: forgotten, though not yet reported; set_owner() cannot bring it back.
+    table.finish(ids[1], Status());
+    EXPECT_EQ(table.owner(ids[1]), nullptr);
+    table.set_owner(ids[1], &records[1]);
+    EXPECT_EQ(table.owner(ids[1]), nullptr);
+    ASSERT_EQ(table.take(ids[1]).state, XferState::kDone);
+    // The slot's next transfer starts without one, and the old id finds nothing.
+    auto fourth = table.allocate();
+    ASSERT_TRUE(fourth.ok());
+    auto fifth = table.allocate();  // the table is full now: the freed slot comes back
+    ASSERT_TRUE(fifth.ok());
+    const XferId reused = slot_of(*fourth) == slot_of(ids[1]) ? *fourth : *fifth;
+    ASSERT_EQ(slot_of(reused), slot_of(ids[1]));
+    EXPECT_EQ(table.owner(reused), nullptr);
+    table.set_owner(reused, &records[0]);
+    EXPECT_EQ(table.owner(reused), &records[0]);
+    EXPECT_EQ(table.owner(ids[1]), nullptr);
+    // Cleared by hand (a record destroyed in progress): gone.
+    table.set_owner(ids[2], nullptr);
+    EXPECT_EQ(table.owner(ids[2]), nullptr);
+    EXPECT_EQ(table.owner(ids[0]), &records[0]);
+}
+
 TEST(XferTable, SlotsMadeStayBoundedAndAFullTableReusesAtOnce) {
     XferTable table(4096, 9);
     std::vector<XferId> live;
