@@ -44,8 +44,6 @@ TEST(XferTable, OneTransferAtATimeGoesRoundManySlots) {
     EXPECT_EQ(table.in_use(), 0u);
 }
 
-// Slots made stay within what is in flight plus kReuseAfter; a full table takes back any free
-// slot at once, and refuses past its capacity.
 // A transfer's record (what cancel() acts on) is found by its id while it is in progress, and
 // by no other id: not once it has finished (its record may be gone), not by the id of an
 // earlier or later transfer in the same slot, not by a made-up one.
@@ -87,6 +85,8 @@ TEST(XferTable, ATransfersOwnerIsFoundByItsIdOnlyWhileInProgress) {
     EXPECT_EQ(table.owner(ids[0]), &records[0]);
 }
 
+// Slots made stay within what is in flight plus kReuseAfter; a full table takes back any free
+// slot at once, and refuses past its capacity.
 TEST(XferTable, SlotsMadeStayBoundedAndAFullTableReusesAtOnce) {
     XferTable table(4096, 9);
     std::vector<XferId> live;
