@@ -1,8 +1,6 @@
 #include "nccl_defaults.h"
 
-#include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <string>
 
@@ -11,15 +9,9 @@
 namespace tcpx::nccl_plugin {
 
 std::vector<NcclDefault> nccl_defaults(const Config& config) {
-    std::vector<NcclDefault> out;
-    if (config.nccl_p2p_chunk_size > 0) {
-        out.push_back({"NCCL_P2P_NET_CHUNKSIZE", std::to_string(config.nccl_p2p_chunk_size)});
-    }
-    if (config.nccl_channels_per_peer > 0) {
-        out.push_back(
-            {"NCCL_NCHANNELS_PER_NET_PEER", std::to_string(config.nccl_channels_per_peer)});
-    }
-    return out;
+    const auto value = [](auto v) { return v > 0 ? std::to_string(v) : std::string(); };
+    return {{"NCCL_P2P_NET_CHUNKSIZE", value(config.nccl_p2p_chunk_size)},
+            {"NCCL_NCHANNELS_PER_NET_PEER", value(config.nccl_channels_per_peer)}};
 }
 
 namespace {
@@ -36,9 +28,9 @@ std::map<std::string, std::string>& set_by_plugin() {
 void apply_nccl_defaults() {
     auto config = Config::from_env();
     if (!config.ok()) return;
-    const std::vector<NcclDefault> wanted = nccl_defaults(*config);
     auto& ours = set_by_plugin();
-    for (const char* name : {"NCCL_P2P_NET_CHUNKSIZE", "NCCL_NCHANNELS_PER_NET_PEER"}) {
+    for (const NcclDefault& want : nccl_defaults(*config)) {
+        const char* name = want.name;
         const char* now = std::getenv(name);
         auto mine = ours.find(name);
         if (now != nullptr && (mine == ours.end() || mine->second != now)) {
@@ -46,18 +38,15 @@ void apply_nccl_defaults() {
             if (mine != ours.end()) ours.erase(mine);  // (the user's from now on)
             continue;
         }
-        auto want = std::find_if(wanted.begin(), wanted.end(), [&](const NcclDefault& d) {
-            return std::strcmp(d.name, name) == 0;
-        });
-        if (want == wanted.end()) {
+        if (want.value.empty()) {
             // Asked for none: NCCL's own, including in place of one an earlier init set.
             if (now != nullptr && ::unsetenv(name) == 0) ours.erase(name);
             continue;
         }
-        ours[name] = want->value;  // (first: out of memory, the environment is left as it was)
-        if (::setenv(name, want->value.c_str(), /*overwrite=*/1) == 0) {
+        ours[name] = want.value;  // (first: out of memory, the environment is left as it was)
+        if (::setenv(name, want.value.c_str(), /*overwrite=*/1) == 0) {
             TCPX_INFO("NCCL plugin: %s=%s (the plugin's default; set it to choose another)", name,
-                      want->value.c_str());
+                      want.value.c_str());
         } else {
             ours.erase(name);
         }

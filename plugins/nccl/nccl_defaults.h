@@ -10,12 +10,12 @@
 namespace tcpx::nccl_plugin {
 
 struct NcclDefault {
-    const char* name;  // NCCL's variable
-    std::string value;
+    const char* name;   // NCCL's variable
+    std::string value;  // empty: `config` asks for none (NCCL's own)
 };
 
-// The variables `config` asks for (NCCL_P2P_CHUNK_SIZE, NCCL_CHANNELS_PER_PEER; a 0 asks for
-// none), whether or not the environment has them.
+// Every variable the plugin manages, with the value `config` asks for (NCCL_P2P_CHUNK_SIZE,
+// NCCL_CHANNELS_PER_PEER; a 0 asks for none), whether or not the environment has them.
 std::vector<NcclDefault> nccl_defaults(const Config& config);
 
 // Sets each of nccl_defaults(Config::from_env()) that the environment does not have (the

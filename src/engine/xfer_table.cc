@@ -96,8 +96,8 @@ bool XferTable::state(XferId id, XferState* state) const {
 
 XferStatus XferTable::take(XferId id) {
     XferStatus out;
-    Slot* s = (id & 0xffffffffu) == 0 ? nullptr : slot(index_of(id));
-    if (s == nullptr || !s->busy || s->gen.load() != gen_of(id)) {
+    Slot* s = busy_slot(id);
+    if (s == nullptr) {
         // Not NOT_FOUND: that is what a refused transfer (an unknown remote key) reports.
         out.state = XferState::kFailed;
         out.error = invalid_argument(strformat("no transfer %016llx (unknown, or already reported)",
