@@ -373,6 +373,7 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     if (total <= limit && p.ctrl.reply_bytes() + total <= engine::kInlineReplyBudget &&
         gpu_pieces(regions) <= wire::kMaxInlineGpuPieces) {
         std::string payload;
+        payload.reserve(total);
         Status st;
         for (size_t i = 0; i < req.segs.size() && st.ok(); ++i) {
             st = append_region(&payload, regions[i], req.segs[i].offset, req.segs[i].len);

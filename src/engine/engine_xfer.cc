@@ -274,6 +274,13 @@ Status Endpoint::Impl::write_region(Region* r, uint64_t offset, const void* src,
 
 Status Endpoint::Impl::append_region(std::string* msg, const Region* r, uint64_t offset,
                                      uint64_t len) {
+    if (len == 0) return Status();
+    if (r->kind != MemKind::kCuda) {
+        // Appended, not resized and then copied into: resize() first writes zeros over every
+        // byte (a sixth of the CPU of a lone 128 KiB inline WRITE on two cores, with the copy).
+        msg->append(reinterpret_cast<const char*>(r->base + offset), len);
+        return Status();
+    }
     const size_t at = msg->size();
     msg->resize(at + len);
     return read_region(r, offset, len, msg->data() + at);
@@ -444,6 +451,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
         total <= inline_limit(*p, gpu) && (!gpu || iov.size() <= wire::kMaxInlineGpuPieces);
     std::string payload;  // an inline write's bytes, read before anything is sent
     if (is_inline) {
+        payload.reserve(total);
         for (size_t i = 0; i < iov.size(); ++i) {
             Status st = append_region(&payload, regions[i], iov[i].offset, iov[i].len);
             if (!st.ok()) return st.with_context("write");
