@@ -219,8 +219,11 @@ class TCPX_API Endpoint {
     Status copy(std::span<const LocalCopy> pieces);
 
     // A notification on its own. It has no transfer to wait for: once what waits to go out to
-    // the peer (a slow wire, a peer still connecting) passes MAX_QUEUED_NOTIFICATION_BYTES it
-    // returns RESOURCE_EXHAUSTED, and a later call may succeed once those bytes have gone.
+    // the peer (a slow wire, a peer still connecting, a peer whose application has not taken
+    // MAX_QUEUED_NOTIFICATIONS of ours: it stops reading us until it does) passes
+    // MAX_QUEUED_NOTIFICATION_BYTES it returns RESOURCE_EXHAUSTED, and a later call may succeed
+    // once those bytes have gone. A peer that makes no room for PEER_TIMEOUT_MS ends the
+    // connection.
     Status notify(PeerId peer, std::string_view payload);
     // Notifications received since the last call, each exactly once, in arrival order.
     std::vector<Notification> get_notifications();

@@ -284,7 +284,9 @@ TCPX_C_API tcpx_status_t tcpx_readv(tcpx_endpoint_t* ep, uint64_t peer, const tc
 
 /* Sends a notification on its own: `payload` (`len` bytes; NULL when len is 0).
  * TCPX_ERR_RESOURCE_EXHAUSTED while more than TCPX_P2P_MAX_QUEUED_NOTIFICATION_BYTES wait to go
- * out to the peer: try again once they have gone. */
+ * out to the peer (a peer whose application has not taken TCPX_P2P_MAX_QUEUED_NOTIFICATIONS of
+ * ours stops reading us until it does): try again once they have gone. A peer that makes no room
+ * for TCPX_P2P_PEER_TIMEOUT_MS ends the connection. */
 TCPX_C_API tcpx_status_t tcpx_notify(tcpx_endpoint_t* ep, uint64_t peer, const void* payload,
                                      size_t len);
 

@@ -89,8 +89,17 @@ void CtrlConn::close_after_draining_input() {
     fd_.reset();
 }
 
-Status CtrlConn::read(bool* eof) {
+bool CtrlConn::front_whole() const {
+    const size_t start = begin_ + consumed_;
+    if (end_ - start < sizeof(wire::Header)) return false;
+    wire::Header h;
+    std::memcpy(&h, in_.data() + start, sizeof(h));
+    return end_ - start >= sizeof(wire::Header) + h.length;
+}
+
+Status CtrlConn::read(bool* eof, bool* more) {
     *eof = false;
+    if (more != nullptr) *more = false;
     while (true) {
         // Drop what was handed out, then make room.
         begin_ += consumed_;
@@ -105,7 +114,10 @@ Status CtrlConn::read(bool* eof) {
         // the message in front is whole, and is handled before more is read (TCP holds the rest
         // back). So the buffer holds at most one maximal message and one read's worth more.
         const size_t bound = sizeof(wire::Header) + max_message_ + inline_allowance_;
-        if (end_ - begin_ >= bound) return Status();
+        if (end_ - begin_ >= bound || (end_ - begin_ >= kReadChunk && front_whole())) {
+            if (more != nullptr) *more = true;
+            return Status();
+        }
         if (in_.size() - end_ < kReadChunk) {
             if (begin_ > 0) {
                 std::memmove(in_.data(), in_.data() + begin_, end_ - begin_);

@@ -60,11 +60,20 @@ class CtrlConn {
     // Writes queued bytes until done or the socket is full.
     Status flush();
 
-    // Reads what has arrived. *eof: the peer closed its side.
-    Status read(bool* eof);
+    // Reads what has arrived, or enough of it: it stops once the message in front is whole and
+    // a read's worth (256 KiB) is here, so that what a peer streams at us is handled as it
+    // comes rather than read ahead by the megabyte (and a peer whose reading is paused leaves
+    // the rest in its socket, where TCP holds it back). *eof: the peer closed its side. *more
+    // (optional): it stopped so, and more may be waiting in the socket.
+    Status read(bool* eof, bool* more = nullptr);
     // The next complete message, or false. `body` stays valid until the next read() or
     // next_message(). A bad header is an error.
     StatusOr<bool> next_message(wire::Header* header, std::string_view* body);
+    // The message next_message() handed out last is handed out again by the next call (it
+    // could not be acted on yet: the engine stops reading meanwhile).
+    void unread_message() { consumed_ = 0; }
+    // Whether the message in front of what was read is whole.
+    bool front_whole() const;
     // Bytes read but not yet handed out (a partial message at EOF means the peer broke off).
     size_t buffered() const { return end_ - begin_; }
     // Memory held for what the peer sends: at most one maximal message and one read (256 KiB).

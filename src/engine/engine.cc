@@ -42,6 +42,9 @@ constexpr uint64_t kNetTag = ~uint64_t{0} - 2;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// Parts of a peer's control stream (CtrlConn::read: 256 KiB or one message each) one call of
+// read_control handles at most.
+constexpr int kControlReadRounds = 16;
 // How long a failed peer's transport requests get to end before their comm is closed with them
 // (over transports whose close does not release registrations: fail_peer).
 constexpr auto kTeardownGrace = std::chrono::milliseconds(100);
@@ -857,55 +860,134 @@ void Endpoint::Impl::send_reply(Peer& p, std::string msg, std::string tail) {
 }
 
 bool Endpoint::Impl::read_control(Peer& p) {
-    bool eof = false;
-    Status st = p.ctrl.read(&eof);
-    if (!st.ok()) {
-        fail_peer(p, st);
-        return true;
-    }
     bool did = false;
-    while (p.state != Peer::State::kFailed) {
-        wire::Header h;
-        std::string_view body;
-        auto more = p.ctrl.next_message(&h, &body);
-        if (!more.ok()) {
-            fail_peer(p, more.status());
-            return true;
-        }
-        if (!*more) break;
-        did = true;
-        p.last_recv = Clock::now();
-        st = in_handshake(p) ? dispatch_handshake(p, static_cast<wire::MsgType>(h.type), body)
-                             : dispatch(p, h, body);
+    // What has arrived is read a little at a time (CtrlConn::read), each part handled before
+    // the next is read: a few rounds per call, so that a peer streaming at us does not keep
+    // this thread from the others (the socket stays readable: the next pass comes back).
+    bool more = true;
+    for (int round = 0; more && round < kControlReadRounds; ++round) {
+        bool eof = false;
+        Status st = p.ctrl.read(&eof, &more);
         if (!st.ok()) {
             fail_peer(p, st);
             return true;
         }
-        if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > max_queued_replies_) {
-            // What is queued went out as far as the socket took it (flush), and the peer keeps
-            // asking: it does not read what it asks for.
-            (void)p.ctrl.flush();
-            if (p.ctrl.reply_bytes() > max_queued_replies_) {
-                // Closed with a reset: a graceful close would leave the kernel holding what the
-                // socket took (megabytes) for a peer that reads nothing, and it hears no BYE.
-                const linger abort_close{1, 0};
-                (void)::setsockopt(p.ctrl.fd(), SOL_SOCKET, SO_LINGER, &abort_close,
-                                   sizeof(abort_close));
-                fail_peer(
-                    p, resource_exhausted(strformat(
-                           "the peer asks without reading the replies: %llu bytes of them queued",
-                           static_cast<unsigned long long>(p.ctrl.reply_bytes()))));
+        while (p.state != Peer::State::kFailed) {
+            wire::Header h;
+            std::string_view body;
+            auto whole = p.ctrl.next_message(&h, &body);
+            if (!whole.ok()) {
+                fail_peer(p, whole.status());
                 return true;
             }
+            if (!*whole) break;
+            did = true;
+            p.last_recv = Clock::now();
+            st = in_handshake(p) ? dispatch_handshake(p, static_cast<wire::MsgType>(h.type), body)
+                                 : dispatch(p, h, body);
+            if (!st.ok()) {
+                fail_peer(p, st);
+                return true;
+            }
+            if (p.ctrl_paused) {
+                // The message waits for room (a NOTIF): handed out again when reading resumes.
+                p.ctrl.unread_message();
+                return true;
+            }
+            if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > max_queued_replies_) {
+                // What is queued went out as far as the socket took it (flush), and the peer
+                // keeps asking: it does not read what it asks for.
+                (void)p.ctrl.flush();
+                if (p.ctrl.reply_bytes() > max_queued_replies_) {
+                    // Closed with a reset: a graceful close would leave the kernel holding what
+                    // the socket took (megabytes) for a peer that reads nothing, and it hears
+                    // no BYE.
+                    const linger abort_close{1, 0};
+                    (void)::setsockopt(p.ctrl.fd(), SOL_SOCKET, SO_LINGER, &abort_close,
+                                       sizeof(abort_close));
+                    fail_peer(p, resource_exhausted(strformat(
+                                     "the peer asks without reading the replies: %llu bytes of "
+                                     "them queued",
+                                     static_cast<unsigned long long>(p.ctrl.reply_bytes()))));
+                    return true;
+                }
+            }
+        }
+        if (p.state == Peer::State::kFailed) return true;
+        if (eof) {
+            fail_peer(p, unavailable(p.ctrl.buffered() > 0
+                                         ? "peer closed the connection in the middle of a message"
+                                         : "peer closed the connection"));
+            return true;
         }
     }
-    if (eof && p.state != Peer::State::kFailed) {
-        fail_peer(p, unavailable(p.ctrl.buffered() > 0
-                                     ? "peer closed the connection in the middle of a message"
-                                     : "peer closed the connection"));
-        return true;
-    }
     return did;
+}
+
+Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
+    epoll_event ev{};
+    ev.data.u64 = p.id;  // no events: still in the set, silent (but for errors and hangups)
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
+        return errno_status(errno, "epoll_ctl (pausing a peer whose notification has no room)");
+    }
+    p.ctrl_paused = true;
+    p.paused_note = note;
+    p.paused_since = Clock::now();
+    ++paused_peers_;
+    TCPX_DEBUG(
+        "endpoint '%s': peer '%s': a notification of %llu bytes waits for room; its "
+        "control connection is not read meanwhile",
+        name_.c_str(), p.name.c_str(), static_cast<unsigned long long>(note));
+    return Status();
+}
+
+bool Endpoint::Impl::resume_control(Peer& p) {
+    p.ctrl_paused = false;
+    --paused_peers_;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = p.id;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
+        fail_peer(p, errno_status(errno, "epoll_ctl (resuming a peer)"));
+        return false;
+    }
+    // Its heartbeats and answers were here all along, unread.
+    const auto now = Clock::now();
+    p.last_recv = now;
+    p.last_answer = std::max(p.last_answer, now);
+    return true;
+}
+
+bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_point now) {
+    if (ready) {
+        // Its socket is watched for nothing, so epoll reports it only for an error or a hangup:
+        // what waited is lost with the connection.
+        pollfd pfd{p.ctrl.fd(), POLLIN, 0};
+        if (::poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLERR | POLLHUP)) != 0) {
+            fail_peer(p, unavailable("the connection broke while the peer's notification "
+                                     "waited for room in our queue"));
+            return false;
+        }
+    }
+    Status room = notification_room(p, p.paused_note);
+    if (room.ok()) return resume_control(p);
+    if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
+        fail_peer(p, resource_exhausted(strformat(
+                         "%s; its next notification waited %lld ms for room (PEER_TIMEOUT_MS)",
+                         std::string(room.message()).c_str(),
+                         static_cast<long long>(config_.peer_timeout_ms))));
+    }
+    return false;
+}
+
+void Endpoint::Impl::resume_paused_peers() {
+    for (auto& [id, p] : peers_) {
+        if (paused_peers_ == 0) break;
+        if (p->ctrl_paused && p->state == Peer::State::kReady &&
+            notification_room(*p, p->paused_note).ok()) {
+            progress_peer(*p, false, false);
+        }
+    }
 }
 
 bool Endpoint::Impl::progress_peer(Peer& p, bool ready, bool tick) {
@@ -942,6 +1024,12 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         did |= progress_handshake(p);
     }
     if (p.state == Peer::State::kFailed) return true;
+    if (p.ctrl_paused) {
+        // Resumed: the message that waited is handed out first. Still paused: not read.
+        ready = step_paused(p, ready, tick, now);
+        if (p.state == Peer::State::kFailed) return true;
+        did |= ready;
+    }
     if (ready && p.state != Peer::State::kConnecting) did |= read_control(p);
     if (p.state == Peer::State::kChannels) did |= progress_handshake(p);
     if (p.state == Peer::State::kReady) {
@@ -978,6 +1066,13 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         p.moved_reported = p.moved;
         p.reported_at = now;
         (void)p.ctrl.flush();
+    }
+    if (p.ctrl_paused) {
+        // Not read: its heartbeats and its answers to our requests wait in the socket, so
+        // neither its silence nor its unanswered requests say anything meanwhile; the pause
+        // has its own deadline (step_paused).
+        p.last_recv = now;
+        p.last_answer = std::max(p.last_answer, now);
     }
     if (now - p.last_recv > timeout) {
         fail_peer(p, timeout_error(strformat("no word from the peer for %lld ms",
@@ -1046,6 +1141,10 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     if (p.state == Peer::State::kFailed && p.teardown != Peer::Teardown::kNone) return;
     TeardownStep step(p);  // an exception leaves it to be finished
     const bool first = p.state != Peer::State::kFailed;
+    if (p.ctrl_paused) {
+        p.ctrl_paused = false;
+        --paused_peers_;
+    }
     if (first) {
         // A ready peer learns why we end the connection (its transfers then fail with our
         // reason, not a bare "closed"); one that ended it, or is gone, does not read it, at no

@@ -370,6 +370,14 @@ struct Peer {
         HeldNotificationRoom room;
     };
     std::unordered_map<uint64_t, HeldReadNotification> read_notifs;
+    // Reading this peer's control connection has stopped: a notification it sent on its own
+    // (NOTIF, `paused_note` bytes) found no room in what we hold for the application, and
+    // waits there, unread, with everything behind it (TCP holds the rest back at the sender)
+    // until the application takes notifications, for PEER_TIMEOUT_MS at most (then the peer is
+    // failed, as it was at once before).
+    bool ctrl_paused = false;
+    uint64_t paused_note = 0;
+    Clock::time_point paused_since{};
     // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
     uint64_t served_pieces = 0;
     // This peer's requests being served (MAX_TRANSFERS at most): of `xfers`, the kServe ones.
@@ -472,6 +480,15 @@ class Endpoint::Impl {
     void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
     bool read_control(Peer& p);
+    // Stops reading p's control connection (Peer::ctrl_paused) while its NOTIF of `note`
+    // bytes waits for room; resume_control starts again (false: the peer failed). Paused
+    // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
+    Status pause_control(Peer& p, uint64_t note);
+    bool resume_control(Peer& p);
+    void resume_paused_peers();
+    // A paused peer's turn: resumes it when there is room, fails it when its wait is over or
+    // its socket broke. False: it stays paused.
+    bool step_paused(Peer& p, bool ready, bool tick, Clock::time_point now);
     Status dispatch(Peer& p, const engine::wire::Header& h, std::string_view body);
     void accept_inbound();
     // Takes the listener out of the epoll set for kListenPause (listen_paused_until_), and puts
@@ -666,6 +683,8 @@ class Endpoint::Impl {
     // Whether a notification of `size` bytes from `p` fits what we hold for the application:
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
+    // Whether a notification of `size` bytes could ever fit, all the queues empty.
+    bool notification_fits_at_all(uint64_t size) const;
     Status on_read_done(Peer& p, std::string_view body);
     // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
     void end_unmatched_recv(Xfer* x, Status why);
@@ -709,6 +728,7 @@ class Endpoint::Impl {
     // for a connection (EMFILE, ENFILE, ENOBUFS, ENOMEM), which stays pending and would keep the
     // listener readable, the progress thread spinning. Looked at again from then on (ticks).
     std::optional<Clock::time_point> listen_paused_until_;
+    size_t paused_peers_ = 0;  // peers with ctrl_paused
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;

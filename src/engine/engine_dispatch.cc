@@ -53,8 +53,15 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
         case wire::MsgType::kNotif: {
             std::string_view payload;
             TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
-            // Nothing answers a standalone notification: one we cannot hold fails the peer.
-            TCPX_RETURN_IF_ERROR(notification_room(p, payload.size()));
+            // Nothing answers a standalone notification, so there is no one to refuse: one
+            // that finds no room waits, and we stop reading the peer until the application
+            // makes room (read_control hands the message out again then). One that could
+            // never fit fails the peer.
+            Status room = notification_room(p, payload.size());
+            if (!room.ok()) {
+                if (!notification_fits_at_all(payload.size())) return room;
+                return pause_control(p, payload.size());
+            }
             queue_notification(p, std::string(payload), false);
             return Status();
         }
@@ -102,6 +109,13 @@ Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
             static_cast<unsigned long long>(count), static_cast<unsigned long long>(bytes)));
     }
     return Status();
+}
+
+bool Endpoint::Impl::notification_fits_at_all(uint64_t size) const {
+    return check_notification_size(size).ok() && config_.max_queued_notifications >= 1 &&
+           config_.max_queued_notifications_total >= 1 &&
+           size <= config_.max_queued_notification_bytes &&
+           size <= config_.max_queued_notification_bytes_total;
 }
 
 Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {

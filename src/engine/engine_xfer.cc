@@ -725,6 +725,9 @@ std::vector<Notification> Endpoint::Impl::get_notifications() {
         out.push_back(std::move(q.notification));
     }
     notifications_.clear();
+    // Room again: peers whose notifications waited for it are read again (what they bring is
+    // for the next call).
+    if (!out.empty() && paused_peers_ > 0) resume_paused_peers();
     if (out.empty()) {
         lock.unlock();
         std::this_thread::yield();  // a target polling for news: as in poll()

@@ -653,6 +653,7 @@ TEST(EngineHostile, ANotificationLargerThanTheLimitFailsThePeer) {
 TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
     Config tc = engine_test_config();
     tc.max_queued_notification_bytes = 4 << 20;
+    tc.peer_timeout_ms = 1000;
     auto ep = make_endpoint("target", tc);
     auto flooder = make_endpoint("flooder", engine_test_config());
     ASSERT_TRUE(ep && flooder);
@@ -664,7 +665,8 @@ TEST(EngineHostile, AFloodOfNotificationsIsBounded) {
         last = flooder->notify(l.a_to_b, note);
         std::this_thread::sleep_for(5ms);
     }
-    // The target holds at most 4 MiB of them, then drops the flooder.
+    // The target holds at most 4 MiB of them, stops reading the flooder, and drops it once no
+    // room has come for PEER_TIMEOUT_MS.
     EXPECT_TRUE(eventually([&] { return !flooder->notify(l.a_to_b, "x").ok(); }, 10s));
 #if defined(__SANITIZE_THREAD__)
     // ThreadSanitizer's shadow memory and allocator multiply the footprint (the flooder's own
@@ -829,7 +831,8 @@ TEST(EngineHostile, AReaderThatNeverSendsReadDoneFailsAfterThePeerTimeout) {
 }
 
 // The bound holds for all peers together: a peer that fills its share and goes leaves its
-// notifications to the application, still counted, and the next one gets only what is left.
+// notifications to the application, still counted, and the next one gets only what is left;
+// the rest of its notifications wait, unread, until the application takes some.
 TEST(EngineHostile, NotificationsOfAPeerThatLeftStillCountAgainstTheEndpointBound) {
     Config tc = engine_test_config();
     tc.max_queued_notification_bytes = 4 << 20;        // per peer
@@ -846,9 +849,74 @@ TEST(EngineHostile, NotificationsOfAPeerThatLeftStillCountAgainstTheEndpointBoun
     RawPeer second(*ep);
     ASSERT_TRUE(second.ok());
     for (int i = 0; i < 4; ++i) send_all(second.fd(), wire::encode_notif(note));
-    EXPECT_TRUE(closed_by_peer(second.fd(), 5s)) << "the endpoint-wide bound was not enforced";
+    EXPECT_FALSE(closed_by_peer(second.fd(), 300ms)) << "its notifications should wait";
     auto got = ep->get_notifications();
-    EXPECT_EQ(got.size(), 6u);
+    EXPECT_EQ(got.size(), 6u) << "the endpoint-wide bound was not enforced";
+    // Room again: the two that waited come.
+    size_t later = 0;
+    EXPECT_TRUE(eventually([&] { return (later += ep->get_notifications().size()) >= 2; }));
+    EXPECT_EQ(later, 2u);
+    expect_serves(ep.get());
+}
+
+// A peer that sends notifications on their own faster than the application takes them is not
+// failed (it was, at the bound: nothing answers a NOTIF, so there is nothing to refuse) and not
+// buffered without bound either: once the bound is reached we stop reading it, TCP holds the
+// rest back at the sender, and everything comes, in order, as the application makes room.
+TEST(EngineHostile, NotificationsBeyondTheBoundWaitInTheSendersSocket) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 2;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    // 128 MiB of notifications: more than the sockets' buffers on the way can take.
+    constexpr int kNotes = 2048;
+    const auto note_of = [](int i) {
+        std::string s(64 << 10, static_cast<char>('a' + i % 26));
+        std::memcpy(s.data(), &i, sizeof(i));
+        return s;
+    };
+    std::atomic<int> sent{0};
+    std::thread sender([&] {
+        for (int i = 0; i < kNotes; ++i) {
+            send_all(raw.fd(), wire::encode_notif(note_of(i)));
+            sent.store(i + 1);
+        }
+    });
+    // Nothing taken: the sender stalls, and we hold the bound's two.
+    int seen = -1;
+    for (int still = 0; still < 10 && sent.load() < kNotes; std::this_thread::sleep_for(50ms)) {
+        still = sent.load() == seen ? still + 1 : 0;
+        seen = sent.load();
+    }
+    // What the sockets' buffers hold (a few MiB on `lo`), and what we read ahead: a part of the
+    // stream (CtrlConn::read), not the 64 MiB of a maximal message as before.
+    EXPECT_LT(sent.load(), kNotes / 4) << "read ahead with no room for it";
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 100ms)) << "the peer was failed";
+    std::vector<Notification> got = ep->get_notifications();
+    EXPECT_EQ(got.size(), 2u);
+    // Taken as they come: all of them, in order, never more than the bound at once.
+    size_t most = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (got.size() < static_cast<size_t>(kNotes) &&
+           std::chrono::steady_clock::now() < deadline) {
+        std::vector<Notification> more = ep->get_notifications();
+        most = std::max(most, more.size());
+        for (Notification& n : more) got.push_back(std::move(n));
+    }
+    const bool all = got.size() == static_cast<size_t>(kNotes);
+    if (!all) ::shutdown(raw.fd(), SHUT_RDWR);  // (the sender would wait for ever)
+    sender.join();
+    EXPECT_TRUE(all) << got.size() << " of " << kNotes;
+    EXPECT_LE(most, 2u);
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i].payload != note_of(static_cast<int>(i))) {
+            ADD_FAILURE() << "notification " << i << " is not the one sent " << i << "th";
+            break;
+        }
+    }
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 100ms));
     expect_serves(ep.get());
 }
 

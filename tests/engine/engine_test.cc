@@ -1331,6 +1331,90 @@ XferStatus drive_until_done(QuietPair& p, XferId x) {
     return st;
 }
 
+// Notifications sent on their own faster than the target's application takes them wait for
+// room (the target stops reading that peer; TCP holds the rest at the sender) instead of
+// failing the connection: every one arrives, in order, never more held than the bound, and
+// the writes sent among them complete.
+TEST(EngineEndpoints, StandaloneNotificationsPastTheTargetsRoomWaitForIt) {
+    for (const char* progress : {"on", "off"}) {
+        SCOPED_TRACE(progress);
+        constexpr size_t kLen = 64 << 10;
+        constexpr int kNotes = 1000;
+        GuardedBuffer src(kLen), dst(kLen);  // (outlive the endpoints)
+        // The target with its progress thread, or without (served only by its calls, as a
+        // NIXL agent that polls getNotifs).
+        QuietPair p = quiet_pair("notifier", "slow", 0, [&](Config& c) {
+            c.max_queued_notifications = 4;
+            c.progress_thread = progress;
+        });
+        Endpoint* a = p.a.get();
+        Endpoint* b = p.b.get();
+        ASSERT_TRUE(a && b);
+        ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+        Link l{p.to_b, p.to_a};
+        fill_pattern(src.data(), kLen, 23);
+        const MemId s = *a->reg(src.data(), kLen);
+        const RemoteMem d = *b->describe(*b->reg(dst.data(), kLen));
+        std::vector<XferId> writes;
+        for (int i = 0; i < kNotes; ++i) {
+            ASSERT_TRUE(a->notify(l.a_to_b, "n" + std::to_string(i)).ok()) << i;
+            if (i % 100 == 50) {
+                auto w = a->write(l.a_to_b, s, 0, d, 0, kLen);
+                ASSERT_TRUE(w.ok()) << w.status().to_string();
+                writes.push_back(*w);
+            }
+        }
+        std::vector<std::string> got;
+        size_t most = 0;
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (got.size() < kNotes && std::chrono::steady_clock::now() < deadline) {
+            std::vector<Notification> more = b->get_notifications();
+            most = std::max(most, more.size());
+            for (Notification& n : more) got.push_back(std::move(n.payload));
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        ASSERT_EQ(got.size(), static_cast<size_t>(kNotes));
+        for (int i = 0; i < kNotes; ++i) {
+            ASSERT_EQ(got[static_cast<size_t>(i)], "n" + std::to_string(i));
+        }
+        EXPECT_LE(most, 4u);
+        for (XferId w : writes) EXPECT_TRUE(a->wait(w, 10s).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 23), -1);
+        EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
+        EXPECT_TRUE(b->peer_status(l.b_to_a).ok());
+    }
+}
+
+// A notification that waits for room waits for PEER_TIMEOUT_MS at most: an application that
+// never takes its notifications has the peer failed then, with the reason (not at once, as
+// before, and not for ever).
+TEST(EngineEndpoints, ANotificationThatNeverFindsRoomFailsItsPeerAfterThePeerTimeout) {
+    Config bc = engine_test_config();
+    bc.max_queued_notifications = 1;
+    bc.peer_timeout_ms = 1500;
+    auto a = make_endpoint("notifier", engine_test_config());
+    auto b = make_endpoint("deaf", bc);
+    ASSERT_TRUE(a && b);
+    Link l = link(a.get(), b.get());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->notify(l.a_to_b, "n" + std::to_string(i)).ok());
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(b->peer_status(l.b_to_a).ok()) << "failed at once";
+    ASSERT_TRUE(eventually([&] { return !b->peer_status(l.b_to_a).ok(); }, 10s));
+    const Status st = b->peer_status(l.b_to_a);
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+    EXPECT_NE(st.message().find("waited"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("MAX_QUEUED_NOTIFICATIONS"), std::string::npos) << st.to_string();
+    // The sender hears why.
+    ASSERT_TRUE(eventually([&] { return !a->peer_status(l.a_to_b).ok(); }, 10s));
+    EXPECT_NE(a->peer_status(l.a_to_b).message().find("MAX_QUEUED_NOTIFICATIONS"),
+              std::string::npos)
+        << a->peer_status(l.a_to_b).to_string();
+    // The one that fit is still the application's.
+    auto got = b->get_notifications();
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].payload, "n0");
+}
+
 // Without a progress thread the target answers only when its application calls it: a read
 // still waiting for its answer is cancelled at once, and its memory is free (dereg() had to
 // wait for it PEER_TIMEOUT_MS, then drop the peer). The answer that comes later drains.

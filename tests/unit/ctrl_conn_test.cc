@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,6 +140,78 @@ TEST_F(CtrlConnLimits, ReadAheadHoldsOneMaximalMessage) {
         ASSERT_TRUE(whole) << "message " << i;
         EXPECT_EQ(body.size(), kLimit);
     }
+}
+
+// Small messages streamed at us are read a part at a time (about 256 KiB), not up to the
+// maximal message's bound: what the engine has not handled yet stays in the socket, where TCP
+// holds the sender back. Every message still comes, in order, and read() says when it stopped
+// with more waiting.
+TEST_F(CtrlConnLimits, ManySmallMessagesAreReadAPartAtATime) {
+    constexpr uint32_t kLimit = 16 << 20;
+    constexpr size_t kRead = 256 * 1024;
+    conn_.set_max_message(kLimit, 0);
+    std::string all;
+    constexpr int kCount = 4000;  // 4 MiB
+    for (int i = 0; i < kCount; ++i) {
+        std::string msg = wire::begin_message(wire::MsgType::kNotif, 0);
+        msg.append(reinterpret_cast<const char*>(&i), sizeof(i));
+        msg.append(1024 - sizeof(i), 'n');
+        wire::end_message(&msg);
+        all += msg;
+    }
+    size_t sent = 0;
+    while (sent < all.size()) {
+        const ssize_t n = ::send(peer_.get(), all.data() + sent, all.size() - sent, 0);
+        ASSERT_GT(n, 0) << "the socket pair's buffers hold less than 4 MiB";
+        sent += static_cast<size_t>(n);
+    }
+    int next = 0;
+    bool stopped_with_more = false;
+    for (int rounds = 0; next < kCount && rounds < 1000; ++rounds) {
+        bool eof = false, more = false;
+        ASSERT_TRUE(conn_.read(&eof, &more).ok());
+        ASSERT_FALSE(eof);
+        stopped_with_more = stopped_with_more || more;
+        EXPECT_LT(conn_.buffered(), kRead + 2048);
+        EXPECT_LE(conn_.buffer_capacity(), 2 * kRead);
+        wire::Header h;
+        std::string_view body;
+        while (true) {
+            auto whole = conn_.next_message(&h, &body);
+            ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+            if (!*whole) break;
+            int i = -1;
+            std::memcpy(&i, body.data(), sizeof(i));
+            ASSERT_EQ(i, next);
+            ++next;
+        }
+    }
+    EXPECT_EQ(next, kCount);
+    EXPECT_TRUE(stopped_with_more);
+}
+
+// unread_message(): the message handed out last comes again, whole, before the next.
+TEST_F(CtrlConnLimits, AnUnreadMessageComesAgain) {
+    conn_.set_max_message(1 << 20, 0);
+    const std::string first = message(wire::MsgType::kNotif, 0, 10);
+    const std::string second = message(wire::MsgType::kPing, 0, 3);
+    const std::string both = first + second;
+    ASSERT_EQ(::send(peer_.get(), both.data(), both.size(), 0), static_cast<ssize_t>(both.size()));
+    bool eof = false;
+    ASSERT_TRUE(conn_.read(&eof).ok());
+    wire::Header h;
+    std::string_view body;
+    ASSERT_TRUE(*conn_.next_message(&h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kNotif));
+    conn_.unread_message();
+    ASSERT_TRUE(conn_.read(&eof).ok());
+    ASSERT_TRUE(*conn_.next_message(&h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kNotif));
+    EXPECT_EQ(body.size(), 10u);
+    ASSERT_TRUE(*conn_.next_message(&h, &body));
+    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kPing));
+    EXPECT_EQ(body.size(), 3u);
+    EXPECT_FALSE(*conn_.next_message(&h, &body));
 }
 
 // A message queued with its inline bytes apart (queue(msg, tail)) goes out as one message, in

@@ -389,6 +389,33 @@ TEST_P(Notifications, Standalone) {
     EXPECT_TRUE(a_->received().empty());
 }
 
+// genNotif past the target's room (its backend's max_queued_notifications) waits until the
+// target's getNotifs makes room: every one arrives, in order, and the connection lives (it
+// ended the connection before). With and without progress threads.
+TEST(NixlNotifications, StandalonePastTheTargetsRoomWaitsForIt) {
+    for (const bool prog : {true, false}) {
+        SCOPED_TRACE(prog);
+        const std::string suffix = prog ? "-thread" : "-polled";
+        AgentOptions bo{.prog_thread = prog};
+        bo.params["max_queued_notifications"] = "4";
+        TestAgent a("room-a" + suffix, {.prog_thread = prog});
+        TestAgent b("room-b" + suffix, bo);
+        ASSERT_EQ(a.load(b), b.name());
+        constexpr int kNotes = 300;
+        std::vector<Notif> want;
+        for (int i = 0; i < kNotes; ++i) {
+            want.push_back({a.name(), "n" + std::to_string(i)});
+            ASSERT_EQ(a->genNotif(b.name(), want.back().msg), NIXL_SUCCESS) << i;
+        }
+        ASSERT_TRUE(wait_notifs(b, kNotes, {&a})) << b.received().size();
+        EXPECT_EQ(b.received(), want);
+        // The connection lived through it.
+        EXPECT_EQ(a->genNotif(b.name(), "after"), NIXL_SUCCESS);
+        ASSERT_TRUE(wait_notifs(b, kNotes + 1, {&a}));
+        EXPECT_EQ(b.received().back(), (Notif{a.name(), "after"}));
+    }
+}
+
 // A WRITE's notification is seen only once all of its data is visible in the target's memory:
 // checked at the moment the notification is seen, before the initiator is asked about it.
 TEST_P(Notifications, WriteNotificationFollowsData) {
