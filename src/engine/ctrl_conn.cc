@@ -80,8 +80,10 @@ Status CtrlConn::flush() {
 
 void CtrlConn::close_after_draining_input() {
     if (!fd_.valid()) return;
-    char sink[16 * 1024];
-    for (size_t dropped = 0; dropped < (size_t{1} << 20);) {
+    // Up to what a socket's receive buffer holds on Linux by default (tcp_rmem's largest,
+    // 6 MiB): a peer whose reading we had paused has that much waiting.
+    char sink[64 * 1024];
+    for (size_t dropped = 0; dropped < (size_t{8} << 20);) {
         const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
         if (n <= 0) break;  // nothing more now, the peer's end, or an error: close either way
         dropped += static_cast<size_t>(n);
@@ -134,8 +136,18 @@ Status CtrlConn::read(bool* eof, bool* more) {
                 in_.resize(want);
             }
         }
-        TCPX_ASSIGN_OR_RETURN(size_t n,
-                              recv_some(fd_.get(), in_.data() + end_, in_.size() - end_, eof));
+        // A read's worth, or what the message in front still lacks: the buffer may be larger
+        // (a maximal message grew it), and reading into all of it would read ahead that much.
+        size_t room = std::min(in_.size() - end_, kReadChunk);
+        if (end_ - begin_ >= sizeof(wire::Header)) {
+            wire::Header front;
+            std::memcpy(&front, in_.data() + begin_, sizeof(front));
+            const size_t whole = sizeof(wire::Header) + size_t{front.length};
+            if (whole > end_ - begin_) {
+                room = std::min(in_.size() - end_, std::max(room, whole - (end_ - begin_)));
+            }
+        }
+        TCPX_ASSIGN_OR_RETURN(size_t n, recv_some(fd_.get(), in_.data() + end_, room, eof));
         if (*eof || n == 0) return Status();
         end_ += n;
     }

@@ -25,7 +25,7 @@ class CtrlConn {
     bool valid() const { return fd_.valid(); }
     void reset(Fd fd);
     void close() { fd_.reset(); }
-    // Reads and drops what has arrived and was not read (up to 1 MiB), then closes: a socket
+    // Reads and drops what has arrived and was not read (up to 8 MiB), then closes: a socket
     // closed with bytes unread sends a reset, and a reset can destroy what we sent last (a BYE
     // with the reason) before the peer reads it.
     void close_after_draining_input();

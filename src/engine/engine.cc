@@ -867,11 +867,10 @@ bool Endpoint::Impl::read_control(Peer& p) {
     bool more = true;
     for (int round = 0; more && round < kControlReadRounds; ++round) {
         bool eof = false;
-        Status st = p.ctrl.read(&eof, &more);
-        if (!st.ok()) {
-            fail_peer(p, st);
-            return true;
-        }
+        // A failed read (a reset) is reported once the whole messages that came before it are
+        // handled: a peer's last notifications, which waited for room, are not lost with it.
+        const Status read_status = p.ctrl.read(&eof, &more);
+        Status st;
         while (p.state != Peer::State::kFailed) {
             wire::Header h;
             std::string_view body;
@@ -914,6 +913,10 @@ bool Endpoint::Impl::read_control(Peer& p) {
             }
         }
         if (p.state == Peer::State::kFailed) return true;
+        if (!read_status.ok()) {
+            fail_peer(p, read_status);
+            return true;
+        }
         if (eof) {
             fail_peer(p, unavailable(p.ctrl.buffered() > 0
                                          ? "peer closed the connection in the middle of a message"
@@ -927,7 +930,7 @@ bool Endpoint::Impl::read_control(Peer& p) {
 Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
     epoll_event ev{};
     ev.data.u64 = p.id;  // no events: still in the set, silent (but for errors and hangups)
-    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
+    if (!p.ctrl_broken && ::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
         return errno_status(errno, "epoll_ctl (pausing a peer whose notification has no room)");
     }
     p.ctrl_paused = true;
@@ -947,7 +950,9 @@ bool Endpoint::Impl::resume_control(Peer& p) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = p.id;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
+    // A broken socket stays out of the set: read_control, which comes next, handles what is
+    // buffered and then fails the peer with the socket's error.
+    if (!p.ctrl_broken && ::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
         fail_peer(p, errno_status(errno, "epoll_ctl (resuming a peer)"));
         return false;
     }
@@ -959,19 +964,21 @@ bool Endpoint::Impl::resume_control(Peer& p) {
 }
 
 bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_point now) {
-    if (ready) {
-        // Its socket is watched for nothing, so epoll reports it only for an error or a hangup:
-        // what waited is lost with the connection.
+    // Room first: what the peer sent before its connection broke is still handled (read_control
+    // takes the whole messages buffered before it reports a failed read).
+    if (fits_notification(p, p.paused_note)) return resume_control(p);
+    if (ready && !p.ctrl_broken) {
+        // Its socket is watched for nothing, so epoll reports it only for an error or a hangup.
+        // What the peer sent before is still the application's: the socket leaves the set (or
+        // it would be reported on every pass), and the wait goes on.
         pollfd pfd{p.ctrl.fd(), POLLIN, 0};
         if (::poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLERR | POLLHUP)) != 0) {
-            fail_peer(p, unavailable("the connection broke while the peer's notification "
-                                     "waited for room in our queue"));
-            return false;
+            (void)::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);
+            p.ctrl_broken = true;
         }
     }
-    Status room = notification_room(p, p.paused_note);
-    if (room.ok()) return resume_control(p);
     if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
+        const Status room = notification_room(p, p.paused_note);
         fail_peer(p, resource_exhausted(strformat(
                          "%s; its next notification waited %lld ms for room (PEER_TIMEOUT_MS)",
                          std::string(room.message()).c_str(),
@@ -981,11 +988,17 @@ bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_poi
 }
 
 void Endpoint::Impl::resume_paused_peers() {
-    for (auto& [id, p] : peers_) {
-        if (paused_peers_ == 0) break;
-        if (p->ctrl_paused && p->state == Peer::State::kReady &&
-            notification_room(*p, p->paused_note).ok()) {
-            progress_peer(*p, false, false);
+    // Round the peers from the one after the peer resumed last, so that room that frees a
+    // little at a time goes to each waiting peer in turn, not always to the first ones.
+    auto it = peers_.upper_bound(last_resumed_);
+    for (size_t left = peers_.size(); left > 0 && paused_peers_ > 0; --left) {
+        if (it == peers_.end()) it = peers_.begin();
+        Peer& p = *it->second;
+        ++it;
+        if (p.ctrl_paused && p.state == Peer::State::kReady &&
+            fits_notification(p, p.paused_note)) {
+            last_resumed_ = p.id;
+            progress_peer(p, false, false);  // (catches what it throws: fails that peer)
         }
     }
 }

@@ -376,6 +376,10 @@ struct Peer {
     // until the application takes notifications, for PEER_TIMEOUT_MS at most (then the peer is
     // failed, as it was at once before).
     bool ctrl_paused = false;
+    // Paused, and its socket reported an error or a hangup: out of the epoll set (it would be
+    // reported on every pass); the whole messages already read are still handled as room
+    // comes, and the connection fails once they are.
+    bool ctrl_broken = false;
     uint64_t paused_note = 0;
     Clock::time_point paused_since{};
     // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
@@ -683,8 +687,12 @@ class Endpoint::Impl {
     // Whether a notification of `size` bytes from `p` fits what we hold for the application:
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
-    // Whether a notification of `size` bytes could ever fit, all the queues empty.
-    bool notification_fits_at_all(uint64_t size) const;
+    // The same as a yes or no, allocating nothing (a paused peer asks on every pass).
+    bool fits_notification(const Peer& p, uint64_t size) const noexcept;
+    // Whether it would fit once the application has taken every notification it can: what
+    // stays is the room held for p's reads, freed only by their READ_DONEs, which come on the
+    // control connection behind it (a wait for those could never end).
+    bool fits_once_taken(const Peer& p, uint64_t size) const noexcept;
     Status on_read_done(Peer& p, std::string_view body);
     // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
     void end_unmatched_recv(Xfer* x, Status why);
@@ -729,6 +737,7 @@ class Endpoint::Impl {
     // listener readable, the progress thread spinning. Looked at again from then on (ticks).
     std::optional<Clock::time_point> listen_paused_until_;
     size_t paused_peers_ = 0;  // peers with ctrl_paused
+    PeerId last_resumed_ = 0;  // resume_paused_peers goes round from the one after it
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;

@@ -55,11 +55,13 @@ Status Endpoint::Impl::dispatch(Peer& p, const wire::Header& h, std::string_view
             TCPX_RETURN_IF_ERROR(wire::decode_notif(body, &payload));
             // Nothing answers a standalone notification, so there is no one to refuse: one
             // that finds no room waits, and we stop reading the peer until the application
-            // makes room (read_control hands the message out again then). One that could
-            // never fit fails the peer.
-            Status room = notification_room(p, payload.size());
-            if (!room.ok()) {
-                if (!notification_fits_at_all(payload.size())) return room;
+            // makes room (read_control hands the message out again then). One that the
+            // application's taking could never make room for fails the peer, as before.
+            if (!fits_notification(p, payload.size())) {
+                if (!fits_once_taken(p, payload.size())) {
+                    Status room = notification_room(p, payload.size());
+                    return room.ok() ? internal_error("notification room") : room;
+                }
                 return pause_control(p, payload.size());
             }
             queue_notification(p, std::string(payload), false);
@@ -111,11 +113,26 @@ Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
     return Status();
 }
 
-bool Endpoint::Impl::notification_fits_at_all(uint64_t size) const {
-    return check_notification_size(size).ok() && config_.max_queued_notifications >= 1 &&
-           config_.max_queued_notifications_total >= 1 &&
-           size <= config_.max_queued_notification_bytes &&
-           size <= config_.max_queued_notification_bytes_total;
+bool Endpoint::Impl::fits_notification(const Peer& p, uint64_t size) const noexcept {
+    const uint64_t count = notifications_.size() + held_notifications_.count;
+    const uint64_t bytes = notifications_.bytes() + held_notifications_.bytes;
+    return size <= config_.max_notification_size &&
+           p.notif_count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
+           p.notif_bytes + size <= config_.max_queued_notification_bytes &&
+           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications_total) &&
+           bytes + size <= config_.max_queued_notification_bytes_total;
+}
+
+bool Endpoint::Impl::fits_once_taken(const Peer& p, uint64_t size) const noexcept {
+    // (The room held for writes in flight comes free with their data, on the data channels.)
+    const uint64_t count = p.read_notifs.size();
+    uint64_t bytes = 0;
+    for (const auto& [id, held] : p.read_notifs) bytes += held.payload.size();
+    return size <= config_.max_notification_size &&
+           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
+           bytes + size <= config_.max_queued_notification_bytes &&
+           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications_total) &&
+           bytes + size <= config_.max_queued_notification_bytes_total;
 }
 
 Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {

@@ -920,6 +920,96 @@ TEST(EngineHostile, NotificationsBeyondTheBoundWaitInTheSendersSocket) {
     expect_serves(ep.get());
 }
 
+// Peers waiting for room at the endpoint-wide bound take it in turn as the application frees
+// it: one that sends a long stream does not keep the others waiting until it is done.
+TEST(EngineHostile, PeersWaitingForRoomTakeItInTurn) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications_total = 2;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    RawPeer first(*ep, "first");
+    RawPeer second(*ep, "second");
+    ASSERT_TRUE(first.ok() && second.ok());
+    std::string many, few;
+    for (int i = 0; i < 200; ++i) many += wire::encode_notif("first " + std::to_string(i));
+    for (int i = 0; i < 10; ++i) few += wire::encode_notif("second " + std::to_string(i));
+    send_all(first.fd(), many);
+    std::this_thread::sleep_for(100ms);  // the first one is waiting before the second sends
+    send_all(second.fd(), few);
+    std::this_thread::sleep_for(100ms);
+    std::vector<std::string> got;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (got.size() < 210 && std::chrono::steady_clock::now() < deadline) {
+        for (Notification& n : ep->get_notifications()) got.push_back(std::move(n.payload));
+    }
+    ASSERT_EQ(got.size(), 210u);
+    // Each peer's in its order; the second's all in before the first's stream ends.
+    std::vector<std::string> firsts, seconds;
+    size_t last_second = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i].rfind("second ", 0) == 0) {
+            seconds.push_back(got[i]);
+            last_second = i;
+        } else {
+            firsts.push_back(got[i]);
+        }
+    }
+    ASSERT_EQ(seconds.size(), 10u);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(seconds[i], "second " + std::to_string(i));
+    for (int i = 0; i < 200; ++i) EXPECT_EQ(firsts[i], "first " + std::to_string(i));
+    EXPECT_LT(last_second, 100u) << "the second peer waited for the first one's whole stream";
+    EXPECT_FALSE(closed_by_peer(first.fd(), 50ms));
+    EXPECT_FALSE(closed_by_peer(second.fd(), 50ms));
+}
+
+// A peer whose notifications wait for room and whose connection then breaks (a reset) leaves
+// them to the application: what was read before the break is delivered as room comes.
+TEST(EngineHostile, NotificationsThatWaitedOutliveTheirConnection) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 2;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        std::string notes;
+        for (int i = 0; i < 6; ++i) notes += wire::encode_notif("n" + std::to_string(i));
+        send_all(raw.fd(), notes);
+        std::this_thread::sleep_for(100ms);
+        const linger reset{1, 0};
+        ASSERT_EQ(::setsockopt(raw.fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+    }                                    // closed with a reset
+    std::this_thread::sleep_for(200ms);  // (its progress thread sees the socket broken)
+    std::vector<std::string> got;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (got.size() < 6 && std::chrono::steady_clock::now() < deadline) {
+        for (Notification& n : ep->get_notifications()) got.push_back(std::move(n.payload));
+    }
+    EXPECT_EQ(got, (std::vector<std::string>{"n0", "n1", "n2", "n3", "n4", "n5"}));
+    expect_serves(ep.get());
+}
+
+// Room held for a peer's reads comes back only with their READ_DONEs, which travel on the
+// control connection behind a notification that waits: waiting for that room could never end,
+// so such a notification fails the peer at once (not after PEER_TIMEOUT_MS).
+TEST(EngineHostile, ANotificationBehindItsOwnReadsRoomFailsThePeerAtOnce) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 2;
+    tc.peer_timeout_ms = 30000;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    GuardedBuffer region(4096);
+    const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(raw.fd(), desc, 1, "read 1"));
+    ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(raw.fd(), desc, 2, "read 2"));
+    send_all(raw.fd(), wire::encode_notif("behind"));
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "it waited for room only it could free";
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
 // Peers connected at once share the bound too; a write whose notification finds it reached is
 // refused and its connection lives, as at the peer's own bound.
 TEST(EngineHostile, AWriteWhoseNotificationFindsTheEndpointBoundReachedIsRefused) {
