@@ -431,7 +431,9 @@ void Endpoint::Impl::resume_listener_when_due(Clock::time_point now) {
 bool Endpoint::Impl::needs_polling(const Peer& p) const {
     // Transports signal no socket of ours: channels being set up, and requests in flight, are
     // polled. Everything else waits for its control socket or a tick.
-    if (p.state == Peer::State::kChannels || p.ctrl.has_output()) return true;
+    if (p.state == Peer::State::kChannels) return true;
+    if (p.ctrl_broken) return !p.ctrl_paused;  // (step_peer)
+    if (p.ctrl.has_output()) return true;
     if (p.state != Peer::State::kReady) return false;
     if (!p.tx_pending.empty() || !p.rx_pending.empty()) return true;
     for (const Channel& ch : p.tx) {
@@ -936,6 +938,11 @@ Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
     p.ctrl_paused = true;
     p.paused_note = note;
     p.paused_since = Clock::now();
+    p.paused_need = read_room(p);
+    p.paused_need.count += 1;
+    p.paused_need.bytes += note;
+    paused_need_.count += p.paused_need.count;
+    paused_need_.bytes += p.paused_need.bytes;
     ++paused_peers_;
     TCPX_DEBUG(
         "endpoint '%s': peer '%s': a notification of %llu bytes waits for room; its "
@@ -944,9 +951,16 @@ Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
     return Status();
 }
 
-bool Endpoint::Impl::resume_control(Peer& p) {
+void Endpoint::Impl::unpause(Peer& p) noexcept {
     p.ctrl_paused = false;
     --paused_peers_;
+    paused_need_.count -= p.paused_need.count;
+    paused_need_.bytes -= p.paused_need.bytes;
+    p.paused_need = {};
+}
+
+bool Endpoint::Impl::resume_control(Peer& p) {
+    unpause(p);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = p.id;
@@ -1042,6 +1056,10 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         ready = step_paused(p, ready, tick, now);
         if (p.state == Peer::State::kFailed) return true;
         did |= ready;
+    } else if (p.ctrl_broken) {
+        // Out of the epoll set: read on every pass (needs_polling) until what it holds is
+        // handled and its error ends it (read_control may stop after a part of it).
+        ready = true;
     }
     if (ready && p.state != Peer::State::kConnecting) did |= read_control(p);
     if (p.state == Peer::State::kChannels) did |= progress_handshake(p);
@@ -1058,7 +1076,9 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         }
     }
     if (p.state == Peer::State::kFailed) return true;
-    if (p.ctrl.has_output()) {
+    // (A broken connection takes nothing more: its error is reported by the read, once what
+    // was read before it is handled.)
+    if (p.ctrl.has_output() && !p.ctrl_broken) {
         Status st = p.ctrl.flush();
         if (!st.ok()) {
             fail_peer(p, st);
@@ -1074,7 +1094,7 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     // the socket buffers on its way to us) learns that we are serving it.
     const bool quiet = now - p.last_send > timeout / 4;
     const bool news = p.moved != p.moved_reported && now - p.reported_at > timeout / 4;
-    if (quiet || news) {
+    if ((quiet || news) && !p.ctrl_broken) {
         send_ctrl(p, wire::encode_ping(p.moved));
         p.moved_reported = p.moved;
         p.reported_at = now;
@@ -1154,10 +1174,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     if (p.state == Peer::State::kFailed && p.teardown != Peer::Teardown::kNone) return;
     TeardownStep step(p);  // an exception leaves it to be finished
     const bool first = p.state != Peer::State::kFailed;
-    if (p.ctrl_paused) {
-        p.ctrl_paused = false;
-        --paused_peers_;
-    }
+    if (p.ctrl_paused) unpause(p);
     if (first) {
         // A ready peer learns why we end the connection (its transfers then fail with our
         // reason, not a bare "closed"); one that ended it, or is gone, does not read it, at no

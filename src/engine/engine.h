@@ -382,6 +382,9 @@ struct Peer {
     bool ctrl_broken = false;
     uint64_t paused_note = 0;
     Clock::time_point paused_since{};
+    // What this peer, paused, will need of the endpoint-wide room before it can go on: its
+    // note, and the room held for its reads (which only READ_DONEs behind the note free).
+    NotificationTally paused_need;
     // Pieces of this peer's requests being served (MAX_SERVED_PIECES at most).
     uint64_t served_pieces = 0;
     // This peer's requests being served (MAX_TRANSFERS at most): of `xfers`, the kServe ones.
@@ -489,6 +492,7 @@ class Endpoint::Impl {
     // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
     Status pause_control(Peer& p, uint64_t note);
     bool resume_control(Peer& p);
+    void unpause(Peer& p) noexcept;  // the bookkeeping of both of the above
     void resume_paused_peers();
     // A paused peer's turn: resumes it when there is room, fails it when its wait is over or
     // its socket broke. False: it stays paused.
@@ -693,6 +697,8 @@ class Endpoint::Impl {
     // stays is the room held for p's reads, freed only by their READ_DONEs, which come on the
     // control connection behind it (a wait for those could never end).
     bool fits_once_taken(const Peer& p, uint64_t size) const noexcept;
+    // The room held for p's reads whose READ_DONE has not come.
+    static engine::NotificationTally read_room(const Peer& p) noexcept;
     Status on_read_done(Peer& p, std::string_view body);
     // Ends a receive taken out of its peer's posted_recvs (no send matched it) with `why`.
     void end_unmatched_recv(Xfer* x, Status why);
@@ -736,8 +742,9 @@ class Endpoint::Impl {
     // for a connection (EMFILE, ENFILE, ENOBUFS, ENOMEM), which stays pending and would keep the
     // listener readable, the progress thread spinning. Looked at again from then on (ticks).
     std::optional<Clock::time_point> listen_paused_until_;
-    size_t paused_peers_ = 0;  // peers with ctrl_paused
-    PeerId last_resumed_ = 0;  // resume_paused_peers goes round from the one after it
+    size_t paused_peers_ = 0;                // peers with ctrl_paused
+    engine::NotificationTally paused_need_;  // their paused_need, summed
+    PeerId last_resumed_ = 0;                // resume_paused_peers goes round from the one after it
     uint64_t nonce_ = 0;
     engine::Registry registry_;
     std::unique_ptr<engine::XferTable> xfers_;

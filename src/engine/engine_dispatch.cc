@@ -123,16 +123,24 @@ bool Endpoint::Impl::fits_notification(const Peer& p, uint64_t size) const noexc
            bytes + size <= config_.max_queued_notification_bytes_total;
 }
 
+engine::NotificationTally Endpoint::Impl::read_room(const Peer& p) noexcept {
+    engine::NotificationTally t;
+    t.count = p.read_notifs.size();
+    for (const auto& [id, held] : p.read_notifs) t.bytes += held.payload.size();
+    return t;
+}
+
 bool Endpoint::Impl::fits_once_taken(const Peer& p, uint64_t size) const noexcept {
     // (The room held for writes in flight comes free with their data, on the data channels.)
-    const uint64_t count = p.read_notifs.size();
-    uint64_t bytes = 0;
-    for (const auto& [id, held] : p.read_notifs) bytes += held.payload.size();
+    // Of the endpoint-wide room, the peers already waiting need theirs too (paused_need_):
+    // room held for their reads is freed only behind their own notes.
+    const engine::NotificationTally own = read_room(p);
     return size <= config_.max_notification_size &&
-           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
-           bytes + size <= config_.max_queued_notification_bytes &&
-           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications_total) &&
-           bytes + size <= config_.max_queued_notification_bytes_total;
+           own.count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
+           own.bytes + size <= config_.max_queued_notification_bytes &&
+           own.count + 1 + paused_need_.count <=
+               static_cast<uint64_t>(config_.max_queued_notifications_total) &&
+           own.bytes + size + paused_need_.bytes <= config_.max_queued_notification_bytes_total;
 }
 
 Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {

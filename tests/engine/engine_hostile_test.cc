@@ -963,30 +963,76 @@ TEST(EngineHostile, PeersWaitingForRoomTakeItInTurn) {
 }
 
 // A peer whose notifications wait for room and whose connection then breaks (a reset) leaves
-// them to the application: what was read before the break is delivered as room comes.
+// them to the application: what was read before the break is delivered as room comes, however
+// long that takes within PEER_TIMEOUT_MS (our heartbeats, due every quarter of it, do not end it
+// first), and then the peer fails at once, with the connection's error.
 TEST(EngineHostile, NotificationsThatWaitedOutliveTheirConnection) {
     Config tc = engine_test_config();
     tc.max_queued_notifications = 2;
+    tc.peer_timeout_ms = 2000;
     auto ep = make_endpoint("target", tc);
     ASSERT_NE(ep, nullptr);
+    PeerId id = 0;
     {
         RawPeer raw(*ep);
         ASSERT_TRUE(raw.ok());
+        auto accepted = ep->accept(5s);
+        ASSERT_TRUE(accepted.ok()) << accepted.status().to_string();
+        id = *accepted;
         std::string notes;
         for (int i = 0; i < 6; ++i) notes += wire::encode_notif("n" + std::to_string(i));
         send_all(raw.fd(), notes);
         std::this_thread::sleep_for(100ms);
         const linger reset{1, 0};
         ASSERT_EQ(::setsockopt(raw.fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
-    }                                    // closed with a reset
-    std::this_thread::sleep_for(200ms);  // (its progress thread sees the socket broken)
+    }  // closed with a reset
+    // Its socket seen broken, and two of our heartbeats due meanwhile.
+    std::this_thread::sleep_for(1200ms);
+    EXPECT_TRUE(ep->peer_status(id).ok()) << ep->peer_status(id).to_string();
     std::vector<std::string> got;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (got.size() < 6 && std::chrono::steady_clock::now() < deadline) {
         for (Notification& n : ep->get_notifications()) got.push_back(std::move(n.payload));
     }
     EXPECT_EQ(got, (std::vector<std::string>{"n0", "n1", "n2", "n3", "n4", "n5"}));
+    ASSERT_TRUE(eventually([&] { return !ep->peer_status(id).ok(); }, 1s));
+    EXPECT_EQ(ep->peer_status(id).code(), StatusCode::kUnavailable)
+        << ep->peer_status(id).to_string();
     expect_serves(ep.get());
+}
+
+// Peers that wait at the endpoint-wide bound each need room for their note and for their own
+// reads' notifications (freed only by READ_DONEs that wait behind the note): a second peer
+// whose wait could only end after the first one's is failed at once, not after PEER_TIMEOUT_MS,
+// and the first one still gets its room.
+TEST(EngineHostile, APeerWhoseWaitCouldNeverEndBesideAnotherFailsAtOnce) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications_total = 3;
+    tc.peer_timeout_ms = 30000;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    GuardedBuffer region(4096);
+    const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
+    RawPeer a(*ep, "a");
+    RawPeer b(*ep, "b");
+    ASSERT_TRUE(a.ok() && b.ok());
+    // Each holds room for one read's notification (no READ_DONE yet): 2 of 3.
+    ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(a.fd(), desc, 1, "a's read"));
+    ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(b.fd(), desc, 1, "b's read"));
+    // a's first note takes the last room; its second waits, needing its read's room and itself.
+    send_all(a.fd(), wire::encode_notif("a1") + wire::encode_notif("a2"));
+    std::this_thread::sleep_for(200ms);
+    // b's note would need b's read's room too: 2 + a's 2 > 3, so no taking could let both on.
+    send_all(b.fd(), wire::encode_notif("b1"));
+    EXPECT_TRUE(closed_by_peer(b.fd(), 5s)) << "b waits for room that cannot come";
+    EXPECT_FALSE(closed_by_peer(a.fd(), 50ms));
+    std::vector<std::string> got;
+    ASSERT_TRUE(eventually([&] {
+        for (Notification& n : ep->get_notifications()) got.push_back(std::move(n.payload));
+        return got.size() >= 2;
+    }));
+    EXPECT_EQ(got, (std::vector<std::string>{"a1", "a2"}));
+    EXPECT_FALSE(closed_by_peer(a.fd(), 50ms));
 }
 
 // Room held for a peer's reads comes back only with their READ_DONEs, which travel on the
