@@ -1385,6 +1385,35 @@ TEST(EngineEndpoints, StandaloneNotificationsPastTheTargetsRoomWaitForIt) {
     }
 }
 
+// A sender held back by a target that stopped reading it (its notes past the room) has its
+// control output wait in the socket: its progress thread sleeps until the socket has room
+// (EPOLLOUT) rather than polling, and goes on, in order, when the target reads again.
+TEST(EngineEndpoints, ASenderHeldBackGoesOnWhenTheTargetReadsAgain) {
+    QuietPair p = quiet_pair("held", "slow", 0, [](Config& c) { c.max_queued_notifications = 4; });
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
+    ASSERT_TRUE(a && b);
+    ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+    // 19 MiB of notes: more than the sockets' buffers take, so a's output waits.
+    constexpr int kNotes = 300;
+    const auto note_of = [](int i) {
+        std::string s(64 << 10, static_cast<char>('a' + i % 26));
+        std::memcpy(s.data(), &i, sizeof(i));
+        return s;
+    };
+    for (int i = 0; i < kNotes; ++i) ASSERT_TRUE(a->notify(p.to_b, note_of(i)).ok()) << i;
+    std::this_thread::sleep_for(300ms);  // (b, called now and then, holds its 4)
+    std::vector<std::string> got;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (got.size() < kNotes && std::chrono::steady_clock::now() < deadline) {
+        for (Notification& n : b->get_notifications()) got.push_back(std::move(n.payload));
+    }
+    ASSERT_EQ(got.size(), static_cast<size_t>(kNotes));
+    for (int i = 0; i < kNotes; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], note_of(i)) << i;
+    EXPECT_TRUE(a->peer_status(p.to_b).ok());
+    EXPECT_TRUE(b->peer_status(p.to_a).ok());
+}
+
 // A notification that waits for room waits for PEER_TIMEOUT_MS at most: an application that
 // never takes its notifications has the peer failed then, with the reason (not at once, as
 // before, and not for ever).
