@@ -433,8 +433,7 @@ bool Endpoint::Impl::needs_polling(const Peer& p) const {
     // polled. Everything else waits for its control socket or a tick.
     if (p.state == Peer::State::kChannels) return true;
     if (p.ctrl_broken) return !p.ctrl_paused;  // (step_peer)
-    // Output waiting for the socket: polled unless epoll watches for room (step_peer).
-    if (p.ctrl.has_output() && !(p.state == Peer::State::kReady && p.watch_out)) return true;
+    if (p.ctrl.has_output()) return true;
     if (p.state != Peer::State::kReady) return false;
     if (!p.tx_pending.empty() || !p.rx_pending.empty()) return true;
     for (const Channel& ch : p.tx) {
@@ -447,7 +446,7 @@ bool Endpoint::Impl::needs_polling(const Peer& p) const {
 }
 
 bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
-    if (p.state != Peer::State::kReady || (p.ctrl.has_output() && !p.watch_out)) return false;
+    if (p.state != Peer::State::kReady || p.ctrl.has_output()) return false;
     // GPU work (staging copies, kernels) finishes on the GPU, which signals nothing: polled.
     const auto host = [](const engine::Op& op) {
         return op.path == engine::OpPath::kHost || op.path == engine::OpPath::kGather;
@@ -930,23 +929,13 @@ bool Endpoint::Impl::read_control(Peer& p) {
     return did;
 }
 
-bool Endpoint::Impl::set_interest(Peer& p, bool out) {
-    if (p.ctrl_broken) return true;  // out of the set
-    epoll_event ev{};
-    // Paused: no input (still in the set, reported only for errors and hangups).
-    ev.events = (p.ctrl_paused ? 0u : static_cast<uint32_t>(EPOLLIN)) | (out ? EPOLLOUT : 0u);
-    ev.data.u64 = p.id;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) return false;
-    p.watch_out = out;
-    return true;
-}
-
 Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
-    p.ctrl_paused = true;
-    if (!set_interest(p, p.watch_out)) {
-        p.ctrl_paused = false;
+    epoll_event ev{};
+    ev.data.u64 = p.id;  // no events: still in the set, silent (but for errors and hangups)
+    if (!p.ctrl_broken && ::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
         return errno_status(errno, "epoll_ctl (pausing a peer whose notification has no room)");
     }
+    p.ctrl_paused = true;
     p.paused_note = note;
     p.paused_since = Clock::now();
     p.paused_need = read_room(p);
@@ -972,9 +961,12 @@ void Endpoint::Impl::unpause(Peer& p) noexcept {
 
 bool Endpoint::Impl::resume_control(Peer& p) {
     unpause(p);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = p.id;
     // A broken socket stays out of the set: read_control, which comes next, handles what is
     // buffered and then fails the peer with the socket's error.
-    if (!set_interest(p, p.watch_out)) {
+    if (!p.ctrl_broken && ::epoll_ctl(epfd_, EPOLL_CTL_MOD, p.ctrl.fd(), &ev) != 0) {
         fail_peer(p, errno_status(errno, "epoll_ctl (resuming a peer)"));
         return false;
     }
@@ -1092,10 +1084,6 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
             fail_peer(p, st);
             return true;
         }
-    }
-    // Output left (the socket is full): wake when it has room; none: stop watching for it.
-    if (p.state == Peer::State::kReady && p.ctrl.has_output() != p.watch_out) {
-        (void)set_interest(p, p.ctrl.has_output());  // (not taken: needs_polling polls it)
     }
     if (!tick || p.state != Peer::State::kReady) return did;
     // Liveness: heartbeats when quiet, a deadline on hearing from the peer, and one on every

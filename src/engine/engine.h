@@ -380,10 +380,6 @@ struct Peer {
     // reported on every pass); the whole messages already read are still handled as room
     // comes, and the connection fails once they are.
     bool ctrl_broken = false;
-    // A ready peer's control socket is watched for room to write (EPOLLOUT) while what we
-    // queued for it waits for the socket: the progress thread sleeps until then instead of
-    // polling (a peer that reads slowly, or has paused reading us, for up to PEER_TIMEOUT_MS).
-    bool watch_out = false;
     uint64_t paused_note = 0;
     Clock::time_point paused_since{};
     // What this peer, paused, will need of the endpoint-wide room before it can go on: its
@@ -497,9 +493,6 @@ class Endpoint::Impl {
     Status pause_control(Peer& p, uint64_t note);
     bool resume_control(Peer& p);
     void unpause(Peer& p) noexcept;  // the bookkeeping of both of the above
-    // The epoll interest of a ready peer's control socket: input unless paused, output while
-    // watch_out. Sets watch_out to `out` where the set takes it.
-    bool set_interest(Peer& p, bool out);
     void resume_paused_peers();
     // A paused peer's turn: resumes it when there is room, fails it when its wait is over or
     // its socket broke. False: it stays paused.
