@@ -82,7 +82,7 @@ void CtrlConn::close_after_draining_input() {
     if (!fd_.valid()) return;
     // Up to what a socket's receive buffer holds on Linux by default (tcp_rmem's largest,
     // 6 MiB): a peer whose reading we had paused has that much waiting.
-    char sink[64 * 1024];
+    char sink[16 * 1024];
     for (size_t dropped = 0; dropped < (size_t{8} << 20);) {
         const ssize_t n = ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT);
         if (n <= 0) break;  // nothing more now, the peer's end, or an error: close either way
@@ -91,12 +91,14 @@ void CtrlConn::close_after_draining_input() {
     fd_.reset();
 }
 
-bool CtrlConn::front_whole() const {
+size_t CtrlConn::front_lacks() const {
     const size_t start = begin_ + consumed_;
-    if (end_ - start < sizeof(wire::Header)) return false;
+    const size_t have = end_ - start;
+    if (have < sizeof(wire::Header)) return sizeof(wire::Header) - have;
     wire::Header h;
     std::memcpy(&h, in_.data() + start, sizeof(h));
-    return end_ - start >= sizeof(wire::Header) + h.length;
+    const size_t whole = sizeof(wire::Header) + size_t{h.length};
+    return whole > have ? whole - have : 0;
 }
 
 Status CtrlConn::read(bool* eof, bool* more) {
@@ -116,7 +118,7 @@ Status CtrlConn::read(bool* eof, bool* more) {
         // the message in front is whole, and is handled before more is read (TCP holds the rest
         // back). So the buffer holds at most one maximal message and one read's worth more.
         const size_t bound = sizeof(wire::Header) + max_message_ + inline_allowance_;
-        if (end_ - begin_ >= bound || (end_ - begin_ >= kReadChunk && front_whole())) {
+        if (end_ - begin_ >= bound || (end_ - begin_ >= kReadChunk && front_lacks() == 0)) {
             if (more != nullptr) *more = true;
             return Status();
         }
@@ -138,15 +140,7 @@ Status CtrlConn::read(bool* eof, bool* more) {
         }
         // A read's worth, or what the message in front still lacks: the buffer may be larger
         // (a maximal message grew it), and reading into all of it would read ahead that much.
-        size_t room = std::min(in_.size() - end_, kReadChunk);
-        if (end_ - begin_ >= sizeof(wire::Header)) {
-            wire::Header front;
-            std::memcpy(&front, in_.data() + begin_, sizeof(front));
-            const size_t whole = sizeof(wire::Header) + size_t{front.length};
-            if (whole > end_ - begin_) {
-                room = std::min(in_.size() - end_, std::max(room, whole - (end_ - begin_)));
-            }
-        }
+        const size_t room = std::min(in_.size() - end_, std::max(kReadChunk, front_lacks()));
         TCPX_ASSIGN_OR_RETURN(size_t n, recv_some(fd_.get(), in_.data() + end_, room, eof));
         if (*eof || n == 0) return Status();
         end_ += n;

@@ -72,14 +72,16 @@ class CtrlConn {
     // The message next_message() handed out last is handed out again by the next call (it
     // could not be acted on yet: the engine stops reading meanwhile).
     void unread_message() { consumed_ = 0; }
-    // Whether the message in front of what was read is whole.
-    bool front_whole() const;
     // Bytes read but not yet handed out (a partial message at EOF means the peer broke off).
     size_t buffered() const { return end_ - begin_; }
     // Memory held for what the peer sends: at most one maximal message and one read (256 KiB).
     size_t buffer_capacity() const { return in_.capacity(); }
 
  private:
+    // Bytes the message in front of what was read still lacks to be whole (0: whole; its
+    // header's missing bytes while that is not all here).
+    size_t front_lacks() const;
+
     Fd fd_;
     std::deque<std::string> out_;
     size_t out_offset_ = 0;  // bytes of out_.front() already written

@@ -691,7 +691,12 @@ class Endpoint::Impl {
     // Whether a notification of `size` bytes from `p` fits what we hold for the application:
     // within its peer's bound and the endpoint's.
     Status notification_room(const Peer& p, uint64_t size) const;
-    // The same as a yes or no, allocating nothing (a paused peer asks on every pass).
+    // Whether `size` more bytes (one more notification) stay within the per-peer bounds, or the
+    // endpoint-wide ones, with `held` already held; and what the endpoint holds now.
+    bool within_peer_bound(engine::NotificationTally held, uint64_t size) const noexcept;
+    bool within_endpoint_bound(engine::NotificationTally held, uint64_t size) const noexcept;
+    engine::NotificationTally endpoint_held() const noexcept;
+    // notification_room as a yes or no, allocating nothing (a paused peer asks on every pass).
     bool fits_notification(const Peer& p, uint64_t size) const noexcept;
     // Whether it would fit once the application has taken every notification it can: what
     // stays is the room held for p's reads, freed only by their READ_DONEs, which come on the

@@ -89,10 +89,26 @@ Status Endpoint::Impl::check_notification_size(uint64_t size) const {
     return Status();
 }
 
+bool Endpoint::Impl::within_peer_bound(engine::NotificationTally held,
+                                       uint64_t size) const noexcept {
+    return held.count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
+           held.bytes + size <= config_.max_queued_notification_bytes;
+}
+
+bool Endpoint::Impl::within_endpoint_bound(engine::NotificationTally held,
+                                           uint64_t size) const noexcept {
+    return held.count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications_total) &&
+           held.bytes + size <= config_.max_queued_notification_bytes_total;
+}
+
+engine::NotificationTally Endpoint::Impl::endpoint_held() const noexcept {
+    return {notifications_.size() + held_notifications_.count,
+            notifications_.bytes() + held_notifications_.bytes};
+}
+
 Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
     TCPX_RETURN_IF_ERROR(check_notification_size(size));
-    if (p.notif_count + 1 > static_cast<uint64_t>(config_.max_queued_notifications) ||
-        p.notif_bytes + size > config_.max_queued_notification_bytes) {
+    if (!within_peer_bound({p.notif_count, p.notif_bytes}, size)) {
         return resource_exhausted(strformat(
             "the application has not taken %llu notifications (%llu bytes) from this peer: "
             "TCPX_P2P_MAX_QUEUED_NOTIFICATIONS / _BYTES reached",
@@ -101,26 +117,21 @@ Status Endpoint::Impl::notification_room(const Peer& p, uint64_t size) const {
     }
     // And for all peers together: the per-peer bound alone would multiply with the peers at
     // once, and with every peer that came and went leaving its notifications behind.
-    const uint64_t count = notifications_.size() + held_notifications_.count;
-    const uint64_t bytes = notifications_.bytes() + held_notifications_.bytes;
-    if (count + 1 > static_cast<uint64_t>(config_.max_queued_notifications_total) ||
-        bytes + size > config_.max_queued_notification_bytes_total) {
+    const engine::NotificationTally all = endpoint_held();
+    if (!within_endpoint_bound(all, size)) {
         return resource_exhausted(strformat(
             "the application has not taken %llu notifications (%llu bytes) from all peers: "
             "TCPX_P2P_MAX_QUEUED_NOTIFICATIONS_TOTAL / _BYTES_TOTAL reached",
-            static_cast<unsigned long long>(count), static_cast<unsigned long long>(bytes)));
+            static_cast<unsigned long long>(all.count),
+            static_cast<unsigned long long>(all.bytes)));
     }
     return Status();
 }
 
 bool Endpoint::Impl::fits_notification(const Peer& p, uint64_t size) const noexcept {
-    const uint64_t count = notifications_.size() + held_notifications_.count;
-    const uint64_t bytes = notifications_.bytes() + held_notifications_.bytes;
     return size <= config_.max_notification_size &&
-           p.notif_count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
-           p.notif_bytes + size <= config_.max_queued_notification_bytes &&
-           count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications_total) &&
-           bytes + size <= config_.max_queued_notification_bytes_total;
+           within_peer_bound({p.notif_count, p.notif_bytes}, size) &&
+           within_endpoint_bound(endpoint_held(), size);
 }
 
 engine::NotificationTally Endpoint::Impl::read_room(const Peer& p) noexcept {
@@ -135,12 +146,9 @@ bool Endpoint::Impl::fits_once_taken(const Peer& p, uint64_t size) const noexcep
     // Of the endpoint-wide room, the peers already waiting need theirs too (paused_need_):
     // room held for their reads is freed only behind their own notes.
     const engine::NotificationTally own = read_room(p);
-    return size <= config_.max_notification_size &&
-           own.count + 1 <= static_cast<uint64_t>(config_.max_queued_notifications) &&
-           own.bytes + size <= config_.max_queued_notification_bytes &&
-           own.count + 1 + paused_need_.count <=
-               static_cast<uint64_t>(config_.max_queued_notifications_total) &&
-           own.bytes + size + paused_need_.bytes <= config_.max_queued_notification_bytes_total;
+    return size <= config_.max_notification_size && within_peer_bound(own, size) &&
+           within_endpoint_bound({own.count + paused_need_.count, own.bytes + paused_need_.bytes},
+                                 size);
 }
 
 Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {
