@@ -380,6 +380,12 @@ struct Peer {
     // reported on every pass); the whole messages already read are still handled as room
     // comes, and the connection fails once they are.
     bool ctrl_broken = false;
+    // A ready peer's control socket is watched for room to write (EPOLLOUT) once what we queued
+    // for it has waited for the socket kWatchOutputAfter (a peer that reads slowly, or stopped
+    // reading us while our notes wait for room at its end): the progress thread sleeps until
+    // then instead of polling. Shorter waits stay polled, with no epoll_ctl on the busy path.
+    bool watch_out = false;
+    Clock::time_point out_blocked_since{};  // zero: nothing waits for the socket
     uint64_t paused_note = 0;
     Clock::time_point paused_since{};
     // What this peer, paused, will need of the endpoint-wide room before it can go on: its
@@ -490,6 +496,11 @@ class Endpoint::Impl {
     // Stops reading p's control connection (Peer::ctrl_paused) while its NOTIF of `note`
     // bytes waits for room; resume_control starts again (false: the peer failed). Paused
     // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
+    // The epoll interest of a ready peer's control socket: input unless `paused`, output if
+    // `out` (which watch_out records). False: epoll_ctl failed (errno), nothing changed.
+    bool set_interest(Peer& p, bool paused, bool out);
+    // After a flush: starts or stops watching the socket for room (Peer::watch_out).
+    void watch_output(Peer& p, Clock::time_point now);
     Status pause_control(Peer& p, uint64_t note);
     bool resume_control(Peer& p);
     void unpause(Peer& p) noexcept;  // the bookkeeping of both of the above

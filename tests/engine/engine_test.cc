@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -1412,6 +1413,43 @@ TEST(EngineEndpoints, ASenderHeldBackGoesOnWhenTheTargetReadsAgain) {
     for (int i = 0; i < kNotes; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], note_of(i)) << i;
     EXPECT_TRUE(a->peer_status(p.to_b).ok());
     EXPECT_TRUE(b->peer_status(p.to_a).ok());
+}
+
+// Process CPU time (user + system) so far.
+std::chrono::microseconds process_cpu() {
+    rusage ru{};
+    (void)::getrusage(RUSAGE_SELF, &ru);
+    const auto us = [](const timeval& t) {
+        return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec);
+    };
+    return us(ru.ru_utime) + us(ru.ru_stime);
+}
+
+// A sender whose control output waits for a peer that does not read (here: an application
+// that does not call its endpoint; or a target paused on a note without room) sleeps until the
+// socket has room (EPOLLOUT) instead of polling for it: the progress thread spun and napped for
+// the whole wait before (4-5 % of a core; up to PEER_TIMEOUT_MS).
+TEST(EngineEndpoints, ASenderHeldBackSleepsWhileItWaits) {
+    QuietPair p = quiet_pair("held", "away", 0);
+    Endpoint* a = p.a.get();
+    Endpoint* b = p.b.get();
+    ASSERT_TRUE(a && b);
+    ASSERT_NO_FATAL_FAILURE(connect_quietly(p));
+    constexpr int kNotes = 300;  // 19 MiB: more than the sockets' buffers take
+    const std::string note(64 << 10, 'n');
+    for (int i = 0; i < kNotes; ++i) ASSERT_TRUE(a->notify(p.to_b, note).ok()) << i;
+    std::this_thread::sleep_for(300ms);  // (the output has waited long enough to be watched)
+    const auto before = process_cpu();
+    std::this_thread::sleep_for(1s);
+    const auto used = process_cpu() - before;
+    std::printf("CPU while held back: %lld us in 1 s\n", static_cast<long long>(used.count()));
+    EXPECT_LT(used, 20ms) << "the sender polls while its output waits";
+    size_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (got < kNotes && std::chrono::steady_clock::now() < deadline) {
+        for (Notification& n : b->get_notifications()) got += n.payload == note;
+    }
+    EXPECT_EQ(got, static_cast<size_t>(kNotes));
 }
 
 // A notification that waits for room waits for PEER_TIMEOUT_MS at most: an application that
