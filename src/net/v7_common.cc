@@ -13,7 +13,8 @@
 namespace tcpx::net {
 namespace {
 
-void plugin_log(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+void plugin_vlog(int level, unsigned long /*flags*/, const char* file, int line, const char* fmt,
+                 va_list args) {
     LogLevel ours = LogLevel::kDebug;
     switch (level) {
         case TCPX_NCCL_LOG_WARN:
@@ -42,11 +43,21 @@ void plugin_log(int level, unsigned long flags, const char* file, int line, cons
     }
     if (!verdict.print) return;
     char buf[1024];
+    std::vsnprintf(buf, sizeof(buf), fmt, args);
+    log_message(ours, file, line, "net plugin: %s", buf);
+}
+
+// Called by the plugin through a C function pointer: nothing may leave it (an allocation that
+// fails in the rate limiter or the log drops the line).
+void plugin_log(int level, unsigned long flags, const char* file, int line, const char* fmt,
+                ...) noexcept {
     va_list args;
     va_start(args, fmt);
-    std::vsnprintf(buf, sizeof(buf), fmt, args);
+    try {
+        plugin_vlog(level, flags, file, line, fmt, args);
+    } catch (...) {
+    }
     va_end(args);
-    log_message(ours, file, line, "net plugin: %s", buf);
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 // Properties a test recognises: guid kGuidBase + N, speed kSpeedBase + N Mb/s, port N,
 // latency N/2 µs, maxComms kMaxCommsBase + N, maxP2pBytes kMaxP2pBytes (v9 on); the rest is the
 // socket transport's. TCPX_TEST_NET_CUDA=1 in the environment adds CUDA pointer support;
-// TCPX_TEST_NET_CUDA=flush adds it with forceFlush set (v9 on).
+// TCPX_TEST_NET_CUDA=flush adds it with forceFlush set (v9 on). TCPX_TEST_NET_IN_PROGRESS=1:
+// test() answers ncclInProgress where the core answers ncclSuccess (NCCL reads `done` after
+// either). TCPX_TEST_NET_DEVICES=N: devices() reports N (properties of the real ones only).
 #include <cstdlib>
 #include <cstring>
 
@@ -98,6 +100,22 @@ tcpx_ncclResult_t plugin_get_properties(int dev, Props* out) {
     return tcpx_ncclSuccess;
 }
 
+tcpx_ncclResult_t plugin_devices(int* ndev) {
+    if (const char* n = std::getenv("TCPX_TEST_NET_DEVICES"); n != nullptr && ndev != nullptr) {
+        *ndev = std::atoi(n);
+        return tcpx_ncclSuccess;
+    }
+    return inner().devices(ndev);
+}
+
+tcpx_ncclResult_t plugin_test(void* request, int* done, int* sizes) {
+    const tcpx_ncclResult_t rc = inner().test(request, done, sizes);
+    if (rc == tcpx_ncclSuccess && std::getenv("TCPX_TEST_NET_IN_PROGRESS") != nullptr) {
+        return tcpx_ncclInProgress;
+    }
+    return rc;
+}
+
 #if TCPX_TEST_NET_VERSION >= 11
 int g_context_token = 0;  // its address is the v11 context
 
@@ -180,14 +198,14 @@ Table make_table() {
     Table t{};
     t.name = kName;
     t.init = plugin_init;
-    t.devices = inner().devices;
+    t.devices = plugin_devices;
     t.getProperties = plugin_get_properties;
     t.accept = inner().accept;
     t.regMr = tcpx::net::socket_v7_reg_mr_sized;
     t.regMrDmaBuf = nullptr;
     t.deregMr = inner().deregMr;
     t.iflush = inner().iflush;
-    t.test = inner().test;
+    t.test = plugin_test;
     t.closeSend = inner().closeSend;
     t.closeRecv = inner().closeRecv;
     t.closeListen = inner().closeListen;

@@ -15,7 +15,9 @@
 #include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
 #include "net/plugin/v7_net.h"
+#include "net/v7_common.h"
 #include "tests/plugin/plugin_test_util.h"
+#include "tests/support/alloc_fault.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
@@ -624,6 +626,25 @@ TEST(PluginLoader, AFloodOfPluginWarningsIsCutToTheBurst) {
     EXPECT_TRUE(net->dereg_mr(p.recv, rmr).ok());
     EXPECT_TRUE(net->close_send(p.send).ok());
     EXPECT_TRUE(net->close_recv(p.recv).ok());
+}
+
+// The logger a plugin is given is called through a C function pointer, from the plugin's C
+// frames: an allocation that fails in it (the rate limiter's table, the line) drops the line;
+// nothing may leave it.
+TEST(PluginLoader, ThePluginsLoggerDropsALineItCannotAllocateFor) {
+    const tcpx_ncclDebugLogger_t logger = net::nccl_logger_into_tcpx_log();
+    LogCapture capture(LogLevel::kWarn);
+    long hits = 0;
+    for (long skip = 0; skip < 12; ++skip) {
+        test::AllocFault fault("", skip, 1000);
+        // A new file and line each time: a new entry in the rate limiter.
+        const std::string file = "plugin_file_" + std::to_string(skip) + ".c";
+        EXPECT_NO_THROW(logger(TCPX_NCCL_LOG_WARN, 0, file.c_str(), 10, "line %ld", skip)) << skip;
+        hits += fault.failed() > 0;
+    }
+    EXPECT_GT(hits, 0) << "no allocation failed";
+    logger(TCPX_NCCL_LOG_WARN, 0, "plugin_file_after.c", 10, "after the shortage");
+    EXPECT_EQ(capture.count("after the shortage"), 1) << capture.all();
 }
 
 }  // namespace

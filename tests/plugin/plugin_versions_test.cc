@@ -281,6 +281,54 @@ TEST_P(NewerTable, TheEngineRunsOverIt) {
 const std::vector<int> kVersions =
     testing::kUnderThreadSanitizer ? std::vector<int>{8, 12} : std::vector<int>{8, 9, 10, 11, 12};
 
+// An environment variable set for one scope.
+struct ScopedEnv {
+    ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+    ~ScopedEnv() { unsetenv(name_); }
+    const char* name_;
+};
+
+// ncclInProgress from test() is no error and no end: NCCL reads `done` after it as after
+// ncclSuccess. The loader took it for a failed request: done at once, released (the plugin still
+// sending from the buffer; a receive reported empty).
+TEST_P(NewerTable, InProgressFromTestIsNeitherAnErrorNorAnEnd) {
+    ScopedEnv in_progress("TCPX_TEST_NET_IN_PROGRESS", "1");
+    CommPair pair = connect_pair(net_.get());
+    ASSERT_NE(pair.send, nullptr);
+    ASSERT_NE(pair.recv, nullptr);
+    const std::vector<size_t> sizes = {4095, (1 << 20) + 7};
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const size_t n = sizes[i];
+        std::vector<uint8_t> src(n), dst(n + 1, 0xee);
+        fill_pattern(src.data(), n, i);
+        MemHandle* smr = nullptr;
+        MemHandle* rmr = nullptr;
+        ASSERT_TRUE(net_->reg_mr(pair.send, src.data(), n, net::MemType::kHost, &smr).ok());
+        ASSERT_TRUE(net_->reg_mr(pair.recv, dst.data(), n, net::MemType::kHost, &rmr).ok());
+        void* d = dst.data();
+        size_t cap = n;
+        int tag = 0;
+        Request* r = nullptr;
+        Request* s = nullptr;
+        ASSERT_TRUE(net_->irecv(pair.recv, 1, &d, &cap, &tag, &rmr, &r).ok());
+        ASSERT_TRUE(net_->isend(pair.send, src.data(), n, 0, smr, &s).ok());
+        ASSERT_NE(r, nullptr);
+        ASSERT_NE(s, nullptr);
+        size_t sent = 0;
+        size_t got = 0;
+        ASSERT_TRUE(wait_request(net_.get(), s, &sent).ok()) << i;
+        ASSERT_TRUE(wait_request(net_.get(), r, &got).ok()) << i;
+        EXPECT_EQ(sent, n);
+        EXPECT_EQ(got, n) << "a receive seen done before its bytes arrived";
+        ASSERT_TRUE(net_->irecv_consumed(pair.recv, 1, r).ok());
+        EXPECT_EQ(find_pattern_mismatch(dst.data(), n, i), -1) << i;
+        EXPECT_EQ(dst[n], 0xee);
+        EXPECT_TRUE(net_->dereg_mr(pair.send, smr).ok());
+        EXPECT_TRUE(net_->dereg_mr(pair.recv, rmr).ok());
+    }
+    close_pair(net_.get(), pair);
+}
+
 INSTANTIATE_TEST_SUITE_P(Versions, NewerTable, ::testing::ValuesIn(kVersions),
                          [](const ::testing::TestParamInfo<int>& param) {
                              return "v" + std::to_string(param.param);
@@ -295,6 +343,16 @@ TEST(PluginVersions, V7IsPreferredWhenAlsoExported) {
     EXPECT_NE(p.speed_mbps, test_net::kSpeedBase + 8) << "the v8 table's properties";
     // v7's regMr takes an int size: registrations in whole pages below 2 GiB.
     EXPECT_EQ(p.max_reg_size, (uint64_t{1} << 31) - 4096);
+}
+
+// A device count no machine has is a broken plugin: refused at once, not walked (each device's
+// properties are read for its limits; 2^31 calls).
+TEST(PluginVersions, AnImpossibleDeviceCountIsRefused) {
+    ScopedEnv devices("TCPX_TEST_NET_DEVICES", "2147483647");
+    auto net = load_test_net("testv9");
+    ASSERT_FALSE(net.ok());
+    EXPECT_NE(net.status().message().find("reports 2147483647 network devices"), std::string::npos)
+        << net.status().to_string();
 }
 
 TEST(PluginVersions, NoUsableTableIsRefusedNamingWhatItHas) {

@@ -111,7 +111,9 @@ class Adapter final : public NcclNetTable {
             for (int dev = 0; dev < ndev; ++dev) {
                 Props p{};
                 // NCCL refuses a plugin reporting 0; here it reads as "not stated".
-                if (t_->getProperties(dev, &p) == tcpx_ncclSuccess && p.maxP2pBytes > 0) {
+                const tcpx_ncclResult_t rc = t_->getProperties(dev, &p);
+                const bool ok = rc == tcpx_ncclSuccess || rc == tcpx_ncclInProgress;
+                if (ok && p.maxP2pBytes > 0) {
                     limit = std::min(limit, p.maxP2pBytes);
                 }
             }
@@ -140,7 +142,7 @@ class Adapter final : public NcclNetTable {
         } else {
             Props p{};
             const tcpx_ncclResult_t rc = t_->getProperties(dev, &p);
-            if (rc != tcpx_ncclSuccess) return rc;
+            if (rc != tcpx_ncclSuccess && rc != tcpx_ncclInProgress) return rc;
             *out = tcpx_ncclNetProperties_v7_t{};
             out->name = p.name;
             out->pciPath = p.pciPath;

@@ -23,6 +23,8 @@ constexpr uint32_t kListenWrap = 0x56374c43;    // "V7LC"
 constexpr uint32_t kRequestWrap = 0x56375251;   // "V7RQ"
 constexpr uint32_t kParkedListen = 0x5637504c;  // "V7PL": closed, its accept not yet ended
 constexpr int kMaxRecvs = kMaxRecvBuffers;
+// Network devices a plugin may report (NICs and virtual NICs of one machine).
+constexpr int kMaxDevices = 1024;
 
 Status check_size(size_t size, size_t limit, const NcclNetTable& table, const char* what) {
     if (size > limit) {
@@ -193,6 +195,11 @@ StatusOr<std::unique_ptr<V7Net>> V7Net::create(NcclNetTable* table, V7Options op
     int ndev = 0;
     TCPX_RETURN_IF_ERROR(from_nccl_result(table->devices(&ndev), name + ": devices"));
     if (ndev < 1) return not_found(name + ": no network devices");
+    // More than any machine has: a broken plugin (the count is walked, e.g. for properties).
+    if (ndev > kMaxDevices) {
+        return invalid_argument(strformat("%s: reports %d network devices (at most %d are taken)",
+                                          name.c_str(), ndev, kMaxDevices));
+    }
     return std::unique_ptr<V7Net>(new V7Net(table, options, ndev));
 }
 
@@ -409,7 +416,8 @@ Status V7Net::test(Request* request, bool* done, size_t* sizes) {
     int int_sizes[kMaxRecvs];
     for (int& s : int_sizes) s = -1;
     const tcpx_ncclResult_t rc = table_->test(r->request, &finished, int_sizes);
-    if (rc != tcpx_ncclSuccess) {
+    // ncclInProgress is no error: NCCL reads `done` after it as after success.
+    if (rc != tcpx_ncclSuccess && rc != tcpx_ncclInProgress) {
         // A failed request is finished too: release it as test() promises.
         release_request(r);
         *done = true;
@@ -548,12 +556,13 @@ void V7Net::reap_parked() {
             ListenWrap* l = *it;
             CommWrap* w = l->next.get();
             const tcpx_ncclResult_t rc = table_->accept(l->comm, &w->comm, &w->dev_ptr);
-            if (rc == tcpx_ncclSuccess && w->comm == nullptr) {
+            const bool ok = rc == tcpx_ncclSuccess || rc == tcpx_ncclInProgress;
+            if (ok && w->comm == nullptr) {
                 ++it;
                 continue;
             }
             // The accept ended: a connection nobody wants, or an error.
-            if (rc == tcpx_ncclSuccess) (void)table_->close_recv(w->comm);
+            if (ok) (void)table_->close_recv(w->comm);
             done.push_back(l);
             it = parked_.erase(it);
         }
