@@ -80,6 +80,10 @@ Bytes session_key(std::string_view secret, std::string_view nonce_c, std::string
 }
 
 Bytes hello_mac(const Bytes& session_key, Role role, std::string_view body) {
+    // A zero key is what session_key() leaves when HMAC failed: it is public, so a MAC under it
+    // proves nothing. The zero MAC makes equal() fail closed (a forged HELLO is refused).
+    static constexpr Bytes kZero{};
+    if (CRYPTO_memcmp(session_key.data(), kZero.data(), kBytes) == 0) return Bytes{};
     std::string data;
     put(&data, kHelloLabel);
     put(&data, role_name(role));

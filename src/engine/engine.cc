@@ -42,6 +42,9 @@ constexpr uint64_t kNetTag = ~uint64_t{0} - 2;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// How long a peer's data channels being set up are polled on every pass; after that they are
+// looked at on the tick (needs_polling).
+constexpr auto kChannelsPolledFor = std::chrono::milliseconds(250);
 // Control output the socket has not taken for this long is waited for with EPOLLOUT instead of
 // polling (Peer::watch_out). Not at once: switching the interest on every short wait costs
 // syscalls and wakeups on the busy path (an EPOLLOUT watch set as soon as output waited made
@@ -436,7 +439,11 @@ void Endpoint::Impl::resume_listener_when_due(Clock::time_point now) {
 bool Endpoint::Impl::needs_polling(const Peer& p) const {
     // Transports signal no socket of ours: channels being set up, and requests in flight, are
     // polled. Everything else waits for its control socket or a tick.
-    if (p.state == Peer::State::kChannels) return true;
+    // Channels being set up: for their first moments (a real peer's take a few round trips);
+    // after that on the tick, so that strangers whose channels never come up (without a
+    // secret, any host can get that far) do not keep the thread polling until their deadline.
+    if (p.state == Peer::State::kChannels)
+        return Clock::now() - p.channels_since < kChannelsPolledFor;
     if (p.ctrl_broken) return !p.ctrl_paused;  // (step_peer)
     // Output the socket has not taken: polled, unless it has waited long enough for epoll to
     // watch for room (watch_output).

@@ -319,6 +319,7 @@ struct Peer {
     CtrlConn ctrl;
     SocketAddress address;
     Clock::time_point started, last_recv, last_send;
+    Clock::time_point channels_since;  // when it began setting up its data channels
     int channels = 0;
     std::vector<net::ListenComm*> listens;  // ours, until our receive channels are accepted
     std::vector<net::Handle> listen_handles;

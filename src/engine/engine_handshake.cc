@@ -101,7 +101,7 @@ bool Endpoint::Impl::evict_stalest_handshake() {
 
 void Endpoint::Impl::accept_inbound() {
     // Bounded: what strangers can make us hold is MAX_PEERS peers, of which at most
-    // MAX_HANDSHAKES still in their handshake (each gone after HANDSHAKE_TIMEOUT_MS). At that
+    // MAX_HANDSHAKES still in their handshake (each gone after HANDSHAKE_TIMEOUT_MS). At either
     // limit a newcomer takes the place of the oldest unauthenticated handshake: connections that
     // never finish theirs delay real peers by nothing, where refusing newcomers would let a few
     // such connections per HANDSHAKE_TIMEOUT_MS keep every peer out.
@@ -121,7 +121,9 @@ void Endpoint::Impl::accept_inbound() {
             return;
         }
         if (!fd->valid()) return;
-        if (handshakes >= static_cast<size_t>(config_.max_handshakes) &&
+        // At either limit (a MAX_PEERS below MAX_HANDSHAKES is filled by handshakes alone).
+        if ((handshakes >= static_cast<size_t>(config_.max_handshakes) ||
+             live >= static_cast<size_t>(config_.max_peers)) &&
             evict_stalest_handshake()) {
             --handshakes;
             --live;  // (it failed at once: a handshake holds no transport comm)
@@ -157,7 +159,9 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
     PeerId id;
     {
         auto lock = api_lock();
-        if (const size_t live = live_peers(); live >= static_cast<size_t>(config_.max_peers)) {
+        // Strangers still in their handshake make way for the application's own connection.
+        if (const size_t live = live_peers();
+            live >= static_cast<size_t>(config_.max_peers) && !evict_stalest_handshake()) {
             return resource_exhausted(
                 strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", live));
         }
@@ -520,6 +524,7 @@ Status Endpoint::Impl::handle_hello(Peer& p, std::string_view body) {
     p.tx.resize(static_cast<size_t>(p.channels));
     p.rx.resize(static_cast<size_t>(p.channels));
     p.state = State::kChannels;
+    p.channels_since = Clock::now();
     return Status();
 }
 

@@ -277,6 +277,37 @@ TEST(EngineHostile, AtTheHandshakeLimitTheOldestHandshakeMakesWayForANewcomer) {
     for (int fd : fds) ::close(fd);
 }
 
+// With MAX_PEERS at or below MAX_HANDSHAKES, handshakes alone fill it: the oldest of them makes
+// way for a newcomer there too, and for the application's own connect() (both were refused,
+// and a few silent connections kept every peer out).
+TEST(EngineHostile, AtMaxPeersTheOldestHandshakeMakesWayForANewcomer) {
+    Config c = engine_test_config();
+    c.max_peers = 4;
+    c.handshake_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    std::vector<int> fds;
+    for (int i = 0; i < 4; ++i) {
+        fds.push_back(raw_connect(address_of(*ep)));
+        ASSERT_GE(fds.back(), 0);
+        std::this_thread::sleep_for(20ms);
+    }
+    expect_serves(ep.get());
+    EXPECT_TRUE(closed_by_peer(fds[0], 2s)) << "the oldest stranger is still open";
+    // Full again (the real peer has gone); our own connection: the next oldest makes way.
+    fds.push_back(raw_connect(address_of(*ep)));
+    ASSERT_GE(fds.back(), 0);
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(closed_by_peer(fds[1], 0ms));
+    auto other = make_endpoint("other", engine_test_config());
+    ASSERT_NE(other, nullptr);
+    auto id = ep->connect(other->metadata());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_TRUE(closed_by_peer(fds[1], 2s)) << "the second oldest stranger is still open";
+    EXPECT_TRUE(ep->disconnect(*id).ok());
+    for (int fd : fds) ::close(fd);
+}
+
 // A HELLO whose handle names a third host: no connection may go there.
 TEST(EngineHostile, AHandleNamingAnotherHostIsRefused) {
     auto ep = make_endpoint("target", engine_test_config());
@@ -294,6 +325,47 @@ TEST(EngineHostile, AHandleNamingAnotherHostIsRefused) {
     ::close(fd);
     EXPECT_FALSE(trap.connected_within(500ms)) << "the endpoint connected to a forged address";
     expect_serves(ep.get());
+}
+
+// Strangers (no secret) whose HELLO names their own address and who then never answer on the
+// transport keep their peers setting up channels until the handshake deadline. Channels being
+// set up are polled (the transport signals nothing), but only for their first moments: after
+// that they are looked at on the tick, and 16 such strangers cost the progress thread next to
+// nothing (before: every pass, naps of at most 400 us, a core's worth of syscalls for 128).
+TEST(EngineHostile, StrangersStuckSettingUpChannelsAreNotPolledForTheirWholeDeadline) {
+    Config c = engine_test_config();
+    c.handshake_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    Trap trap("127.0.0.1");  // accepts (the kernel does) and never answers
+    std::vector<int> fds;
+    for (int i = 0; i < 16; ++i) {
+        const int fd = raw_connect(address_of(*ep));
+        ASSERT_GE(fd, 0);
+        wire::Hello hello;
+        hello.channels = 1;
+        hello.chunk = 1 << 20;
+        hello.name = "stuck" + std::to_string(i);
+        hello.handles = {socket_handle("127.0.0.1", trap.port)};
+        send_all(fd, wire::encode_hello(hello));
+        fds.push_back(fd);
+    }
+    EXPECT_TRUE(trap.connected_within(2s)) << "the endpoint never set up a channel";
+    std::this_thread::sleep_for(500ms);  // past the first moments
+    rusage before{}, after{};
+    ::getrusage(RUSAGE_SELF, &before);
+    std::this_thread::sleep_for(1s);
+    ::getrusage(RUSAGE_SELF, &after);
+    const auto cpu_us = [](const rusage& r) {
+        return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000000LL + r.ru_utime.tv_usec +
+               r.ru_stime.tv_usec;
+    };
+    std::printf("CPU with 16 strangers setting up channels: %lld us in 1 s\n",
+                static_cast<long long>(cpu_us(after) - cpu_us(before)));
+    EXPECT_LT(cpu_us(after) - cpu_us(before), 50000) << "the endpoint polls them";
+    for (int fd : fds) EXPECT_FALSE(closed_by_peer(fd, 0ms)) << "closed before its deadline";
+    expect_serves(ep.get());
+    for (int fd : fds) ::close(fd);
 }
 
 TEST(EngineHostile, AHandleAskingForMoreSocketsGetsNoMoreThanConfigured) {
@@ -2222,6 +2294,14 @@ TEST(EngineAuth, TheMacComparisonFailsClosed) {
     flipped[5] ^= 1;
     EXPECT_FALSE(engine::auth::equal(flipped, m));
     EXPECT_NE(m, engine::auth::mac("secret", engine::auth::Role::kListener, "nc", "nl", "a", "b"));
+    // A session key that HMAC failed to derive is zero, and public: a HELLO's MAC under it
+    // (which anyone can compute) must match nothing, as the zero MAC matches nothing.
+    const engine::auth::Bytes under_zero =
+        engine::auth::hello_mac(zero, engine::auth::Role::kConnector, "body");
+    EXPECT_EQ(under_zero, zero);
+    EXPECT_FALSE(engine::auth::equal(
+        std::string(reinterpret_cast<const char*>(under_zero.data()), under_zero.size()),
+        engine::auth::hello_mac(zero, engine::auth::Role::kConnector, "body")));
 }
 
 // Who a connecting peer is, as far as can be told: the name it claims, and (no secret) the
