@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -33,7 +32,10 @@ struct tcpx_endpoint_t {
     // Endpoint::get_notifications() hands over everything received; the C API returns one at a
     // time and keeps one whose buffers were too small, so the rest wait here, in arrival order.
     std::mutex mu;
-    std::deque<tcpx::Notification> pending;
+    // Taken from the engine, not yet returned: pending[next] on. Taken whole, by a move (an
+    // allocation that fails here loses none of them).
+    std::vector<tcpx::Notification> pending;
+    size_t next = 0;
 };
 
 namespace {
@@ -515,13 +517,12 @@ tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t*
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(payload_len);
         std::lock_guard<std::mutex> lock(ep->mu);
-        if (ep->pending.empty()) {
-            for (tcpx::Notification& n : ep->endpoint->get_notifications()) {
-                ep->pending.push_back(std::move(n));
-            }
+        if (ep->next == ep->pending.size()) {
+            ep->pending = ep->endpoint->get_notifications();
+            ep->next = 0;
         }
-        if (ep->pending.empty()) return tcpx::not_found("no notification");
-        const tcpx::Notification& n = ep->pending.front();
+        if (ep->next == ep->pending.size()) return tcpx::not_found("no notification");
+        const tcpx::Notification& n = ep->pending[ep->next];
         // Both checked before either is copied: a notification that does not fit stays whole.
         if (peer_name != nullptr && n.peer.size() >= name_len) {
             *payload_len = n.payload.size();
@@ -533,7 +534,7 @@ tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t*
         TCPX_RETURN_IF_ERROR(copy_bytes(n.payload, payload, payload_len));
         if (peer_name != nullptr) TCPX_RETURN_IF_ERROR(copy_string(n.peer, peer_name, name_len));
         if (peer != nullptr) *peer = n.peer_id;
-        ep->pending.pop_front();
+        ep->pending[ep->next++] = tcpx::Notification();  // (its memory back now)
         return Status();
     });
 }

@@ -6,13 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/xfer_table.h"
+#include "tcpx/tcpx.h"
 #include "tests/support/alloc_fault.h"
 #include "tests/support/engine_test_util.h"
 
@@ -187,6 +190,61 @@ INSTANTIATE_TEST_SUITE_P(SocketIo, EngineOomIoThreads, ::testing::Values("thread
 // The transfer table allocates its slots a block of 1024 at a time, with the first transfer of
 // each block: a block that cannot be allocated must leave the table as it was (the post fails
 // RESOURCE_EXHAUSTED), not a slot counted whose memory does not exist (the next post crashed).
+// The C API takes every notification the engine holds at once and returns them one at a time:
+// an allocation that fails while it takes them loses none (each is returned exactly once).
+TEST(CApiOom, NotificationsTakenWhileMemoryRunsOutAreNotLost) {
+    tcpx_config_t* cfg = nullptr;
+    ASSERT_EQ(tcpx_config_new(&cfg), TCPX_OK);
+    ASSERT_EQ(tcpx_config_set(cfg, "SOCKET_IFNAME", "=lo"), TCPX_OK);
+    ASSERT_EQ(tcpx_config_set(cfg, "SOCKET_FAMILY", "ipv4"), TCPX_OK);
+    tcpx_endpoint_t* a = nullptr;
+    tcpx_endpoint_t* b = nullptr;
+    ASSERT_EQ(tcpx_endpoint_create(cfg, "c-sender", &a), TCPX_OK);
+    ASSERT_EQ(tcpx_endpoint_create(cfg, "c-receiver", &b), TCPX_OK);
+    tcpx_config_free(cfg);
+    char md[1024];
+    size_t md_len = sizeof(md);
+    ASSERT_EQ(tcpx_endpoint_metadata(b, md, &md_len), TCPX_OK);
+    uint64_t to_b = 0;
+    ASSERT_EQ(tcpx_connect(a, md, md_len, &to_b), TCPX_OK);
+    uint64_t to_a = 0;
+    ASSERT_EQ(tcpx_accept(b, 5000, &to_a), TCPX_OK);
+    constexpr int kNotes = 40;
+    std::vector<int> seen(kNotes, 0);
+    int got = 0;
+    char name[64];
+    char payload[64];
+    const auto take = [&] {
+        size_t len = sizeof(payload);
+        const tcpx_status_t st = tcpx_get_notification(b, name, sizeof(name), payload, &len);
+        if (st == TCPX_OK) {
+            const int i = std::atoi(std::string(payload, len).c_str());
+            if (i >= 0 && i < kNotes) ++seen[static_cast<size_t>(i)];
+            ++got;
+        }
+        return st;
+    };
+    for (long skip = 0; skip < 40; ++skip) {
+        for (int i = 0; i < kNotes; ++i) {
+            const std::string note = std::to_string(i);
+            ASSERT_EQ(tcpx_notify(a, to_b, note.data(), note.size()), TCPX_OK);
+        }
+        std::this_thread::sleep_for(50ms);  // (b's engine has them all)
+        {
+            test::AllocFault fault("", skip, 1);
+            (void)take();
+        }
+        const auto deadline = std::chrono::steady_clock::now() + kBound;
+        while (got < (skip + 1) * kNotes && std::chrono::steady_clock::now() < deadline) {
+            if (take() == TCPX_ERR_NOT_FOUND) std::this_thread::sleep_for(1ms);
+        }
+        ASSERT_EQ(got, (skip + 1) * kNotes) << "notifications lost at skip " << skip;
+        for (int i = 0; i < kNotes; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], skip + 1) << i;
+    }
+    tcpx_endpoint_destroy(a);
+    tcpx_endpoint_destroy(b);
+}
+
 TEST(XferTableOom, ABlockThatCannotBeAllocatedLeavesTheTableAsItWas) {
     engine::XferTable table(4096, 77);
     bool threw = false;
