@@ -450,7 +450,7 @@ void TcpxBackend::close_peer(PeerId peer, bool deliver) const {
     (void)ep_->disconnect(peer);
 }
 
-bool TcpxBackend::deliverable(const Notification& n) const noexcept {
+bool TcpxBackend::deliverable(const Notification& n) const {
     if (auto it = closed_.find(n.peer_id); it != closed_.end()) return it->second.deliver;
     auto in = inbound_.find(n.peer);
     if (in != inbound_.end() && in->second == n.peer_id) return true;
@@ -800,12 +800,19 @@ nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
             // Peers whose first notifications these are: decided on before they are delivered.
             if (!pending_.empty()) harvest_inbound();
         }
+        // Judged first, all of them: a judgement that fails (out of memory in the engine's
+        // checks) fails this call with pending_ untouched, delivered by the next.
+        std::vector<char> drop(pending_.size());
         size_t dropped = 0;
-        std::erase_if(pending_, [&](const Notification& n) {
-            const bool drop = !deliverable(n);
-            dropped += drop ? 1 : 0;
-            return drop;
-        });
+        for (size_t i = 0; i < pending_.size(); ++i) {
+            drop[i] = deliverable(pending_[i]) ? 0 : 1;
+            dropped += static_cast<size_t>(drop[i]);
+        }
+        size_t kept = 0;
+        for (size_t i = 0; i < pending_.size(); ++i) {
+            if (drop[i] == 0 && kept++ != i) pending_[kept - 1] = std::move(pending_[i]);
+        }
+        pending_.resize(kept);  // (shrinks: no allocation)
         notif_list.reserve(notif_list.size() + pending_.size() + local_notifs_.size());
         for (Notification& n : pending_) {
             notif_list.emplace_back(std::move(n.peer), std::move(n.payload));

@@ -101,7 +101,7 @@ class TcpxBackend final : public nixlBackendEngine {
     void release_lost() const;
     // Whether a notification taken from the engine is the application's: not if it came on a
     // connection we refused (or would have). mu_ held.
-    bool deliverable(const Notification& n) const noexcept;
+    bool deliverable(const Notification& n) const;  // may throw (out of memory)
     // Polls requests released while in flight, forgetting the finished ones. Locks mu_.
     void reap_abandoned() const;
     // Room in abandoned_ for a request whose release failed (its next release must not fail);

@@ -285,5 +285,47 @@ TEST(NixlBackend, AClaimFromElsewhereThatLeftAtOnceIsStillRefused) {
     EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(300)).empty());
 }
 
+// Out of memory for a while (every allocation of the call failing from some point on) while
+// getNotifs judges a notification by asking the engine where its sender is (a connection that
+// ended before it was looked at, claiming an agent we know to be elsewhere): the call fails and
+// the notification waits for the next, which drops it; the process goes on (the judgement was
+// noexcept, and an error the engine could not even make an error of ended it).
+TEST(NixlOom, AJudgementOutOfMemoryFailsTheCallNotTheProcess) {
+    Plugin plugin;
+    nixlBackendEngine* a = plugin.make("judge-a");
+    nixlBackendEngine* b = plugin.make("judge-b");
+    ASSERT_TRUE(a && b);
+    std::string a_info, b_info;
+    ASSERT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
+    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("judge-b", elsewhere(b_info)), NIXL_SUCCESS);
+    ASSERT_EQ(b->loadRemoteConnInfo("judge-a", a_info), NIXL_SUCCESS);
+    ASSERT_EQ(b->genNotif("judge-a", "hit and run"), NIXL_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connected, sent
+    plugin.destroy(b);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a's engine saw it end
+    int failed = 0;
+    bool judged = false;
+    for (long skip = 0; skip < 200 && !judged; ++skip) {
+        notif_list_t got;
+        nixl_status_t st;
+        {
+            test::AllocFault fault("", skip, 1000000);
+            st = a->getNotifs(got);
+        }
+        if (st == NIXL_SUCCESS) {
+            EXPECT_TRUE(got.empty()) << "a refused claim delivered at skip " << skip;
+            judged = true;
+        } else {
+            EXPECT_EQ(st, NIXL_ERR_BACKEND);
+            EXPECT_TRUE(got.empty());
+            ++failed;
+        }
+    }
+    EXPECT_TRUE(judged);
+    EXPECT_GT(failed, 0);
+    EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(200)).empty());
+}
+
 }  // namespace
 }  // namespace tcpx::nixl_test
