@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "net/socket/socket_v7.h"
@@ -184,6 +187,130 @@ TEST_F(V7TableTest, StaleAndForeignHandlesAreRefusedUnread) {
     EXPECT_EQ(t_->closeRecv(recv_), tcpx_ncclInvalidArgument);
     EXPECT_EQ(t_->deregMr(recv_, rmh), tcpx_ncclInvalidArgument);
     recv_ = nullptr;
+}
+
+// A handle is never given out twice, though the transport reuses a finished request's memory
+// for the next one and a closed comm's for the next comm: a stale request tested, or a comm
+// closed a second time, is refused even then, and the new request or comm it would have hit
+// goes on untouched.
+TEST_F(V7TableTest, StaleHandlesAreRefusedEvenOnceTheirMemoryIsReused) {
+    std::vector<char> src(4096, 5), dst(4096);
+    void* bufs[1] = {dst.data()};
+    int sizes[1] = {4096};
+    int tags[1] = {1};
+    void* old_send = nullptr;
+    void* old_recv = nullptr;
+    ASSERT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, nullptr, &old_recv), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->isend(send_, src.data(), 4096, 1, nullptr, &old_send), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(old_send, nullptr), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(old_recv, sizes), tcpx_ncclSuccess);
+    // The next posting: the transport takes the request just freed.
+    void* new_send = nullptr;
+    void* new_recv = nullptr;
+    sizes[0] = 4096;
+    ASSERT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, nullptr, &new_recv), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->isend(send_, src.data(), 4096, 1, nullptr, &new_send), tcpx_ncclSuccess);
+    EXPECT_NE(new_send, old_send);
+    EXPECT_NE(new_recv, old_recv);
+    int done = 1;
+    EXPECT_EQ(t_->test(old_send, &done, nullptr), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(done, 0);
+    EXPECT_EQ(t_->test(old_recv, &done, sizes), tcpx_ncclInvalidArgument);
+    ASSERT_EQ(wait(new_send, nullptr), tcpx_ncclSuccess) << "the new send was taken by the stale";
+    ASSERT_EQ(wait(new_recv, sizes), tcpx_ncclSuccess);
+    EXPECT_EQ(sizes[0], 4096);
+
+    // Comms: a second pair after the first is closed (the allocator hands its memory out again).
+    void* const old_send_comm = send_;
+    ASSERT_EQ(t_->closeSend(send_), tcpx_ncclSuccess);
+    send_ = nullptr;
+    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listen = nullptr;
+    ASSERT_EQ(t_->listen(0, handle, &listen), tcpx_ncclSuccess);
+    void* second_recv = nullptr;
+    for (int i = 0; i < 100000 && (send_ == nullptr || second_recv == nullptr); ++i) {
+        tcpx_ncclNetDeviceHandle_v7_t* dev = nullptr;
+        if (send_ == nullptr) {
+            ASSERT_EQ(t_->connect(0, handle, &send_, &dev), tcpx_ncclSuccess);
+        }
+        if (second_recv == nullptr) {
+            ASSERT_EQ(t_->accept(listen, &second_recv, &dev), tcpx_ncclSuccess);
+        }
+    }
+    ASSERT_EQ(t_->closeListen(listen), tcpx_ncclSuccess);
+    ASSERT_NE(send_, nullptr);
+    EXPECT_NE(send_, old_send_comm);
+    EXPECT_EQ(t_->closeSend(old_send_comm), tcpx_ncclInvalidArgument);
+    EXPECT_EQ(t_->closeListen(listen), tcpx_ncclInvalidArgument);
+    // The new pair works.
+    bufs[0] = dst.data();
+    sizes[0] = 4096;
+    void* r = nullptr;
+    void* w = nullptr;
+    std::fill(dst.begin(), dst.end(), 0);
+    ASSERT_EQ(t_->irecv(second_recv, 1, bufs, sizes, tags, nullptr, &r), tcpx_ncclSuccess);
+    ASSERT_EQ(t_->isend(send_, src.data(), 4096, 1, nullptr, &w), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(w, nullptr), tcpx_ncclSuccess);
+    ASSERT_EQ(wait(r, sizes), tcpx_ncclSuccess);
+    EXPECT_EQ(dst, src);
+    EXPECT_EQ(t_->closeRecv(second_recv), tcpx_ncclSuccess);
+}
+
+// Two threads testing one finished request at once: one of them gets it, the other is refused
+// (before, both gave the transport's request back, and two later postings shared it). Every
+// posting after that still completes with its own bytes.
+TEST_F(V7TableTest, ARequestTestedByTwoThreadsAtOnceIsReleasedOnce) {
+    std::vector<char> src(64, 3), dst(64);
+    void* bufs[1] = {dst.data()};
+    int tags[1] = {2};
+    for (int round = 0; round < 200; ++round) {
+        int sizes[1] = {64};
+        void* r = nullptr;
+        void* w = nullptr;
+        ASSERT_EQ(t_->irecv(recv_, 1, bufs, sizes, tags, nullptr, &r), tcpx_ncclSuccess);
+        ASSERT_EQ(t_->isend(send_, src.data(), 64, 2, nullptr, &w), tcpx_ncclSuccess);
+        ASSERT_EQ(wait(r, sizes), tcpx_ncclSuccess);
+        // w is done, or about to be: both threads test it until one sees it done.
+        std::atomic<int> go{0};
+        std::atomic<int> saw_done{0};
+        const auto tester = [&] {
+            go.fetch_add(1);
+            while (go.load() < 2) {
+            }
+            for (int i = 0; i < 100000; ++i) {
+                int done = 0;
+                const tcpx_ncclResult_t rc = t_->test(w, &done, nullptr);
+                if (rc == tcpx_ncclSuccess && done) saw_done.fetch_add(1);
+                if (rc != tcpx_ncclSuccess || done) return;
+            }
+        };
+        std::thread other(tester);
+        tester();
+        other.join();
+        ASSERT_EQ(saw_done.load(), 1) << round;
+    }
+    // Eight postings in flight together: each its own request.
+    std::vector<std::vector<char>> ins(8, std::vector<char>(64)), outs(8);
+    std::vector<void*> rs(8), ws(8);
+    for (int i = 0; i < 8; ++i) {
+        outs[static_cast<size_t>(i)].assign(64, static_cast<char>('a' + i));
+        void* b[1] = {ins[static_cast<size_t>(i)].data()};
+        int sz[1] = {64};
+        int tg[1] = {10 + i};
+        ASSERT_EQ(t_->irecv(recv_, 1, b, sz, tg, nullptr, &rs[static_cast<size_t>(i)]),
+                  tcpx_ncclSuccess);
+    }
+    for (int i = 0; i < 8; ++i) {
+        ASSERT_EQ(t_->isend(send_, outs[static_cast<size_t>(i)].data(), 64, 10 + i, nullptr,
+                            &ws[static_cast<size_t>(i)]),
+                  tcpx_ncclSuccess);
+    }
+    for (int i = 0; i < 8; ++i) {
+        int sz[1] = {0};
+        ASSERT_EQ(wait(ws[static_cast<size_t>(i)], nullptr), tcpx_ncclSuccess) << i;
+        ASSERT_EQ(wait(rs[static_cast<size_t>(i)], sz), tcpx_ncclSuccess) << i;
+        EXPECT_EQ(ins[static_cast<size_t>(i)], outs[static_cast<size_t>(i)]) << i;
+    }
 }
 
 }  // namespace

@@ -37,100 +37,137 @@ Global& global() {
 
 SocketNet* net() { return global().net.get(); }
 
-// Every comm, registration and request this table has handed out and not yet taken back. A
-// handle the caller passes in is looked up here before anything dereferences it: a stale,
-// foreign or garbage pointer (a request tested again after it completed, a handle of another
-// plugin) is an error for the caller, never a read of memory that is not ours. A comm's
-// registrations and requests leave with it (closing frees them in the transport).
+// Every comm, registration and request this table has handed out and not yet taken back. The
+// caller never sees the transport's pointers: each handle is a token of its own, never given
+// out twice, looked up here before anything is dereferenced. A stale handle (a request tested
+// again after it completed, a comm closed twice) is therefore an error for the caller even once
+// the transport has reused the memory behind it for a new request or comm, and a foreign or
+// garbage pointer is never read. A comm's registrations and requests leave with it (closing
+// frees them in the transport).
 class Live {
  public:
     enum class Kind { kListen, kSend, kRecv };
 
-    void add_comm(void* c, Kind k) {
+    void* add_comm(void* c, Kind k) {
         std::lock_guard<std::mutex> lock(mu_);
-        comms_[c] = k;
+        void* t = next_token();
+        comms_[t] = CommInfo{c, k};
+        return t;
     }
-    bool has_comm(void* c, Kind k) const {
+    // The comm behind token `t` when it is a live comm of kind `k`, else null.
+    void* comm(void* t, Kind k) const {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = comms_.find(c);
-        return it != comms_.end() && it->second == k;
+        auto it = comms_.find(t);
+        return it != comms_.end() && it->second.kind == k ? it->second.ptr : nullptr;
     }
     // A send or receive comm: registrations belong to either.
-    bool has_data_comm(void* c) const {
+    void* data_comm(void* t) const {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = comms_.find(c);
-        return it != comms_.end() && it->second != Kind::kListen;
+        auto it = comms_.find(t);
+        return it != comms_.end() && it->second.kind != Kind::kListen ? it->second.ptr : nullptr;
     }
-    bool remove_comm(void* c, Kind k) {
+    // Takes the comm back (null when `t` is not a live comm of kind `k`), with its
+    // registrations and requests.
+    void* remove_comm(void* t, Kind k) {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = comms_.find(c);
-        if (it == comms_.end() || it->second != k) return false;
+        auto it = comms_.find(t);
+        if (it == comms_.end() || it->second.kind != k) return nullptr;
+        void* c = it->second.ptr;
         comms_.erase(it);
-        std::erase_if(mrs_, [c](const auto& e) { return e.second == c; });
-        std::erase_if(reqs_, [c](const auto& e) { return e.second.comm == c; });
-        return true;
+        std::erase_if(mrs_, [t](const auto& e) { return e.second.comm == t; });
+        std::erase_if(reqs_, [t](const auto& e) { return e.second.comm == t; });
+        return c;
     }
 
-    void add_mr(void* mh, void* comm) {
+    void* add_mr(void* mh, void* comm) {
         std::lock_guard<std::mutex> lock(mu_);
-        mrs_[mh] = comm;
+        void* t = next_token();
+        mrs_[t] = MrInfo{mh, comm};
+        return t;
     }
-    // What a posting checks, under one lock: "comm" when `comm` is not a live comm of kind `k`,
-    // "registration" when one of the n handles is neither null (the transport needs none) nor a
-    // live registration of `comm`; null when all is well.
-    const char* post_problem(void* comm, Kind k, void* const* mhs, int n) const {
+    // Takes registration `t` of comm `comm` back: its transport handle, or null.
+    void* remove_mr(void* t, void* comm) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = mrs_.find(t);
+        if (it == mrs_.end() || it->second.comm != comm) return nullptr;
+        void* mh = it->second.ptr;
+        mrs_.erase(it);
+        return mh;
+    }
+    // What a posting checks and resolves, under one lock: "comm" when `comm` is not a live comm
+    // of kind `k`, "registration" when one of the n handles is neither null (the transport needs
+    // none) nor a live registration of `comm`; null when all is well, the transport's comm in
+    // *comm_out and its registrations in mhs_out[0, n).
+    const char* resolve_post(void* comm, Kind k, void* const* mhs, int n, void** comm_out,
+                             void** mhs_out) const {
         std::lock_guard<std::mutex> lock(mu_);
         auto c = comms_.find(comm);
-        if (c == comms_.end() || c->second != k) return "comm";
-        for (int i = 0; mhs != nullptr && i < n; ++i) {
-            if (mhs[i] == nullptr) continue;
+        if (c == comms_.end() || c->second.kind != k) return "comm";
+        *comm_out = c->second.ptr;
+        for (int i = 0; i < n; ++i) {
+            mhs_out[i] = nullptr;
+            if (mhs == nullptr || mhs[i] == nullptr) continue;
             auto it = mrs_.find(mhs[i]);
-            if (it == mrs_.end() || it->second != comm) return "registration";
+            if (it == mrs_.end() || it->second.comm != comm) return "registration";
+            mhs_out[i] = it->second.ptr;
         }
         return nullptr;
     }
-    bool remove_mr(void* mh, void* comm) {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = mrs_.find(mh);
-        if (it == mrs_.end() || it->second != comm) return false;
-        mrs_.erase(it);
-        return true;
-    }
 
-    void add_req(void* r, void* comm, int n) {
+    void* add_req(void* r, void* comm, int n) {
         std::lock_guard<std::mutex> lock(mu_);
-        reqs_[r] = ReqInfo{comm, n, ++next_gen_};
+        void* t = next_token();
+        reqs_[t] = ReqInfo{r, comm, n, false};
+        return t;
     }
-    // A live request as test() sees it: how many sizes it reports (1 for a send; 0: not live)
-    // and which posting it is.
-    struct Lookup {
+    // A live request as test() takes it: the transport's request and how many sizes it reports
+    // (1 for a send; 0: not live, or being tested by another thread, which would have the
+    // transport release it twice). end_test() gives it back.
+    struct Claim {
+        void* req = nullptr;
         int n = 0;
-        uint64_t gen = 0;
     };
-    Lookup find_req(void* r) const {
+    Claim claim_req(void* t) {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = reqs_.find(r);
-        return it == reqs_.end() ? Lookup{} : Lookup{it->second.n, it->second.gen};
+        auto it = reqs_.find(t);
+        if (it == reqs_.end() || it->second.testing) return Claim{};
+        it->second.testing = true;
+        return Claim{it->second.ptr, it->second.n};
     }
-    // Forgets the request of posting `gen`. The transport recycles a request's memory the moment
-    // test() reports it done, so another thread may already have posted a new request at the same
-    // address: that one (a newer gen) stays.
-    void remove_req(void* r, uint64_t gen) {
+    // Ends a claim: the request is forgotten once the transport released it (finished or
+    // failed), else it may be tested again.
+    void end_test(void* t, bool released) {
         std::lock_guard<std::mutex> lock(mu_);
-        auto it = reqs_.find(r);
-        if (it != reqs_.end() && it->second.gen == gen) reqs_.erase(it);
+        auto it = reqs_.find(t);
+        if (it == reqs_.end()) return;  // (its comm was closed meanwhile)
+        if (released) {
+            reqs_.erase(it);
+        } else {
+            it->second.testing = false;
+        }
     }
 
  private:
-    struct ReqInfo {
-        void* comm;
-        int n;
-        uint64_t gen;
+    struct CommInfo {
+        void* ptr;
+        Kind kind;
     };
-    uint64_t next_gen_ = 0;
+    struct MrInfo {
+        void* ptr;
+        void* comm;  // its comm's token
+    };
+    struct ReqInfo {
+        void* ptr;
+        void* comm;  // its comm's token
+        int n;
+        bool testing;
+    };
+    // Never null, never reused (2^64 of them).
+    void* next_token() { return reinterpret_cast<void*>(static_cast<uintptr_t>(++last_token_)); }
+    uint64_t last_token_ = 0x7c9a000000000000ull;  // (far from small integers and the heap)
     mutable std::mutex mu_;
-    std::unordered_map<void*, Kind> comms_;
-    std::unordered_map<void*, void*> mrs_;  // registration -> its comm
+    std::unordered_map<void*, CommInfo> comms_;
+    std::unordered_map<void*, MrInfo> mrs_;
     std::unordered_map<void*, ReqInfo> reqs_;
 };
 
@@ -139,9 +176,9 @@ Live& live() {
     return *l;
 }
 
-// Records what the transport just made (`track`) in the live set. When that fails (out of
-// memory; the entry point's guard reports it), `undo` releases it again and the caller's pointer
-// is cleared: NCCL gets an error and no handle.
+// Records what the transport just made (`track`: its handle into *out) in the live set. When
+// that fails (out of memory; the entry point's guard reports it), `undo` releases it again and
+// the caller's handle is cleared: NCCL gets an error and no handle.
 template <typename Track, typename Undo>
 void track_or_undo(Track track, Undo undo, void** out) {
     try {
@@ -205,11 +242,12 @@ tcpx_ncclResult_t v7_listen(int dev, void* handle, void** listen_comm) {
     }
     // The caller's handle is TCPX_NCCL_NET_HANDLE_MAXSIZE bytes; Handle is exactly that.
     auto* h = static_cast<Handle*>(handle);
-    Status st = net()->listen(dev, h, reinterpret_cast<ListenComm**>(listen_comm));
-    if (st.ok() && *listen_comm != nullptr) {
-        track_or_undo([&] { live().add_comm(*listen_comm, Live::Kind::kListen); },
-                      [&] { (void)net()->close_listen(static_cast<ListenComm*>(*listen_comm)); },
-                      listen_comm);
+    ListenComm* l = nullptr;
+    *listen_comm = nullptr;
+    Status st = net()->listen(dev, h, &l);
+    if (st.ok() && l != nullptr) {
+        track_or_undo([&] { *listen_comm = live().add_comm(l, Live::Kind::kListen); },
+                      [&] { (void)net()->close_listen(l); }, listen_comm);
     }
     return to_nccl_result(st, "listen");
 }
@@ -220,12 +258,12 @@ tcpx_ncclResult_t v7_connect(int dev, void* handle, void** send_comm,
     if (handle == nullptr || send_comm == nullptr) {
         return to_nccl_result(invalid_argument("null handle or comm"), "connect");
     }
-    Status st = net()->connect(dev, static_cast<Handle*>(handle),
-                               reinterpret_cast<SendComm**>(send_comm), nullptr);
-    if (st.ok() && *send_comm != nullptr) {
-        track_or_undo([&] { live().add_comm(*send_comm, Live::Kind::kSend); },
-                      [&] { (void)net()->close_send(static_cast<SendComm*>(*send_comm)); },
-                      send_comm);
+    SendComm* c = nullptr;
+    *send_comm = nullptr;
+    Status st = net()->connect(dev, static_cast<Handle*>(handle), &c, nullptr);
+    if (st.ok() && c != nullptr) {
+        track_or_undo([&] { *send_comm = live().add_comm(c, Live::Kind::kSend); },
+                      [&] { (void)net()->close_send(c); }, send_comm);
     }
     return to_nccl_result(st, "connect");
 }
@@ -234,16 +272,14 @@ tcpx_ncclResult_t v7_accept(void* listen_comm, void** recv_comm,
                             tcpx_ncclNetDeviceHandle_v7_t** /*recv_dev_comm*/) {
     if (!net()) return not_initialized("accept");
     if (recv_comm == nullptr) return to_nccl_result(invalid_argument("null comm"), "accept");
-    if (!live().has_comm(listen_comm, Live::Kind::kListen)) {
-        *recv_comm = nullptr;
-        return bad_handle("accept", "listen comm");
-    }
-    Status st = net()->accept(static_cast<ListenComm*>(listen_comm),
-                              reinterpret_cast<RecvComm**>(recv_comm), nullptr);
-    if (st.ok() && *recv_comm != nullptr) {
-        track_or_undo([&] { live().add_comm(*recv_comm, Live::Kind::kRecv); },
-                      [&] { (void)net()->close_recv(static_cast<RecvComm*>(*recv_comm)); },
-                      recv_comm);
+    *recv_comm = nullptr;
+    auto* l = static_cast<ListenComm*>(live().comm(listen_comm, Live::Kind::kListen));
+    if (l == nullptr) return bad_handle("accept", "listen comm");
+    RecvComm* c = nullptr;
+    Status st = net()->accept(l, &c, nullptr);
+    if (st.ok() && c != nullptr) {
+        track_or_undo([&] { *recv_comm = live().add_comm(c, Live::Kind::kRecv); },
+                      [&] { (void)net()->close_recv(c); }, recv_comm);
     }
     return to_nccl_result(st, "accept");
 }
@@ -260,14 +296,15 @@ Status check_size(size_t size) {
 tcpx_ncclResult_t reg_mr_sized(void* comm, void* data, size_t size, int type, void** mhandle) {
     if (!net()) return not_initialized("regMr");
     if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "regMr");
-    if (mhandle != nullptr) *mhandle = nullptr;
-    if (!live().has_data_comm(comm)) return bad_handle("regMr", "send or recv comm");
-    Status st = net()->reg_mr(comm, data, size, static_cast<MemType>(type),
-                              reinterpret_cast<MemHandle**>(mhandle));
+    if (mhandle == nullptr) return to_nccl_result(invalid_argument("null mhandle"), "regMr");
+    *mhandle = nullptr;
+    void* c = live().data_comm(comm);
+    if (c == nullptr) return bad_handle("regMr", "send or recv comm");
+    MemHandle* mh = nullptr;
+    Status st = net()->reg_mr(c, data, size, static_cast<MemType>(type), &mh);
     if (st.ok()) {
-        track_or_undo([&] { live().add_mr(*mhandle, comm); },
-                      [&] { (void)net()->dereg_mr(comm, static_cast<MemHandle*>(*mhandle)); },
-                      mhandle);
+        track_or_undo([&] { *mhandle = live().add_mr(mh, comm); },
+                      [&] { (void)net()->dereg_mr(c, mh); }, mhandle);
     }
     return to_nccl_result(st, "regMr");
 }
@@ -276,16 +313,19 @@ tcpx_ncclResult_t isend_sized(void* send_comm, void* data, size_t size, int tag,
                               void** request) {
     if (!net()) return not_initialized("isend");
     if (Status st = check_size(size); !st.ok()) return to_nccl_result(st, "isend");
-    if (request != nullptr) *request = nullptr;
-    if (const char* bad = live().post_problem(send_comm, Live::Kind::kSend, &mhandle, 1)) {
+    if (request == nullptr) return to_nccl_result(invalid_argument("null request"), "isend");
+    *request = nullptr;
+    void* c = nullptr;
+    void* mh = nullptr;
+    if (const char* bad = live().resolve_post(send_comm, Live::Kind::kSend, &mhandle, 1, &c, &mh)) {
         return bad_handle("isend", std::strcmp(bad, "comm") == 0 ? "send comm" : bad);
     }
+    Request* r = nullptr;
     Status st =
-        net()->isend(static_cast<SendComm*>(send_comm), data, size, tag,
-                     static_cast<MemHandle*>(mhandle), reinterpret_cast<Request**>(request));
-    if (st.ok() && *request != nullptr) {
+        net()->isend(static_cast<SendComm*>(c), data, size, tag, static_cast<MemHandle*>(mh), &r);
+    if (st.ok() && r != nullptr) {
         // No undo for a posted send: it goes out. NCCL ends the comm on the error anyway.
-        track_or_undo([&] { live().add_req(*request, send_comm, 1); }, [] {}, request);
+        track_or_undo([&] { *request = live().add_req(r, send_comm, 1); }, [] {}, request);
     }
     return to_nccl_result(st, "isend");
 }
@@ -299,15 +339,18 @@ tcpx_ncclResult_t irecv_sized(void* recv_comm, int n, void** data, size_t* sizes
     for (int i = 0; i < n; ++i) {
         if (Status st = check_size(sizes[i]); !st.ok()) return to_nccl_result(st, "irecv");
     }
-    if (request != nullptr) *request = nullptr;
-    if (const char* bad = live().post_problem(recv_comm, Live::Kind::kRecv, mhandles, n)) {
+    if (request == nullptr) return to_nccl_result(invalid_argument("null request"), "irecv");
+    *request = nullptr;
+    void* c = nullptr;
+    void* mhs[kMaxRecvs];
+    if (const char* bad = live().resolve_post(recv_comm, Live::Kind::kRecv, mhandles, n, &c, mhs)) {
         return bad_handle("irecv", std::strcmp(bad, "comm") == 0 ? "recv comm" : bad);
     }
-    Status st = net()->irecv(static_cast<RecvComm*>(recv_comm), n, data, sizes, tags,
-                             reinterpret_cast<MemHandle* const*>(mhandles),
-                             reinterpret_cast<Request**>(request));
-    if (st.ok() && *request != nullptr) {
-        track_or_undo([&] { live().add_req(*request, recv_comm, n); }, [] {}, request);
+    Request* r = nullptr;
+    Status st = net()->irecv(static_cast<RecvComm*>(c), n, data, sizes, tags,
+                             reinterpret_cast<MemHandle* const*>(mhs), &r);
+    if (st.ok() && r != nullptr) {
+        track_or_undo([&] { *request = live().add_req(r, recv_comm, n); }, [] {}, request);
     }
     return to_nccl_result(st, "irecv");
 }
@@ -319,8 +362,11 @@ tcpx_ncclResult_t v7_reg_mr(void* comm, void* data, int size, int type, void** m
 
 tcpx_ncclResult_t v7_dereg_mr(void* comm, void* mhandle) {
     if (!net()) return not_initialized("deregMr");
-    if (!live().remove_mr(mhandle, comm)) return bad_handle("deregMr", "registration");
-    return to_nccl_result(net()->dereg_mr_failing_pending(comm, static_cast<MemHandle*>(mhandle)),
+    void* c = live().data_comm(comm);
+    if (c == nullptr) return bad_handle("deregMr", "send or recv comm");
+    void* mh = live().remove_mr(mhandle, comm);
+    if (mh == nullptr) return bad_handle("deregMr", "registration");
+    return to_nccl_result(net()->dereg_mr_failing_pending(c, static_cast<MemHandle*>(mh)),
                           "deregMr");
 }
 
@@ -356,18 +402,18 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
     // A send reports one size, a receive of n buffers n of them (the caller's sizes array has
     // exactly that many entries): known from when it was posted, so nothing of the request is
     // read before it is known to be live.
-    const Live::Lookup found = live().find_req(request);
-    const int count = found.n;
+    const Live::Claim claim = live().claim_req(request);
+    const int count = claim.n;
     if (count == 0) {
         *done = 0;
         return bad_handle("test", "request");
     }
     bool finished = false;
     size_t sz[kMaxRecvs] = {};
-    Status st = net()->test(static_cast<Request*>(request), &finished, sz);
+    Status st = net()->test(static_cast<Request*>(claim.req), &finished, sz);
     *done = finished ? 1 : 0;
     // Done (or failed): the transport has released it.
-    if (finished || !st.ok()) live().remove_req(request, found.gen);
+    live().end_test(request, finished || !st.ok());
     if (finished && sizes != nullptr) {
         // Sizes fit in int: every buffer was posted with an int size.
         for (int i = 0; i < count && i < kMaxRecvs; ++i) sizes[i] = static_cast<int>(sz[i]);
@@ -378,24 +424,25 @@ tcpx_ncclResult_t v7_test(void* request, int* done, int* sizes) {
 tcpx_ncclResult_t v7_close_send(void* comm) {
     if (!net()) return not_initialized("closeSend");
     if (comm == nullptr) return tcpx_ncclSuccess;
-    if (!live().remove_comm(comm, Live::Kind::kSend)) return bad_handle("closeSend", "send comm");
-    return to_nccl_result(net()->close_send(static_cast<SendComm*>(comm)), "closeSend");
+    void* c = live().remove_comm(comm, Live::Kind::kSend);
+    if (c == nullptr) return bad_handle("closeSend", "send comm");
+    return to_nccl_result(net()->close_send(static_cast<SendComm*>(c)), "closeSend");
 }
 
 tcpx_ncclResult_t v7_close_recv(void* comm) {
     if (!net()) return not_initialized("closeRecv");
     if (comm == nullptr) return tcpx_ncclSuccess;
-    if (!live().remove_comm(comm, Live::Kind::kRecv)) return bad_handle("closeRecv", "recv comm");
-    return to_nccl_result(net()->close_recv(static_cast<RecvComm*>(comm)), "closeRecv");
+    void* c = live().remove_comm(comm, Live::Kind::kRecv);
+    if (c == nullptr) return bad_handle("closeRecv", "recv comm");
+    return to_nccl_result(net()->close_recv(static_cast<RecvComm*>(c)), "closeRecv");
 }
 
 tcpx_ncclResult_t v7_close_listen(void* comm) {
     if (!net()) return not_initialized("closeListen");
     if (comm == nullptr) return tcpx_ncclSuccess;
-    if (!live().remove_comm(comm, Live::Kind::kListen)) {
-        return bad_handle("closeListen", "listen comm");
-    }
-    return to_nccl_result(net()->close_listen(static_cast<ListenComm*>(comm)), "closeListen");
+    void* c = live().remove_comm(comm, Live::Kind::kListen);
+    if (c == nullptr) return bad_handle("closeListen", "listen comm");
+    return to_nccl_result(net()->close_listen(static_cast<ListenComm*>(c)), "closeListen");
 }
 
 tcpx_ncclResult_t v7_get_device_mr(void*, void*, void** dptr_mhandle) {
@@ -405,11 +452,11 @@ tcpx_ncclResult_t v7_get_device_mr(void*, void*, void** dptr_mhandle) {
 
 tcpx_ncclResult_t v7_irecv_consumed(void* recv_comm, int n, void* request) {
     if (!net()) return not_initialized("irecvConsumed");
-    if (!live().has_comm(recv_comm, Live::Kind::kRecv))
-        return bad_handle("irecvConsumed", "recv comm");
-    return to_nccl_result(
-        net()->irecv_consumed(static_cast<RecvComm*>(recv_comm), n, static_cast<Request*>(request)),
-        "irecvConsumed");
+    void* c = live().comm(recv_comm, Live::Kind::kRecv);
+    if (c == nullptr) return bad_handle("irecvConsumed", "recv comm");
+    // (The request is done and forgotten by now; the socket transport needs nothing of it.)
+    return to_nccl_result(net()->irecv_consumed(static_cast<RecvComm*>(c), n, nullptr),
+                          "irecvConsumed");
 }
 
 // Every entry point guarded: no exception (out of memory) reaches NCCL.
