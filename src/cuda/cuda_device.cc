@@ -483,6 +483,36 @@ class CudaDevice final : public Device {
         return info;
     }
 
+    uint64_t mapped_bytes(const void* ptr, uint64_t at_most) override {
+        if (ptr == nullptr || count() == 0) return 0;
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess ||
+            attr.type != cudaMemoryTypeDevice) {
+            cudaGetLastError();
+            return 0;
+        }
+        const auto range = address_range_call();
+        if (range == nullptr) return at_most;  // the driver cannot say
+        OnGpu on(attr.device);
+        if (!on.status().ok()) return 0;
+        // Piece by piece, as check_mapped().
+        const auto start = reinterpret_cast<CUdeviceptr>(ptr);
+        CUdeviceptr at = start;
+        for (int pieces = 0; at - start < at_most && pieces < (1 << 20); ++pieces) {
+            CUdeviceptr base = 0;
+            size_t size = 0;
+            cudaPointerAttributes a{};
+            if (range(&base, &size, at) != CUDA_SUCCESS ||
+                cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(at)) != cudaSuccess ||
+                a.type != cudaMemoryTypeDevice || a.device != attr.device || base + size <= at) {
+                cudaGetLastError();
+                break;
+            }
+            at = base + size;
+        }
+        return std::min<uint64_t>(at - start, at_most);
+    }
+
     // Whether [ptr, ptr + len) is device memory of GPU `device` throughout. An allocation of
     // the virtual memory API (cuMemCreate + cuMemMap: PyTorch's expandable segments) is a
     // contiguous range of separately mapped pieces, and cuMemGetAddressRange answers for the

@@ -140,6 +140,9 @@ class Device {
     // have the CPU write into it), or where device memory runs into addresses with no memory of
     // that GPU mapped.
     virtual StatusOr<PointerInfo> classify(const void* ptr, size_t len) = 0;
+    // How many bytes from `ptr` on are device memory of one GPU, mapped without a gap: at most
+    // `at_most`, 0 where `ptr` is not device memory. Where the driver cannot say, `at_most`.
+    virtual uint64_t mapped_bytes(const void* ptr, uint64_t at_most) = 0;
     // A synchronous copy of `len` bytes between any two of host and device memory; `device` is
     // the GPU of the device memory involved (of `dst` where both are). It runs on a stream of our
     // own that does not wait for the application's work (not the legacy default stream, nor a

@@ -250,6 +250,9 @@ struct Channel {
     // addresses), read on first use.
     net::DeviceHandle dev_handle;
     cuda::UnpackHandle unpack{};
+    // How much of the bounce buffer is there to read, from its start: what the GPU has mapped
+    // there, or (host memory, which only an emulation hands over) all a 32-bit offset reaches.
+    uint64_t bounce_len = 0;
 
     // When a request on this channel last completed or was posted: a channel with requests in
     // flight that makes no progress for the peer timeout fails its peer (a lost chunk would
@@ -831,6 +834,7 @@ class Endpoint::Impl {
     // Bytes a finished transfer moved, by its direction, and its outcome.
     void count_finished(const Xfer& x);
     std::vector<cuda::Seg> seg_buf_;
+    std::vector<uint32_t> unpack_scratch_;  // check_unpacked_bytes' sort
     std::vector<net::IoSeg> ioseg_buf_;
 
     int epfd_ = -1;

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
+#include "cuda/unpack_check.h"
 #include "cuda/unpack_defs.h"
 #include "engine/ctrl_wire.h"
 #include "engine/engine.h"
@@ -20,21 +21,12 @@ using engine::Region;
 namespace {
 
 // A transport that hands receives over as UNPACK (Google's TCPX) reports no received size
-// (Properties::reports_sizes): its entries say where the bytes that arrived are. Fewer than the
-// chunk's is a short receive, whose missing bytes would be taken as landed (the destination
-// keeping what it held); more, a broken description. The entries are host memory the plugin
-// wrote when test() reported the receive (past kUnpackMaxEntries the unpack refuses them).
-Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want) {
-    const uint64_t n = std::min<uint64_t>(*q.count, cuda::kUnpackMaxEntries);
-    const auto* e = static_cast<const cuda::LoadMeta*>(q.entries);
-    uint64_t got = 0;
-    for (uint64_t i = 0; i < n; ++i) got += e[i].len;
-    if (*q.count <= static_cast<uint64_t>(cuda::kUnpackMaxEntries) && got != want) {
-        return protocol_error(strformat("received %llu bytes where the chunk has %llu",
-                                        static_cast<unsigned long long>(got),
-                                        static_cast<unsigned long long>(want)));
-    }
-    return Status();
+// (Properties::reports_sizes): its entries, host memory the plugin wrote when test() reported the
+// receive, say where the bytes that arrived are, and are checked before any launch.
+Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want, uint64_t bounce_len,
+                            std::vector<uint32_t>* scratch) {
+    return cuda::check_unpack_entries(static_cast<const cuda::LoadMeta*>(q.entries), *q.count, want,
+                                      bounce_len, scratch);
 }
 
 }  // namespace
@@ -269,7 +261,8 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // pieces' places, one kernel (the ring falls back to the twin when they don't
                 // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-                TCPX_RETURN_IF_ERROR(check_unpacked_bytes(q, f.op.len));
+                TCPX_RETURN_IF_ERROR(
+                    check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
                 return ch.gring->unpack_scatter(f.op.slot,
                                                 static_cast<const cuda::LoadMeta*>(q.entries),
                                                 *q.count, ch.unpack.bounce_buf, segments(f.op));
@@ -280,7 +273,8 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-            TCPX_RETURN_IF_ERROR(check_unpacked_bytes(q, f.op.len));
+            TCPX_RETURN_IF_ERROR(
+                check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
             return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
@@ -451,6 +445,13 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
             "GPU whose memory the endpoint moves",
             bounce.device, device));
     }
+    // Every entry's page is checked against it (check_unpacked_bytes): a plugin's garbage
+    // offset would have the kernel read past the pool (a fault that ends every CUDA call of the
+    // process) or someone else's memory.
+    constexpr uint64_t kReach = (uint64_t{1} << 32) + cuda::kUnpackPageSize;
+    ch.bounce_len = bounce.kind == MemKind::kCuda
+                        ? cuda::device().mapped_bytes(ch.unpack.bounce_buf, kReach)
+                        : kReach;
     TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, 0, window_));
     return Status();
 }

@@ -861,7 +861,10 @@ TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
 // A transport plugin that reports a GPU receive done with a broken description of where its
 // bytes are (the emulated TCPX plugin's FAKETCPX_MISBEHAVE: an unpack slot outside its queue, an
 // entry count past the queue's, an entry placed past the receive's end, entries that cover less
-// than the receive: a short one, whose missing bytes were taken as landed). The transfer fails
+// than the receive: a short one, whose missing bytes were taken as landed; an entry read across
+// the end of its bounce page or from past the bounce buffer's end, which the kernel would read
+// (a fault ends every CUDA call of the process); two entries placed over each other, the bytes
+// between never written though the lengths add up). The transfer fails
 // with an error instead of a hang or a crash, the endpoint goes on serving, and nothing outside
 // the registration is written. A contiguous transfer (the unpack path) and a vector of pieces
 // (the unpack straight into the pieces), WRITE (the peer's receive) and READ (ours).
@@ -990,8 +993,15 @@ const std::vector<Transport> kTransports =
 // Distinct names in the two binaries, so that CTest keeps them (and their labels) apart.
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::ValuesIn(kTransports),
                          transport_name);
+// "src" (an entry read from past the end of the bounce buffer) only where that buffer is GPU
+// memory whose extent the engine can ask for: the emulation's is host memory.
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
-                         ::testing::Values("slot", "count", "dst", "short"));
+                         ::testing::Values("slot", "count", "dst", "short", "cross", "overlap"
+#if TCPX_TEST_REAL_GPU
+                                           ,
+                                           "src"
+#endif
+                                           ));
 
 }  // namespace
 }  // namespace tcpx::testing

@@ -50,11 +50,14 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
-//   FAKETCPX_MISBEHAVE=slot|count|dst|short (read by accept): every CUDA receive of that comm is
-//     reported done with a broken description, as a plugin with a bug might: an unpack slot index
-//     outside the queue, an entry count past kUnpackMaxEntries, a first entry whose place is
-//     past the end of the receive, or its last entry left out (fewer bytes than the receive's, as
-//     a short receive). For the tests of what a caller does with a plugin's garbage.
+//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap (read by accept): every CUDA
+//     receive of that comm is reported done with a broken description, as a plugin with a bug
+//     might: an unpack slot index outside the queue, an entry count past kUnpackMaxEntries, a
+//     first entry whose place is past the end of the receive, its last entry left out (fewer
+//     bytes than the receive's, as a short receive), a first entry read from past the end of
+//     any bounce buffer (src) or across the end of its page (cross), or a second entry placed
+//     over the first (overlap: the lengths add up, a gap is left). For the tests of what a
+//     caller does with a plugin's garbage.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1262,6 +1265,18 @@ void misbehave(const std::string& how, FakeReq* r) {
         static_cast<cu::LoadMeta*>(slot.mem)[0].dst_off = r->size + (uint64_t{1} << 32);
     } else if (how == "short" && *slot.cnt > 0) {
         --*slot.cnt;
+    } else if (how == "src" && *slot.cnt > 0) {
+        static_cast<cu::LoadMeta*>(slot.mem)[0].src_off = 0xfffff000u;  // past any pool here
+    } else if (how == "cross") {
+        auto* m = static_cast<cu::LoadMeta*>(slot.mem);
+        for (uint64_t i = 0; i < *slot.cnt; ++i) {
+            if (m[i].len < 2) continue;
+            m[i].src_off = (m[i].src_off & ~(kPage - 1)) + kPage - 1;  // on into the next page
+            break;
+        }
+    } else if (how == "overlap" && *slot.cnt > 1) {
+        auto* m = static_cast<cu::LoadMeta*>(slot.mem);
+        m[1].dst_off = m[0].dst_off;  // the lengths still add up; a gap is left
     }
 }
 

@@ -1,5 +1,6 @@
 #include "tests/support/host_device.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -251,6 +252,16 @@ StatusOr<cuda::PointerInfo> HostDevice::classify(const void* ptr, size_t len) {
         }
     }
     return info;
+}
+
+uint64_t HostDevice::mapped_bytes(const void* ptr, uint64_t at_most) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto it = regions_.upper_bound(p);
+    if (it == regions_.begin()) return 0;
+    --it;
+    if (p >= it->first + it->second.len) return 0;
+    return std::min<uint64_t>(it->first + it->second.len - p, at_most);
 }
 
 bool HostDevice::is_device_range(const void* ptr, size_t len) {

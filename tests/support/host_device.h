@@ -31,6 +31,7 @@ class HostDevice final : public cuda::Device {
 
     int count() override { return gpus_; }
     StatusOr<cuda::PointerInfo> classify(const void* ptr, size_t len) override;
+    uint64_t mapped_bytes(const void* ptr, uint64_t at_most) override;
     Status copy(int device, void* dst, const void* src, size_t len) override;
     // Runs `hook` at the start of every copy() (a test holds a copy in flight this way); empty:
     // none.
