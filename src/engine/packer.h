@@ -54,7 +54,8 @@ struct Cut {
 };
 
 // Cuts the next chunk of the `n` pieces whose lengths `len_at(i)` gives, from `*at`, and moves
-// `*at` past it. False when no bytes are left. `chunk` must be non-zero.
+// `*at` past it, and past any empty pieces after it: once the last chunk is cut, `at->piece` is
+// `n`. False when no bytes are left. `chunk` must be non-zero.
 template <typename LenAt>
 bool next(const LenAt& len_at, size_t n, uint64_t chunk, Cursor* at, Cut* out) {
     while (at->piece < n && len_at(at->piece) == 0) ++at->piece;
@@ -73,6 +74,9 @@ bool next(const LenAt& len_at, size_t n, uint64_t chunk, Cursor* at, Cut* out) {
             at->offset = 0;
         }
         c.end = at->piece == c.first ? c.first + 1 : at->piece;
+        // Past empty pieces too: a cursor at the end says no chunk is left (refill() drops a
+        // transfer's entry then; left on an empty last piece, the entry outlived its transfer).
+        while (at->piece < n && len_at(at->piece) == 0) ++at->piece;
         *out = c;
         return true;
     }

@@ -14,6 +14,7 @@ namespace {
 struct Walk {
     std::vector<Cut> cuts;
     std::vector<Cursor> before;  // the cursor before each cut
+    Cursor end;                  // after the last
 };
 
 Walk walk(const std::vector<uint64_t>& lens, uint64_t chunk) {
@@ -26,6 +27,7 @@ Walk walk(const std::vector<uint64_t>& lens, uint64_t chunk) {
         if (!next(len_at, lens.size(), chunk, &at, &c)) break;
         w.before.push_back(was);
         w.cuts.push_back(c);
+        w.end = at;
     }
     return w;
 }
@@ -89,6 +91,20 @@ void check(const std::vector<uint64_t>& lens, uint64_t chunk) {
     }
     while (piece < lens.size() && lens[piece] == 0) ++piece;
     EXPECT_EQ(piece, lens.size());
+    // The last cut leaves the cursor at the end, past any empty pieces: a caller that keeps a
+    // list while its cursor is not at the end (refill) lets it go with its last chunk.
+    if (!w.cuts.empty()) {
+        EXPECT_EQ(w.end.piece, lens.size());
+    }
+}
+
+// A large piece's last chunk, then empty pieces: the cursor ends past them (it stopped on the
+// first, and refill() kept the transfer's entry after the transfer had gone).
+TEST(Packer, EmptyPiecesAfterALargeOneEndTheList) {
+    check({4096, 0}, 4096);
+    check({8192, 0, 0}, 4096);
+    check({100, 4096, 0}, 4096);
+    check({0, 5000, 0, 0, 0}, 4096);
 }
 
 TEST(Packer, NothingToCut) {
