@@ -40,7 +40,10 @@ inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 // 3: a HELLO after authentication carries a MAC (auth::hello_mac).
 // 4: a READ_REQ carries its notification (the target holds room for it, or refuses the read);
 //    READ_DONE, not NOTIF, delivers it once the reader has the data.
-inline constexpr uint16_t kVersion = 4;
+// 5: a READ_RESP carries a read's data inline unasked (XFER_INLINE_THRESHOLD) only for a read of
+//    at most kMaxInlineGpuPieces pieces (the reader may read into GPU memory: each piece is a
+//    synchronous copy there); more is a protocol error.
+inline constexpr uint16_t kVersion = 5;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 // The most of a peer's error message (in a reply) that reaches a transfer's status.
 inline constexpr size_t kMaxPeerMessage = 1024;
@@ -61,7 +64,9 @@ inline constexpr size_t kMaxSegments = 1u << 20;  // per transfer
 // The most pieces in GPU memory that one message's inline data may be copied into or out of
 // (an inline WRITE's or READ's): each is a synchronous CUDA copy at the target, under its lock, so
 // a request of many tiny pieces would hold the target's endpoint for milliseconds. A WRITE with
-// more goes through the data channels (a gather kernel); one sent inline is refused.
+// more goes through the data channels (a gather kernel); one sent inline is refused. A READ's
+// reply carries its data inline unasked only for reads of at most this many pieces (the target
+// cannot tell which of the reader's are GPU memory); one with more is refused by the reader.
 inline constexpr size_t kMaxInlineGpuPieces = 16;
 // The smallest chunk a request may ask its data to be cut by (WriteReq/ReadReq::chunk).
 inline constexpr uint64_t kMinChunk = 4096;

@@ -146,6 +146,9 @@ struct Xfer {
     // A read with a notification the target accepted (its READ_RESP was not an error): the
     // target holds the notification until our READ_DONE, owed once the read ends.
     bool read_done_owed = false;
+    // A read whose READ_REQ asked for the data inline (all our pieces host memory): the target
+    // may answer so with any number of pieces; unasked, with at most kMaxInlineGpuPieces.
+    bool asked_inline = false;
     // cancel() asked (a read or write of ours): nothing more of it touches our memory (a read's
     // chunks not yet posted land in scratch, see make_op), and once nothing of it does (a read's
     // chunks on their way have landed, a write's data has all been sent) its id reports

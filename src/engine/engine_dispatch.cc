@@ -410,10 +410,13 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         return Status();
     }
     // Inline up to the threshold; a reader alone with us (it asks) into host memory, from host
-    // memory here, up to XFER_INLINE_ALONE_READ.
-    const uint64_t limit = (req.flags & wire::kFlagInline) && all_host(regions)
+    // memory here, up to XFER_INLINE_ALONE_READ. Unasked, only a read of few pieces (the reader
+    // may read into GPU memory, a synchronous copy per piece there: kMaxInlineGpuPieces).
+    const bool asked = (req.flags & wire::kFlagInline) != 0;
+    const uint64_t limit = asked && all_host(regions)
                                ? std::max(inline_limit(), config_.xfer_inline_alone_read)
-                               : inline_limit();
+                           : asked || req.segs.size() <= wire::kMaxInlineGpuPieces ? inline_limit()
+                                                                                   : 0;
     // Past the inline budget the read goes through the data channels: the reader takes a reply
     // without data as "the data follows there" (on_read_resp), so a legitimate burst of small
     // reads is served whole rather than taken for a peer that does not read its replies.
@@ -464,6 +467,13 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
     if (!st.ok()) {
         x->result = st;
     } else if (flags & wire::kFlagInline) {
+        // Unasked, only for a read of few pieces: each of ours in GPU memory is a synchronous
+        // copy, under our lock.
+        if (!x->asked_inline && x->pieces.size() > wire::kMaxInlineGpuPieces) {
+            return protocol_error(strformat(
+                "READ_RESP carries the data of a read of %zu pieces inline, unasked (at most %zu)",
+                x->pieces.size(), wire::kMaxInlineGpuPieces));
+        }
         uint64_t total = 0;
         for (const Xfer::Piece& piece : x->pieces) total += piece.len;
         if (resp.data.size() != total) {

@@ -544,6 +544,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         const bool busy = total <= config_.xfer_inline_busy &&
                           config_.xfer_inline_busy > config_.xfer_inline_threshold;
         if (all_host(regions) && (alone || busy)) req.flags |= wire::kFlagInline;
+        x->asked_inline = (req.flags & wire::kFlagInline) != 0;
         issue_or_defer(*p, [this, p, x, total, gpu, msg = wire::encode_read_req(req)]() mutable {
             if (x->cancelled) {  // while its connection was being made: nothing went out
                 maybe_finish(x);

@@ -1733,8 +1733,8 @@ TEST(EngineHostile, AMalformedHeartbeatFailsThePeer) {
 // dropped, and not a byte of the registration change.
 void expect_forged_answer_writes_nothing(
     const std::function<StatusOr<XferId>(Endpoint*, PeerId, MemId, uint64_t len)>& post,
-    const std::function<void(int fd)>& forge) {
-    auto ep = make_endpoint("poisoned", engine_test_config());
+    const std::function<void(int fd)>& forge, const Config& config = engine_test_config()) {
+    auto ep = make_endpoint("poisoned", config);
     ASSERT_NE(ep, nullptr);
     RawPeer raw(*ep);
     ASSERT_TRUE(raw.ok());
@@ -1843,6 +1843,37 @@ TEST(EngineHostile, AReadAnsweredWithTheWrongByteCountWritesNothing) {
             wire::end_message(&resp);
             send_all(fd, resp);
         });
+}
+
+// A read of many pieces answered inline though it did not ask: refused (a reader into GPU memory
+// copies each piece synchronously, under its lock: a peer could make it copy a million), and
+// nothing is written.
+TEST(EngineHostile, AReadOfManyPiecesAnsweredInlineUnaskedWritesNothing) {
+    Config c = engine_test_config();
+    c.xfer_inline_alone_read = 1;  // (at most the threshold: the reader never asks)
+    c.xfer_inline_busy = 1;
+    expect_forged_answer_writes_nothing(
+        [](Endpoint* ep, PeerId peer, MemId mem, uint64_t len) {
+            const RemoteMem theirs = raw_region(len);
+            std::vector<IoVec> iov;
+            for (uint64_t at = 0; at < len; at += 128)
+                iov.push_back(IoVec{mem, at, theirs, at, 128});
+            return ep->readv(peer, iov);
+        },
+        [](int fd) {
+            wire::Header h;
+            std::string body;
+            ASSERT_NO_FATAL_FAILURE(read_expected(fd, wire::MsgType::kReadReq, &h, &body));
+            wire::ReadReq req;
+            ASSERT_TRUE(wire::decode_read_req(body, h.flags, &req).ok());
+            ASSERT_EQ(req.flags & wire::kFlagInline, 0) << "the reader asked";
+            ASSERT_EQ(req.segs.size(), 32u);
+            std::string resp = wire::encode_read_resp(req.xfer, wire::kFlagInline, Status());
+            resp.append(4096, 'z');
+            wire::end_message(&resp);
+            send_all(fd, resp);
+        },
+        c);
 }
 
 // A send whose data is longer than the send it announced.

@@ -411,6 +411,38 @@ class EnginePairNarrow : public EnginePair {
     }
 };
 
+// A read that does not ask for its data inline (a reader into GPU memory never does; here
+// host memory with the asking turned off) gets it inline only with few pieces: a small read of
+// many pieces comes through the data channels, and a small read of few still inline.
+TEST(EngineEndpoints, AnUnaskedReadOfManyPiecesIsNotAnsweredInline) {
+    Config c = engine_test_config();
+    c.xfer_inline_alone_read = 1;  // (at most the threshold: never asks)
+    c.xfer_inline_busy = 1;
+    constexpr size_t kLen = 1 << 16;
+    std::vector<uint8_t> mine(kLen, 0), theirs(kLen);
+    fill_pattern(theirs.data(), kLen, 3);
+    auto a = make_endpoint("reader", c);
+    auto b = make_endpoint("holder", engine_test_config());
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    const MemId m = *a->reg(mine.data(), kLen);
+    const RemoteMem d = *b->describe(*b->reg(theirs.data(), kLen));
+    for (size_t pieces : {size_t{16}, size_t{17}, size_t{64}}) {
+        std::fill(mine.begin(), mine.end(), 0);
+        std::vector<IoVec> iov;
+        for (size_t k = 0; k < pieces; ++k) iov.push_back(IoVec{m, k * 200, d, k * 300, 100});
+        auto r = a->readv(l.a_to_b, iov);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        const Status st = a->wait(*r, 20s);
+        ASSERT_TRUE(st.ok()) << pieces << ": " << st.to_string();
+        for (size_t k = 0; k < pieces; ++k) {
+            ASSERT_EQ(std::memcmp(mine.data() + k * 200, theirs.data() + k * 300, 100), 0) << k;
+        }
+    }
+    EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
+}
+
 TEST_F(EnginePairNarrow, VectorsEndingInEmptyPiecesAfterAWholeChunkLand) {
     constexpr uint64_t kChunk = 64 * 1024;
     constexpr int kVectors = 96;
