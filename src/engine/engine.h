@@ -149,6 +149,9 @@ struct Xfer {
     // A read whose READ_REQ asked for the data inline (all our pieces host memory): the target
     // may answer so with any number of pieces; unasked, with at most kMaxInlineGpuPieces.
     bool asked_inline = false;
+    // cancel() reported it and its id is gone, but it waits for its peer's answer: counted in
+    // Impl::detached_ (against MAX_TRANSFERS) until destroyed.
+    bool detached = false;
     // cancel() asked (a read or write of ours): nothing more of it touches our memory (a read's
     // chunks not yet posted land in scratch, see make_op), and once nothing of it does (a read's
     // chunks on their way have landed, a write's data has all been sent) its id reports
@@ -838,6 +841,7 @@ class Endpoint::Impl {
     void count_finished(const Xfer& x);
     std::vector<cuda::Seg> seg_buf_;
     std::vector<uint32_t> unpack_scratch_;  // check_unpacked_bytes' sort
+    size_t detached_ = 0;                   // Xfer::detached ones alive
     std::vector<net::IoSeg> ioseg_buf_;
 
     int epfd_ = -1;

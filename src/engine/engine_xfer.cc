@@ -113,6 +113,15 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
                                                          bool user_visible) {
     XferId user_id = 0;
     if (user_visible) {
+        // Cancelled transfers still waiting for their peer's answer count too: a peer that
+        // answers nothing would otherwise have a cancel-and-post loop hold one for ever each.
+        if (detached_ > 0 &&
+            xfers_->in_use() + detached_ >= static_cast<size_t>(config_.max_transfers)) {
+            return resource_exhausted(strformat(
+                "%zu transfers are in flight, %zu of them cancelled and waiting for their "
+                "peer's answer (TCPX_P2P_MAX_TRANSFERS)",
+                xfers_->in_use() + detached_, detached_));
+        }
         TCPX_ASSIGN_OR_RETURN(user_id, xfers_->allocate());
     }
     try {
@@ -153,6 +162,7 @@ std::vector<wire::Segment> Endpoint::Impl::hold_pieces(Xfer* x, std::span<const 
 }
 
 void Endpoint::Impl::destroy(Xfer* x) {
+    if (x->detached) --detached_;
     for (const Xfer::Piece& piece : x->pieces) {
         if (piece.region != nullptr) registry_.unref(piece.region);  // (a drain's are null)
     }
@@ -321,6 +331,8 @@ void Endpoint::Impl::detach_cancelled(Xfer* x) {
     }
     xfers_->finish(x->user_id, x->result);
     x->user_id = 0;
+    x->detached = true;
+    ++detached_;
     wake_waiters();  // wait() for it, dereg() for a region it held
 }
 
@@ -528,10 +540,10 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
         req.xfer = x->wire_id;
         req.segs = hold_pieces(x, iov, regions);
         if (notification) {
+            // (Encoded into the request below; nothing of the read needs it after that.)
             x->has_notification = true;
-            x->notification = std::string(*notification);
             req.flags |= wire::kFlagNotif;
-            req.notification = x->notification;
+            req.notification = *notification;
         }
         uint64_t total = 0;
         for (const IoVec& v : iov) total += v.len;  // (no overflow: resolve_pieces checked)

@@ -1876,6 +1876,66 @@ TEST(EngineHostile, AReadOfManyPiecesAnsweredInlineUnaskedWritesNothing) {
         c);
 }
 
+// A peer that answers none of our reads (its heartbeats keep it alive): an application that
+// cancels each and posts the next, as one does with a peer that does not answer, had every
+// cancelled read wait for its answer for ever, none of them counted anywhere. They count against
+// MAX_TRANSFERS until the peer answers or goes: posting past it is refused, and room comes back
+// when the peer goes.
+TEST(EngineHostile, CancelledReadsAPeerNeverAnswersCountAgainstMaxTransfers) {
+    Config c = engine_test_config();
+    c.max_transfers = 16;
+    c.peer_timeout_ms = 60000;
+    auto ep = make_endpoint("canceller", c);
+    ASSERT_NE(ep, nullptr);
+    GuardedBuffer dst(4096, 0xee);
+    const MemId mem = *ep->reg(dst.data(), 4096);
+    {
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        auto peer = ep->accept(5s);
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        const RemoteMem theirs = raw_region(4096);
+        const std::string note(4096, 'n');
+        int posted = 0;
+        Status refused;
+        for (int i = 0; i < 64; ++i) {
+            auto x = ep->read(*peer, mem, 0, theirs, 0, 4096, std::string_view(note));
+            if (!x.ok()) {
+                refused = x.status();
+                break;
+            }
+            ++posted;
+            ASSERT_TRUE(ep->cancel(*x).ok());
+            const XferStatus st = ep->poll(*x);
+            ASSERT_EQ(st.state, XferState::kFailed);
+            EXPECT_EQ(st.error.code(), StatusCode::kCancelled);
+        }
+        EXPECT_EQ(posted, 16);
+        EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.to_string();
+        EXPECT_NE(refused.message().find("cancelled"), std::string::npos) << refused.to_string();
+        EXPECT_TRUE(ep->peer_status(*peer).ok());
+    }
+    // The peer gone, so are its cancelled reads: room for ours again.
+    auto other = make_endpoint("answers", engine_test_config());
+    ASSERT_NE(other, nullptr);
+    std::vector<uint8_t> src(4096, 0x42);
+    const RemoteMem there = *other->describe(*other->reg(src.data(), src.size()));
+    auto to_other = ep->connect(other->metadata());
+    ASSERT_TRUE(to_other.ok()) << to_other.status().to_string();
+    StatusOr<XferId> x = resource_exhausted("not yet");
+    ASSERT_TRUE(eventually(
+        [&] {
+            x = ep->read(*to_other, mem, 0, there, 0, 16);
+            return x.status().code() != StatusCode::kResourceExhausted;
+        },
+        10s))
+        << x.status().to_string();
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_TRUE(ep->wait(*x, 10s).ok());
+    for (size_t i = 0; i < 16; ++i) ASSERT_EQ(dst.data()[i], 0x42) << i;
+    for (size_t i = 16; i < 4096; ++i) ASSERT_EQ(dst.data()[i], 0xee) << "byte " << i << " written";
+}
+
 // A send whose data is longer than the send it announced.
 TEST(EngineHostile, SendDataLongerThanItsSendWritesNothing) {
     expect_forged_answer_writes_nothing(
