@@ -2,18 +2,50 @@
 // transport wrote (devmem-TCP loadMeta: bounce offset, offset in the chunk, length; not trusted)
 // and piece lengths a peer named: every planned copy stays inside one piece and inside the bounce
 // buffer the entries could name, is at most a tile, an entry reaching outside the chunk is
-// reported, and running the plan (AddressSanitizer watching) writes nothing else.
+// reported, and running the plan (AddressSanitizer watching) writes nothing else. Also the check
+// made before any unpack (cuda/unpack_check.h) against a plain reference: each entry inside one
+// page and inside the bounce buffer, and, sorted by place, the entries tiling the chunk.
 //
 // Input: u16 piece count n, n × u16 piece lengths, then 16-byte entries (LoadMeta layout).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
+#include "cuda/unpack_check.h"
 #include "cuda/unpack_plan.h"
 #include "fuzz_check.h"
 
 namespace c = tcpx::cuda;
+
+namespace {
+
+// What check_unpack_entries must say, the plain way: every interval sorted at once.
+bool reference_check(const std::vector<c::LoadMeta>& entries, uint64_t want, uint64_t bounce_len) {
+    if (entries.size() > static_cast<size_t>(c::kUnpackMaxEntries)) return true;  // (the unpack's)
+    std::vector<std::pair<uint64_t, uint64_t>> places;                            // (dst_off, len)
+    uint64_t got = 0;
+    for (const c::LoadMeta& m : entries) {
+        got += m.len;
+        if (m.len == 0) continue;
+        if (m.src_off % c::kUnpackPageSize + m.len > c::kUnpackPageSize) return false;
+        if (uint64_t{m.src_off} + m.len > bounce_len) return false;
+        if (m.dst_off >= want || m.len > want - m.dst_off) return false;
+        places.emplace_back(m.dst_off, m.len);
+    }
+    if (got != want) return false;
+    std::sort(places.begin(), places.end());
+    uint64_t next = 0;
+    for (const auto& [off, len] : places) {
+        if (off != next) return false;
+        next += len;
+    }
+    return true;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 2) return 0;
@@ -40,6 +72,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (m.dst_off <= total && m.len <= total - m.dst_off) {
             reach = std::max<uint64_t>(reach, uint64_t{m.src_off} + m.len);
         }
+    }
+    // The check before any unpack agrees with the reference, for a chunk of all the pieces' bytes
+    // in a 1 MiB bounce buffer.
+    {
+        std::vector<uint32_t> scratch;
+        const tcpx::Status st =
+            c::check_unpack_entries(entries.data(), entries.size(), total, 1 << 20, &scratch);
+        FUZZ_CHECK(st.ok() == reference_check(entries, total, 1 << 20));
     }
     if (reach > (64u << 20)) return 0;  // (a real bounce buffer is that large; skip the memory)
     std::vector<uint8_t> bounce(reach);
