@@ -491,55 +491,45 @@ class CudaDevice final : public Device {
             cudaGetLastError();
             return 0;
         }
+        const StatusOr<uint64_t> mapped = mapped_from(ptr, at_most, attr.device);
+        return mapped.ok() ? *mapped : 0;
+    }
+
+    // Whether [ptr, ptr + len) is device memory of GPU `device` throughout.
+    Status check_mapped(const void* ptr, size_t len, int device) {
+        TCPX_ASSIGN_OR_RETURN(const uint64_t mapped, mapped_from(ptr, len, device));
+        if (mapped >= len) return Status();
+        return out_of_range(strformat(
+            "%zu bytes from %p run past the end of GPU %d's memory there (%llu bytes of it from "
+            "that address)",
+            len, ptr, device, static_cast<unsigned long long>(mapped)));
+    }
+
+    // How many bytes from `ptr` on, up to `at_most`, are device memory of GPU `device` (`at_most`
+    // where the driver cannot say). An allocation of the virtual memory API (cuMemCreate +
+    // cuMemMap: PyTorch's expandable segments) is a contiguous range of separately mapped
+    // pieces, and cuMemGetAddressRange answers for the piece a pointer lies in: the range is
+    // walked piece by piece. An error where `device` cannot be made current.
+    StatusOr<uint64_t> mapped_from(const void* ptr, uint64_t at_most, int device) {
         const auto range = address_range_call();
-        if (range == nullptr) return at_most;  // the driver cannot say
-        OnGpu on(attr.device);
-        if (!on.status().ok()) return 0;
-        // Piece by piece, as check_mapped().
+        if (range == nullptr) return at_most;  // the driver cannot say: as before
+        OnGpu on(device);                      // the driver answers in the current context
+        TCPX_RETURN_IF_ERROR(on.status());
         const auto start = reinterpret_cast<CUdeviceptr>(ptr);
         CUdeviceptr at = start;
         for (int pieces = 0; at - start < at_most && pieces < (1 << 20); ++pieces) {
             CUdeviceptr base = 0;
             size_t size = 0;
-            cudaPointerAttributes a{};
+            cudaPointerAttributes attr{};
             if (range(&base, &size, at) != CUDA_SUCCESS ||
-                cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(at)) != cudaSuccess ||
-                a.type != cudaMemoryTypeDevice || a.device != attr.device || base + size <= at) {
+                cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(at)) != cudaSuccess ||
+                attr.type != cudaMemoryTypeDevice || attr.device != device || base + size <= at) {
                 cudaGetLastError();
                 break;
             }
             at = base + size;
         }
         return std::min<uint64_t>(at - start, at_most);
-    }
-
-    // Whether [ptr, ptr + len) is device memory of GPU `device` throughout. An allocation of
-    // the virtual memory API (cuMemCreate + cuMemMap: PyTorch's expandable segments) is a
-    // contiguous range of separately mapped pieces, and cuMemGetAddressRange answers for the
-    // piece a pointer lies in: the range is walked piece by piece.
-    Status check_mapped(const void* ptr, size_t len, int device) {
-        const auto range = address_range_call();
-        if (range == nullptr) return Status();  // the driver cannot say: as before
-        OnGpu on(device);                       // the driver answers in the current context
-        TCPX_RETURN_IF_ERROR(on.status());
-        const auto start = reinterpret_cast<CUdeviceptr>(ptr);
-        CUdeviceptr at = start;
-        for (int pieces = 0; at - start < len; ++pieces) {
-            CUdeviceptr base = 0;
-            size_t size = 0;
-            cudaPointerAttributes attr{};
-            if (pieces >= (1 << 20) || range(&base, &size, at) != CUDA_SUCCESS ||
-                cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(at)) != cudaSuccess ||
-                attr.type != cudaMemoryTypeDevice || attr.device != device || base + size <= at) {
-                cudaGetLastError();
-                return out_of_range(strformat(
-                    "%zu bytes from %p run past the end of GPU %d's memory there (%llu bytes of "
-                    "it from that address)",
-                    len, ptr, device, static_cast<unsigned long long>(at - start)));
-            }
-            at = base + size;
-        }
-        return Status();
     }
 
     Status copy(int device, void* dst, const void* src, size_t len) override {

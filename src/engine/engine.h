@@ -149,15 +149,15 @@ struct Xfer {
     // A read whose READ_REQ asked for the data inline (all our pieces host memory): the target
     // may answer so with any number of pieces; unasked, with at most kMaxInlineGpuPieces.
     bool asked_inline = false;
-    // cancel() reported it and its id is gone, but it waits for its peer's answer: counted in
-    // Impl::detached_ (against MAX_TRANSFERS) until destroyed.
-    bool detached = false;
     // cancel() asked (a read or write of ours): nothing more of it touches our memory (a read's
     // chunks not yet posted land in scratch, see make_op), and once nothing of it does (a read's
     // chunks on their way have landed, a write's data has all been sent) its id reports
     // CANCELLED and it lets go of its regions (detach_cancelled: user_id 0 from then on), while
     // what is left of it on the wire drains.
     bool cancelled = false;
+    // Cancelled and reported, its id gone, but waiting for its peer's answer: counted in
+    // Impl::detached_ (against MAX_TRANSFERS) until destroyed.
+    bool detached() const { return cancelled && user_id == 0; }
     HeldNotificationRoom endpoint_notification_room;
     // A served request's pieces, counted in its peer's served_pieces until it is destroyed.
     uint64_t served_pieces = 0;
@@ -503,14 +503,14 @@ class Endpoint::Impl {
     void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
     bool read_control(Peer& p);
-    // Stops reading p's control connection (Peer::ctrl_paused) while its NOTIF of `note`
-    // bytes waits for room; resume_control starts again (false: the peer failed). Paused
-    // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
     // The epoll interest of a ready peer's control socket: input unless `paused`, output if
     // `out` (which watch_out records). False: epoll_ctl failed (errno), nothing changed.
     bool set_interest(Peer& p, bool paused, bool out);
     // After a flush: starts or stops watching the socket for room (Peer::watch_out).
     void watch_output(Peer& p, Clock::time_point now);
+    // Stops reading p's control connection (Peer::ctrl_paused) while its NOTIF of `note`
+    // bytes waits for room; resume_control starts again (false: the peer failed). Paused
+    // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
     Status pause_control(Peer& p, uint64_t note);
     bool resume_control(Peer& p);
     void unpause(Peer& p) noexcept;  // the bookkeeping of both of the above
@@ -841,7 +841,7 @@ class Endpoint::Impl {
     void count_finished(const Xfer& x);
     std::vector<cuda::Seg> seg_buf_;
     std::vector<uint32_t> unpack_scratch_;  // check_unpacked_bytes' sort
-    size_t detached_ = 0;                   // Xfer::detached ones alive
+    size_t detached_ = 0;                   // Xfer::detached() ones alive
     std::vector<net::IoSeg> ioseg_buf_;
 
     int epfd_ = -1;

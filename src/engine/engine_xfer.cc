@@ -162,7 +162,7 @@ std::vector<wire::Segment> Endpoint::Impl::hold_pieces(Xfer* x, std::span<const 
 }
 
 void Endpoint::Impl::destroy(Xfer* x) {
-    if (x->detached) --detached_;
+    if (x->detached()) --detached_;
     for (const Xfer::Piece& piece : x->pieces) {
         if (piece.region != nullptr) registry_.unref(piece.region);  // (a drain's are null)
     }
@@ -331,7 +331,6 @@ void Endpoint::Impl::detach_cancelled(Xfer* x) {
     }
     xfers_->finish(x->user_id, x->result);
     x->user_id = 0;
-    x->detached = true;
     ++detached_;
     wake_waiters();  // wait() for it, dereg() for a region it held
 }

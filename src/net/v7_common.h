@@ -38,6 +38,11 @@ inline constexpr auto guarded = &Guarded<Fn>::call;
 
 // An ncclResult_t as a Status; `what` says which call returned it.
 Status from_nccl_result(tcpx_ncclResult_t result, std::string_view what);
+// Whether a plugin's call succeeded: ncclInProgress is no error (NCCL reads the call's outputs
+// after it as after ncclSuccess).
+inline bool nccl_call_ok(tcpx_ncclResult_t result) {
+    return result == tcpx_ncclSuccess || result == tcpx_ncclInProgress;
+}
 
 // v7 properties <-> Properties. v7 has no max_requests / reports_sizes: from_v7 leaves them at
 // their defaults. to_v7 points name/pciPath at the caller's strings, which must outlive `out`.

@@ -26,21 +26,27 @@ class V7TableTest : public ::testing::Test {
         t_ = net::socket_net_v7();
         ASSERT_EQ(t_->init(nullptr), tcpx_ncclSuccess);
         ASSERT_EQ(t_->init(nullptr), tcpx_ncclSuccess);  // a second init is harmless
+        ASSERT_NO_FATAL_FAILURE(connect_pair(&send_, &recv_));
+    }
+    // A send comm and the receive comm accepted for it, through a listener closed again (its
+    // handle in *closed_listen, when asked for).
+    void connect_pair(void** send, void** recv, void** closed_listen = nullptr) {
         char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
         void* listen = nullptr;
         ASSERT_EQ(t_->listen(0, handle, &listen), tcpx_ncclSuccess);
-        for (int i = 0; i < 100000 && (send_ == nullptr || recv_ == nullptr); ++i) {
+        for (int i = 0; i < 100000 && (*send == nullptr || *recv == nullptr); ++i) {
             tcpx_ncclNetDeviceHandle_v7_t* dev = nullptr;
-            if (send_ == nullptr) {
-                ASSERT_EQ(t_->connect(0, handle, &send_, &dev), tcpx_ncclSuccess);
+            if (*send == nullptr) {
+                ASSERT_EQ(t_->connect(0, handle, send, &dev), tcpx_ncclSuccess);
             }
-            if (recv_ == nullptr) {
-                ASSERT_EQ(t_->accept(listen, &recv_, &dev), tcpx_ncclSuccess);
+            if (*recv == nullptr) {
+                ASSERT_EQ(t_->accept(listen, recv, &dev), tcpx_ncclSuccess);
             }
         }
         ASSERT_EQ(t_->closeListen(listen), tcpx_ncclSuccess);
-        ASSERT_NE(send_, nullptr);
-        ASSERT_NE(recv_, nullptr);
+        ASSERT_NE(*send, nullptr);
+        ASSERT_NE(*recv, nullptr);
+        if (closed_listen != nullptr) *closed_listen = listen;
     }
     void TearDown() override {
         if (send_ != nullptr) {
@@ -224,21 +230,9 @@ TEST_F(V7TableTest, StaleHandlesAreRefusedEvenOnceTheirMemoryIsReused) {
     void* const old_send_comm = send_;
     ASSERT_EQ(t_->closeSend(send_), tcpx_ncclSuccess);
     send_ = nullptr;
-    char handle[TCPX_NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* listen = nullptr;
-    ASSERT_EQ(t_->listen(0, handle, &listen), tcpx_ncclSuccess);
     void* second_recv = nullptr;
-    for (int i = 0; i < 100000 && (send_ == nullptr || second_recv == nullptr); ++i) {
-        tcpx_ncclNetDeviceHandle_v7_t* dev = nullptr;
-        if (send_ == nullptr) {
-            ASSERT_EQ(t_->connect(0, handle, &send_, &dev), tcpx_ncclSuccess);
-        }
-        if (second_recv == nullptr) {
-            ASSERT_EQ(t_->accept(listen, &second_recv, &dev), tcpx_ncclSuccess);
-        }
-    }
-    ASSERT_EQ(t_->closeListen(listen), tcpx_ncclSuccess);
-    ASSERT_NE(send_, nullptr);
+    void* listen = nullptr;
+    ASSERT_NO_FATAL_FAILURE(connect_pair(&send_, &second_recv, &listen));
     EXPECT_NE(send_, old_send_comm);
     EXPECT_EQ(t_->closeSend(old_send_comm), tcpx_ncclInvalidArgument);
     EXPECT_EQ(t_->closeListen(listen), tcpx_ncclInvalidArgument);

@@ -268,20 +268,30 @@ TEST(NixlBackend, AConnectionClaimingAnAgentFromElsewhereIsRefused) {
 // The same claim from a connection that ended before the target looked at it (it sent its
 // notification and went; the engine keeps no connection it never handed out): its
 // notification is judged by where it came from all the same, and dropped.
-TEST(NixlBackend, AClaimFromElsewhereThatLeftAtOnceIsStillRefused) {
-    Plugin plugin;
-    nixlBackendEngine* a = plugin.make("gone-a");
-    nixlBackendEngine* b = plugin.make("gone-b");
-    ASSERT_TRUE(a && b);
+// `<prefix>-b` sends `<prefix>-a` a notification and goes, where a holds connection info saying
+// that b is elsewhere: a's engine holds the notification of a connection it never handed out.
+// Returns a.
+nixlBackendEngine* hit_and_run(Plugin& plugin, const std::string& prefix) {
+    nixlBackendEngine* a = plugin.make(prefix + "-a");
+    nixlBackendEngine* b = plugin.make(prefix + "-b");
+    EXPECT_TRUE(a && b);
+    if (a == nullptr || b == nullptr) return nullptr;
     std::string a_info, b_info;
-    ASSERT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
-    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
-    ASSERT_EQ(a->loadRemoteConnInfo("gone-b", elsewhere(b_info)), NIXL_SUCCESS);
-    ASSERT_EQ(b->loadRemoteConnInfo("gone-a", a_info), NIXL_SUCCESS);
-    ASSERT_EQ(b->genNotif("gone-a", "hit and run"), NIXL_SUCCESS);
+    EXPECT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
+    EXPECT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
+    EXPECT_EQ(a->loadRemoteConnInfo(prefix + "-b", elsewhere(b_info)), NIXL_SUCCESS);
+    EXPECT_EQ(b->loadRemoteConnInfo(prefix + "-a", a_info), NIXL_SUCCESS);
+    EXPECT_EQ(b->genNotif(prefix + "-a", "hit and run"), NIXL_SUCCESS);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connected, sent
     plugin.destroy(b);  // its connection closes; a's progress thread sees it end
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return a;
+}
+
+TEST(NixlBackend, AClaimFromElsewhereThatLeftAtOnceIsStillRefused) {
+    Plugin plugin;
+    nixlBackendEngine* a = hit_and_run(plugin, "gone");
+    ASSERT_NE(a, nullptr);
     EXPECT_TRUE(notifs_within(a, std::chrono::milliseconds(300)).empty());
 }
 
@@ -292,18 +302,8 @@ TEST(NixlBackend, AClaimFromElsewhereThatLeftAtOnceIsStillRefused) {
 // noexcept, and an error the engine could not even make an error of ended it).
 TEST(NixlOom, AJudgementOutOfMemoryFailsTheCallNotTheProcess) {
     Plugin plugin;
-    nixlBackendEngine* a = plugin.make("judge-a");
-    nixlBackendEngine* b = plugin.make("judge-b");
-    ASSERT_TRUE(a && b);
-    std::string a_info, b_info;
-    ASSERT_EQ(a->getConnInfo(a_info), NIXL_SUCCESS);
-    ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
-    ASSERT_EQ(a->loadRemoteConnInfo("judge-b", elsewhere(b_info)), NIXL_SUCCESS);
-    ASSERT_EQ(b->loadRemoteConnInfo("judge-a", a_info), NIXL_SUCCESS);
-    ASSERT_EQ(b->genNotif("judge-a", "hit and run"), NIXL_SUCCESS);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connected, sent
-    plugin.destroy(b);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a's engine saw it end
+    nixlBackendEngine* a = hit_and_run(plugin, "judge");
+    ASSERT_NE(a, nullptr);
     int failed = 0;
     bool judged = false;
     for (long skip = 0; skip < 200 && !judged; ++skip) {

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "net/ncclnet_newer.h"
+#include "net/v7_common.h"
 
 namespace tcpx::net {
 namespace {
@@ -111,9 +112,7 @@ class Adapter final : public NcclNetTable {
             for (int dev = 0; dev < ndev; ++dev) {
                 Props p{};
                 // NCCL refuses a plugin reporting 0; here it reads as "not stated".
-                const tcpx_ncclResult_t rc = t_->getProperties(dev, &p);
-                const bool ok = rc == tcpx_ncclSuccess || rc == tcpx_ncclInProgress;
-                if (ok && p.maxP2pBytes > 0) {
+                if (nccl_call_ok(t_->getProperties(dev, &p)) && p.maxP2pBytes > 0) {
                     limit = std::min(limit, p.maxP2pBytes);
                 }
             }
@@ -142,7 +141,7 @@ class Adapter final : public NcclNetTable {
         } else {
             Props p{};
             const tcpx_ncclResult_t rc = t_->getProperties(dev, &p);
-            if (rc != tcpx_ncclSuccess && rc != tcpx_ncclInProgress) return rc;
+            if (!nccl_call_ok(rc)) return rc;
             *out = tcpx_ncclNetProperties_v7_t{};
             out->name = p.name;
             out->pciPath = p.pciPath;

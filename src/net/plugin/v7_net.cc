@@ -416,8 +416,7 @@ Status V7Net::test(Request* request, bool* done, size_t* sizes) {
     int int_sizes[kMaxRecvs];
     for (int& s : int_sizes) s = -1;
     const tcpx_ncclResult_t rc = table_->test(r->request, &finished, int_sizes);
-    // ncclInProgress is no error: NCCL reads `done` after it as after success.
-    if (rc != tcpx_ncclSuccess && rc != tcpx_ncclInProgress) {
+    if (!nccl_call_ok(rc)) {
         // A failed request is finished too: release it as test() promises.
         release_request(r);
         *done = true;
@@ -556,7 +555,7 @@ void V7Net::reap_parked() {
             ListenWrap* l = *it;
             CommWrap* w = l->next.get();
             const tcpx_ncclResult_t rc = table_->accept(l->comm, &w->comm, &w->dev_ptr);
-            const bool ok = rc == tcpx_ncclSuccess || rc == tcpx_ncclInProgress;
+            const bool ok = nccl_call_ok(rc);
             if (ok && w->comm == nullptr) {
                 ++it;
                 continue;
