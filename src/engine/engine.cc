@@ -42,6 +42,9 @@ constexpr uint64_t kNetTag = ~uint64_t{0} - 2;
 // How often timers (handshake deadlines, heartbeats, liveness, stalled channels) are looked at:
 // peers with nothing to do cost nothing between ticks.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// A quiet peer hears from us at least this often, whatever our own PEER_TIMEOUT_MS (liveness,
+// below): a thousand quiet peers cost a thousand small messages a second.
+constexpr auto kMaxHeartbeatEvery = std::chrono::milliseconds(1000);
 // How long a peer's data channels being set up are polled on every pass; after that they are
 // looked at on the tick (needs_polling).
 constexpr auto kChannelsPolledFor = std::chrono::milliseconds(250);
@@ -163,6 +166,17 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     // the socket transport's interfaces (and so the control listener's) unless SOCKET_IFNAME is
     // set, or the plugin's device.
     const int gpu = static_cast<int>(config.gpu_index);
+    // A GPU this process does not see would be advertised to peers and matched to no NIC (the
+    // default interfaces instead, or the plugin's first device): refused, with the count.
+    if (gpu >= 0) {
+        const int gpus = cuda::device_count();
+        if (gpu >= gpus) {
+            return invalid_argument(strformat(
+                "TCPX_P2P_GPU_INDEX is %d, but this process sees %d GPU%s (indices are the "
+                "process's own: CUDA_VISIBLE_DEVICES renumbers them from 0)",
+                gpu, gpus, gpus == 1 ? "" : "s"));
+        }
+    }
     const std::string gpu_pci = gpu >= 0 ? cuda::device().pci_bus_id(gpu) : std::string();
     if (config.net_plugin.empty()) {
         if (gpu >= 0) {
@@ -1126,8 +1140,12 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     // A heartbeat when quiet; and, busy or not, news of chunks moved since the last one: a peer
     // waiting for our answer to its request (a write's acknowledgement, when its data sat in
     // the socket buffers on its way to us) learns that we are serving it.
-    const bool quiet = now - p.last_send > timeout / 4;
-    const bool news = p.moved != p.moved_reported && now - p.reported_at > timeout / 4;
+    // Every quarter of our timeout, and at least every kMaxHeartbeatEvery: PEER_TIMEOUT_MS is
+    // each side's own, and a peer whose timeout is shorter than ours (down to about twice that)
+    // must hear from us within its own.
+    const auto every = std::min<Clock::duration>(timeout / 4, kMaxHeartbeatEvery);
+    const bool quiet = now - p.last_send > every;
+    const bool news = p.moved != p.moved_reported && now - p.reported_at > every;
     if ((quiet || news) && !p.ctrl_broken) {
         send_ctrl(p, wire::encode_ping(p.moved));
         p.moved_reported = p.moved;

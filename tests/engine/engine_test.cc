@@ -20,6 +20,7 @@
 #include "engine/ctrl_wire.h"
 #include "engine/metadata.h"
 #include "tests/support/engine_test_util.h"
+#include "tests/support/host_device.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
 
@@ -79,6 +80,29 @@ class EnginePair : public ::testing::Test {
     RemoteMem adesc_, bdesc_;
 };
 
+// The GPU an endpoint serves is advertised in its metadata; one this process does not see is
+// refused at creation, with the count (it would be matched to no NIC).
+TEST(EngineEndpoints, TheGpuIndexIsAdvertisedAndOneNotSeenIsRefused) {
+    {
+        ScopedHostDevice emu(4);
+        Config c = engine_test_config();
+        c.gpu_index = 3;
+        auto g = Endpoint::create(c, "gpu3");
+        ASSERT_TRUE(g.ok()) << g.status().to_string();
+        EXPECT_EQ(Endpoint::parse_metadata((*g)->metadata())->gpu, 3);
+    }
+    {
+        ScopedHostDevice emu(2);
+        Config c = engine_test_config();
+        c.gpu_index = 2;
+        auto g = Endpoint::create(c, "gpu2");
+        ASSERT_FALSE(g.ok());
+        EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(g.status().message().find("sees 2 GPUs"), std::string::npos)
+            << g.status().to_string();
+    }
+}
+
 TEST_F(EnginePair, MetadataAndNames) {
     auto info = Endpoint::parse_metadata(b_->metadata());
     ASSERT_TRUE(info.ok());
@@ -86,11 +110,6 @@ TEST_F(EnginePair, MetadataAndNames) {
     EXPECT_EQ(info->host, "127.0.0.1");
     EXPECT_NE(info->port, 0);
     EXPECT_EQ(info->gpu, -1);
-    Config with_gpu = engine_test_config();
-    with_gpu.gpu_index = 3;
-    auto g = make_endpoint("gpu3", with_gpu);
-    ASSERT_NE(g, nullptr);
-    EXPECT_EQ(Endpoint::parse_metadata(g->metadata())->gpu, 3);
     EXPECT_EQ(*a_->peer_name(link_.a_to_b), "beta");
     EXPECT_EQ(*b_->peer_name(link_.b_to_a), "alpha");
     EXPECT_EQ(b_->accept(20ms).status().code(), StatusCode::kTimeout);
@@ -414,6 +433,31 @@ class EnginePairNarrow : public EnginePair {
 // A read that does not ask for its data inline (a reader into GPU memory never does; here
 // host memory with the asking turned off) gets it inline only with few pieces: a small read of
 // many pieces comes through the data channels, and a small read of few still inline.
+// PEER_TIMEOUT_MS is each side's own: a peer on the default (30 s, heartbeats every 7.5 s by its
+// own quarter) keeps an endpoint with a 2 s timeout from failing it while both are quiet.
+TEST(EngineEndpoints, APeerWithALongerTimeoutKeepsAShortTimeoutSideAlive) {
+    Config short_timeout = engine_test_config();
+    short_timeout.peer_timeout_ms = 2000;
+    Config long_timeout = engine_test_config();
+    long_timeout.peer_timeout_ms = 30000;
+    auto a = make_endpoint("short", short_timeout);
+    auto b = make_endpoint("long", long_timeout);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    std::this_thread::sleep_for(3500ms);  // quiet, past the short timeout
+    EXPECT_TRUE(a->peer_status(l.a_to_b).ok()) << a->peer_status(l.a_to_b).to_string();
+    EXPECT_TRUE(b->peer_status(l.b_to_a).ok()) << b->peer_status(l.b_to_a).to_string();
+    std::vector<uint8_t> src(4096), dst(4096, 0);
+    fill_pattern(src.data(), src.size(), 9);
+    const MemId m = *a->reg(src.data(), src.size());
+    const RemoteMem d = *b->describe(*b->reg(dst.data(), dst.size()));
+    auto w = a->write(l.a_to_b, m, 0, d, 0, src.size());
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(a->wait(*w, 20s).ok());
+    EXPECT_EQ(src, dst);
+}
+
 TEST(EngineEndpoints, AnUnaskedReadOfManyPiecesIsNotAnsweredInline) {
     Config c = engine_test_config();
     c.xfer_inline_alone_read = 1;  // (at most the threshold: never asks)
