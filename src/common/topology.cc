@@ -1,10 +1,14 @@
 #include "common/topology.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "common/status_util.h"
@@ -18,11 +22,31 @@ namespace fs = std::filesystem;
 constexpr std::string_view kMapParam = "TCPX_P2P_GPU_NIC_MAP";
 constexpr int kMaxGpuIndex = 1023;  // TCPX_P2P_GPU_INDEX's range
 
+// The first line of a small sysfs attribute, trimmed; "" when it cannot be read. SYSFS_ROOT may
+// point anywhere (a fixture tree in tests), so nothing is assumed of what lies there: only a
+// regular file is read (a FIFO would block the open, a link to /dev/zero would never end), at
+// most kMaxAttribute bytes of it.
 std::string read_line(const fs::path& path) {
-    std::ifstream in(path);
-    std::string line;
-    if (!in || !std::getline(in, line)) return "";
-    return std::string(trim(line));
+    constexpr size_t kMaxAttribute = 4096;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return "";
+    struct stat st {};
+    std::string text;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        char buf[kMaxAttribute];
+        size_t got = 0;
+        while (got < sizeof(buf)) {
+            const ssize_t n = ::read(fd, buf + got, sizeof(buf) - got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += static_cast<size_t>(n);
+        }
+        text.assign(buf, got);
+    }
+    ::close(fd);
+    const size_t eol = text.find('\n');
+    if (eol != std::string::npos) text.resize(eol);
+    return std::string(trim(text));
 }
 
 // An integer file (numa_node, speed, mtu); -1 when missing or garbled.

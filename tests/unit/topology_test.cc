@@ -4,6 +4,10 @@
 #include "common/topology.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <map>
 #include <string>
@@ -288,6 +292,24 @@ TEST(Topology, MissingOrGarbledSysfsFallsBackSanely) {
     auto unknown = nics_for_gpu(read_topology(tree->root() + "/nonexistent"), "", 2, "");
     ASSERT_TRUE(unknown.ok());
     EXPECT_TRUE(unknown->nics.empty());
+}
+
+// SYSFS_ROOT may point at any tree: an attribute that is a FIFO (whose open would block for
+// ever), a link to /dev/zero (whose line never ends) or a huge file is read as garbled, at once.
+TEST(Topology, AttributesThatAreNoSmallFilesAreReadAsGarbled) {
+    auto tree = SysfsTree::a3_high();
+    const std::string fifo = tree->root() + "/class/net/eth1/operstate";
+    tree->remove("class/net/eth1/operstate");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    tree->link("/dev/zero", "class/net/eth2/speed");
+    tree->write("class/net/eth3/mtu", std::string(1 << 20, '7'));
+    const Topology t = read_topology(tree->root());  // (before: blocked in the FIFO's open)
+    const Nic* eth1 = find_nic(t, "eth1");
+    ASSERT_NE(eth1, nullptr);
+    EXPECT_EQ(eth1->operstate, "");
+    EXPECT_EQ(find_nic(t, "eth2")->speed_mbps, -1);
+    EXPECT_EQ(find_nic(t, "eth3")->mtu, -1);
+    EXPECT_EQ(find_nic(t, "eth4")->operstate, "up");  // the others as before
 }
 
 // An external plugin's devices are matched by their pciPath, whatever sysfs root the plugin read
