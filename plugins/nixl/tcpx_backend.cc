@@ -162,10 +162,15 @@ nixl_status_t to_nixl(const Status& st) {
 }
 
 nixl_b_params_t TcpxBackend::default_params() {
-    // The engine's own defaults as this machine runs them (automatic values resolved), so that
-    // what the plugin advertises is what runs: applications often create the backend with
-    // exactly these (NIXL's getPluginParams).
-    const Config d = Config{}.effective();
+    // The settings as this process would run them, the environment's included and automatic
+    // values resolved, so that what the plugin advertises is what runs: applications often
+    // create the backend with exactly these (NIXL's getPluginParams), and passing them back
+    // must not replace what TCPX_P2P_* says. (An invalid environment: the defaults; creating the
+    // backend then fails with the reason.) The secret is never advertised: it would travel to
+    // wherever the application prints its parameters, and an empty value leaves the
+    // environment's in place.
+    auto from_env = Config::from_env();
+    const Config d = (from_env.ok() ? *from_env : Config{}).effective();
     return {
         {"channels", std::to_string(d.channels)},
         {"nsocks", std::to_string(d.nsocks)},
@@ -174,7 +179,7 @@ nixl_b_params_t TcpxBackend::default_params() {
         {"net_plugin", d.net_plugin},
         {"gpu_index", std::to_string(d.gpu_index)},
         {"port", std::to_string(d.port)},
-        {"auth_secret", d.auth_secret},
+        {"auth_secret", ""},
     };
 }
 

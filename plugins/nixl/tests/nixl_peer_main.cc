@@ -11,6 +11,7 @@
 //                                           bytes [start, start + len) of <seed>)
 //   fill <seed>                          -> ok
 //   notify <agent> <hex msg>             -> ok | error <status>
+//   params                               -> params <key>=<value> ... (getPluginParams' TCPX)
 //   quit                                 -> exits 0
 #include <cstdio>
 #include <cstdlib>
@@ -110,6 +111,16 @@ int run(int argc, char** argv) {
                 std::cout << "ok" << std::endl;
             } else {
                 std::cout << "error " << st << std::endl;
+            }
+        } else if (cmd == "params") {
+            nixl_mem_list_t mems;
+            nixl_b_params_t params;
+            if (agent->getPluginParams("TCPX", mems, params) != NIXL_SUCCESS) {
+                std::cout << "error" << std::endl;
+            } else {
+                std::cout << "params";
+                for (const auto& [key, value] : params) std::cout << " " << key << "=" << value;
+                std::cout << std::endl;
             }
         } else if (cmd == "quit") {
             break;

@@ -12,12 +12,15 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "nixl_test_util.h"
+
+extern char** environ;
 
 namespace tcpx::nixl_test {
 namespace {
@@ -40,7 +43,23 @@ class Peer {
     Peer& operator=(const Peer&) = delete;
 
     // Starts the peer; fills addr and md from its "ready" line.
-    ::testing::AssertionResult start(const std::string& name, size_t size, uint64_t seed) {
+    // `env`: NAME=VALUE entries added to (or replacing) the environment it inherits.
+    ::testing::AssertionResult start(const std::string& name, size_t size, uint64_t seed,
+                                     const std::vector<std::string>& env = {}) {
+        std::vector<std::string> entries;
+        for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+            const std::string entry(*e);
+            bool replaced = false;
+            for (const std::string& mine : env) {
+                replaced |=
+                    entry.substr(0, entry.find('=') + 1) == mine.substr(0, mine.find('=') + 1);
+            }
+            if (!replaced) entries.push_back(entry);
+        }
+        entries.insert(entries.end(), env.begin(), env.end());
+        std::vector<char*> envp;
+        for (std::string& e : entries) envp.push_back(e.data());
+        envp.push_back(nullptr);
         ::signal(SIGPIPE, SIG_IGN);  // a dead peer's stdin must not kill the test
         int in[2], out[2];
         if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
@@ -54,7 +73,7 @@ class Peer {
             ::dup2(out[1], 1);
             const char* argv[] = {TCPX_NIXL_PEER_PATH, name.c_str(), size_text.c_str(),
                                   seed_text.c_str(), nullptr};
-            ::execv(argv[0], const_cast<char* const*>(argv));
+            ::execve(argv[0], const_cast<char* const*>(argv), envp.data());
             ::_exit(127);
         }
         ::close(in[0]);
@@ -140,6 +159,33 @@ nixl_xfer_dlist_t peer_list(const Peer& peer,
 std::string check_cmd(uint64_t seed, uint64_t start, uint64_t offset, uint64_t len) {
     return "check " + std::to_string(seed) + " " + std::to_string(start) + " " +
            std::to_string(offset) + " " + std::to_string(len);
+}
+
+// --- 10: what the plugin advertises ------------------------------------------------------------
+
+// getPluginParams advertises the settings as they would run, the environment's included: an
+// application that creates the backend with exactly those (as NIXL's examples do) must not
+// replace what TCPX_P2P_* says. The secret is never advertised (the parameters get logged).
+TEST(NixlProcess, AdvertisedParametersFollowTheEnvironmentButNeverTheSecret) {
+    Peer peer;
+    ASSERT_TRUE(peer.start("params-env", 4096, 1,
+                           {"TCPX_P2P_NSOCKS=3", "TCPX_P2P_CHANNELS=3", "TCPX_P2P_PORT=0",
+                            "TCPX_P2P_XFER_CHUNK_SIZE=1M", "TCPX_P2P_SOCKET_IFNAME==lo",
+                            "TCPX_P2P_AUTH_SECRET=a-secret-of-twenty-chars"}));
+    const std::string line = peer.ask("params");
+    std::map<std::string, std::string> got;
+    std::istringstream in(line);
+    std::string word;
+    in >> word;
+    ASSERT_EQ(word, "params") << line;
+    while (in >> word) got[word.substr(0, word.find('='))] = word.substr(word.find('=') + 1);
+    EXPECT_EQ(got["nsocks"], "3") << line;
+    EXPECT_EQ(got["channels"], "3") << line;
+    EXPECT_EQ(got["chunk_size"], "1048576") << line;
+    EXPECT_EQ(got["interface"], "=lo") << line;
+    EXPECT_EQ(got["auth_secret"], "") << line;
+    EXPECT_EQ(line.find("a-secret-of"), std::string::npos) << line;
+    EXPECT_EQ(peer.quit(), 0);
 }
 
 // --- 9: WRITE and READ between processes --------------------------------------------------------
