@@ -2,8 +2,11 @@
 
 #include <cstdlib>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 
+#include "common/env.h"
 #include "common/log.h"
 
 namespace tcpx::nccl_plugin {
@@ -28,23 +31,26 @@ std::map<std::string, std::string>& set_by_plugin() {
 void apply_nccl_defaults() {
     auto config = Config::from_env();
     if (!config.ok()) return;
+    // Inits of two threads at once (two NCCL instances in one process) take turns with the map.
+    static auto* mu = new std::mutex();
+    std::lock_guard<std::mutex> lock(*mu);
     auto& ours = set_by_plugin();
     for (const NcclDefault& want : nccl_defaults(*config)) {
         const char* name = want.name;
-        const char* now = std::getenv(name);
+        const std::optional<std::string> now = env_get(name);
         auto mine = ours.find(name);
-        if (now != nullptr && (mine == ours.end() || mine->second != now)) {
-            TCPX_INFO("NCCL plugin: %s=%s from the environment", name, now);
+        if (now.has_value() && (mine == ours.end() || mine->second != *now)) {
+            TCPX_INFO("NCCL plugin: %s=%s from the environment", name, now->c_str());
             if (mine != ours.end()) ours.erase(mine);  // (the user's from now on)
             continue;
         }
         if (want.value.empty()) {
             // Asked for none: NCCL's own, including in place of one an earlier init set.
-            if (now != nullptr && ::unsetenv(name) == 0) ours.erase(name);
+            if (now.has_value() && env_unset(name) == 0) ours.erase(name);
             continue;
         }
         ours[name] = want.value;  // (first: out of memory, the environment is left as it was)
-        if (::setenv(name, want.value.c_str(), /*overwrite=*/1) == 0) {
+        if (env_set(name, want.value.c_str(), /*overwrite=*/true) == 0) {
             TCPX_INFO("NCCL plugin: %s=%s (the plugin's default; set it to choose another)", name,
                       want.value.c_str());
         } else {

@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 
+#include "common/env.h"
 #include "common/params.h"
 
 namespace tcpx {
@@ -96,8 +97,8 @@ LogLevel log_level() {
         LogLevel resolved = LogLevel::kWarn;
         Settings settings;
         const std::string env_name = std::string(kEnvPrefix) + "LOG_LEVEL";
-        if (const char* value = std::getenv(env_name.c_str());
-            value && settings.set("LOG_LEVEL", value).ok()) {
+        if (const auto value = env_get(env_name.c_str());
+            value.has_value() && settings.set("LOG_LEVEL", *value).ok()) {
             parse_log_level(settings.log_level, &resolved);
         }
         int expected = kLevelUnset;

@@ -3,25 +3,39 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <vector>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "common/machine.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "common/topology.h"
 
-extern char** environ;
-
 namespace tcpx {
 namespace {
 
 std::string size_default_text(uint64_t v) { return v == 0 ? "0" : format_bytes(v); }
+
+// A variable of ours that names no parameter (most likely a typo): said once per name, for the
+// first kMaxWarnedNames names (a process reads the environment at every endpoint's creation).
+void warn_unknown_once(const std::string& name) {
+    constexpr size_t kMaxWarnedNames = 64;
+    // (immortal: endpoints may be created while another thread's exit destroys statics)
+    static auto* mu = new std::mutex();
+    static auto* warned = new std::set<std::string>();
+    {
+        std::lock_guard<std::mutex> lock(*mu);
+        if (warned->size() >= kMaxWarnedNames || !warned->insert(name).second) return;
+    }
+    TCPX_WARN("ignoring %s: no such parameter (see `tcpx-p2p params`)", name.c_str());
+}
 
 // The table with defaults rendered as text; built once from params.inc.
 struct TableStorage {
@@ -162,6 +176,18 @@ std::span<const ParamInfo> param_table() { return table().rows; }
 
 Status Settings::set(std::string_view name, std::string_view value) {
     const std::string_view key = strip_prefix(trim(name));
+    // A secret set to nothing (or to blanks, which trim to nothing) is most likely one that
+    // failed to load (the variable set to "$(cat a-missing-file)", a NIXL parameter read from an
+    // empty file): refused, where taking it as "no secret" would turn authentication off without
+    // a word, and through set() replace the secret the environment gave. Leave it unset to run
+    // without one.
+    if ((iequals(key, "AUTH_SECRET") || iequals(key, "AUTH_SECRET_PREVIOUS")) &&
+        trim(value).empty()) {
+        return invalid_argument(
+            strformat("%.*s%.*s is set but empty; leave it unset to run without a shared secret",
+                      static_cast<int>(kEnvPrefix.size()), kEnvPrefix.data(),
+                      static_cast<int>(key.size()), key.data()));
+    }
     Status st = invalid_argument("no such parameter");
 #define TCPX_PARAM_INT(field, NAME, def, lo, hi, doc) \
     if (iequals(key, #NAME)) st = parse_int(value, lo, hi, &field);
@@ -219,6 +245,28 @@ Status Settings::validate() const {
     // The map's form (which NICs it names exist is for the transport to say).
     TCPX_RETURN_IF_ERROR(topo::parse_gpu_nic_map(gpu_nic_map).status());
     if (sysfs_root.empty()) return invalid_argument("TCPX_P2P_SYSFS_ROOT is empty");
+    // A notification travels in one control message (its NOTIF's body: a 4-byte length and the
+    // bytes) and is held whole until taken: one that could not fit either would fail its
+    // sender's connection every time, though this setting promises to accept it.
+    constexpr uint64_t kNotifOverhead = 4;
+    if (max_notification_size + kNotifOverhead > max_ctrl_message) {
+        return invalid_argument(strformat(
+            "TCPX_P2P_MAX_NOTIFICATION_SIZE (%s) does not fit in TCPX_P2P_MAX_CTRL_MESSAGE (%s, "
+            "of which a notification's message takes %llu bytes more): lower the first or raise "
+            "the second",
+            format_bytes(max_notification_size).c_str(), format_bytes(max_ctrl_message).c_str(),
+            static_cast<unsigned long long>(kNotifOverhead)));
+    }
+    for (const auto& [name, bound] :
+         {std::pair{"MAX_QUEUED_NOTIFICATION_BYTES", max_queued_notification_bytes},
+          {"MAX_QUEUED_NOTIFICATION_BYTES_TOTAL", max_queued_notification_bytes_total}}) {
+        if (max_notification_size > bound) {
+            return invalid_argument(strformat(
+                "TCPX_P2P_MAX_NOTIFICATION_SIZE (%s) exceeds TCPX_P2P_%s (%s): a notification "
+                "that size could never be held; lower the first or raise the second",
+                format_bytes(max_notification_size).c_str(), name, format_bytes(bound).c_str()));
+        }
+    }
     if (min_chunk_size > chunk_size) {
         return invalid_argument(
             strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is larger than TCPX_P2P_CHUNK_SIZE (%s)",
@@ -269,34 +317,14 @@ Settings Settings::effective() const { return with_machine_defaults(*this, usabl
 
 StatusOr<Settings> Settings::from_env() {
     Settings settings;
-    for (char** env = environ; env && *env; ++env) {
-        std::string_view entry(*env);
-        if (entry.substr(0, kEnvPrefix.size()) != kEnvPrefix) continue;
-        const size_t eq = entry.find('=');
-        if (eq == std::string_view::npos) continue;
-        const std::string_view name = entry.substr(0, eq);
-        const std::string_view value = entry.substr(eq + 1);
+    for (const auto& [name, value] : env_with_prefix(kEnvPrefix)) {
         bool known = false;
         for (const ParamInfo& info : param_table()) {
-            if (name.substr(kEnvPrefix.size()) == info.name) known = true;
+            if (std::string_view(name).substr(kEnvPrefix.size()) == info.name) known = true;
         }
         if (!known) {
-            static std::atomic<bool> warned{false};
-            if (!warned.exchange(true)) {
-                TCPX_WARN("ignoring %.*s: no such parameter (see `tcpx-p2p params`)",
-                          static_cast<int>(name.size()), name.data());
-            }
+            warn_unknown_once(name);
             continue;
-        }
-        // A secret set to nothing is most likely one that failed to load (the variable set to
-        // "$(cat a-missing-file)"): refused, where taking it as "no secret" would turn
-        // authentication off without a word. Unset the variable to run without one.
-        const std::string_view key = name.substr(kEnvPrefix.size());
-        if ((key == "AUTH_SECRET" || key == "AUTH_SECRET_PREVIOUS") && trim(value).empty()) {
-            return invalid_argument(
-                strformat("invalid environment: %.*s is set but empty; unset it to run without a "
-                          "shared secret",
-                          static_cast<int>(name.size()), name.data()));
         }
         Status st = settings.set(name, value);
         if (!st.ok()) return st.with_context("invalid environment");

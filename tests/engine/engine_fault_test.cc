@@ -242,6 +242,8 @@ TEST(EngineFault, ALoneSmallHostTransferTravelsInline) {
             Config cb = fault_config(dir == Direction::kRead ? "fail:isend:1" : "");
             cb.max_ctrl_message = 64 * 1024;
             ca.max_ctrl_message = 64 * 1024;
+            // (a notification must fit in the control message: MAX_NOTIFICATION_SIZE too)
+            ca.max_notification_size = cb.max_notification_size = 32 * 1024;
             // Off: any value up to XFER_INLINE_THRESHOLD (0 would pick one by the machine).
             const uint64_t alone = alone_inline ? 64 * 1024 : 1;
             ca.xfer_inline_busy = cb.xfer_inline_busy = 1;  // (that rule off: this one alone)

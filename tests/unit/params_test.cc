@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
+#include "common/env.h"
 #include "common/machine.h"
+#include "tests/support/log_capture.h"
 
 #ifndef TCPX_SOURCE_DIR
 #error "TCPX_SOURCE_DIR must be defined"
@@ -15,6 +19,8 @@
 
 namespace tcpx {
 namespace {
+
+using testing::LogCapture;
 
 // Sets an environment variable for one test.
 class ScopedEnv {
@@ -203,6 +209,96 @@ TEST(Params, ASecretSetButEmptyIsAnError) {
     auto s = Settings::from_env();
     ASSERT_TRUE(s.ok()) << s.status().to_string();
     EXPECT_EQ(s->auth_secret, "0123456789abcdef0123");
+}
+
+// The same through set() (the C API's tcpx_config_set, a NIXL backend parameter): a blank
+// secret is refused, not taken for "no secret" in place of the environment's.
+TEST(Params, ASecretSetButBlankThroughSetIsAnError) {
+    for (const char* name : {"AUTH_SECRET", "auth_secret", "TCPX_P2P_AUTH_SECRET_PREVIOUS"}) {
+        for (const char* value : {"", " ", "\n", " \t "}) {
+            Settings s;
+            s.auth_secret = "0123456789abcdef0123";
+            const Status st = s.set(name, value);
+            EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << name << "='" << value << "'";
+            EXPECT_NE(st.message().find("set but empty"), std::string::npos) << st.to_string();
+            EXPECT_EQ(s.auth_secret, "0123456789abcdef0123");  // left as it was
+        }
+    }
+    Settings s;
+    ASSERT_TRUE(s.set("AUTH_SECRET", " 0123456789abcdef0123\n").ok());
+    EXPECT_EQ(s.auth_secret, "0123456789abcdef0123");
+}
+
+// An unknown variable of ours is most likely a typo: each is named once, not only the first.
+TEST(Params, EveryUnknownVariableIsNamedOnce) {
+    LogCapture log(LogLevel::kWarn);
+    ScopedEnv a("TCPX_P2P_TYPO_ONE_FOR_THIS_TEST", "1");
+    ScopedEnv b("TCPX_P2P_TYPO_TWO_FOR_THIS_TEST", "2");
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(Settings::from_env().ok());
+    EXPECT_EQ(log.count("TCPX_P2P_TYPO_ONE_FOR_THIS_TEST"), 1) << log.all();
+    EXPECT_EQ(log.count("TCPX_P2P_TYPO_TWO_FOR_THIS_TEST"), 1) << log.all();
+}
+
+// The library sets variables at run time (Google's plugin's defaults at each load, NCCL_*
+// defaults at each NCCL plugin init) while other threads may read the environment: setenv can
+// move the environ array and free the old one under a reader walking it. Ours read and write
+// under one lock; a sanitizer build catches the reads of freed memory without it.
+TEST(Params, TheEnvironmentIsReadWhileAnotherThreadSetsIt) {
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+        for (int i = 0; !stop.load(); ++i) {
+            const std::string name = "TCPXTEST_CHURN_" + std::to_string(i % 64);
+            EXPECT_EQ(env_set(name.c_str(), "x", true), 0);
+            if (i % 2 == 0) {
+                EXPECT_EQ(env_unset(name.c_str()), 0);
+            }
+        }
+    });
+    for (int i = 0; i < 2000; ++i) {
+        ASSERT_TRUE(Settings::from_env().ok());
+        EXPECT_FALSE(env_get("PATH").value_or("").empty());
+    }
+    stop = true;
+    writer.join();
+    for (int i = 0; i < 64; ++i) {
+        env_unset(("TCPXTEST_CHURN_" + std::to_string(i)).c_str());
+    }
+}
+
+// Limits that contradict each other are refused when read, not met as a disconnected peer: a
+// notification this endpoint promises to accept must fit in one control message and in the
+// room held for notifications.
+TEST(Params, ANotificationLimitTheOtherLimitsCannotHoldIsRefused) {
+    {
+        Settings s;
+        ASSERT_TRUE(s.set("MAX_CTRL_MESSAGE", "64K").ok());
+        const Status st = s.validate();  // with the 1 MiB notification default
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(st.message().find("MAX_NOTIFICATION_SIZE"), std::string::npos) << st.to_string();
+        ASSERT_TRUE(s.set("MAX_NOTIFICATION_SIZE", std::to_string(64 * 1024 - 4)).ok());
+        EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+        ASSERT_TRUE(s.set("MAX_NOTIFICATION_SIZE", std::to_string(64 * 1024 - 3)).ok());
+        EXPECT_FALSE(s.validate().ok());
+    }
+    for (const char* bound :
+         {"MAX_QUEUED_NOTIFICATION_BYTES", "MAX_QUEUED_NOTIFICATION_BYTES_TOTAL"}) {
+        SCOPED_TRACE(bound);
+        Settings s;
+        for (const char* value : {"0", "512K"}) {
+            ASSERT_TRUE(s.set(bound, value).ok());
+            const Status st = s.validate();
+            EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << value;
+            EXPECT_NE(st.message().find(bound), std::string::npos) << st.to_string();
+        }
+        ASSERT_TRUE(s.set("MAX_NOTIFICATION_SIZE", "512K").ok());
+        EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+        ASSERT_TRUE(s.set(bound, "0").ok());
+        ASSERT_TRUE(s.set("MAX_NOTIFICATION_SIZE", "0").ok());  // no notifications at all
+        EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+    }
+    // The same read from the environment.
+    ScopedEnv small("TCPX_P2P_MAX_CTRL_MESSAGE", "64K");
+    EXPECT_EQ(Settings::from_env().status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Params, TableIsCompleteAndDocumented) {

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -68,8 +69,8 @@ StatusOr<NcclNetTable*> find_net_table(void* lib, const std::string& path) {
 void apply_tcpx_env_defaults(const NcclNetTable& table) {
     if (!is_google_tcpx(table.name())) return;
     for (const auto& d : kTcpxDefaults) {
-        if (::getenv(d.name) == nullptr) {
-            ::setenv(d.name, d.value, 0);
+        // (overwrite off: a value set meanwhile by another thread stays)
+        if (!env_get(d.name).has_value() && env_set(d.name, d.value, false) == 0) {
             TCPX_INFO("net plugin %s: %s unset, using %s", table.name(), d.name, d.value);
         }
     }
@@ -144,8 +145,8 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Se
     }
     TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_net_table(lib, path));
     apply_tcpx_env_defaults(*table);
-    TCPX_RETURN_IF_ERROR(
-        check_rxdm_running(table->name(), ::getenv("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX")));
+    TCPX_RETURN_IF_ERROR(check_rxdm_running(
+        table->name(), env_get("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX").value_or("").c_str()));
     V7Options options;
     options.settings = settings;
     auto net = V7Net::create(table, options);

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "common/status_util.h"
@@ -110,8 +111,8 @@ StatusOr<std::string> find_plugin_probe(const Settings& settings) {
             tried.push_back(candidate);
         }
     }
-    if (const char* path = std::getenv("PATH"); path != nullptr) {
-        for (const std::string& dir : split_trimmed(path, ':')) {
+    if (const auto path = env_get("PATH"); path.has_value()) {
+        for (const std::string& dir : split_trimmed(*path, ':')) {
             if (dir.empty()) continue;
             const std::string candidate = dir + "/" + kProbeName;
             if (is_executable(candidate)) return candidate;
@@ -146,7 +147,10 @@ StatusOr<std::string> run_plugin_probe(const std::string& probe, const std::stri
     std::string plugin_arg = plugin;
     char* argv[] = {probe_arg.data(), plugin_arg.data(), nullptr};
     pid_t pid = -1;
-    if (int rc = ::posix_spawn(&pid, probe.c_str(), actions.get(), nullptr, argv, environ);
+    // (environ handed over under the lock: no variable of ours moves it meanwhile)
+    if (int rc = with_env_locked([&] {
+            return ::posix_spawn(&pid, probe.c_str(), actions.get(), nullptr, argv, environ);
+        });
         rc != 0) {
         return errno_status(rc, "plugin probe: starting " + probe);
     }
