@@ -495,6 +495,16 @@ class CudaDevice final : public Device {
         return mapped.ok() ? *mapped : 0;
     }
 
+    uintptr_t mapped_host_address(const void* host) override {
+        if (host == nullptr || count() == 0) return 0;
+        void* dev = nullptr;
+        if (cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return reinterpret_cast<uintptr_t>(dev);
+    }
+
     // Whether [ptr, ptr + len) is device memory of GPU `device` throughout.
     Status check_mapped(const void* ptr, size_t len, int device) {
         TCPX_ASSIGN_OR_RETURN(const uint64_t mapped, mapped_from(ptr, len, device));

@@ -143,6 +143,9 @@ class Device {
     // How many bytes from `ptr` on are device memory of one GPU, mapped without a gap: at most
     // `at_most`, 0 where `ptr` is not device memory. Where the driver cannot say, `at_most`.
     virtual uint64_t mapped_bytes(const void* ptr, uint64_t at_most) = 0;
+    // The GPUs' address of host memory mapped into them (cudaHostAllocMapped, as a plugin's
+    // unpack queue); 0 where `host` is no such memory.
+    virtual uintptr_t mapped_host_address(const void* host) = 0;
     // A synchronous copy of `len` bytes between any two of host and device memory; `device` is
     // the GPU of the device memory involved (of `dst` where both are). It runs on a stream of our
     // own that does not wait for the application's work (not the legacy default stream, nor a

@@ -10,6 +10,7 @@ class NoDevice final : public Device {
     int count() override { return 0; }
     StatusOr<PointerInfo> classify(const void*, size_t) override { return PointerInfo{}; }
     uint64_t mapped_bytes(const void*, uint64_t) override { return 0; }
+    uintptr_t mapped_host_address(const void*) override { return 0; }
     Status copy(int, void*, const void*, size_t) override {
         return unimplemented("GPU memory: this build of tcpx-p2p has no CUDA support");
     }

@@ -256,6 +256,9 @@ struct Channel {
     // addresses), read on first use.
     net::DeviceHandle dev_handle;
     cuda::UnpackHandle unpack{};
+    // The queue's host address (where receives' descriptions are read), learned from the first
+    // receive's and checked against unpack.meta; 0 until then.
+    uintptr_t unpack_meta_host = 0;
     // How much of the bounce buffer is there to read, from its start: what the GPU has mapped
     // there, or (host memory, which only an emulation hands over) all a 32-bit offset reaches.
     uint64_t bounce_len = 0;

@@ -1,6 +1,7 @@
 // The data channels: moving each chunk of a transfer through the transport (staging, the
 // requests in flight per channel, device rings and memory registrations per channel).
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "common/log.h"
@@ -27,6 +28,40 @@ Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want, uint64_t bo
                             std::vector<uint32_t>* scratch) {
     return cuda::check_unpack_entries(static_cast<const cuda::LoadMeta*>(q.entries), *q.count, want,
                                       bounce_len, scratch);
+}
+
+// A receive's description must be its queue slot's own: entries at meta->mem[index], count at
+// meta->cnt[index] of the queue the comm's device handle names. (A plugin whose request layout
+// drifted would hand over pointers to anything; the entries' checks cannot tell.) The queue's
+// host address is learned from the first receive, once the GPUs' address of that memory is the
+// handle's, and every later one must match it exactly.
+Status check_unpack_slot(engine::Channel& ch, const net::UnpackSlot& q, int device) {
+    using cuda::UnpackMeta;
+    const auto entries = reinterpret_cast<uintptr_t>(q.entries);
+    const auto count = reinterpret_cast<uintptr_t>(q.count);
+    const uintptr_t index = static_cast<uintptr_t>(q.index);
+    constexpr uintptr_t kSlotBytes = sizeof(UnpackMeta::mem[0]);
+    const uintptr_t base = entries - offsetof(UnpackMeta, mem) - index * kSlotBytes;
+    bool ok = q.index >= 0 && q.index < cuda::kUnpackQueueDepth &&
+              count == base + offsetof(UnpackMeta, cnt) + index * sizeof(uint64_t);
+    if (ok && ch.unpack_meta_host == 0) {
+        // (with the comm's GPU current: asked on a thread with none, CUDA would make a context
+        // on GPU 0 for it)
+        cuda::ScopedGpu gpu(device);
+        ok = gpu.status().ok() &&
+             cuda::device().mapped_host_address(reinterpret_cast<const void*>(base)) ==
+                 reinterpret_cast<uintptr_t>(ch.unpack.meta);
+        if (ok) ch.unpack_meta_host = base;
+    } else if (ok) {
+        ok = base == ch.unpack_meta_host;
+    }
+    if (!ok) {
+        return protocol_error(strformat(
+            "the transport described a receive outside its unpack queue (slot %d: entries at "
+            "%p, count at %p)",
+            q.index, q.entries, static_cast<const void*>(q.count)));
+    }
+    return Status();
 }
 
 }  // namespace
@@ -261,6 +296,7 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // pieces' places, one kernel (the ring falls back to the twin when they don't
                 // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+                TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.gring->device()));
                 TCPX_RETURN_IF_ERROR(
                     check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
                 return ch.gring->unpack_scatter(f.op.slot,
@@ -273,6 +309,7 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+            TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.ring->device()));
             TCPX_RETURN_IF_ERROR(
                 check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");

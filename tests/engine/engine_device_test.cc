@@ -996,7 +996,8 @@ INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::Valu
 // "src" (an entry read from past the end of the bounce buffer) only where that buffer is GPU
 // memory whose extent the engine can ask for: the emulation's is host memory.
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
-                         ::testing::Values("slot", "count", "dst", "short", "cross", "overlap"
+                         ::testing::Values("slot", "count", "dst", "short", "cross", "overlap",
+                                           "elsewhere"
 #if TCPX_TEST_REAL_GPU
                                            ,
                                            "src"

@@ -50,13 +50,17 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
-//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap (read by accept): every CUDA
+//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap|elsewhere (read by accept): every
+//   CUDA
 //     receive of that comm is reported done with a broken description, as a plugin with a bug
 //     might: an unpack slot index outside the queue, an entry count past kUnpackMaxEntries, a
 //     first entry whose place is past the end of the receive, its last entry left out (fewer
 //     bytes than the receive's, as a short receive), a first entry read from past the end of
 //     any bounce buffer (src) or across the end of its page (cross), or a second entry placed
-//     over the first (overlap: the lengths add up, a gap is left). For the tests of what a
+//     over the first (overlap: the lengths add up, a gap is left), or a description that is
+//     whole but lies outside the comm's unpack queue (elsewhere: the slot's pointers name a copy
+//     of its entries and count in other memory, as a plugin whose request layout drifted would
+//     hand over). For the tests of what a
 //     caller does with a plugin's garbage.
 #include <algorithm>
 #include <atomic>
@@ -266,6 +270,7 @@ struct FakeReq {
     uint64_t entries = 0;             // CUDA receives: loadMeta entries written to the queue slot
     std::vector<uint32_t> pages;      // bounce pages it holds
     std::vector<uint8_t> staging;     // host copy of the bytes (wire mode, CUDA memory)
+    std::vector<uint8_t> elsewhere;   // FAKETCPX_MISBEHAVE=elsewhere: the description moved
     net::Request* inner = nullptr;    // the socket transport's request (wire mode)
     // Cuda mode: a scatter kernel moves the bytes (of a receive, or of the send it was matched
     // with, whose buffer it reads); they are landed once this event, recorded after it, has
@@ -1274,6 +1279,15 @@ void misbehave(const std::string& how, FakeReq* r) {
             m[i].src_off = (m[i].src_off & ~(kPage - 1)) + kPage - 1;  // on into the next page
             break;
         }
+    } else if (how == "elsewhere") {
+        // (one copy per request, freed with it; its entries valid, its place not the queue's)
+        const uint64_t n = *slot.cnt;
+        r->elsewhere.resize((n + 1) * sizeof(cu::LoadMeta));
+        std::memcpy(r->elsewhere.data(), slot.mem, n * sizeof(cu::LoadMeta));
+        auto* cnt = reinterpret_cast<uint64_t*>(r->elsewhere.data() + n * sizeof(cu::LoadMeta));
+        *cnt = n;
+        slot.mem = r->elsewhere.data();
+        slot.cnt = cnt;
     } else if (how == "overlap" && *slot.cnt > 1) {
         auto* m = static_cast<cu::LoadMeta*>(slot.mem);
         m[1].dst_off = m[0].dst_off;  // the lengths still add up; a gap is left

@@ -32,6 +32,10 @@ class HostDevice final : public cuda::Device {
     int count() override { return gpus_; }
     StatusOr<cuda::PointerInfo> classify(const void* ptr, size_t len) override;
     uint64_t mapped_bytes(const void* ptr, uint64_t at_most) override;
+    // Host memory is its own "mapped" address here (as under CUDA's unified addressing).
+    uintptr_t mapped_host_address(const void* host) override {
+        return reinterpret_cast<uintptr_t>(host);
+    }
     Status copy(int device, void* dst, const void* src, size_t len) override;
     // Runs `hook` at the start of every copy() (a test holds a copy in flight this way); empty:
     // none.
