@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,18 +61,28 @@ bool QueueChannel::read_line(std::string* line) {
     return true;
 }
 
-bool FdChannel::wait_for(int fd, short events) {
+std::chrono::steady_clock::time_point FdChannel::line_deadline() const {
+    return std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
+}
+
+bool FdChannel::wait_for(int fd, short events, std::chrono::steady_clock::time_point deadline) {
     if (timeout_ms_ < 0) return true;
     pollfd pfd{fd, events, 0};
     while (true) {
-        const int rc = ::poll(&pfd, 1, timeout_ms_);
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now())
+                              .count();
+        const int rc = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left, 0)));
         if (rc < 0 && errno == EINTR) continue;
         if (rc < 0) {
             why_ = std::string("poll: ") + std::strerror(errno);
             return false;
         }
         if (rc == 0) {
-            why_ = strformat("no answer for %.1f s", timeout_ms_ / 1000.0);
+            // Nothing at all, or bytes that never made a whole line.
+            why_ = (events & POLLIN) != 0 && !buffer_.empty()
+                       ? strformat("no whole line in %.1f s", timeout_ms_ / 1000.0)
+                       : strformat("no answer for %.1f s", timeout_ms_ / 1000.0);
             return false;
         }
         return true;
@@ -79,10 +91,22 @@ bool FdChannel::wait_for(int fd, short events) {
 
 bool FdChannel::write_line(const std::string& line) {
     const std::string data = line + "\n";
+    const auto deadline = line_deadline();
     size_t off = 0;
     while (off < data.size()) {
-        if (!wait_for(out_, POLLOUT)) return false;
-        const ssize_t n = ::write(out_, data.data() + off, data.size() - off);
+        const char* p = data.data() + off;
+        const size_t left = data.size() - off;
+        ssize_t n = 0;
+        if (timeout_ms_ < 0) {
+            n = ::write(out_, p, left);
+        } else {
+            // Bounded: never block in the write itself. A socket takes what fits now; a pipe
+            // ready for writing takes PIPE_BUF bytes without blocking.
+            if (!wait_for(out_, POLLOUT, deadline)) return false;
+            n = ::send(out_, p, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n < 0 && errno == ENOTSOCK) n = ::write(out_, p, std::min<size_t>(left, PIPE_BUF));
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        }
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return false;
         off += static_cast<size_t>(n);
@@ -106,6 +130,7 @@ bool FdChannel::wait_input(int ms) {
 
 bool FdChannel::read_line(std::string* line) {
     if (expired_) return false;
+    const auto deadline = line_deadline();
     while (true) {
         const size_t nl = buffer_.find('\n');
         if (nl != std::string::npos) {
@@ -118,7 +143,7 @@ bool FdChannel::read_line(std::string* line) {
             why_ = strformat("a line longer than %zu bytes", kMaxLineBytes);
             return false;
         }
-        if (!wait_for(in_, POLLIN)) return false;
+        if (!wait_for(in_, POLLIN, deadline)) return false;
         char buf[4096];
         const ssize_t n = ::read(in_, buf, sizeof(buf));
         if (n < 0 && errno == EINTR) continue;
@@ -503,9 +528,9 @@ StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& 
     return listener;
 }
 
-StatusOr<SideChannel> accept_initiator(
-    const std::string& program, const Fd& listener,
-    const std::function<Status(const std::string&)>& check_hello) {
+StatusOr<SideChannel> accept_initiator(const std::string& program, const Fd& listener,
+                                       const std::function<Status(const std::string&)>& check_hello,
+                                       int greeting_ms) {
     TCPX_ASSIGN_OR_RETURN(SocketAddress bound, local_address(listener.get()));
     while (true) {
         Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
@@ -515,8 +540,9 @@ StatusOr<SideChannel> accept_initiator(
         }
         StatusOr<SocketAddress> from = peer_address(conn.get());
         const std::string who = from.ok() ? from->to_string() : std::string("?");
-        // The greeting must come soon; later commands may wait as long as a measurement runs.
-        auto ch = std::make_unique<FdChannel>(conn.get(), conn.get(), 10000);
+        // The greeting must come whole and soon (one connection is served at a time); later
+        // commands may wait as long as a measurement runs.
+        auto ch = std::make_unique<FdChannel>(conn.get(), conn.get(), greeting_ms);
         std::string line;
         if (!ch->read_line(&line)) {
             std::fprintf(stderr, "%s: %s: no greeting%s; still listening\n", program.c_str(),

@@ -71,9 +71,10 @@ class QueueChannel final : public Channel {
 };
 
 // Over a pair of file descriptors (a child's stdin/stdout, or one socket twice). A line longer
-// than kMaxLineBytes ends the channel; so does waiting longer than `timeout_ms` (-1: forever)
-// for a line to complete or for a write to make progress, and (through wait_input) going that
-// long without a line.
+// than kMaxLineBytes ends the channel; so does a line that is not read whole, or written whole,
+// within `timeout_ms` (-1: no bound) of the read_line or write_line that wants it, and (through
+// wait_input) going that long without a line. The bound is per line, not per byte: a peer that
+// sends (or reads) one byte now and then cannot hold the channel for longer.
 class FdChannel final : public Channel {
  public:
     FdChannel(int in, int out, int timeout_ms = -1)
@@ -91,8 +92,11 @@ class FdChannel final : public Channel {
     }
 
  private:
-    // Waits until `fd` is ready for `events`; false (with why_) on a timeout or an error.
-    bool wait_for(int fd, short events);
+    // Waits until `fd` is ready for `events`, at most until `deadline`; false (with why_) on a
+    // timeout or an error.
+    bool wait_for(int fd, short events, std::chrono::steady_clock::time_point deadline);
+    // When the line a read_line or write_line starts now must be done.
+    std::chrono::steady_clock::time_point line_deadline() const;
 
     int in_;
     int out_;
@@ -292,12 +296,16 @@ Status target_interface(const SideChannel& side, std::string* interface);
 // ("<program>: target listening on ADDR (...)").
 StatusOr<Fd> listen_side_channel(const std::string& program, const std::string& listen);
 
-// Returns the first initiator on `listener` whose greeting (its first line, within 10 s)
-// `check_hello` accepts. A connection that does not greet in time is closed, one whose greeting
-// is refused is answered "error <why>" and closed; both are reported on stderr (prefixed with
-// `program`) and listening goes on.
-StatusOr<SideChannel> accept_initiator(
-    const std::string& program, const Fd& listener,
-    const std::function<Status(const std::string&)>& check_hello);
+// How long an initiator has to send its whole greeting.
+constexpr int kGreetingMs = 10000;
+
+// Returns the first initiator on `listener` whose greeting (its first line, whole within
+// `greeting_ms`) `check_hello` accepts. A connection that does not greet in time is closed, one
+// whose greeting is refused is answered "error <why>" and closed; both are reported on stderr
+// (prefixed with `program`) and listening goes on. `check_hello` is where every setting of the
+// greeting is checked: what it lets through, the target must be able to serve.
+StatusOr<SideChannel> accept_initiator(const std::string& program, const Fd& listener,
+                                       const std::function<Status(const std::string&)>& check_hello,
+                                       int greeting_ms = kGreetingMs);
 
 }  // namespace tcpx::bench

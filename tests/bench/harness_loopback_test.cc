@@ -2,7 +2,11 @@
 // initiator and a responder on a thread, and the two-host side channel (--listen / --connect)
 // with a stray connection refused before the real initiator is served.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -217,6 +221,87 @@ TEST(BenchSideChannel, StrayRefusedThenInitiatorServed) {
     target.join();
     EXPECT_TRUE(served.ok()) << served.to_string();
     EXPECT_EQ(greeting, hello + " k=v");
+}
+
+// A connection that sends its greeting a byte at a time, more slowly than the greeting's bound
+// but each byte well within it, is cut off at the bound and the next initiator is served. (The
+// bound was per byte: a byte every 9 s held the serial accept loop for ever.) The initiator's
+// wait for a reply is bounded the same way.
+TEST(BenchSideChannel, ADribbledGreetingIsCutOffAndTheNextInitiatorServed) {
+    ::signal(SIGPIPE, SIG_IGN);
+    auto listening = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_TRUE(listening.ok());
+    Fd listener = std::move(*listening);
+    ASSERT_TRUE(set_nonblocking(listener.get(), false).ok());
+    const SocketAddress bound = *local_address(listener.get());
+    const std::string hello = "hello test-bench 1";
+
+    std::atomic<bool> stop{false};
+    // A byte of a greeting every 20 ms, for at most 5 s: never a whole line.
+    auto dribble = [&stop](int fd) {
+        const std::string line = "hello test-bench 1 " + std::string(300, 'k');
+        for (size_t i = 0; i < line.size() && !stop; ++i) {
+            if (::send(fd, &line[i], 1, MSG_NOSIGNAL) != 1) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    };
+    auto slow = connect_blocking(bound, 5000);
+    ASSERT_TRUE(slow.ok());
+    std::thread dribbler([&] { dribble(slow->get()); });
+
+    const auto start = std::chrono::steady_clock::now();
+    Status served;
+    std::thread target([&] {
+        auto side = accept_initiator(
+            "test-bench", listener,
+            [&](const std::string& line) {
+                return line.rfind(hello, 0) == 0 ? Status() : invalid_argument("not a test-bench");
+            },
+            /*greeting_ms=*/300);
+        if (!side.ok()) {
+            served = side.status();
+            return;
+        }
+        side->channel->write_line(hello + " target here");
+        served = serve_commands(
+            side->channel.get(),
+            [](const std::vector<std::string>&, const std::string&, std::string*) {
+                return Status();
+            },
+            [] {});
+    });
+    {
+        // (No ASSERT while the threads run: a failure must not end the test with them joinable.)
+        auto peer = connect_to_target(bound.to_string(), 5, 5000);
+        EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+        if (peer.ok()) {
+            auto said = greet_target(peer->get(), hello, hello, "test-bench", bound.to_string());
+            EXPECT_TRUE(said.ok()) << said.status().to_string();
+            EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+        }
+    }
+    stop = true;  // unblocks the target, where it still reads the dribbled greeting
+    target.join();
+    EXPECT_TRUE(served.ok()) << served.to_string();
+    dribbler.join();
+
+    // A target that answers the greeting a byte at a time: the initiator gives up at its bound.
+    stop = false;
+    std::thread dribbling_target([&] {
+        Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (conn.valid()) dribble(conn.get());
+    });
+    auto peer = connect_to_target(bound.to_string(), 5, 300);
+    EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+    if (peer.ok()) {
+        const auto asked = std::chrono::steady_clock::now();
+        auto said = greet_target(peer->get(), hello, hello, "test-bench", bound.to_string());
+        EXPECT_FALSE(said.ok());
+        EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(3));
+    }
+    stop = true;
+    if (peer.ok()) peer->reset();
+    dribbling_target.join();
 }
 
 TEST(BenchSideChannel, NothingListening) {

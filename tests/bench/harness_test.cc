@@ -100,6 +100,54 @@ TEST(BenchRoles, FdChannelRefusesAnEndlessLine) {
     ::close(fds[1]);
 }
 
+// The channel's bound is the whole line's: a peer that sends a byte now and then (never a
+// newline) cannot keep a read waiting, nor one that reads a byte now and then a write, for
+// longer than the timeout. (Each wait for a byte had the whole timeout once: a byte every 9 s
+// held a 10 s greeting for ever.)
+TEST(BenchRoles, FdChannelBoundsTheWholeLineNotEachByte) {
+    ::signal(SIGPIPE, SIG_IGN);
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    std::atomic<bool> stop{false};
+    // A byte every 20 ms for at most 5 s; then it closes its end.
+    std::thread dribbler([&] {
+        for (int i = 0; i < 250 && !stop; ++i) {
+            if (::write(fds[1], "x", 1) != 1) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ::close(fds[1]);
+    });
+    FdChannel ch(fds[0], fds[0], 300);
+    std::string line;
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_FALSE(ch.read_line(&line));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+    EXPECT_NE(ch.why().find("no whole line in 0.3 s"), std::string::npos) << ch.why();
+    stop = true;
+    dribbler.join();
+    ::close(fds[0]);
+
+    // A 1 MiB line into a pipe (64 KiB) that nobody reads for 5 s.
+    ASSERT_EQ(::pipe(fds), 0);
+    stop = false;
+    std::thread reader([&] {
+        for (int i = 0; i < 250 && !stop; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        char buf[65536];
+        while (::read(fds[0], buf, sizeof(buf)) > 0) {
+        }
+    });
+    FdChannel out(-1, fds[1], 300);
+    start = std::chrono::steady_clock::now();
+    EXPECT_FALSE(out.write_line(std::string(1 << 20, 'y')));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+    stop = true;
+    ::close(fds[1]);
+    reader.join();
+    ::close(fds[0]);
+}
+
 // A responder that knows "add A B" and "fail", on a thread, through serve_commands.
 class ThreadResponder : public ::testing::Test {
  protected:
