@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include <utility>
 
 #include "bench/harness/report.h"
+#include "bench/harness/roles.h"
 #include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -89,15 +91,16 @@ std::string kv_shape_words(const KvShape& k) {
 Status parse_kv_shape_words(const std::vector<std::string>& w, size_t first, KvShape* out) {
     if (w.size() < first + 7) return invalid_argument("kvshape: 7 numbers");
     KvShape k;
-    try {
-        k.layers = std::stoi(w[first]);
-        k.block_tokens = std::stoi(w[first + 1]);
-        k.kv_heads = std::stoi(w[first + 2]);
-        k.head_dim = std::stoi(w[first + 3]);
-        k.dtype_bytes = std::stoi(w[first + 4]);
-        k.pool = std::stoull(w[first + 5]);
-        k.request_blocks = std::stoi(w[first + 6]);
-    } catch (const std::exception&) {
+    // Whole words of digits (std::stoi would take "-1" and "8x"); check_kv_shape bounds them.
+    int* const ints[] = {&k.layers,   &k.block_tokens, &k.kv_heads,
+                         &k.head_dim, &k.dtype_bytes,  &k.request_blocks};
+    const size_t at[] = {0, 1, 2, 3, 4, 6};
+    for (size_t i = 0; i < std::size(ints); ++i) {
+        if (!parse_int(w[first + at[i]], 0, INT_MAX, ints[i])) {
+            return invalid_argument("kvshape: not numbers");
+        }
+    }
+    if (!parse_uint(w[first + 5], UINT64_MAX, &k.pool)) {
         return invalid_argument("kvshape: not numbers");
     }
     TCPX_RETURN_IF_ERROR(check_kv_shape(k));

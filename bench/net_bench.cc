@@ -106,11 +106,23 @@ class Responder {
                 } else if (w[0] == "connect" && w.size() == 2) {
                     st = connect(w[1]);
                 } else if (w[0] == "stream" && w.size() == 4) {
-                    st = stream(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]));
+                    uint64_t size = 0;
+                    uint64_t count = 0;
+                    int window = 0;
+                    st = parse_uint(w[1], kNetMaxMessage, &size) &&
+                                 parse_uint(w[2], UINT64_MAX, &count) &&
+                                 parse_int(w[3], 1, 4096, &window)
+                             ? stream(size, count, window)
+                             : invalid_argument("malformed command: " + line);
                 } else if (w[0] == "pingpong" && w.size() == 3) {
-                    st = pingpong(ch, std::stoull(w[1]), std::stoull(w[2]));
+                    uint64_t size = 0;
+                    uint64_t count = 0;
+                    st = parse_uint(w[1], kNetMaxMessage, &size) &&
+                                 parse_uint(w[2], UINT64_MAX, &count)
+                             ? pingpong(ch, size, count)
+                             : invalid_argument("malformed command: " + line);
                 } else if (!raw_.handle(w, raw_buffer, &st, reply)) {
-                    st = invalid_argument("unknown command: " + line);
+                    st = invalid_argument("unknown command: " + line.substr(0, 200));
                 }
                 return st;
             },

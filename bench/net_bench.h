@@ -8,8 +8,12 @@
 
 namespace tcpx::bench {
 
+// The largest message: a transport request's size is an int (ncclNet v7), and each side holds a
+// few messages' worth of buffers.
+constexpr uint64_t kNetMaxMessage = 1ULL << 30;
+
 struct NetBenchOptions {
-    std::vector<uint64_t> sizes;  // message sizes to sweep
+    std::vector<uint64_t> sizes;  // message sizes to sweep, 1..kNetMaxMessage
     int nsocks = 8;               // data sockets per comm = raw TCP streams
     int io_threads = 0;           // 0: the transport's default
     int window = 16;  // messages in flight in the throughput runs (at most 512 MiB of them)

@@ -40,10 +40,9 @@ StatusOr<Stats> parse_stats_line(const std::string& line) {
     Stats s;
     for (size_t i = 0; i < std::size(kStatFields); ++i) {
         const std::string& v = w[i + 1];
-        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 20) {
+        if (!parse_uint(v, UINT64_MAX, &(s.*kStatFields[i]))) {
             return protocol_error("peer: a counter that is not a number: " + v.substr(0, 40));
         }
-        s.*kStatFields[i] = std::stoull(v);
     }
     return s;
 }

@@ -145,7 +145,11 @@ StatusOr<double> EngineInitiator::transfers(Op op, MemType type, int npeers, uin
         if (w.size() != static_cast<size_t>(npeers) + 1 || w[0] != "secs") {
             return protocol_error("peer: " + *reply);
         }
-        for (size_t i = 1; i < w.size(); ++i) last_.rev.push_back(std::stod(w[i]));
+        for (size_t i = 1; i < w.size(); ++i) {
+            double v = 0;
+            if (!parse_seconds(w[i], &v)) return protocol_error("peer: " + reply->substr(0, 200));
+            last_.rev.push_back(v);
+        }
     }
     if (!fwd.ok()) return fwd.status();
     last_.fwd = *fwd;

@@ -53,9 +53,7 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
         } else if (key == "bidir" && (value == "0" || value == "1")) {
             o->bidir = value == "1";
         } else if (key == "time") {
-            char* end = nullptr;
-            o->min_seconds = std::strtod(value.c_str(), &end);
-            if (end == value.c_str() || *end != '\0' || !(o->min_seconds > 0) ||
+            if (!parse_seconds(value, &o->min_seconds) || !(o->min_seconds > 0) ||
                 o->min_seconds > 600) {
                 return invalid_argument("hello: bad time");
             }

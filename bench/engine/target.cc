@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "bench/engine/common.h"
+#include "bench/harness/measure.h"
 #include "bench/harness/raw_tcp.h"
 #include "bench/kv_workload.h"
 #include "common/status_util.h"
@@ -83,17 +85,39 @@ class Target {
     }
 
  private:
+    // w[i] as a number of at most `max`: decimal digits and nothing else (std::stoull would
+    // take "-1" and "1x").
+    static Status number(const std::vector<std::string>& w, size_t i, uint64_t max, uint64_t* out) {
+        if (parse_uint(w[i], max, out)) return Status();
+        return invalid_argument(strformat("%s: '%s' is not a number in 0..%llu", w[0].c_str(),
+                                          w[i].substr(0, 40).c_str(),
+                                          static_cast<unsigned long long>(max)));
+    }
+    static Status number(const std::vector<std::string>& w, size_t i, int* out) {
+        uint64_t v = 0;
+        TCPX_RETURN_IF_ERROR(number(w, i, INT_MAX, &v));
+        *out = static_cast<int>(v);
+        return Status();
+    }
+
     Status dispatch(const std::vector<std::string>& w, const std::string& line,
                     const RawTcpResponder::BufferFn& raw_buffer, std::string* reply) {
         MemType type = MemType::kHost;
         const bool rev = w.back() == "rev";
         const size_t nw = w.size() - (rev ? 1 : 0);
+        uint64_t a = 0;
+        uint64_t b = 0;
+        uint64_t c = 0;
+        int n = 0;
         if (w[0] == "endpoints" && (w.size() == 2 || (w.size() == 3 && w[2] == "pergpu"))) {
-            return endpoints(std::stoi(w[1]), w.size() == 3, reply);
+            TCPX_RETURN_IF_ERROR(number(w, 1, &n));
+            return endpoints(n, w.size() == 3, reply);
         } else if (w[0] == "accept" && w.size() == 2) {
-            return accept(std::stoll(w[1]));
+            TCPX_RETURN_IF_ERROR(number(w, 1, INT64_MAX, &a));
+            return accept(static_cast<int64_t>(a));
         } else if (w[0] == "mem" && w.size() == 3 && parse_mem(w[1], &type)) {
-            return mem(type, std::stoull(w[2]), reply);
+            TCPX_RETURN_IF_ERROR(number(w, 2, UINT64_MAX, &a));
+            return mem(type, a, reply);
         } else if (w[0] == "rmem" && w.size() >= 2 && parse_mem(w[1], &type)) {
             return rmem(type, w);
         } else if (w[0] == "xfer" && w.size() == 8 && (w[1] == "write" || w[1] == "read") &&
@@ -101,11 +125,17 @@ class Target {
             return xfer(w, type, reply);
         } else if (w[0] == "prep" && nw == 7 && (w[1] == "write" || w[1] == "read") &&
                    parse_mem(w[2], &type)) {
-            return prep(w[1] == "write", type, std::stoull(w[3]), std::stoull(w[4]),
-                        std::stoull(w[5]), std::stoi(w[6]), rev);
+            TCPX_RETURN_IF_ERROR(number(w, 3, UINT64_MAX, &a));
+            TCPX_RETURN_IF_ERROR(number(w, 4, UINT64_MAX, &b));
+            TCPX_RETURN_IF_ERROR(number(w, 5, UINT64_MAX, &c));
+            TCPX_RETURN_IF_ERROR(number(w, 6, &n));
+            return prep(w[1] == "write", type, a, b, c, n, rev);
         } else if (w[0] == "check" && nw == 6 && parse_mem(w[1], &type)) {
-            return check(type, std::stoull(w[2]), std::stoull(w[3]), std::stoull(w[4]),
-                         std::stoi(w[5]), rev);
+            TCPX_RETURN_IF_ERROR(number(w, 2, UINT64_MAX, &a));
+            TCPX_RETURN_IF_ERROR(number(w, 3, UINT64_MAX, &b));
+            TCPX_RETURN_IF_ERROR(number(w, 4, UINT64_MAX, &c));
+            TCPX_RETURN_IF_ERROR(number(w, 5, &n));
+            return check(type, a, b, c, n, rev);
         } else if (w[0] == "stats" && w.size() == 1) {
             *reply = stats_line(sum_stats(eps_));
             return Status();
@@ -119,7 +149,9 @@ class Target {
             return kv_shape(w);
         } else if ((w[0] == "kvfill" || w[0] == "kvcheck") && w.size() == 4 &&
                    parse_mem(w[1], &type)) {
-            return kv_pieces(w[0] == "kvfill", type, std::stoull(w[2]), std::stoi(w[3]));
+            TCPX_RETURN_IF_ERROR(number(w, 2, UINT64_MAX, &a));
+            TCPX_RETURN_IF_ERROR(number(w, 3, &n));
+            return kv_pieces(w[0] == "kvfill", type, a, n);
         }
         Status st;
         if (!raw_.handle(w, raw_buffer, &st, reply)) {
@@ -206,11 +238,13 @@ class Target {
     Status xfer(const std::vector<std::string>& w, MemType type, std::string* reply) {
         Shape s;
         s.op = w[1] == "write" ? Op::kWrite : Op::kRead;
-        const uint64_t count = std::stoull(w[3]);
-        s.size = std::stoull(w[4]);
-        s.batch = std::stoi(w[5]);
-        s.conc = std::stoi(w[6]);
-        const int n = std::stoi(w[7]);
+        uint64_t count = 0;
+        int n = 0;
+        TCPX_RETURN_IF_ERROR(number(w, 3, UINT64_MAX, &count));
+        TCPX_RETURN_IF_ERROR(number(w, 4, UINT64_MAX, &s.size));
+        TCPX_RETURN_IF_ERROR(number(w, 5, &s.batch));
+        TCPX_RETURN_IF_ERROR(number(w, 6, &s.conc));
+        TCPX_RETURN_IF_ERROR(number(w, 7, &n));
         if (s.size == 0 || s.batch < 1 || s.conc < 1 || count == 0) {
             return invalid_argument("xfer: a size, batch, concurrency or count of 0");
         }
@@ -218,6 +252,12 @@ class Target {
         // more of: the slot arithmetic below cannot overflow.
         if (s.size > limits_.side_bytes || s.batch > 65536 || s.conc > 4096) {
             return invalid_argument("xfer: a size, batch or concurrency past its bound");
+        }
+        // No more than one timed run of the initiator's asks for (measure_throughput): a run the
+        // target would serve for days is not a measurement.
+        if (count > kMaxRunCount) {
+            return invalid_argument(strformat("xfer: a count past %llu",
+                                              static_cast<unsigned long long>(kMaxRunCount)));
         }
         if (!bidir_) return failed_precondition("xfer without --bidir");
         TCPX_RETURN_IF_ERROR(in_range(n));

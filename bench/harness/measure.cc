@@ -177,12 +177,7 @@ StatusOr<double> peer_cpu_seconds(Peer* peer) {
     TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call("cpu"));
     const auto w = words(reply);
     double seconds = -1;
-    if (w.size() == 2 && w[0] == "cpu") {
-        const char* end = w[1].c_str();
-        char* parsed = nullptr;
-        seconds = std::strtod(end, &parsed);
-        if (parsed == end || *parsed != '\0') seconds = -1;
-    }
+    if (w.size() == 2 && w[0] == "cpu" && !parse_seconds(w[1], &seconds)) seconds = -1;
     if (seconds < 0) return protocol_error("peer: expected \"cpu <seconds>\", got: " + reply);
     return seconds;
 }
@@ -216,7 +211,7 @@ StatusOr<Throughput> measure_throughput(const Calibration& cal, uint64_t bytes_p
         }
         return seconds;
     };
-    constexpr uint64_t kMaxCount = 5'000'000;
+    constexpr uint64_t kMaxCount = kMaxRunCount;
     uint64_t count =
         std::clamp<uint64_t>((32ULL << 20) / std::max<uint64_t>(bytes_per_iter, 1), 4, 2000);
     TCPX_ASSIGN_OR_RETURN(double t, run(count));

@@ -89,6 +89,9 @@ struct Latency {
 
 Latency summarize(std::vector<double> samples_us);
 
+// The most iterations one timed run of measure_throughput asks for (unless min_iters is more).
+constexpr uint64_t kMaxRunCount = 5'000'000;
+
 // How long to measure: about min_seconds, at least min_iters iterations.
 struct Calibration {
     double min_seconds = 0.5;

@@ -159,6 +159,38 @@ std::vector<std::string> words(const std::string& line) {
     return out;
 }
 
+bool parse_uint(std::string_view word, uint64_t max, uint64_t* out) {
+    uint64_t v = 0;
+    const char* end = word.data() + word.size();
+    if (word.empty() || word[0] < '0' || word[0] > '9') return false;  // no sign, no blank
+    const auto [at, ec] = std::from_chars(word.data(), end, v);
+    if (ec != std::errc() || at != end || v > max) return false;
+    *out = v;
+    return true;
+}
+
+bool parse_int(std::string_view word, int min, int max, int* out) {
+    int v = 0;
+    const char* end = word.data() + word.size();
+    if (word.empty() || !((word[0] >= '0' && word[0] <= '9') || (word[0] == '-' && min < 0))) {
+        return false;
+    }
+    const auto [at, ec] = std::from_chars(word.data(), end, v);
+    if (ec != std::errc() || at != end || v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+bool parse_seconds(std::string_view word, double* out) {
+    double v = 0;
+    const char* end = word.data() + word.size();
+    if (word.empty() || word[0] < '0' || word[0] > '9') return false;
+    const auto [at, ec] = std::from_chars(word.data(), end, v);
+    if (ec != std::errc() || at != end || !std::isfinite(v) || v < 0) return false;
+    *out = v;
+    return true;
+}
+
 std::string hex_blob(const std::string& bytes) { return to_hex(bytes.data(), bytes.size()); }
 
 bool unhex_blob(const std::string& hex, std::string* bytes) {

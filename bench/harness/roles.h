@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -109,6 +110,15 @@ class FdChannel final : public Channel {
 
 // The words of a line, split on whitespace.
 std::vector<std::string> words(const std::string& line);
+
+// A number in a command or a reply: decimal digits only (no sign, no blank, nothing after them)
+// and at most `max`; false otherwise. Lines come from the network on a side channel, and
+// std::stoull would take "-1" (as 2^64 - 1) and "12abc" (as 12), and throw past 2^64.
+bool parse_uint(std::string_view word, uint64_t max, uint64_t* out);
+// The same for an int in [min, max] (min may be negative: then a leading '-' is allowed).
+bool parse_int(std::string_view word, int min, int max, int* out);
+// A finite number of seconds, at least 0, the whole word ("0.25", "1e-3").
+bool parse_seconds(std::string_view word, double* out);
 
 // Hex of binary-safe bytes, and back (false on bad hex).
 std::string hex_blob(const std::string& bytes);

@@ -61,6 +61,37 @@ TEST(BenchRoles, WordsAndHex) {
     EXPECT_FALSE(unhex_blob("abc", &back));
 }
 
+// Numbers of commands and replies: whole words of digits within their bound. std::stoull took
+// "-1" as 2^64 - 1 and "12abc" as 12, and threw past 2^64.
+TEST(BenchRoles, NumbersAreWholeWordsWithinTheirBounds) {
+    uint64_t u = 7;
+    EXPECT_TRUE(parse_uint("0", 10, &u));
+    EXPECT_EQ(u, 0u);
+    EXPECT_TRUE(parse_uint("18446744073709551615", UINT64_MAX, &u));
+    EXPECT_EQ(u, UINT64_MAX);
+    for (const char* bad : {"", "-1", "+1", " 1", "1 ", "12abc", "0x10", "1.5", "11",
+                            "18446744073709551616", "99999999999999999999"}) {
+        u = 7;
+        EXPECT_FALSE(parse_uint(bad, bad == std::string("11") ? 10 : UINT64_MAX, &u)) << bad;
+        EXPECT_EQ(u, 7u) << bad;
+    }
+    int i = 0;
+    EXPECT_TRUE(parse_int("-5", -10, 10, &i));
+    EXPECT_EQ(i, -5);
+    for (const char* bad : {"-5x", "-11", "11", "2147483648", "-", "--1"}) {
+        EXPECT_FALSE(parse_int(bad, -10, 10, &i)) << bad;
+    }
+    EXPECT_FALSE(parse_int("-1", 0, 10, &i));
+    double d = 0;
+    EXPECT_TRUE(parse_seconds("0.25", &d));
+    EXPECT_EQ(d, 0.25);
+    EXPECT_TRUE(parse_seconds("1e-3", &d));
+    EXPECT_EQ(d, 1e-3);
+    for (const char* bad : {"", "x", "-1", "1.5s", "nan", "inf", "1e999", " 1"}) {
+        EXPECT_FALSE(parse_seconds(bad, &d)) << bad;
+    }
+}
+
 TEST(BenchRoles, FdChannelLinesAndLimits) {
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);

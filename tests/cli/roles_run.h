@@ -7,13 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -97,5 +100,71 @@ inline std::string side_channel_exchange(const ListeningTarget& target, const st
     }
     return got;
 }
+
+// A man in the middle of the side channel, for hostile replies: listens on 127.0.0.1 (an
+// ephemeral port) for one initiator, connects it to the target at `target_port`, and forwards the
+// lines both ways, each of the target's through `rewrite(command, reply)` (`command`: the
+// initiator's last line). Until either side closes, or 60 s.
+class SideChannelProxy {
+ public:
+    using Rewrite =
+        std::function<std::string(const std::string& command, const std::string& reply)>;
+
+    bool start(const std::string& target_port, Rewrite rewrite) {
+        auto listening = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 4);
+        if (!listening.ok()) return false;
+        listener_ = std::move(*listening);
+        auto bound = local_address(listener_.get());
+        if (!bound.ok()) return false;
+        address_ = bound->to_string();
+        const auto target =
+            SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target_port)));
+        thread_ = std::thread(
+            [this, target = *target, rewrite = std::move(rewrite)] { run(target, rewrite); });
+        return true;
+    }
+    ~SideChannelProxy() {
+        if (thread_.joinable()) thread_.join();
+    }
+    const std::string& address() const { return address_; }
+
+ private:
+    void run(const SocketAddress& target, const Rewrite& rewrite) {
+        pollfd lp{listener_.get(), POLLIN, 0};
+        if (::poll(&lp, 1, 60000) != 1) return;
+        Fd ini(::accept(listener_.get(), nullptr, nullptr));
+        auto tgt = connect_blocking(target, 5000);
+        if (!ini.valid() || !tgt.ok()) return;
+        std::string from_ini;
+        std::string from_tgt;
+        std::string command;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (std::chrono::steady_clock::now() < deadline) {
+            pollfd p[2] = {{ini.get(), POLLIN, 0}, {tgt->get(), POLLIN, 0}};
+            if (::poll(p, 2, 1000) < 0) return;
+            for (int k = 0; k < 2; ++k) {
+                if (p[k].revents == 0) continue;
+                char buf[65536];
+                const ssize_t n = ::recv(p[k].fd, buf, sizeof(buf), 0);
+                if (n <= 0) return;
+                std::string& in = k == 0 ? from_ini : from_tgt;
+                in.append(buf, static_cast<size_t>(n));
+                for (size_t nl; (nl = in.find('\n')) != std::string::npos;) {
+                    std::string line = in.substr(0, nl);
+                    in.erase(0, nl + 1);
+                    if (k == 0) command = line;
+                    line = k == 0 ? line : rewrite(command, line);
+                    line += "\n";
+                    const int to = k == 0 ? tgt->get() : ini.get();
+                    if (!send_all(to, line.data(), line.size()).ok()) return;
+                }
+            }
+        }
+    }
+
+    Fd listener_;
+    std::string address_;
+    std::thread thread_;
+};
 
 }  // namespace tcpx::testing

@@ -30,6 +30,7 @@ using testing::json_of;
 using testing::ListeningTarget;
 using testing::positive_under;
 using testing::side_channel_exchange;
+using testing::SideChannelProxy;
 
 using testing::run_cli;
 
@@ -166,8 +167,11 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
                               "endpoints lots\n"
                               "endpoints 100000\n"
                               "mem host 4096\n"
+                              "endpoints 1junk\n"
                               "endpoints 1\n"
                               "mem host 99999999999999\n"
+                              "mem host -1\n"
+                              "xfer write host 5000001 4096 1 1 1\n"
                               "xfer write host 1 4096 1 2147483647 1\n"
                               "xfer write host 1 18446744073709551615 1 1 1\n"
                               "xfer write host 1 4096 70000 1 1\n"
@@ -181,11 +185,14 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
                               "quit\n");
     EXPECT_TRUE(has_all(
         got, {"hello tcpx-p2p-bench-engine 1", "endpoints: n not in 1..256", "mem before endpoints",
-              "more than 16 GiB per side", "xfer: a size, batch or concurrency past its bound",
+              "endpoints: '1junk' is not a number", "more than 16 GiB per side",
+              "mem: '-1' is not a number", "xfer: a count past 5000000",
+              "xfer: a size, batch or concurrency past its bound",
               "xfer: a size, batch, concurrency or count of 0", "xfer before accept",
               "accept: ms not in 0..86400000", "more than 16 Mi blocks",
               "raw-accept: streams not in 1..1024", "unknown command", "bye"}))
         << got;
+    EXPECT_FALSE(contains(got, "endpoints exist already")) << got;  // "1junk" made none
     EXPECT_EQ(target.finish(), 0) << target.output();
 }
 
@@ -202,6 +209,43 @@ TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
     const int status = target.finish();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << target.output();
     EXPECT_TRUE(contains(target.output(), "'sometimes' is not one of on|off")) << target.output();
+}
+
+// Replies from the side channel are the network's: a counter past 2^64, seconds that are not a
+// number, end the run with a protocol error, not an uncaught exception (std::stoull and std::stod
+// threw).
+TEST(BenchEngineRoles, MalformedRepliesEndTheRunWithAProtocolError) {
+    struct Case {
+        const char* command;  // whose reply is replaced
+        const char* reply;
+        std::vector<std::string> args;
+        const char* says;
+    };
+    const Case cases[] = {
+        {"stats",
+         "stats 99999999999999999999 0 0 0 0 0 0 0 0",
+         {"--stats", "--no-baseline"},
+         "a counter that is not a number: 99999999999999999999"},
+        {"xfer", "secs x", {"--bidir", "--no-baseline"}, "peer: secs x"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.command);
+        ListeningTarget target;
+        ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+        SideChannelProxy proxy;
+        ASSERT_TRUE(
+            proxy.start(target.port(), [&c](const std::string& command, const std::string& reply) {
+                return command.rfind(c.command, 0) == 0 ? std::string(c.reply) : reply;
+            }));
+        std::vector<std::string> args = {
+            "bench",        "engine", "--connect", proxy.address(), "--sizes", "4K",
+            "--no-latency", "--time", "0.05",      "--iters",       "2",       "--no-progress"};
+        args.insert(args.end(), c.args.begin(), c.args.end());
+        const CliResult r = run_cli(args);
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(contains(r.output, c.says)) << r.output;
+        EXPECT_NE(target.finish(), -1) << target.output();
+    }
 }
 
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
