@@ -17,7 +17,8 @@
 namespace tcpx::bench::engine_bench {
 namespace {
 
-constexpr const char* kHello = "hello tcpx-p2p-bench-engine 1";
+// Version 2: the raw TCP baseline's connections start with raw-listen's token.
+constexpr const char* kHello = "hello tcpx-p2p-bench-engine 2";
 
 std::string hello_line(const EngineBenchOptions& o) {
     return greeting_line(

@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <utility>
 
 #include "bench/harness/measure.h"
+#include "common/random.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 
@@ -67,19 +70,41 @@ Status move_streams(const std::vector<Fd>& conns, int n, bool send, uint64_t siz
 
 // --- the raw TCP baseline: responder -----------------------------------------------------------
 
+namespace {
+
+// The `count` numbers of a raw-* command (w[1..count]), or which is not one.
+Status raw_numbers(const std::vector<std::string>& w, size_t count, std::vector<uint64_t>* out) {
+    out->clear();
+    for (size_t i = 1; i <= count; ++i) {
+        uint64_t v = 0;
+        if (!parse_uint(w[i], UINT64_MAX, &v)) {
+            return invalid_argument(w[0] + ": '" + w[i].substr(0, 40) + "' is not a number");
+        }
+        out->push_back(v);
+    }
+    return Status();
+}
+
+}  // namespace
+
 bool RawTcpResponder::handle(const std::vector<std::string>& w, const BufferFn& buffer, Status* st,
                              std::string* reply) {
     if (w.empty()) return false;
+    std::vector<uint64_t> n;
     if (w[0] == "raw-listen") {
         *st = listen(reply);
     } else if (w[0] == "raw-accept" && w.size() == 2) {
-        *st = accept(std::stoi(w[1]));
+        int streams = 0;
+        *st = parse_int(w[1], INT_MIN, INT_MAX, &streams)
+                  ? accept(streams)
+                  : invalid_argument("raw-accept: '" + w[1].substr(0, 40) + "' is not a number");
     } else if (w[0] == "raw-stream" && (w.size() == 4 || (w.size() == 5 && w[4] == "send"))) {
-        *st =
-            stream(std::stoull(w[1]), std::stoull(w[2]), std::stoull(w[3]), w.size() == 5, buffer);
+        const bool send = w.size() == 5;
+        *st = raw_numbers(w, 3, &n);
+        if (st->ok()) *st = stream(n[0], n[1], n[2], send, buffer);
     } else if (w[0] == "raw-pingpong" && (w.size() == 3 || w.size() == 4)) {
-        const uint64_t size = std::stoull(w[1]);
-        *st = pingpong(size, std::stoull(w[2]), w.size() == 4 ? std::stoull(w[3]) : size, buffer);
+        *st = raw_numbers(w, w.size() - 1, &n);
+        if (st->ok()) *st = pingpong(n[0], n[1], n.size() == 3 ? n[2] : n[0], buffer);
     } else {
         return false;
     }
@@ -89,15 +114,26 @@ bool RawTcpResponder::handle(const std::vector<std::string>& w, const BufferFn& 
 Status RawTcpResponder::listen(std::string* reply) {
     TCPX_ASSIGN_OR_RETURN(auto ifs, find_interfaces(interface_, AddressFamily::kAny));
     TCPX_ASSIGN_OR_RETURN(listen_, listen_tcp(ifs[0].address, 128));
-    TCPX_RETURN_IF_ERROR(set_nonblocking(listen_.get(), false));
+    // Non-blocking: a connection reset between poll and accept must not block accept.
+    TCPX_RETURN_IF_ERROR(set_nonblocking(listen_.get(), true));
     TCPX_ASSIGN_OR_RETURN(SocketAddress addr, local_address(listen_.get()));
-    *reply = "port " + std::to_string(addr.port()) + " " + addr.host_string();
+    // A token per listener, which its connections must send first: a stray connection (or one
+    // left over from an earlier listener) cannot take a stream's place.
+    token_.clear();
+    while (token_.size() < kRawTokenBytes) {
+        TCPX_ASSIGN_OR_RETURN(uint64_t r, random_u64());
+        token_.append(reinterpret_cast<const char*>(&r), sizeof(r));
+    }
+    *reply =
+        "port " + std::to_string(addr.port()) + " " + addr.host_string() + " " + hex_blob(token_);
     return Status();
 }
 
-// `streams` stream connections then one ping-pong connection, each announcing its index; all
-// within wait_ms_, and each connection's later sends and receives fail after wait_ms_ without
-// progress (SO_SNDTIMEO, SO_RCVTIMEO).
+// `streams` stream connections then one ping-pong connection, each sending the token and its
+// index first; all within wait_ms_, and each connection's later sends and receives fail after
+// wait_ms_ without progress (SO_SNDTIMEO, SO_RCVTIMEO). The connections say who they are in any
+// order and at any pace: a slow or silent one holds no other up, and one that says something
+// else is closed.
 Status RawTcpResponder::accept(int streams) {
     if (!listen_.valid()) return failed_precondition("raw-accept before raw-listen");
     if (streams < 1 || streams > kMaxStreams) {
@@ -105,33 +141,71 @@ Status RawTcpResponder::accept(int streams) {
     }
     conns_.clear();
     std::vector<Fd> conns(static_cast<size_t>(streams) + 1);
+    struct Pending {
+        Fd fd;
+        std::string got;  // of its preamble
+    };
+    std::vector<Pending> pending;
     const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms_);
     const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
-    for (int i = 0; i <= streams;) {
+    int accepted = 0;
+    int refused = 0;
+    std::vector<pollfd> pfds;
+    while (accepted <= streams) {
         const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        pollfd pfd{listen_.get(), POLLIN, 0};
-        const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+            std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        if (left <= 0) {
+            return timeout_error(strformat("raw-accept: %d of %d connections in %d ms (%d refused)",
+                                           accepted, streams + 1, wait_ms_, refused));
+        }
+        pfds.assign(1, pollfd{listen_.get(), POLLIN, 0});
+        for (const Pending& p : pending) pfds.push_back(pollfd{p.fd.get(), POLLIN, 0});
+        const int ready = ::poll(pfds.data(), pfds.size(), static_cast<int>(left));
         if (ready < 0 && errno == EINTR) continue;
         if (ready < 0) return errno_status(errno, "raw-accept: poll");
-        if (ready == 0) {
-            return timeout_error(
-                strformat("raw-accept: %d of %d connections in %d ms", i, streams + 1, wait_ms_));
+        // Those that said something: whole preambles are judged, the rest wait for more.
+        for (size_t k = pending.size(); k-- > 0;) {
+            if (pfds[k + 1].revents == 0) continue;
+            Pending& p = pending[k];
+            char buf[kRawPreambleBytes];
+            const ssize_t n = ::recv(p.fd.get(), buf, kRawPreambleBytes - p.got.size(), 0);
+            if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+            if (n > 0) p.got.append(buf, static_cast<size_t>(n));
+            if (n > 0 && p.got.size() < kRawPreambleBytes) continue;
+            uint32_t index = 0;
+            if (n > 0) std::memcpy(&index, p.got.data() + kRawTokenBytes, sizeof(index));
+            const bool good = n > 0 && p.got.compare(0, kRawTokenBytes, token_) == 0 &&
+                              index < conns.size() && !conns[index].valid();
+            if (good) {
+                TCPX_RETURN_IF_ERROR(set_nonblocking(p.fd.get(), false));
+                if (::setsockopt(p.fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress,
+                                 sizeof(progress)) != 0 ||
+                    ::setsockopt(p.fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress,
+                                 sizeof(progress)) != 0) {
+                    return errno_status(errno, "raw-accept: setsockopt");
+                }
+                TCPX_RETURN_IF_ERROR(set_nodelay(p.fd.get()));
+                conns[index] = std::move(p.fd);
+                ++accepted;
+            } else {
+                ++refused;  // closed, or not one of ours: closed
+            }
+            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
         }
-        Fd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-        if (!fd.valid()) return errno_status(errno, "accept");
-        if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress, sizeof(progress)) != 0 ||
-            ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress, sizeof(progress)) != 0) {
-            return errno_status(errno, "raw-accept: setsockopt");
+        if ((pfds[0].revents & POLLIN) == 0) continue;
+        Fd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!fd.valid()) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ||
+                errno == ECONNABORTED) {
+                continue;
+            }
+            return errno_status(errno, "raw-accept: accept");
         }
-        uint32_t index = 0;
-        TCPX_RETURN_IF_ERROR(recv_all(fd.get(), &index, sizeof(index)));
-        if (index >= conns.size() || conns[index].valid()) {
-            return protocol_error("bad raw stream index");
+        if (pending.size() >= kMaxPending) {
+            pending.erase(pending.begin());  // the oldest has had the longest to say something
+            ++refused;
         }
-        TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
-        conns[index] = std::move(fd);
-        ++i;
+        pending.push_back(Pending{std::move(fd), {}});
     }
     conns_ = std::move(conns);
     return Status();
@@ -174,15 +248,34 @@ Status RawTcpInitiator::connect(Peer* peer, int streams) {
     conns_.clear();
     TCPX_ASSIGN_OR_RETURN(std::string reply, peer->call("raw-listen"));
     const auto w = words(reply);
-    if (w.size() != 3 || w[0] != "port") return protocol_error("peer: " + reply);
-    TCPX_ASSIGN_OR_RETURN(SocketAddress addr,
-                          SocketAddress::parse(w[2], static_cast<uint16_t>(std::stoi(w[1]))));
+    uint64_t port = 0;
+    std::string token;
+    if (w.size() != 4 || w[0] != "port" || !parse_uint(w[1], 65535, &port) || port == 0 ||
+        !unhex_blob(w[3], &token) || token.size() != kRawTokenBytes) {
+        return protocol_error("peer: expected \"port <1..65535> <host> <token>\", got: " +
+                              reply.substr(0, 200));
+    }
+    StatusOr<SocketAddress> addr = SocketAddress::parse(w[2], static_cast<uint16_t>(port));
+    if (!addr.ok()) {
+        return protocol_error("peer: not an address in \"" + reply.substr(0, 200) +
+                              "\": " + addr.status().to_string());
+    }
     TCPX_RETURN_IF_ERROR(peer->send("raw-accept " + std::to_string(streams)));
+    const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
     for (int i = 0; i <= streams; ++i) {
-        TCPX_ASSIGN_OR_RETURN(Fd fd, connect_blocking(addr, 10000));
+        TCPX_ASSIGN_OR_RETURN(Fd fd, connect_blocking(*addr, 10000));
+        // A responder that stops, or a host that vanishes, fails the measurement instead of
+        // holding send_all / recv_all for ever.
+        if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress, sizeof(progress)) != 0 ||
+            ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress, sizeof(progress)) != 0) {
+            return errno_status(errno, "raw TCP baseline: setsockopt");
+        }
+        TCPX_RETURN_IF_ERROR(set_dead_peer_timeout(fd.get(), 30000));
         TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
         const uint32_t index = static_cast<uint32_t>(i);
-        TCPX_RETURN_IF_ERROR(send_all(fd.get(), &index, sizeof(index)));
+        std::string preamble = token;
+        preamble.append(reinterpret_cast<const char*>(&index), sizeof(index));
+        TCPX_RETURN_IF_ERROR(send_all(fd.get(), preamble.data(), preamble.size()));
         conns_.push_back(std::move(fd));
     }
     return peer->reply().status();

@@ -47,11 +47,19 @@ class RawTcpResponder {
     // Buffer of at least `bytes` for the data of a raw command.
     using BufferFn = std::function<StatusOr<uint8_t*>(uint64_t bytes)>;
 
+    // Connections that have not yet said who they are, at most: beyond it the oldest is closed.
+    static constexpr size_t kMaxPending = 64;
+
     // Handles `w` when it is a raw-* command (true), setting *st and *reply (reply left as is on
     // success when the command has nothing to say); false when it is not one.
-    //   raw-listen                                  -> "port <port> <host>"
+    //   raw-listen                                  -> "port <port> <host> <token>": a fresh
+    //                                               random token (hex) for this listener
     //   raw-accept <streams>                        accepts streams + 1 connections
-    //                                               (1 <= streams <= kMaxStreams)
+    //                                               (1 <= streams <= kMaxStreams), each of
+    //                                               which sends the token and its index first;
+    //                                               others (a stray, a wrong token, an index out
+    //                                               of range or taken) are closed, and accepting
+    //                                               goes on until the wait is over
     //   raw-stream <size> <count> <slots> [send]    receives (or sends) `count` messages, in a
     //                                               buffer of size x slots bytes
     //   raw-pingpong <size> <count> [<reply>]       receives size bytes, answers reply (= size)
@@ -68,13 +76,23 @@ class RawTcpResponder {
     std::string interface_;
     int wait_ms_;
     Fd listen_;
+    std::string token_;      // raw-listen's, which every raw connection sends first
     std::vector<Fd> conns_;  // streams, then the ping-pong connection
 };
+
+// The bytes a raw connection starts with: the responder's token, then its index (uint32_t).
+constexpr size_t kRawTokenBytes = 16;
+constexpr size_t kRawPreambleBytes = kRawTokenBytes + sizeof(uint32_t);
 
 // The initiator's half.
 class RawTcpInitiator {
  public:
-    // Asks the responder to listen and accept, and connects `streams` + 1 connections.
+    // `wait_ms`: how long any of its connections may go without progress (SO_RCVTIMEO,
+    // SO_SNDTIMEO) before the measurement fails; TCP keepalive notices a peer host that vanished.
+    explicit RawTcpInitiator(int wait_ms = 60000) : wait_ms_(wait_ms) {}
+
+    // Asks the responder to listen and accept, and connects `streams` + 1 connections. A reply
+    // to raw-listen that is not "port <1..65535> <host> <token>" is a protocol error.
     Status connect(Peer* peer, int streams);
     int streams() const { return static_cast<int>(conns_.size()) - 1; }
 
@@ -92,6 +110,7 @@ class RawTcpInitiator {
     void close() { conns_.clear(); }
 
  private:
+    int wait_ms_;
     std::vector<Fd> conns_;
 };
 

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +24,40 @@
 
 namespace tcpx::bench {
 namespace {
+
+// raw-listen's reply, "port <port> <host> <token>", and a connection that says who it is.
+struct RawListener {
+    StatusOr<SocketAddress> addr = invalid_argument("none");
+    std::string token;
+};
+
+RawListener raw_listener(const std::string& reply) {
+    RawListener out;
+    const auto w = words(reply);
+    uint64_t port = 0;
+    if (w.size() != 4 || !parse_uint(w[1], 65535, &port) || !unhex_blob(w[3], &out.token)) {
+        return out;
+    }
+    out.addr = SocketAddress::parse(w[2], static_cast<uint16_t>(port));
+    return out;
+}
+
+Fd raw_connection(const SocketAddress& addr, const std::string& token, uint32_t index) {
+    auto fd = connect_blocking(addr, 1000);
+    if (!fd.ok()) return Fd();
+    std::string preamble = token;
+    preamble.append(reinterpret_cast<const char*>(&index), sizeof(index));
+    if (!send_all(fd->get(), preamble.data(), preamble.size()).ok()) return Fd();
+    return std::move(*fd);
+}
+
+// Whether the other end closed `fd` (within 1 s).
+bool closed_by_peer(const Fd& fd) {
+    pollfd pfd{fd.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 1000) != 1) return false;
+    char c;
+    return ::recv(fd.get(), &c, 1, MSG_DONTWAIT) <= 0;
+}
 
 TEST(BenchRawTcpLoopback, StreamsAndPingPongs) {
     std::vector<uint8_t> theirs;
@@ -97,10 +133,9 @@ TEST(BenchRawTcpLoopback, HostileCountsSizesAndSilencesEndInErrors) {
     std::string reply;
     ASSERT_TRUE(raw.handle({"raw-listen"}, buffer, &st, &reply));
     ASSERT_TRUE(st.ok()) << st.to_string();
-    const auto w = words(reply);
-    ASSERT_EQ(w.size(), 3u) << reply;
-    const auto addr = SocketAddress::parse(w[2], static_cast<uint16_t>(std::stoi(w[1])));
-    ASSERT_TRUE(addr.ok());
+    const RawListener at = raw_listener(reply);
+    ASSERT_TRUE(at.addr.ok()) << reply;
+    const SocketAddress* addr = &*at.addr;
 
     for (const char* n : {"0", "-1", "1025", "2147483647"}) {
         SCOPED_TRACE(std::string("raw-accept ") + n);
@@ -119,13 +154,11 @@ TEST(BenchRawTcpLoopback, HostileCountsSizesAndSilencesEndInErrors) {
     EXPECT_FALSE(st.ok());
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 
-    // Two connections with their indices: accepted.
+    // Two connections with the token and their indices: accepted.
     std::vector<Fd> conns;
     for (uint32_t i = 0; i < 2; ++i) {
-        auto fd = connect_blocking(*addr, 1000);
-        ASSERT_TRUE(fd.ok());
-        ASSERT_TRUE(send_all(fd->get(), &i, sizeof(i)).ok());
-        conns.push_back(std::move(*fd));
+        conns.push_back(raw_connection(*addr, at.token, i));
+        ASSERT_TRUE(conns.back().valid());
     }
     ASSERT_TRUE(raw.handle({"raw-accept", "1"}, buffer, &st, &reply));
     ASSERT_TRUE(st.ok()) << st.to_string();
@@ -144,6 +177,110 @@ TEST(BenchRawTcpLoopback, HostileCountsSizesAndSilencesEndInErrors) {
     EXPECT_FALSE(st.ok());
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     raw.close();
+}
+
+// Connections to the raw baseline's listener that are not the initiator's (no token, the wrong
+// one, an index out of range or taken, silence) are closed, and the accept goes on until the
+// initiator's are all there. (It trusted the first 4 bytes of any connection: a stray failed the
+// run or took a stream's place.)
+TEST(BenchRawTcpLoopback, StraysAndWrongIndicesAreClosedAndAcceptGoesOn) {
+    RawTcpResponder raw("=lo", 5000);
+    const RawTcpResponder::BufferFn none = [](uint64_t) -> StatusOr<uint8_t*> {
+        return internal_error("no buffer");
+    };
+    Status st;
+    std::string reply;
+    ASSERT_TRUE(raw.handle({"raw-listen"}, none, &st, &reply));
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    const RawListener at = raw_listener(reply);
+    ASSERT_TRUE(at.addr.ok()) << reply;
+    ASSERT_EQ(at.token.size(), kRawTokenBytes);
+    std::string wrong = at.token;
+    wrong[0] = static_cast<char>(wrong[0] ^ 1);
+
+    auto silent = connect_blocking(*at.addr, 1000);  // says nothing
+    ASSERT_TRUE(silent.ok());
+    Fd strays[] = {raw_connection(*at.addr, wrong, 0), raw_connection(*at.addr, at.token, 2),
+                   raw_connection(*at.addr, at.token, 0xffffffffu)};
+    auto junk = connect_blocking(*at.addr, 1000);  // an HTTP client, say
+    ASSERT_TRUE(junk.ok());
+    const std::string get = "GET / HTTP/1.0\r\n\r\n";
+    ASSERT_TRUE(send_all(junk->get(), get.data(), get.size()).ok());
+    Fd first = raw_connection(*at.addr, at.token, 0);
+    Fd again = raw_connection(*at.addr, at.token, 0);  // index 0 is taken by then, or takes it
+    Fd second = raw_connection(*at.addr, at.token, 1);
+    ASSERT_TRUE(raw.handle({"raw-accept", "1"}, none, &st, &reply));
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    for (const Fd& stray : strays) EXPECT_TRUE(closed_by_peer(stray));
+    EXPECT_TRUE(closed_by_peer(*junk));
+    EXPECT_TRUE(closed_by_peer(*silent));
+    EXPECT_NE(closed_by_peer(first), closed_by_peer(again));  // one of the two holds index 0
+    raw.close();
+    EXPECT_TRUE(closed_by_peer(second));
+}
+
+// The initiator's raw connections time out when the responder stops (it waited in recv for ever).
+TEST(BenchRawTcpLoopback, TheInitiatorsConnectionsTimeOut) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    ThreadPeer peer([&](Channel* ch) {
+        RawTcpResponder raw("=lo");
+        (void)serve_commands(
+            ch,
+            [&](const std::vector<std::string>& w, const std::string& line, std::string* reply) {
+                if (w[0] == "raw-stream") {
+                    // Says nothing on its connections; closes them after 5 s at most.
+                    std::unique_lock<std::mutex> lock(mu);
+                    cv.wait_for(lock, std::chrono::seconds(5), [&] { return done; });
+                    raw.close();
+                    return Status();
+                }
+                Status st;
+                if (!raw.handle(w, nullptr, &st, reply)) return invalid_argument("unknown " + line);
+                return st;
+            },
+            [&] { raw.close(); });
+    });
+    RawTcpInitiator init(300);
+    ASSERT_TRUE(init.connect(&peer, 1).ok());
+    std::vector<uint8_t> buf(1000);
+    const auto start = std::chrono::steady_clock::now();
+    auto secs = init.stream(&peer, /*to_peer=*/false, buf.size(), 1, buf.data(), 1, 1);
+    EXPECT_FALSE(secs.ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+    }
+    cv.notify_all();
+}
+
+// A reply to raw-listen that is not "port <1..65535> <host> <token>" is a protocol error (the
+// port went through std::stoi, which threw, or wrapped 99999 into 34463).
+TEST(BenchRawTcpLoopback, MalformedListenRepliesAreProtocolErrors) {
+    const std::string token(2 * kRawTokenBytes, 'a');
+    for (const std::string& said :
+         {std::string("port x 1.2.3.4 ") + token, "port 99999 127.0.0.1 " + token,
+          "port 0 127.0.0.1 " + token, "port -1 127.0.0.1 " + token,
+          std::string("port 80 127.0.0.1"), "port 80 127.0.0.1 " + token.substr(2),
+          "port 80 127.0.0.1 zz" + token.substr(2), "port 80 nothost,really " + token,
+          "port 99999999999999999999 127.0.0.1 " + token}) {
+        SCOPED_TRACE(said);
+        ThreadPeer peer([&said](Channel* ch) {
+            (void)serve_commands(
+                ch,
+                [&](const std::vector<std::string>&, const std::string&, std::string* reply) {
+                    *reply = said;
+                    return Status();
+                },
+                [] {});
+        });
+        RawTcpInitiator init(300);
+        Status st;
+        ASSERT_NO_THROW(st = init.connect(&peer, 1));
+        EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
+    }
 }
 
 TEST(BenchSideChannel, HostPorts) {

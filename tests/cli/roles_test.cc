@@ -163,7 +163,7 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
     const std::string got =
         side_channel_exchange(target,
-                              "hello tcpx-p2p-bench-engine 1 mem=host bidir=1 time=0.1\n"
+                              "hello tcpx-p2p-bench-engine 2 mem=host bidir=1 time=0.1\n"
                               "endpoints lots\n"
                               "endpoints 100000\n"
                               "mem host 4096\n"
@@ -184,7 +184,7 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
                               "nonsense\n"
                               "quit\n");
     EXPECT_TRUE(has_all(
-        got, {"hello tcpx-p2p-bench-engine 1", "endpoints: n not in 1..256", "mem before endpoints",
+        got, {"hello tcpx-p2p-bench-engine 2", "endpoints: n not in 1..256", "mem before endpoints",
               "endpoints: '1junk' is not a number", "more than 16 GiB per side",
               "mem: '-1' is not a number", "xfer: a count past 5000000",
               "xfer: a size, batch or concurrency past its bound",
@@ -203,7 +203,7 @@ TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
     const std::string got = side_channel_exchange(
-        target, "hello tcpx-p2p-bench-engine 1 mem=host progress=sometimes time=0.1\n");
+        target, "hello tcpx-p2p-bench-engine 2 mem=host progress=sometimes time=0.1\n");
     EXPECT_TRUE(contains(got, "error INVALID_ARGUMENT")) << got;
     EXPECT_TRUE(contains(got, "TCPX_P2P_PROGRESS_THREAD: 'sometimes' is not one of on|off")) << got;
     const int status = target.finish();
@@ -212,8 +212,8 @@ TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
 }
 
 // Replies from the side channel are the network's: a counter past 2^64, seconds that are not a
-// number, end the run with a protocol error, not an uncaught exception (std::stoull and std::stod
-// threw).
+// number, a raw baseline's port that is not one, end the run with a protocol error, not an
+// uncaught exception (std::stoull, std::stod, std::stoi threw).
 TEST(BenchEngineRoles, MalformedRepliesEndTheRunWithAProtocolError) {
     struct Case {
         const char* command;  // whose reply is replaced
@@ -227,6 +227,7 @@ TEST(BenchEngineRoles, MalformedRepliesEndTheRunWithAProtocolError) {
          {"--stats", "--no-baseline"},
          "a counter that is not a number: 99999999999999999999"},
         {"xfer", "secs x", {"--bidir", "--no-baseline"}, "peer: secs x"},
+        {"raw-listen", "port x 1.2.3.4 00", {}, "expected \"port <1..65535> <host> <token>\""},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.command);
