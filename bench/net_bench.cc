@@ -372,7 +372,7 @@ void print_json(const NetBenchOptions& o, const std::vector<Row>& rows, int io_t
         }
         out["results"].push_back(row);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
 }
 
 Settings bench_settings(const NetBenchOptions& o) {

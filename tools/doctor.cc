@@ -527,7 +527,9 @@ void print_json(const Report& r) {
     out["checks"] = std::move(checks);
     out["problems"] = problems;
     out["blocked"] = r.blocked();
-    std::printf("%s\n", out.dump(2).c_str());
+    // The environment's values are anyone's bytes: what is not UTF-8 comes out as U+FFFD
+    // (nlohmann::json would throw on it).
+    std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
 }
 
 }  // namespace

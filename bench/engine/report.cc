@@ -166,7 +166,7 @@ void print_engine_line(const Config& c, const Setup& s) {
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
             inline_text(c).c_str(), c.net_plugin.c_str(), plugin_sockets_text().c_str());
     }
-    if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
+    if (!s.target.empty()) std::printf("target: %s\n", printable(s.target).c_str());
 }
 
 }  // namespace
@@ -180,7 +180,7 @@ void print_stats(const EngineBenchOptions& o, const Stats& ours, const Stats& th
             j["initiator"][kStatNames[i]] = ours.*kStatFields[i];
             j["target"][kStatNames[i]] = theirs.*kStatFields[i];
         }
-        std::fprintf(stderr, "%s\n", nlohmann::json{{"stats", j}}.dump().c_str());
+        std::fprintf(stderr, "%s\n", json_text(nlohmann::json{{"stats", j}}).c_str());
         return;
     }
     std::printf("\ncounters (Endpoint::stats, all of this run's endpoints):\n");
@@ -356,7 +356,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         }
         out["results"].push_back(row);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
 }
 
 // --- the KV workload's report (the rows' layout is bench/kv_workload's) --------------------------
@@ -385,7 +385,7 @@ void print_kv_table(const EngineBenchOptions& o, const Config& c, const Setup& s
         std::printf("net: ncclNet plugin %s, data sockets and their threads %s\n",
                     c.net_plugin.c_str(), plugin_sockets_text().c_str());
     }
-    if (!s.target.empty()) std::printf("target: %s\n", s.target.c_str());
+    if (!s.target.empty()) std::printf("target: %s\n", printable(s.target).c_str());
     print_kv_rows(rows, o.verify);
 }
 
@@ -407,7 +407,7 @@ void print_kv_json(const EngineBenchOptions& o, const Config& c, const std::vect
     json results = json::array();
     for (const KvRow& r : rows) results.push_back(kv_row_json(r));
     out["results"] = results;
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
 }
 
 }  // namespace tcpx::bench::engine_bench

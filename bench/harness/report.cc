@@ -55,6 +55,24 @@ std::string table_line(const std::vector<int>& gaps, const std::vector<int>& wid
     return line;
 }
 
+std::string printable(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f) {
+            out += strformat("\\x%02x", u);
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+std::string json_text(const nlohmann::json& j, int indent) {
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json throughput_json(const Throughput& t, const char* count_name, uint64_t count,
                                bool cpu) {
     nlohmann::json j = {{"gbps", t.gbps}, {count_name, count}, {"seconds", t.seconds}};

@@ -7,6 +7,7 @@
 #include <functional>
 #include <nlohmann/json_fwd.hpp>  // the .cc files that build JSON include json.hpp
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/harness/measure.h"
@@ -84,7 +85,15 @@ std::string table_row(const std::vector<Column<Row>>& cols, const Row& row) {
     return table_line(gaps, widths, cells);
 }
 
+// `text` with its control characters (and DEL) written \xNN: text from a peer (a target's
+// greeting) or the environment, on a terminal.
+std::string printable(std::string_view text);
+
 // --- JSON --------------------------------------------------------------------------------------
+
+// `j` as text (`indent` as nlohmann::json::dump's), never throwing: bytes of a string that are not
+// UTF-8 (a peer's text, the environment's) come out as U+FFFD.
+std::string json_text(const nlohmann::json& j, int indent = -1);
 
 // {"gbps", `count_name`: count, "seconds"} and, with `cpu`, "cpu_seconds",
 // "cpu_seconds_target_process" and "cpu_s_per_gb".

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <utility>
 
+#include "bench/harness/report.h"
 #include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -585,7 +586,7 @@ StatusOr<SideChannel> accept_initiator(const std::string& program, const Fd& lis
         if (!st.ok()) {
             ch->write_line("error " + st.to_string());
             std::fprintf(stderr, "%s: %s refused: %s; still listening\n", program.c_str(),
-                         who.c_str(), st.to_string().c_str());
+                         who.c_str(), printable(st.to_string()).c_str());
             continue;
         }
         (void)set_nodelay(conn.get());

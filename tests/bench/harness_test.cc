@@ -560,6 +560,20 @@ TEST(BenchReport, TableAlignsAndTrims) {
     EXPECT_EQ(table_row(cols, R{"bb", 0.5}), "bb         0.5");  // no trailing blanks
 }
 
+// Text from a peer or the environment: control characters are shown, not sent to the terminal,
+// and JSON of bytes that are not UTF-8 is written (nlohmann::json's dump() throws on them).
+TEST(BenchReport, PeerTextIsPrintableAndJsonNeverThrows) {
+    EXPECT_EQ(printable("=lo, 1 channel"), "=lo, 1 channel");
+    EXPECT_EQ(printable(std::string("a\x1b[2Jb\r\n\x7f\0", 10)), "a\\x1b[2Jb\\x0d\\x0a\\x7f\\x00");
+    EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 stays
+    const nlohmann::json j = {{"target", "=lo \xff\xfe"}};
+    std::string text;
+    ASSERT_NO_THROW(text = json_text(j));
+    EXPECT_EQ(text, "{\"target\":\"=lo \xef\xbf\xbd\xef\xbf\xbd\"}");
+    ASSERT_NO_THROW(text = json_text(j, 2));
+    EXPECT_NE(text.find("\n  \"target\""), std::string::npos) << text;
+}
+
 TEST(BenchReport, Json) {
     Throughput t;
     t.gbps = 2;

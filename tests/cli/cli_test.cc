@@ -344,6 +344,23 @@ TEST(BenchEngineCli, KvWorkloadOnGpu) {
 
 // --- doctor ---------------------------------------------------------------------------------
 
+// The environment's values are anyone's bytes: --json writes those that are not UTF-8 as U+FFFD
+// (nlohmann::json's dump() threw on them, and the doctor died).
+TEST(DoctorCli, JsonOfAnEnvironmentThatIsNotUtf8) {
+    const CliResult r = run_cli({"doctor", "--json"}, {{"NCCL_TCPX_P2P_TEST_BYTES", "a\xff\xfe"}});
+    EXPECT_TRUE(exited_with(r, 0) || exited_with(r, 1));
+    const auto doc = json_of(r.output);
+    ASSERT_FALSE(doc.is_discarded()) << r.output;
+    bool found = false;
+    for (const auto& c : doc["checks"]) {
+        if (c["item"] == "NCCL_TCPX_P2P_TEST_BYTES") {
+            found = true;
+            EXPECT_EQ(c["value"], "a\xef\xbf\xbd\xef\xbf\xbd");
+        }
+    }
+    EXPECT_TRUE(found) << r.output;
+}
+
 // On this machine, with nothing set: every section, loopback among the interfaces, exit 0.
 TEST(DoctorCli, ReportsTheMachineAndExitsZeroWhenNothingStopsARun) {
     const CliResult r = run_cli({"doctor"});

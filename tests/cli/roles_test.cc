@@ -249,6 +249,41 @@ TEST(BenchEngineRoles, MalformedRepliesEndTheRunWithAProtocolError) {
     }
 }
 
+// What the target says of itself is shown as text (control characters written \xNN, not sent to
+// the terminal) and in the JSON (bytes that are not UTF-8 as U+FFFD; dump() threw on them).
+TEST(BenchEngineRoles, TheTargetsWordsAreShownSafely) {
+    for (const bool json : {false, true}) {
+        SCOPED_TRACE(json ? "--json" : "table");
+        ListeningTarget target;
+        ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+        SideChannelProxy proxy;
+        const std::string hello = "hello tcpx-p2p-bench-engine 2 ";
+        ASSERT_TRUE(
+            proxy.start(target.port(), [&](const std::string& command, const std::string& reply) {
+                if (command.rfind("hello", 0) != 0) return reply;
+                return hello + "\x1b[2J\xff\xfe" + reply.substr(hello.size());
+            }));
+        std::vector<std::string> args = {
+            "bench",   "engine", "--connect",    proxy.address(), "--sizes", "4K",
+            "--op",    "write",  "--no-latency", "--no-baseline", "--time",  "0.05",
+            "--iters", "2",      "--no-progress"};
+        if (json) args.push_back("--json");
+        const CliResult r = run_cli(args);
+        ASSERT_TRUE(exited_with(r, 0));
+        EXPECT_FALSE(contains(r.output, "\x1b")) << r.output;
+        if (json) {
+            const auto doc = json_of(r.output);
+            ASSERT_FALSE(doc.is_discarded()) << r.output;
+            EXPECT_TRUE(contains(doc["config"]["target"].get<std::string>(),
+                                 "\x1b[2J\xef\xbf\xbd\xef\xbf\xbd=lo"))
+                << r.output;
+        } else {
+            EXPECT_TRUE(contains(r.output, "\\x1b[2J\xff\xfe=lo")) << r.output;
+        }
+        EXPECT_EQ(target.finish(), 0) << target.output();
+    }
+}
+
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
     const auto start = std::chrono::steady_clock::now();
     const ClosedPort closed;
