@@ -150,6 +150,9 @@ Status run(const EngineBenchOptions& options) {
     if (o.kv) o.baseline = false;
     TCPX_RETURN_IF_ERROR(check_options(o));
     TCPX_RETURN_IF_ERROR(choose_gpus(&o));
+    // The engine's settings before any target hears of them (with --connect they go in the
+    // greeting; the interface may be the side channel's, not known yet).
+    TCPX_RETURN_IF_ERROR(bench_config(o, kInitiatorSide).status());
     Setup setup;
     std::unique_ptr<Peer> peer;
     if (!o.connect.empty()) {

@@ -33,7 +33,9 @@ std::string hello_line(const EngineBenchOptions& o) {
                  {"time", strformat("%g", o.min_seconds)}});
 }
 
-// The target's options from a hello line (its own --interface stays).
+// The target's options from a hello line (its own --interface stays), checked as the target's
+// engine would check them: a greeting the target could not serve is refused, and the target goes
+// on listening for another.
 Status parse_hello(const std::string& line, EngineBenchOptions* o) {
     TCPX_ASSIGN_OR_RETURN(auto settings, greeting_settings(line, kHello, "tcpx-p2p bench engine"));
     for (const auto& [key, value] : settings) {
@@ -62,7 +64,7 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
             return invalid_argument("hello: unknown '" + (key + "=" + value).substr(0, 64) + "'");
         }
     }
-    return Status();
+    return bench_config(*o, kTargetSide).status().with_context("hello");
 }
 
 // The engine's settings as a line for the other side's header.
@@ -103,6 +105,8 @@ Status listen_and_serve(const EngineBenchOptions& options) {
     FdChannel& ch = *side.channel;
     Status st;
     TCPX_RETURN_IF_ERROR(target_interface(side, &o.interface));
+    // The greeting's settings passed already (parse_hello): what fails here is the target's own
+    // --interface, or the one its end of the side channel is on.
     StatusOr<Config> config = bench_config(o, kTargetSide);
     if (!config.ok()) {
         st = Status(config.status()).with_context("target");

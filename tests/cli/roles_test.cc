@@ -196,19 +196,37 @@ TEST(BenchEngineRoles, HostileCommandsGetErrorReplies) {
     EXPECT_EQ(target.finish(), 0) << target.output();
 }
 
-// A hello whose settings the engine refuses (a PROGRESS_THREAD that is neither on nor off) gets
-// an error naming the setting, and the target ends with it, as for its other settings (CHANNELS,
-// NSOCKS, ...): one initiator's session per run.
-TEST(BenchEngineRoles, AHelloWithABadProgressSettingIsRefused) {
+// A greeting whose settings the target's engine refuses (a PROGRESS_THREAD that is neither on nor
+// off, 99 channels) gets an error naming the setting, and the target goes on listening and serves
+// the next initiator. (It ended there, after accepting the greeting.)
+TEST(BenchEngineRoles, AGreetingWithBadSettingsIsRefusedAndTheNextServed) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
-    const std::string got = side_channel_exchange(
+    std::string got = side_channel_exchange(
         target, "hello tcpx-p2p-bench-engine 2 mem=host progress=sometimes time=0.1\n");
     EXPECT_TRUE(contains(got, "error INVALID_ARGUMENT")) << got;
     EXPECT_TRUE(contains(got, "TCPX_P2P_PROGRESS_THREAD: 'sometimes' is not one of on|off")) << got;
+    got = side_channel_exchange(target, "hello tcpx-p2p-bench-engine 2 mem=host channels=99\n");
+    EXPECT_TRUE(contains(got, "error OUT_OF_RANGE: hello: TCPX_P2P_CHANNELS: 99")) << got;
+    const CliResult r = run_cli(role_quick({"bench", "engine", "--connect", target.address(),
+                                            "--sizes", "4K", "--op", "write", "--no-latency"}));
+    EXPECT_TRUE(exited_with(r, 0));
     const int status = target.finish();
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << target.output();
-    EXPECT_TRUE(contains(target.output(), "'sometimes' is not one of on|off")) << target.output();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << target.output();
+    EXPECT_TRUE(has_all(target.output(), {"'sometimes' is not one of on|off", "still listening",
+                                          "the initiator is done"}));
+}
+
+// The initiator checks its own engine settings before it reaches for a target (it sent them in
+// its greeting first, and said only that nothing answered).
+TEST(BenchEngineRoles, TheInitiatorChecksItsSettingsBeforeConnecting) {
+    const ClosedPort closed;
+    const CliResult r =
+        run_cli({"bench", "engine", "--connect", "127.0.0.1:" + closed.port(), "--channels", "99",
+                 "--connect-timeout", "1", "--sizes", "4K", "--no-progress"});
+    EXPECT_TRUE(exited_with(r, 1));
+    EXPECT_TRUE(contains(r.output, "CHANNELS")) << r.output;
+    EXPECT_FALSE(contains(r.output, "no benchmark target answers")) << r.output;
 }
 
 // Replies from the side channel are the network's: a counter past 2^64, seconds that are not a
