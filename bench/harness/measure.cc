@@ -33,12 +33,17 @@ bool parse_size_list(const std::string& text, std::vector<uint64_t>* out) {
                 lo == 0 || lo > hi) {
                 return false;
             }
-            for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
-            continue;
+            // Each size 4x the last, up to hi: stop before s * 4 would pass hi (or wrap).
+            for (uint64_t s = lo;; s *= 4) {
+                out->push_back(s);
+                if (out->size() > kMaxSizes || s > hi / 4) break;
+            }
+        } else {
+            uint64_t v = 0;
+            if (!parse_size(item, &v)) return false;
+            out->push_back(v);
         }
-        uint64_t v = 0;
-        if (!parse_size(item, &v)) return false;
-        out->push_back(v);
+        if (out->size() > kMaxSizes) return false;
     }
     return !out->empty();
 }

@@ -22,8 +22,12 @@ double seconds_since(Clock::time_point start);
 
 // --- command-line sizes ------------------------------------------------------------------------
 
-// "4K,64K,1M" or a range "4K..64M" (each size 4x the previous), or both ("4K..64K,1M"); false on
-// anything else (an empty list, a bad size, a range of zero or backwards).
+// The most sizes a list may hold (a range from 1 to 2^64 - 1 has 32).
+constexpr size_t kMaxSizes = 64;
+
+// "4K,64K,1M" or a range "4K..64M" (each size 4x the previous, the last one at most the range's
+// end), or both ("4K..64K,1M"); false on anything else (an empty list, a bad size, a range of
+// zero or backwards, more than kMaxSizes sizes).
 bool parse_size_list(const std::string& text, std::vector<uint64_t>* out);
 // "A,B": two GPU indices, each in Config::gpu_index's range (0..1023).
 bool parse_gpu_pair(const std::string& text, std::vector<int>* out);

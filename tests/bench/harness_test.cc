@@ -39,6 +39,25 @@ TEST(BenchSizes, ListsAndRanges) {
     }
 }
 
+// A range whose next size would pass 2^64 ends at its last size that fits (s *= 4 wrapped to 0
+// once, and the loop never ended); a list is at most kMaxSizes long.
+TEST(BenchSizes, RangesEndBeforeTheyWrapAndListsAreBounded) {
+    std::vector<uint64_t> v;
+    ASSERT_TRUE(parse_size_list("1..4294967296G", &v));  // 1 to 2^62
+    ASSERT_EQ(v.size(), 32u);
+    EXPECT_EQ(v.front(), 1u);
+    EXPECT_EQ(v.back(), 1ULL << 62);
+    ASSERT_TRUE(parse_size_list("3..17179869183G", &v));  // the largest size: 2^64 - 2^30
+    EXPECT_EQ(v.back(), 3ULL << 62);
+    for (uint64_t s : v) EXPECT_GT(s, 0u);
+    std::string many = "1";
+    for (size_t i = 1; i < kMaxSizes; ++i) many += "," + std::to_string(i + 1);
+    ASSERT_TRUE(parse_size_list(many, &v));
+    EXPECT_EQ(v.size(), kMaxSizes);
+    EXPECT_FALSE(parse_size_list(many + ",4K", &v));
+    EXPECT_FALSE(parse_size_list(many + ",1..4K", &v));
+}
+
 TEST(BenchSizes, GpuPairs) {
     std::vector<int> g;
     ASSERT_TRUE(parse_gpu_pair("0,1", &g));
