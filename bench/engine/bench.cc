@@ -60,16 +60,35 @@ Status check_options(const EngineBenchOptions& o) {
         if (o.peers != 1) return invalid_argument("--kv: one peer (--peers 1)");
         if (o.batch != 1) return invalid_argument("--kv: a request is its own batch (no --batch)");
         TCPX_RETURN_IF_ERROR(check_kv_shape(o.kv_shape));
+        // The pool is one registered region on each side (the target refuses more).
+        if (o.kv_shape.pool > kSideBytes) {
+            return invalid_argument("--kv-pool: at most " + format_bytes(kSideBytes) +
+                                    " (the memory of one side per memory type)");
+        }
     }
     if (o.sizes.empty()) return invalid_argument("no sizes");
+    if (o.batch < 1) return invalid_argument("--batch must be at least 1");
+    if (o.peers < 1) return invalid_argument("--peers must be at least 1");
     for (uint64_t s : o.sizes) {
         if (s == 0) return invalid_argument("--sizes: a size of 0");
+        // The least memory a size takes per side: two slots (one in flight, the last one) of
+        // --batch pieces per peer, and per direction. prepare() checks the rest (the transfers in
+        // flight, the raw baseline) once the concurrency is known.
+        uint64_t slot = 0;
+        uint64_t least = 0;
+        if (__builtin_mul_overflow(s, static_cast<uint64_t>(o.batch), &slot) ||
+            __builtin_mul_overflow(slot, 2 * static_cast<uint64_t>(o.peers) * (o.bidir ? 2 : 1),
+                                   &least) ||
+            least > kSideBytes) {
+            return invalid_argument(
+                strformat("--sizes %s%s: more than %s of memory per side", format_bytes(s).c_str(),
+                          o.batch > 1 ? strformat(" x --batch %d", o.batch).c_str() : "",
+                          format_bytes(kSideBytes).c_str()));
+        }
     }
     if (!o.write && !o.read) return invalid_argument("no operation to measure");
     if (o.processes != 1 && o.processes != 2) return invalid_argument("--procs must be 1 or 2");
-    if (o.batch < 1) return invalid_argument("--batch must be at least 1");
     if (o.concurrency < 1) return invalid_argument("--concurrency must be at least 1");
-    if (o.peers < 1) return invalid_argument("--peers must be at least 1");
     if (!o.listen.empty()) return invalid_argument("--listen: the target runs listen_engine_bench");
     if (!o.connect.empty() && o.processes != 2) {
         return invalid_argument("--connect: the targets are on the other host; no --procs");

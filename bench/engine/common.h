@@ -22,6 +22,12 @@ namespace tcpx::bench::engine_bench {
 // acknowledgement or READ request (a header, a transfer id, a status or one segment).
 inline constexpr uint64_t kSmallMessage = 32;
 
+// The memory each side of a run may hold per memory type, all its endpoints together: the
+// registered regions (with --bidir both sets) and, in host memory, the raw TCP baseline's buffer.
+// The initiator refuses a size that needs more before it starts; the target refuses commands
+// that would make it hold more (TargetLimits).
+inline constexpr uint64_t kSideBytes = 16ULL << 30;
+
 // A transfer that has not finished after this long means the engine is stuck.
 inline constexpr auto kStallTimeout = std::chrono::seconds(60);
 

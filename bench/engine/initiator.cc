@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/harness/report.h"
 #include "bench/kv_workload.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -71,18 +72,39 @@ Status EngineInitiator::setup() {
 }
 
 Status EngineInitiator::prepare(uint64_t size) {
-    size_ = size;
-    slot_bytes_ = size * static_cast<uint64_t>(o_.batch);
-    const uint64_t per_slot = slot_bytes_ * static_cast<uint64_t>(o_.peers);
-    conc_ =
+    // Memory per side and type: a region of conc + 1 slots per peer (two with --bidir) and, in
+    // host memory, the raw baseline's conc slots; all of it within kSideBytes. Each product is
+    // checked: one that wrapped would make a small (or zero) figure of a huge one.
+    const uint64_t peers = static_cast<uint64_t>(o_.peers);
+    const uint64_t sets = o_.bidir ? 2 : 1;  // --bidir: a region per direction
+    uint64_t slot = 0;
+    uint64_t per_slot = 0;
+    if (size == 0 || __builtin_mul_overflow(size, static_cast<uint64_t>(o_.batch), &slot) ||
+        __builtin_mul_overflow(slot, peers, &per_slot)) {
+        return invalid_argument(strformat("%llu bytes x --batch %d x %d peers is out of range",
+                                          static_cast<unsigned long long>(size), o_.batch,
+                                          o_.peers));
+    }
+    const int conc =
         static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(o_.concurrency),
                                             std::max<uint64_t>(1, kMaxInFlightBytes / per_slot)));
-    const uint64_t region = slot_bytes_ * static_cast<uint64_t>(conc_ + 1);
-    const uint64_t sets = o_.bidir ? 2 : 1;  // --bidir: a region per direction
-    if (region * static_cast<uint64_t>(o_.peers) * sets > (16ULL << 30)) {
-        return invalid_argument(strformat("%s per side is too much memory",
-                                          format_bytes(region * o_.peers * sets).c_str()));
+    const uint64_t raw = o_.baseline ? slot * static_cast<uint64_t>(conc) : 0;
+    uint64_t region = 0;
+    uint64_t regions = 0;
+    uint64_t side = 0;
+    if (__builtin_mul_overflow(slot, static_cast<uint64_t>(conc) + 1, &region) ||
+        __builtin_mul_overflow(region, peers * sets, &regions) ||
+        __builtin_add_overflow(regions, raw, &side) || side > kSideBytes) {
+        return invalid_argument(strformat(
+            "%s x --batch %d needs more than %s of memory per side (%d peer%s x %d transfer%s in "
+            "flight + 1%s%s)",
+            format_bytes(size).c_str(), o_.batch, format_bytes(kSideBytes).c_str(), o_.peers,
+            plural(o_.peers), conc, plural(conc), o_.bidir ? ", both directions" : "",
+            o_.baseline ? ", and the raw TCP baseline's buffer" : ""));
     }
+    size_ = size;
+    slot_bytes_ = slot;
+    conc_ = conc;
     for (MemType type : mem_types(o_)) {
         TCPX_ASSIGN_OR_RETURN(std::string reply,
                               peer_->call(strformat("mem %s %llu", mem_name(type),

@@ -61,9 +61,19 @@ class Target {
         // The raw baseline's own memory, not the engine's regions: the engine may still hold
         // a served read's last send completion (the initiator has its bytes already), and its
         // threads must never share bytes with the baseline's.
+        // It is host memory, counted with the registered host regions against side_bytes.
         const RawTcpResponder::BufferFn raw_buffer = [this](uint64_t bytes) -> StatusOr<uint8_t*> {
-            if (bytes > limits_.side_bytes) return invalid_argument("raw TCP baseline: too large");
-            if (raw_mem_.size() < bytes) raw_mem_.resize(bytes);
+            if (raw_mem_.size() >= bytes) return raw_mem_.data();
+            const uint64_t held = registered(MemType::kHost);
+            if (bytes > limits_.side_bytes - std::min(held, limits_.side_bytes)) {
+                return invalid_argument(
+                    strformat("raw TCP baseline: %s beside %s of registered host memory is more "
+                              "than %s per side",
+                              format_bytes(bytes).c_str(), format_bytes(held).c_str(),
+                              format_bytes(limits_.side_bytes).c_str()));
+            }
+            std::vector<uint8_t>().swap(raw_mem_);  // the old one goes before the new one comes
+            raw_mem_.resize(bytes);
             return raw_mem_.data();
         };
         // Without progress threads (--progress-thread off) the endpoints move only while
@@ -201,8 +211,20 @@ class Target {
         return Status();
     }
 
+    // Bytes of `type` registered with the endpoints (both sets with --bidir).
+    uint64_t registered(MemType type) const {
+        uint64_t sum = 0;
+        for (const auto& set : {&regions_, &rev_}) {
+            for (const auto& r : *set) sum += r[type].buf.size();
+        }
+        return sum;
+    }
+
     Status mem(MemType type, uint64_t bytes, std::string* reply) {
         if (eps_.empty()) return failed_precondition("mem before endpoints");
+        // The raw baseline's buffer counts with host memory: it is made again, within what the
+        // regions leave, by the next raw command.
+        if (type == MemType::kHost) std::vector<uint8_t>().swap(raw_mem_);
         if (bytes > limits_.side_bytes / eps_.size() / (bidir_ ? 2 : 1)) {
             return invalid_argument("mem: more than " + format_bytes(limits_.side_bytes) +
                                     " per side");

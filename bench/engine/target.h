@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bench/engine/common.h"
 #include "bench/harness/roles.h"
 #include "tcpx/config.h"
 #include "tcpx/status.h"
@@ -15,10 +16,12 @@ namespace tcpx::bench::engine_bench {
 // from the network; the defaults are what a real initiator can ask, and a fuzzer runs the same
 // target with small ones.
 struct TargetLimits {
-    int endpoints = 256;                // endpoints <n>
-    uint64_t side_bytes = 16ULL << 30;  // registered memory per memory type, all endpoints
-    int64_t accept_ms = 86400000;       // accept <ms>: the largest CONNECT_TIMEOUT_MS
-    int raw_wait_ms = 60000;            // the raw baseline's waits (RawTcpResponder)
+    int endpoints = 256;  // endpoints <n>
+    // Memory per memory type, all endpoints: the registered regions and, in host memory, the raw
+    // TCP baseline's buffer too (kSideBytes).
+    uint64_t side_bytes = kSideBytes;
+    int64_t accept_ms = 86400000;  // accept <ms>: the largest CONNECT_TIMEOUT_MS
+    int raw_wait_ms = 60000;       // the raw baseline's waits (RawTcpResponder)
 };
 
 // Serves the initiator's commands on `ch` (the protocol is at the top of target.cc) until it says

@@ -321,6 +321,9 @@ TEST(BenchEngineCli, BadKvOptionsAreRefused) {
         {{"--kv-shape", "32,16,8,128,16"}, 1, "larger than any model"},
         {{"--peers", "2"}, 1, "--kv: one peer"},
         {{"--batch", "4"}, 1, "--kv: a request is its own batch"},
+        // check_kv_shape allows 64 GiB (tcpx-nixl-bench's pools); one side of this bench holds
+        // 16 GiB per memory type, and the target refused more only after the setup.
+        {{"--kv-pool", "32G"}, 1, "--kv-pool: at most 16 GiB"},
     };
     for (const Case& c : cases) {
         std::vector<std::string> args = {"bench", "engine", "--kv", "--procs", "1"};

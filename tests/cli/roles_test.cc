@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -302,6 +304,67 @@ TEST(BenchEngineRoles, TheTargetsWordsAreShownSafely) {
     }
 }
 
+// The raw baseline's buffer is host memory like the registered regions, and counts with them
+// against the 16 GiB a side may hold (it came on top, up to 16 GiB more).
+TEST(BenchEngineRoles, TheRawBaselinesBufferCountsWithHostMemory) {
+    ListeningTarget target;
+    ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
+    const auto addr =
+        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
+    ASSERT_TRUE(addr.ok());
+    auto fd = connect_blocking(*addr, 5000);
+    ASSERT_TRUE(fd.ok());
+    timeval tv{10, 0};
+    ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string pending;
+    auto call = [&](const std::string& line) {
+        const std::string out = line + "\n";
+        if (!send_all(fd->get(), out.data(), out.size()).ok()) return std::string("(send failed)");
+        char buf[4096];
+        for (size_t nl; (nl = pending.find('\n')) == std::string::npos;) {
+            const ssize_t n = ::recv(fd->get(), buf, sizeof(buf), 0);
+            if (n <= 0) return std::string("(closed)");
+            pending.append(buf, static_cast<size_t>(n));
+        }
+        const size_t nl = pending.find('\n');
+        std::string reply = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        return reply;
+    };
+    ASSERT_TRUE(contains(call("hello tcpx-p2p-bench-engine 2 mem=host time=0.1"), "hello "));
+    ASSERT_TRUE(contains(call("endpoints 1"), "md "));
+    ASSERT_TRUE(contains(call("mem host 1048576"), "mem "));
+    const std::string listening = call("raw-listen");
+    std::istringstream words(listening);
+    std::string port_word, port, host, token_hex;
+    words >> port_word >> port >> host >> token_hex;
+    ASSERT_EQ(port_word, "port") << listening;
+    ASSERT_EQ(token_hex.size(), 32u) << listening;
+    std::string preamble;
+    for (size_t i = 0; i < token_hex.size(); i += 2) {
+        preamble += static_cast<char>(std::stoi(token_hex.substr(i, 2), nullptr, 16));
+    }
+    std::vector<Fd> raw;
+    for (uint32_t i = 0; i < 2; ++i) {
+        auto c = connect_blocking(
+            *SocketAddress::parse(host, static_cast<uint16_t>(std::stoi(port))), 5000);
+        ASSERT_TRUE(c.ok());
+        std::string mine = preamble;
+        mine.append(reinterpret_cast<const char*>(&i), sizeof(i));
+        ASSERT_TRUE(send_all(c->get(), mine.data(), mine.size()).ok());
+        raw.push_back(std::move(*c));
+    }
+    ASSERT_EQ(call("raw-accept 1"), "ok");
+    // 16 GiB beside the 1 MiB registered: refused before anything is allocated.
+    const std::string got = call("raw-stream 17179869184 1 1");
+    EXPECT_TRUE(has_all(got, {"error ",
+                              "raw TCP baseline: 16 GiB beside 1 MiB of registered host "
+                              "memory is more than 16 GiB per side"}))
+        << got;
+    EXPECT_EQ(call("quit"), "bye");
+    EXPECT_EQ(target.finish(), 0) << target.output();
+}
+
 TEST(BenchEngineRoles, NothingListeningIsAClearErrorInBoundedTime) {
     const auto start = std::chrono::steady_clock::now();
     const ClosedPort closed;
@@ -343,6 +406,8 @@ TEST(BenchEngineRoles, BadCombinationsAreRefused) {
         {{"--listen", p, "--connect", p}, 2, "one host has one role"},
         {{"--listen", p, "--sizes", "4K"}, 2, "--sizes is the initiator's to choose"},
         {{"--listen", p, "--bidir"}, 2, "--bidir is the initiator's to choose"},
+        {{"--sizes", "4294967296G", "--batch", "4"}, 1, "more than 16 GiB of memory per side"},
+        {{"--sizes", "1..4294967296G", "--procs", "1"}, 1, "more than 16 GiB of memory per side"},
         {{"--pairs", "2", "--peers", "2", "--sizes", "4K"}, 2, "--pairs and --peers"},
         {{"--gpus", "all", "--sizes", "4K"}, 1, "--gpus all: one endpoint pair per GPU"},
         {{"--pairs", "2", "--mem", "vram", "--sizes", "4K"}, 1, "--pairs: host memory"},
