@@ -12,11 +12,11 @@
 #include "bench/soak_bench.h"
 #ifdef TCPX_P2P_HAVE_CUDA
 #include "bench/unpack_bench.h"
-#include "tools/doctor.h"
 #endif
 #include "common/params.h"
 #include "common/strings.h"
 #include "tcpx/version.h"
+#include "tools/doctor.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"tcpx-p2p: GPU-to-GPU point-to-point transfers over TCP"};
@@ -205,8 +205,6 @@ int main(int argc, char** argv) {
     bench_engine->add_flag("--no-progress", eng_no_progress, "No progress display on stderr");
     bench_engine->add_flag("--serve", eng_serve, "(internal) the targets of --procs 2")->group("");
 
-#ifdef TCPX_P2P_HAVE_CUDA
-    // bench unpack (built with the CUDA parts)
     // bench soak
     auto* bench_soak = bench->add_subcommand(
         "soak", "Many peers with many writes in flight for a long time: errors, fds, memory");
@@ -229,6 +227,8 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(1, 256));
 
+#ifdef TCPX_P2P_HAVE_CUDA
+    // bench unpack (built with the CUDA parts)
     auto* bench_unpack = bench->add_subcommand(
         "unpack", "The devmem-TCP unpack kernel vs cudaMemcpy device-to-device, on this GPU");
     tcpx::bench::UnpackBenchOptions unpack_opts;
