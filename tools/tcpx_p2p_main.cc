@@ -328,10 +328,13 @@ int main(int argc, char** argv) {
         }
         if ((listen || connect) && eng_interface_opt->count() == 0) eng_opts.interface.clear();
         if (listen) {
-            const tcpx::Status st = tcpx::bench::check_initiator_only(
-                {"--pairs", "--bidir", "--peers", "--gpus", "--sizes", "--op", "--json", "--verify",
-                 "--mem"},
-                [&](const std::string& name) {
+            // What the initiator chooses (the greeting carries what the target needs of it).
+            const std::vector<std::string> initiator_only = tcpx::bench::words(
+                "--pairs --bidir --peers --gpus --sizes --op --json --verify --mem --batch "
+                "--concurrency --kv --kv-shape --kv-pool --kv-blocks --time --iters --stats "
+                "--no-baseline --no-host-baseline --no-latency --no-single-peer --connect-timeout");
+            const tcpx::Status st =
+                tcpx::bench::check_initiator_only(initiator_only, [&](const std::string& name) {
                     return bench_engine->get_option(name)->count() > 0;
                 });
             if (!st.ok()) return usage(std::string(st.message()).c_str());
