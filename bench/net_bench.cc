@@ -387,6 +387,13 @@ Settings bench_settings(const NetBenchOptions& o) {
 
 Status run(const NetBenchOptions& o) {
     if (o.sizes.empty()) return invalid_argument("no message sizes");
+    for (uint64_t size : o.sizes) {
+        if (size == 0 || size > kNetMaxMessage) {
+            return invalid_argument(strformat("--sizes: %s is not in 1 B..%s",
+                                              format_bytes(size).c_str(),
+                                              format_bytes(kNetMaxMessage).c_str()));
+        }
+    }
     if (o.processes != 1 && o.processes != 2) return invalid_argument("--procs must be 1 or 2");
     if (o.window < 1) return invalid_argument("--window must be at least 1");
     TCPX_ASSIGN_OR_RETURN(auto net, net::SocketNet::create(bench_settings(o)));

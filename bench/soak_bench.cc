@@ -60,16 +60,38 @@ int run_soak_bench(const SoakOptions& o) {
         std::fprintf(stderr, "tcpx-p2p bench soak: %s\n", base.status().to_string().c_str());
         return 2;
     }
+    if (o.peers < 1 || o.inflight < 1 || o.threads < 1) {
+        std::fprintf(stderr,
+                     "tcpx-p2p bench soak: --peers, --inflight and --threads: at least 1\n");
+        return 2;
+    }
     const size_t slots = static_cast<size_t>(o.inflight);
     const size_t peers = static_cast<size_t>(o.peers);
+    uint64_t total = 0;
+    if (o.size == 0 || o.size > kSoakMaxSize ||
+        __builtin_mul_overflow(static_cast<uint64_t>(peers) * slots, o.size, &total) ||
+        total > kSoakMaxBytes) {
+        std::fprintf(stderr,
+                     "tcpx-p2p bench soak: --size in 1..%s, and --peers x --inflight x --size at "
+                     "most %s (the target's region)\n",
+                     format_bytes(kSoakMaxSize).c_str(), format_bytes(kSoakMaxBytes).c_str());
+        return 2;
+    }
     auto target = Endpoint::create(*base, "soak-target");
     if (!target.ok()) {
         std::fprintf(stderr, "tcpx-p2p bench soak: %s\n", target.status().to_string().c_str());
         return 1;
     }
-    std::vector<uint8_t> region(peers * slots * o.size);
-    const MemId tmem = (*target)->reg(region.data(), region.size()).value();
-    const RemoteMem desc = (*target)->describe(tmem).value();
+    std::vector<uint8_t> region(total);
+    const StatusOr<MemId> tmem = (*target)->reg(region.data(), region.size());
+    StatusOr<RemoteMem> described =
+        tmem.ok() ? (*target)->describe(*tmem) : StatusOr<RemoteMem>(tmem.status());
+    if (!described.ok()) {
+        std::fprintf(stderr, "tcpx-p2p bench soak: the target's region: %s\n",
+                     described.status().to_string().c_str());
+        return 1;
+    }
+    const RemoteMem desc = *described;
     // Initiators make their own progress (their threads call poll), so the process's thread
     // count stays near the peer count's I/O threads.
     Config ic = *base;
@@ -92,7 +114,12 @@ int run_soak_bench(const SoakOptions& o) {
         for (size_t s = 0; s < slots; ++s) {
             for (size_t i = 0; i < o.size; ++i) inits[p].buf[s * o.size + i] = pattern(p, s, i);
         }
-        inits[p].mem = inits[p].ep->reg(inits[p].buf.data(), inits[p].buf.size()).value();
+        auto mem = inits[p].ep->reg(inits[p].buf.data(), inits[p].buf.size());
+        if (!mem.ok()) {
+            std::fprintf(stderr, "initiator %zu: %s\n", p, mem.status().to_string().c_str());
+            return 1;
+        }
+        inits[p].mem = *mem;
         inits[p].inflight.assign(slots, 0);
     }
     const int fds0 = open_fds();

@@ -8,6 +8,11 @@
 
 namespace tcpx::bench {
 
+// The largest write, and the most memory the target's region (peers x inflight x size) may
+// take; the initiators hold as much again.
+constexpr uint64_t kSoakMaxSize = 1ULL << 30;
+constexpr uint64_t kSoakMaxBytes = 16ULL << 30;
+
 struct SoakOptions {
     int peers = 64;
     int inflight = 32;  // writes in flight per peer
@@ -17,7 +22,7 @@ struct SoakOptions {
     int threads = 4;  // posting and polling threads
 };
 
-// 0 when every transfer succeeded and every byte is right.
+// 0 when every transfer succeeded and every byte is right; 2 for options out of their bounds.
 int run_soak_bench(const SoakOptions& options);
 
 }  // namespace tcpx::bench

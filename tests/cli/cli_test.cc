@@ -345,6 +345,34 @@ TEST(BenchEngineCli, KvWorkloadOnGpu) {
         << r.output;
 }
 
+// --- bench net, bench soak -------------------------------------------------------------------
+
+// Sizes no run can hold are refused with the bound before anything is allocated (a huge one was
+// an uncaught std::bad_alloc, or a region whose size wrapped to 0 and a failed registration's
+// .value()); a message of 0 bytes is refused too.
+TEST(BenchNetAndSoakCli, SizesPastTheirBoundsAreRefused) {
+    for (const char* sizes : {"0", "4294967296G", "4K,2G"}) {
+        SCOPED_TRACE(std::string("bench net --sizes ") + sizes);
+        const CliResult r = run_cli(quick({"bench", "net", "--sizes", sizes}));
+        EXPECT_TRUE(exited_with(r, 1));
+        EXPECT_TRUE(contains(r.output, "is not in 1 B..1 GiB")) << r.output;
+    }
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"--size", "4294967296G"},
+          {"--size", "2G", "--peers", "1"},
+          {"--size", "1G", "--peers", "4096", "--inflight", "1024"}}) {
+        std::vector<std::string> all = {"bench", "soak", "--seconds", "1"};
+        all.insert(all.end(), args.begin(), args.end());
+        SCOPED_TRACE(args[1]);
+        const CliResult r = run_cli(all);
+        EXPECT_TRUE(exited_with(r, 2));
+        EXPECT_TRUE(contains(r.output,
+                             "--size in 1..1 GiB, and --peers x --inflight x --size at "
+                             "most 16 GiB"))
+            << r.output;
+    }
+}
+
 // --- doctor ---------------------------------------------------------------------------------
 
 // The environment's values are anyone's bytes: --json writes those that are not UTF-8 as U+FFFD
