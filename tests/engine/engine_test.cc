@@ -430,14 +430,11 @@ class EnginePairNarrow : public EnginePair {
     }
 };
 
-// A read that does not ask for its data inline (a reader into GPU memory never does; here
-// host memory with the asking turned off) gets it inline only with few pieces: a small read of
-// many pieces comes through the data channels, and a small read of few still inline.
 // PEER_TIMEOUT_MS is each side's own: a peer on the default (30 s, heartbeats every 7.5 s by its
-// own quarter) keeps an endpoint with a 2 s timeout from failing it while both are quiet.
+// own quarter) keeps an endpoint with a 3 s timeout from failing it while both are quiet.
 TEST(EngineEndpoints, APeerWithALongerTimeoutKeepsAShortTimeoutSideAlive) {
     Config short_timeout = engine_test_config();
-    short_timeout.peer_timeout_ms = 2000;
+    short_timeout.peer_timeout_ms = 3000;
     Config long_timeout = engine_test_config();
     long_timeout.peer_timeout_ms = 30000;
     auto a = make_endpoint("short", short_timeout);
@@ -445,7 +442,7 @@ TEST(EngineEndpoints, APeerWithALongerTimeoutKeepsAShortTimeoutSideAlive) {
     ASSERT_TRUE(a && b);
     const Link l = link(a.get(), b.get());
     ASSERT_NE(l.a_to_b, 0u);
-    std::this_thread::sleep_for(3500ms);  // quiet, past the short timeout
+    std::this_thread::sleep_for(4000ms);  // quiet, past the short timeout
     EXPECT_TRUE(a->peer_status(l.a_to_b).ok()) << a->peer_status(l.a_to_b).to_string();
     EXPECT_TRUE(b->peer_status(l.b_to_a).ok()) << b->peer_status(l.b_to_a).to_string();
     std::vector<uint8_t> src(4096), dst(4096, 0);
@@ -458,6 +455,9 @@ TEST(EngineEndpoints, APeerWithALongerTimeoutKeepsAShortTimeoutSideAlive) {
     EXPECT_EQ(src, dst);
 }
 
+// A read that does not ask for its data inline (a reader into GPU memory never does; here
+// host memory with the asking turned off) gets it inline only with few pieces: a small read of
+// many pieces comes through the data channels, and a small read of few still inline.
 TEST(EngineEndpoints, AnUnaskedReadOfManyPiecesIsNotAnsweredInline) {
     Config c = engine_test_config();
     c.xfer_inline_alone_read = 1;  // (at most the threshold: never asks)
