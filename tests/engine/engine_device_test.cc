@@ -864,7 +864,8 @@ TEST_P(EngineDevice, DisconnectWithDeviceTransfersInFlight) {
 // than the receive: a short one, whose missing bytes were taken as landed; an entry read across
 // the end of its bounce page or from past the bounce buffer's end, which the kernel would read
 // (a fault ends every CUDA call of the process); two entries placed over each other, the bytes
-// between never written though the lengths add up). The transfer fails
+// between never written though the lengths add up; a whole description whose pointers lead
+// outside the comm's queue, from the first receive or after it). The transfer fails
 // with an error instead of a hang or a crash, the endpoint goes on serving, and nothing outside
 // the registration is written. A contiguous transfer (the unpack path) and a vector of pieces
 // (the unpack straight into the pieces), WRITE (the peer's receive) and READ (ours).
@@ -882,6 +883,9 @@ class EngineBrokenPlugin : public ::testing::TestWithParam<const char*> {
         config.net_plugin = TCPX_FAKE_TCPX_PATH;
         config.gpu_index = 0;
         config.xfer_chunk_size = 64 * 1024;
+        // (otherqueue spares each comm's first receive: one channel, so that every transfer
+        // here has a second)
+        if (std::string_view(GetParam()) == "otherqueue") config.channels = 1;
         a_ = make_endpoint("alpha", config);
         b_ = make_endpoint("beta", config);
         ASSERT_TRUE(a_ && b_);
@@ -997,7 +1001,7 @@ INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::Valu
 // memory whose extent the engine can ask for: the emulation's is host memory.
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
                          ::testing::Values("slot", "count", "dst", "short", "cross", "overlap",
-                                           "elsewhere"
+                                           "elsewhere", "otherqueue"
 #if TCPX_TEST_REAL_GPU
                                            ,
                                            "src"

@@ -50,18 +50,18 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
-//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap|elsewhere (read by accept): every
-//   CUDA
-//     receive of that comm is reported done with a broken description, as a plugin with a bug
-//     might: an unpack slot index outside the queue, an entry count past kUnpackMaxEntries, a
-//     first entry whose place is past the end of the receive, its last entry left out (fewer
-//     bytes than the receive's, as a short receive), a first entry read from past the end of
-//     any bounce buffer (src) or across the end of its page (cross), or a second entry placed
-//     over the first (overlap: the lengths add up, a gap is left), or a description that is
-//     whole but lies outside the comm's unpack queue (elsewhere: the slot's pointers name a copy
-//     of its entries and count in other memory, as a plugin whose request layout drifted would
-//     hand over). For the tests of what a
-//     caller does with a plugin's garbage.
+//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap|elsewhere|otherqueue (read by
+//     accept): every CUDA receive of that comm is reported done with a broken description, as
+//     a plugin with a bug might: an unpack slot index outside the queue, an entry count past
+//     kUnpackMaxEntries, a first entry whose place is past the end of the receive, its last
+//     entry left out (fewer bytes than the receive's, as a short receive), a first entry read
+//     from past the end of any bounce buffer (src) or across the end of its page (cross), a
+//     second entry placed over the first (overlap: the lengths add up, a gap is left), a
+//     description that is whole but lies outside the comm's unpack queue (elsewhere: the slot's
+//     pointers name a copy of its entries and count in other memory, as a plugin whose request
+//     layout drifted would hand over), or every receive but the comm's first described whole
+//     in the same slot of another queue (otherqueue). For the tests of what a caller does with
+//     a plugin's garbage.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -398,6 +398,10 @@ struct FakeComm {
     // engine closes a comm whose requests outlived their grace with its registrations).
     std::unordered_set<FakeMr*> mrs;
     std::string misbehave;  // FAKETCPX_MISBEHAVE at accept (receive comms)
+    // FAKETCPX_MISBEHAVE=otherqueue: CUDA receives reported so far, and the second queue the
+    // later ones are described in.
+    uint64_t cuda_recvs_reported = 0;
+    std::unique_ptr<cu::UnpackMeta> other_meta;
     std::mutex mu;
 };
 
@@ -1288,6 +1292,17 @@ void misbehave(const std::string& how, FakeReq* r) {
         *cnt = n;
         slot.mem = r->elsewhere.data();
         slot.cnt = cnt;
+    } else if (how == "otherqueue") {
+        // The comm's first receive as it is; every later one whole, in the same slot of another
+        // queue (as a plugin that described receives in a queue its handle does not name).
+        FakeComm* comm = r->comm;
+        if (comm->cuda_recvs_reported++ == 0) return;
+        if (!comm->other_meta) comm->other_meta = std::make_unique<cu::UnpackMeta>();
+        const uint64_t n = *slot.cnt;
+        std::memcpy(comm->other_meta->mem[slot.idx], slot.mem, n * sizeof(cu::LoadMeta));
+        comm->other_meta->cnt[slot.idx] = n;
+        slot.mem = comm->other_meta->mem[slot.idx];
+        slot.cnt = &comm->other_meta->cnt[slot.idx];
     } else if (how == "overlap" && *slot.cnt > 1) {
         auto* m = static_cast<cu::LoadMeta*>(slot.mem);
         m[1].dst_off = m[0].dst_off;  // the lengths still add up; a gap is left
