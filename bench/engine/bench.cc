@@ -206,7 +206,8 @@ int run_engine_bench(const EngineBenchOptions& options) {
     ::signal(SIGPIPE, SIG_IGN);
     Status st = run(options);
     if (!st.ok()) {
-        std::fprintf(stderr, "tcpx-p2p bench engine: %s\n", st.to_string().c_str());
+        // (the status may quote the target's words: shown safely)
+        std::fprintf(stderr, "tcpx-p2p bench engine: %s\n", printable(st.to_string()).c_str());
         return 1;
     }
     return 0;

@@ -10,6 +10,7 @@
 #include "bench/engine/report.h"
 #include "bench/engine/target.h"
 #include "bench/harness/measure.h"
+#include "bench/harness/memory.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "tcpx/config.h"
@@ -62,6 +63,15 @@ Status parse_hello(const std::string& line, EngineBenchOptions* o) {
             }
         } else {
             return invalid_argument("hello: unknown '" + (key + "=" + value).substr(0, 64) + "'");
+        }
+    }
+    // GPU memory this side cannot give (no GPU, no CUDA parts, a GPU it does not have) is
+    // refused here, where the target goes on listening, not at the endpoints' creation.
+    if (o->mem == MemType::kVram) {
+        TCPX_ASSIGN_OR_RETURN(const int gpus, usable_gpus());
+        if (o->gpus.size() == 2 && o->gpus[1] >= gpus) {
+            return invalid_argument(strformat("hello: gpus %d,%d: this host has %d GPU%s",
+                                              o->gpus[0], o->gpus[1], gpus, gpus == 1 ? "" : "s"));
         }
     }
     return bench_config(*o, kTargetSide).status().with_context("hello");

@@ -58,12 +58,19 @@ std::string table_line(const std::vector<int>& gaps, const std::vector<int>& wid
 std::string printable(std::string_view text) {
     std::string out;
     out.reserve(text.size());
-    for (const char c : text) {
-        const auto u = static_cast<unsigned char>(c);
+    for (size_t i = 0; i < text.size(); ++i) {
+        const auto u = static_cast<unsigned char>(text[i]);
+        // C0 controls and DEL; and C1 controls as UTF-8 writes them (C2 80 to C2 9F: a
+        // terminal takes C2 9B for CSI, as ESC [), both bytes.
+        const bool c1 = u == 0xc2 && i + 1 < text.size() &&
+                        (static_cast<unsigned char>(text[i + 1]) & 0xe0) == 0x80;
         if (u < 0x20 || u == 0x7f) {
             out += strformat("\\x%02x", u);
+        } else if (c1) {
+            out += strformat("\\xc2\\x%02x", static_cast<unsigned char>(text[i + 1]));
+            ++i;
         } else {
-            out += c;
+            out += text[i];
         }
     }
     return out;

@@ -585,6 +585,12 @@ TEST(BenchReport, PeerTextIsPrintableAndJsonNeverThrows) {
     EXPECT_EQ(printable("=lo, 1 channel"), "=lo, 1 channel");
     EXPECT_EQ(printable(std::string("a\x1b[2Jb\r\n\x7f\0", 10)), "a\\x1b[2Jb\\x0d\\x0a\\x7f\\x00");
     EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 stays
+    // ... but not C1 controls written as UTF-8 (C2 9B is CSI), nor a lone C2 at the end.
+    EXPECT_EQ(printable("a\xc2\x9b"
+                        "2Jb\xc2\xa0"
+                        "c\xc2"),
+              "a\\xc2\\x9b2Jb\xc2\xa0"
+              "c\xc2");
     const nlohmann::json j = {{"target", "=lo \xff\xfe"}};
     std::string text;
     ASSERT_NO_THROW(text = json_text(j));

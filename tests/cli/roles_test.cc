@@ -210,6 +210,13 @@ TEST(BenchEngineRoles, AGreetingWithBadSettingsIsRefusedAndTheNextServed) {
     EXPECT_TRUE(contains(got, "TCPX_P2P_PROGRESS_THREAD: 'sometimes' is not one of on|off")) << got;
     got = side_channel_exchange(target, "hello tcpx-p2p-bench-engine 2 mem=host channels=99\n");
     EXPECT_TRUE(contains(got, "error OUT_OF_RANGE: hello: TCPX_P2P_CHANNELS: 99")) << got;
+    // GPU memory on a GPU this host lacks (without a GPU here: any GPU memory at all) is refused
+    // at the greeting too, not when the endpoints are made.
+    got = side_channel_exchange(target, "hello tcpx-p2p-bench-engine 2 mem=vram gpus=0,1000\n");
+    EXPECT_TRUE(contains(got, "error ")) << got;
+    EXPECT_TRUE(contains(got, "this host has") || contains(got, "no usable GPU") ||
+                contains(got, "no CUDA support"))
+        << got;
     const CliResult r = run_cli(role_quick({"bench", "engine", "--connect", target.address(),
                                             "--sizes", "4K", "--op", "write", "--no-latency"}));
     EXPECT_TRUE(exited_with(r, 0));
