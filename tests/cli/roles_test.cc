@@ -286,10 +286,13 @@ TEST(BenchEngineRoles, TheTargetsWordsAreShownSafely) {
         SideChannelProxy proxy;
         const std::string hello = "hello tcpx-p2p-bench-engine 2 ";
         ASSERT_TRUE(
-            proxy.start(target.port(), [&](const std::string& command, const std::string& reply) {
-                if (command.rfind("hello", 0) != 0) return reply;
-                return hello + "\x1b[2J\xff\xfe" + reply.substr(hello.size());
-            }));
+            // (`hello` by value: the proxy's thread may outlive this scope's locals until its
+            // destructor joins it, and `hello` is destroyed first)
+            proxy.start(target.port(),
+                        [hello](const std::string& command, const std::string& reply) {
+                            if (command.rfind("hello", 0) != 0) return reply;
+                            return hello + "\x1b[2J\xff\xfe" + reply.substr(hello.size());
+                        }));
         std::vector<std::string> args = {
             "bench",   "engine", "--connect",    proxy.address(), "--sizes", "4K",
             "--op",    "write",  "--no-latency", "--no-baseline", "--time",  "0.05",
