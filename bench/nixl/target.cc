@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/harness/measure.h"
+#include "bench/harness/roles.h"
 #include "bench/kv_workload.h"
 #include "bench/nixl/agent.h"
 #include "common/status_util.h"
@@ -55,17 +57,30 @@ class Target {
 
  private:
     Status handle(const std::vector<std::string>& w, std::string* reply) {
-        if (w.size() == 2 && w[0] == "alloc") return alloc(std::stoull(w[1]));
+        // The numbers of a command are the network's: whole decimal words within bounds, where
+        // std::stoull took "-1" as 2^64 - 1 and "12abc" as 12.
+        uint64_t u1 = 0, u2 = 0;
+        int i1 = 0, i2 = 0;
+        const auto u64 = [](const std::string& word, uint64_t* out) {
+            return parse_uint(word, std::numeric_limits<uint64_t>::max(), out);
+        };
+        const auto count = [](const std::string& word, int* out) {
+            return parse_int(word, 0, std::numeric_limits<int>::max(), out);
+        };
+        const Status bad = invalid_argument("malformed command");
+        if (w.size() == 2 && w[0] == "alloc") return u64(w[1], &u1) ? alloc(u1) : bad;
         if (w.size() == 2 && w[0] == "begin") return begin(w[1], reply);
         if (w.size() == 5 && w[0] == "prepare") {
             if (!memory_) return failed_precondition("prepare before alloc");
+            if (!u64(w[1], &u1) || !u64(w[2], &u2) || !count(w[3], &i1)) return bad;
             notifs_ = 0;
-            return memory_->prepare(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]),
-                                    w[4] == "fill");
+            return memory_->prepare(u1, u2, i1, w[4] == "fill");
         }
         if (w.size() == 6 && w[0] == "check") {
-            return check(std::stoull(w[1]), std::stoull(w[2]), std::stoi(w[3]), std::stoi(w[4]),
-                         w[5] == "data");
+            if (!u64(w[1], &u1) || !u64(w[2], &u2) || !count(w[3], &i1) || !count(w[4], &i2)) {
+                return bad;
+            }
+            return check(u1, u2, i1, i2, w[5] == "data");
         }
         if (w.size() == 1 && w[0] == "end") {
             end();
@@ -78,15 +93,15 @@ class Target {
         if (w.size() == 8 && w[0] == "kvshape") return parse_kv_shape_words(w, 1, &kv_);
         if (w.size() == 3 && w[0] == "kvfill") {
             TCPX_RETURN_IF_ERROR(kv_ready());
+            if (!u64(w[1], &u1) || !count(w[2], &i1)) return bad;
             notifs_ = 0;
-            return kv_fill(memory_->buffer(), kv_, target_offsets(std::stoi(w[2])),
-                           std::stoull(w[1]));
+            return kv_fill(memory_->buffer(), kv_, target_offsets(i1), u1);
         }
         if (w.size() == 4 && w[0] == "kvcheck") {
             TCPX_RETURN_IF_ERROR(kv_ready());
-            TCPX_RETURN_IF_ERROR(wait_notifs(std::stoi(w[3])));
-            Status st = kv_check(memory_->buffer(), kv_, target_offsets(std::stoi(w[2])),
-                                 std::stoull(w[1]), "target memory");
+            if (!u64(w[1], &u1) || !count(w[2], &i1) || !count(w[3], &i2)) return bad;
+            TCPX_RETURN_IF_ERROR(wait_notifs(i2));
+            Status st = kv_check(memory_->buffer(), kv_, target_offsets(i1), u1, "target memory");
             if (!st.ok()) {
                 return internal_error("VERIFICATION FAILED: " + std::string(st.message()));
             }

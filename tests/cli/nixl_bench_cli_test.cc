@@ -257,6 +257,8 @@ TEST(NixlBenchRoles, HostileCommandsGetErrorReplies) {
     const std::string got = side_channel_exchange(target,
                                                   "hello tcpx-nixl-bench 1 mem=dram time=0.1\n"
                                                   "alloc lots\n"
+                                                  "alloc 4096junk\n"
+                                                  "alloc -1\n"
                                                   "alloc 999999999999999\n"
                                                   "alloc 0\n"
                                                   "begin TCPX\n"
@@ -273,6 +275,12 @@ TEST(NixlBenchRoles, HostileCommandsGetErrorReplies) {
                       "prepare before alloc", "slots beyond the registered region",
                       "check outside begin/end", "no KV pool", "unknown command", "bye"}))
         << got;
+    // Numbers are whole words: "4096junk" is not 4096, "-1" not 2^64 - 1 (std::stoull took both).
+    size_t malformed = 0;
+    for (size_t at = 0; (at = got.find("malformed command", at)) != std::string::npos; ++at) {
+        ++malformed;
+    }
+    EXPECT_EQ(malformed, 3u) << got;
     EXPECT_EQ(target.finish(), 0) << target.output();
 }
 
