@@ -72,6 +72,16 @@ Status move_streams(const std::vector<Fd>& conns, int n, bool send, uint64_t siz
 
 namespace {
 
+// Sends and receives on `fd` fail after `ms` without progress (SO_SNDTIMEO, SO_RCVTIMEO).
+Status set_progress_timeout(int fd, int ms, const char* what) {
+    const timeval progress{ms / 1000, (ms % 1000) * 1000};
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &progress, sizeof(progress)) != 0 ||
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &progress, sizeof(progress)) != 0) {
+        return errno_status(errno, std::string(what) + ": setsockopt");
+    }
+    return Status();
+}
+
 // The `count` numbers of a raw-* command (w[1..count]), or which is not one.
 Status raw_numbers(const std::vector<std::string>& w, size_t count, std::vector<uint64_t>* out) {
     out->clear();
@@ -147,7 +157,6 @@ Status RawTcpResponder::accept(int streams) {
     };
     std::vector<Pending> pending;
     const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms_);
-    const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
     int accepted = 0;
     int refused = 0;
     std::vector<pollfd> pfds;
@@ -178,12 +187,7 @@ Status RawTcpResponder::accept(int streams) {
                               index < conns.size() && !conns[index].valid();
             if (good) {
                 TCPX_RETURN_IF_ERROR(set_nonblocking(p.fd.get(), false));
-                if (::setsockopt(p.fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress,
-                                 sizeof(progress)) != 0 ||
-                    ::setsockopt(p.fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress,
-                                 sizeof(progress)) != 0) {
-                    return errno_status(errno, "raw-accept: setsockopt");
-                }
+                TCPX_RETURN_IF_ERROR(set_progress_timeout(p.fd.get(), wait_ms_, "raw-accept"));
                 TCPX_RETURN_IF_ERROR(set_nodelay(p.fd.get()));
                 conns[index] = std::move(p.fd);
                 ++accepted;
@@ -261,15 +265,11 @@ Status RawTcpInitiator::connect(Peer* peer, int streams) {
                               "\": " + addr.status().to_string());
     }
     TCPX_RETURN_IF_ERROR(peer->send("raw-accept " + std::to_string(streams)));
-    const timeval progress{wait_ms_ / 1000, (wait_ms_ % 1000) * 1000};
     for (int i = 0; i <= streams; ++i) {
         TCPX_ASSIGN_OR_RETURN(Fd fd, connect_blocking(*addr, 10000));
         // A responder that stops, or a host that vanishes, fails the measurement instead of
         // holding send_all / recv_all for ever.
-        if (::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &progress, sizeof(progress)) != 0 ||
-            ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &progress, sizeof(progress)) != 0) {
-            return errno_status(errno, "raw TCP baseline: setsockopt");
-        }
+        TCPX_RETURN_IF_ERROR(set_progress_timeout(fd.get(), wait_ms_, "raw TCP baseline"));
         TCPX_RETURN_IF_ERROR(set_dead_peer_timeout(fd.get(), 30000));
         TCPX_RETURN_IF_ERROR(set_nodelay(fd.get()));
         const uint32_t index = static_cast<uint32_t>(i);

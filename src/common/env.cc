@@ -16,10 +16,7 @@ std::mutex& env_mutex() {
 
 }  // namespace
 
-namespace detail {
-void lock_env() { env_mutex().lock(); }
-void unlock_env() { env_mutex().unlock(); }
-}  // namespace detail
+std::unique_lock<std::mutex> lock_env() { return std::unique_lock<std::mutex>(env_mutex()); }
 
 std::optional<std::string> env_get(const char* name) {
     std::lock_guard<std::mutex> lock(env_mutex());

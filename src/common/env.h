@@ -9,6 +9,7 @@
 // any library that reads the environment.)
 #pragma once
 
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,21 +25,7 @@ std::vector<std::pair<std::string, std::string>> env_with_prefix(std::string_vie
 // setenv / unsetenv, under the lock; 0 on success, -1 with errno as they set it.
 int env_set(const char* name, const char* value, bool overwrite);
 int env_unset(const char* name);
-namespace detail {
-void lock_env();
-void unlock_env();
-}  // namespace detail
-
-// Runs `f` with the lock held (for a call that reads environ itself, such as posix_spawn
-// handing it to a child).
-template <typename F>
-auto with_env_locked(F&& f) -> decltype(f()) {
-    struct Unlock {
-        ~Unlock() { detail::unlock_env(); }
-    };
-    detail::lock_env();
-    Unlock unlock;
-    return f();
-}
+// The lock itself, for a call that reads environ directly (posix_spawn handing it to a child).
+[[nodiscard]] std::unique_lock<std::mutex> lock_env();
 
 }  // namespace tcpx

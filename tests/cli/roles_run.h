@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/status_util.h"
 #include "tests/cli/cli_run.h"
 #include "tests/support/closed_port.h"
 #include "tests/support/subprocess.h"
@@ -66,6 +67,13 @@ class ListeningTarget {
     // HOST:PORT from the banner.
     const std::string& address() const { return address_; }
     std::string port() const { return address_.substr(address_.rfind(':') + 1); }
+    // A client connection to its side channel (it listens on 127.0.0.1 in these tests).
+    StatusOr<Fd> connect() const {
+        TCPX_ASSIGN_OR_RETURN(
+            const SocketAddress addr,
+            SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(port()))));
+        return connect_blocking(addr, 5000);
+    }
 
     // Reads what is left of its output and waits for its exit (as from waitpid; -1: none within
     // `timeout`).
@@ -84,10 +92,7 @@ class ListeningTarget {
 // A raw client of the target's side channel: sends `lines`, returns what came back until the
 // target closed (or 5 s passed).
 inline std::string side_channel_exchange(const ListeningTarget& target, const std::string& lines) {
-    const auto addr =
-        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
-    EXPECT_TRUE(addr.ok());
-    auto fd = connect_blocking(*addr, 5000);
+    auto fd = target.connect();
     EXPECT_TRUE(fd.ok());
     if (!fd.ok()) return "";
     EXPECT_TRUE(send_all(fd->get(), lines.data(), lines.size()).ok());

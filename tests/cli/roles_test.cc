@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "common/strings.h"
 #include "cuda/device.h"
 #include "tests/cli/cli_run.h"
 #include "tests/cli/roles_run.h"
@@ -128,11 +129,8 @@ TEST(BenchEngineRoles, PairsAndBidirOnOneHost) {
 TEST(BenchEngineRoles, StraysAreRefusedAndTheTargetStillServes) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
-    const auto addr =
-        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
-    ASSERT_TRUE(addr.ok());
     {
-        auto fd = connect_blocking(*addr, 5000);
+        auto fd = target.connect();
         ASSERT_TRUE(fd.ok());
         const std::string hello = "GET / HTTP/1.0\n";
         ASSERT_TRUE(send_all(fd->get(), hello.data(), hello.size()).ok());
@@ -144,7 +142,7 @@ TEST(BenchEngineRoles, StraysAreRefusedAndTheTargetStillServes) {
     }
     {
         // 2 MiB without a newline: the target gives up on it at its line bound.
-        auto fd = connect_blocking(*addr, 5000);
+        auto fd = target.connect();
         ASSERT_TRUE(fd.ok());
         const std::string junk(64 << 10, 'x');
         for (int i = 0; i < 32; ++i) {
@@ -319,10 +317,7 @@ TEST(BenchEngineRoles, TheTargetsWordsAreShownSafely) {
 TEST(BenchEngineRoles, TheRawBaselinesBufferCountsWithHostMemory) {
     ListeningTarget target;
     ASSERT_TRUE(target.start(TCPX_P2P_CLI_PATH, "127.0.0.1:0"));
-    const auto addr =
-        SocketAddress::parse("127.0.0.1", static_cast<uint16_t>(std::stoi(target.port())));
-    ASSERT_TRUE(addr.ok());
-    auto fd = connect_blocking(*addr, 5000);
+    auto fd = target.connect();
     ASSERT_TRUE(fd.ok());
     timeval tv{10, 0};
     ::setsockopt(fd->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -350,10 +345,9 @@ TEST(BenchEngineRoles, TheRawBaselinesBufferCountsWithHostMemory) {
     words >> port_word >> port >> host >> token_hex;
     ASSERT_EQ(port_word, "port") << listening;
     ASSERT_EQ(token_hex.size(), 32u) << listening;
-    std::string preamble;
-    for (size_t i = 0; i < token_hex.size(); i += 2) {
-        preamble += static_cast<char>(std::stoi(token_hex.substr(i, 2), nullptr, 16));
-    }
+    std::vector<uint8_t> token;
+    ASSERT_TRUE(from_hex(token_hex, &token)) << listening;
+    const std::string preamble(token.begin(), token.end());
     std::vector<Fd> raw;
     for (uint32_t i = 0; i < 2; ++i) {
         auto c = connect_blocking(

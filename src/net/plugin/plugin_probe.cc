@@ -147,11 +147,13 @@ StatusOr<std::string> run_plugin_probe(const std::string& probe, const std::stri
     std::string plugin_arg = plugin;
     char* argv[] = {probe_arg.data(), plugin_arg.data(), nullptr};
     pid_t pid = -1;
-    // (environ handed over under the lock: no variable of ours moves it meanwhile)
-    if (int rc = with_env_locked([&] {
-            return ::posix_spawn(&pid, probe.c_str(), actions.get(), nullptr, argv, environ);
-        });
-        rc != 0) {
+    int rc = 0;
+    {
+        // (environ handed over under the lock: no variable of ours moves it meanwhile)
+        const auto env_lock = lock_env();
+        rc = ::posix_spawn(&pid, probe.c_str(), actions.get(), nullptr, argv, environ);
+    }
+    if (rc != 0) {
         return errno_status(rc, "plugin probe: starting " + probe);
     }
     write_end.reset();
