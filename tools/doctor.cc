@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/harness/report.h"
 #include "common/machine.h"
 #include "common/params.h"
 #include "common/socket.h"
@@ -489,19 +490,22 @@ void check_environment(Report& r) {
     }
 }
 
+// Every text goes through printable(): values and names come from the environment, sysfs and
+// the plugin's files, anyone's bytes, and a terminal acts on the control sequences among them.
 void print_table(const Report& r) {
+    using bench::printable;
     std::string section;
     int problems = 0;
     for (const Finding& f : r.findings()) {
         if (f.section != section) {
-            std::printf("%s%s\n", section.empty() ? "" : "\n", f.section.c_str());
+            std::printf("%s%s\n", section.empty() ? "" : "\n", printable(f.section).c_str());
             section = f.section;
         }
-        std::printf("  %-34s %s\n", f.item.c_str(), f.value.c_str());
+        std::printf("  %-34s %s\n", printable(f.item).c_str(), printable(f.value).c_str());
         if (!f.problem.empty()) {
             ++problems;
             std::printf("  %-34s %s: %s\n  %-34s fix: %s\n", "", f.blocking ? "PROBLEM" : "warning",
-                        f.problem.c_str(), "", f.fix.c_str());
+                        printable(f.problem).c_str(), "", printable(f.fix).c_str());
         }
     }
     std::printf("\n%s\n", r.blocked()    ? "doctor: something above would stop a run"
@@ -529,7 +533,7 @@ void print_json(const Report& r) {
     out["blocked"] = r.blocked();
     // The environment's values are anyone's bytes: what is not UTF-8 comes out as U+FFFD
     // (nlohmann::json would throw on it).
-    std::printf("%s\n", out.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    std::printf("%s\n", bench::json_text(out, 2).c_str());
 }
 
 }  // namespace

@@ -392,6 +392,20 @@ TEST(DoctorCli, JsonOfAnEnvironmentThatIsNotUtf8) {
     EXPECT_TRUE(found) << r.output;
 }
 
+// The text table shows the same values with their control bytes escaped: an ESC sequence or a
+// C1 CSI in a variable would otherwise reach the terminal as a command (it was printed raw).
+TEST(DoctorCli, TheTableEscapesControlBytesOfTheEnvironment) {
+    const CliResult r = run_cli({"doctor"}, {{"NCCL_TCPX_P2P_TEST_BYTES",
+                                              "a\x1b[2Jb\xc2\x9b"
+                                              "31mc\x07"}});
+    EXPECT_TRUE(exited_with(r, 0) || exited_with(r, 1));
+    EXPECT_TRUE(has_all(r.output, {"NCCL_TCPX_P2P_TEST_BYTES", "a\\x1b[2Jb\\xc2\\x9b31mc\\x07"}))
+        << r.output;
+    EXPECT_EQ(r.output.find('\x1b'), std::string::npos);
+    EXPECT_EQ(r.output.find('\x07'), std::string::npos);
+    EXPECT_EQ(r.output.find("\xc2\x9b"), std::string::npos);
+}
+
 // On this machine, with nothing set: every section, loopback among the interfaces, exit 0.
 TEST(DoctorCli, ReportsTheMachineAndExitsZeroWhenNothingStopsARun) {
     const CliResult r = run_cli({"doctor"});
