@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "common/status_util.h"
@@ -133,6 +134,11 @@ class CudaCopyRing final : public CopyRing {
         if (records < 1) records = slots;
         OnGpu on(device);
         TCPX_RETURN_IF_ERROR(on.status());
+        // Streams and events first, pinned memory last: a failure then frees nothing that waits
+        // for the device (cudaFreeHost and cudaFree wait for every kernel on it), which would
+        // happen with the engine's lock held.
+        Handles handles;
+        TCPX_RETURN_IF_ERROR(handles.make(records));
         void* base = nullptr;
         if (slot_bytes > 0) {
             TCPX_RETURN_IF_ERROR(
@@ -142,23 +148,16 @@ class CudaCopyRing final : public CopyRing {
                                       slot_bytes * static_cast<size_t>(slots))
                                 .c_str()));
         }
-        std::unique_ptr<CudaCopyRing> r(
-            new CudaCopyRing(device, slot_bytes, slots, records, static_cast<uint8_t*>(base)));
-        TCPX_RETURN_IF_ERROR(r->init());
-        return std::unique_ptr<CopyRing>(std::move(r));
+        return std::unique_ptr<CopyRing>(new CudaCopyRing(
+            device, slot_bytes, slots, records, static_cast<uint8_t*>(base), std::move(handles)));
     }
 
     ~CudaCopyRing() override {
         OnGpu on(device());
-        for (cudaStream_t st : streams_) {
+        for (cudaStream_t st : handles_.streams) {
             if (st != nullptr) cudaStreamSynchronize(st);
         }
-        for (cudaEvent_t ev : events_) {
-            if (ev != nullptr) cudaEventDestroy(ev);
-        }
-        for (cudaStream_t st : streams_) {
-            if (st != nullptr) cudaStreamDestroy(st);
-        }
+        handles_.destroy();
         if (flags_ != nullptr) cudaFreeHost(flags_);
         if (host_copies_ != nullptr) cudaFreeHost(host_copies_);
         if (device_copies_ != nullptr) cudaFree(device_copies_);
@@ -254,7 +253,7 @@ class CudaCopyRing final : public CopyRing {
     }
 
     StatusOr<bool> ready(int i) override {
-        const cudaError_t err = cudaEventQuery(events_[static_cast<size_t>(i)]);
+        const cudaError_t err = cudaEventQuery(handles_.events[static_cast<size_t>(i)]);
         if (err == cudaErrorNotReady) {
             cudaGetLastError();  // not an error; keep it from sticking
             return false;
@@ -273,33 +272,68 @@ class CudaCopyRing final : public CopyRing {
 
     void synchronize() override {
         OnGpu on(device());
-        for (cudaStream_t st : streams_) cudaStreamSynchronize(st);
+        for (cudaStream_t st : handles_.streams) cudaStreamSynchronize(st);
     }
 
  private:
-    CudaCopyRing(int device, size_t slot_bytes, int buffer_slots, int records, uint8_t* base)
+    // A ring's streams and events, destroyed with it (neither waits for the device).
+    struct Handles {
+        cudaStream_t streams[2] = {nullptr, nullptr};
+        std::vector<cudaEvent_t> events;
+
+        Handles() = default;
+        Handles(Handles&& o) noexcept : events(std::move(o.events)) {
+            for (int k = 0; k < 2; ++k) streams[k] = std::exchange(o.streams[k], nullptr);
+            o.events.clear();
+        }
+        Handles& operator=(Handles&&) = delete;
+        ~Handles() { destroy(); }
+
+        Status make(int records) {
+            for (cudaStream_t& st : streams) {
+                TCPX_RETURN_IF_ERROR(cuda_status(
+                    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate"));
+            }
+            events.assign(static_cast<size_t>(records), nullptr);
+            for (cudaEvent_t& ev : events) {
+                TCPX_RETURN_IF_ERROR(cuda_status(
+                    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+            }
+            return Status();
+        }
+        void destroy() {
+            for (cudaEvent_t ev : events) {
+                if (ev != nullptr) cudaEventDestroy(ev);
+            }
+            events.clear();
+            for (cudaStream_t& st : streams) {
+                if (st != nullptr) cudaStreamDestroy(st);
+                st = nullptr;
+            }
+        }
+    };
+
+    CudaCopyRing(int device, size_t slot_bytes, int buffer_slots, int records, uint8_t* base,
+                 Handles handles)
         : CopyRing(device, slot_bytes, buffer_slots, records, base),
-          events_(static_cast<size_t>(records), nullptr),
+          handles_(std::move(handles)),
           unpacked_(static_cast<size_t>(records), false) {}
 
-    Status init() {
-        for (cudaStream_t& st : streams_) {
-            TCPX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking),
-                                             "cudaStreamCreate"));
+    // The mapped flags the kernels report bad lists in, made on first use (a ring that stages
+    // whole chunks never needs them); kept, like the lists below, when a later allocation fails.
+    Status ensure_flags() {
+        if (device_flags_ != nullptr) return Status();
+        if (flags_ == nullptr) {
+            void* flags = nullptr;
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaHostAlloc(&flags, sizeof(uint32_t) * static_cast<size_t>(slots()),
+                                          cudaHostAllocMapped | cudaHostAllocPortable),
+                            "allocating unpack flags"));
+            flags_ = static_cast<uint32_t*>(flags);
         }
-        for (cudaEvent_t& ev : events_) {
-            TCPX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
-                                             "cudaEventCreate"));
-        }
-        void* flags = nullptr;
-        TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaHostAlloc(&flags, sizeof(uint32_t) * static_cast<size_t>(slots()),
-                                      cudaHostAllocMapped | cudaHostAllocPortable),
-                        "allocating unpack flags"));
-        flags_ = static_cast<uint32_t*>(flags);
         void* dev = nullptr;
         TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaHostGetDevicePointer(&dev, flags, 0), "cudaHostGetDevicePointer"));
+            cuda_status(cudaHostGetDevicePointer(&dev, flags_, 0), "cudaHostGetDevicePointer"));
         device_flags_ = static_cast<uint32_t*>(dev);
         return Status();
     }
@@ -313,46 +347,54 @@ class CudaCopyRing final : public CopyRing {
 
     // Lists for unpacks, pinned on the host and on the GPU, made on first use (a staging ring
     // never needs them).
+    //
+    // What one call allocated stays when the next allocation fails: the next call makes only
+    // what is missing, and the destructor frees it all. Freeing it here would wait for every
+    // kernel on the GPU (cudaFree, cudaFreeHost), with the engine's lock held.
     Status ensure_lists() {
-        if (host_lists_ != nullptr) return Status();
+        TCPX_RETURN_IF_ERROR(ensure_flags());
         const size_t bytes = sizeof(SlotList) * static_cast<size_t>(slots());
-        void* h = nullptr;
-        void* d = nullptr;
-        TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaHostAlloc(&h, bytes, cudaHostAllocDefault), "allocating unpack lists"));
-        if (cudaMalloc(&d, bytes) != cudaSuccess) {
-            cudaGetLastError();
-            cudaFreeHost(h);
-            return Status(StatusCode::kCuda, "allocating unpack lists on the GPU");
+        if (host_lists_ == nullptr) {
+            void* h = nullptr;
+            TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, bytes, cudaHostAllocDefault),
+                                             "allocating unpack lists"));
+            host_lists_ = static_cast<SlotList*>(h);
         }
-        host_lists_ = static_cast<SlotList*>(h);
-        device_lists_ = static_cast<SlotList*>(d);
+        if (device_lists_ == nullptr) {
+            void* d = nullptr;
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaMalloc(&d, bytes), "allocating unpack lists on the GPU"));
+            device_lists_ = static_cast<SlotList*>(d);
+        }
         return Status();
     }
 
     // GPU staging slots and copy lists for kernel gathers and scatters, made on first use.
     Status ensure_copy_lists() {
         if (device_slots_ != nullptr) return Status();
+        TCPX_RETURN_IF_ERROR(ensure_flags());
         const size_t list_bytes =
             copy_capacity() * sizeof(CopyEntry) * static_cast<size_t>(slots());
-        void* h = nullptr;
-        void* d = nullptr;
-        void* slots_mem = nullptr;
-        TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, list_bytes, cudaHostAllocDefault),
-                                         "allocating gather lists"));
+        // (As in ensure_lists: what was made stays for the next call when a later part fails.)
+        if (host_copies_ == nullptr) {
+            void* h = nullptr;
+            TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, list_bytes, cudaHostAllocDefault),
+                                             "allocating gather lists"));
+            host_copies_ = static_cast<CopyEntry*>(h);
+        }
+        if (device_copies_ == nullptr) {
+            void* d = nullptr;
+            TCPX_RETURN_IF_ERROR(
+                cuda_status(cudaMalloc(&d, list_bytes), "allocating gather lists on the GPU"));
+            device_copies_ = static_cast<CopyEntry*>(d);
+        }
         // The twin starts on a 4 KiB page: transports register GPU memory by whole pages
         // (Google's TCPX refuses another start), and cudaMalloc aligns small blocks less.
         constexpr size_t kPage = 4096;
-        if (cudaMalloc(&d, list_bytes) != cudaSuccess ||
-            cudaMalloc(&slots_mem, ((bytes() + kPage - 1) & ~(kPage - 1)) + kPage) != cudaSuccess) {
-            cudaGetLastError();
-            cudaFreeHost(h);
-            if (d != nullptr) cudaFree(d);
-            return Status(StatusCode::kCuda,
-                          strformat("allocating %zu bytes of GPU staging memory", bytes()));
-        }
-        host_copies_ = static_cast<CopyEntry*>(h);
-        device_copies_ = static_cast<CopyEntry*>(d);
+        void* slots_mem = nullptr;
+        TCPX_RETURN_IF_ERROR(
+            cuda_status(cudaMalloc(&slots_mem, ((bytes() + kPage - 1) & ~(kPage - 1)) + kPage),
+                        strformat("allocating %zu bytes of GPU staging memory", bytes()).c_str()));
         device_slots_raw_ = slots_mem;
         device_slots_ = reinterpret_cast<uint8_t*>(
             (reinterpret_cast<uintptr_t>(slots_mem) + kPage - 1) & ~uintptr_t{kPage - 1});
@@ -431,15 +473,14 @@ class CudaCopyRing final : public CopyRing {
     }
 
     Status record(int i) {
-        return cuda_status(cudaEventRecord(events_[static_cast<size_t>(i)], stream(i)),
+        return cuda_status(cudaEventRecord(handles_.events[static_cast<size_t>(i)], stream(i)),
                            "cudaEventRecord");
     }
 
     // Slots alternate between two streams, so that one slot's copies (and kernels) overlap the
     // next one's: a chunk's work on one stream runs in order, consecutive chunks need not.
-    cudaStream_t streams_[2] = {nullptr, nullptr};
-    cudaStream_t stream(int i) const { return streams_[i & 1]; }
-    std::vector<cudaEvent_t> events_;
+    Handles handles_;
+    cudaStream_t stream(int i) const { return handles_.streams[i & 1]; }
     std::vector<bool> unpacked_;  // slot i's last work was an unpack (check its flag)
     uint32_t* flags_ = nullptr;   // host view
     uint32_t* device_flags_ = nullptr;

@@ -771,6 +771,57 @@ TEST_P(EngineDevice, ADisconnectDoesNotWaitForTheApplicationsKernels) {
     EXPECT_FALSE(hold.timed_out.load()) << "the disconnect or the bystander waited for the device";
     c.reset();
 }
+
+// GPU memory held by others (an inference server takes most of it): a chunk of several GPU
+// pieces needs a staging ring (streams, pinned and GPU memory) on first use, and when the GPU has
+// no memory left the peer's transfers fail with CUDA's "out of memory", without waiting for the
+// application's kernels. What the ring had allocated before the failing part was freed at once
+// (cudaFreeHost, cudaFree), which waited for every kernel on the device with the engine's lock
+// held: here 10 s, the hold's timeout. Now pinned memory is taken last, and what a ring made stays
+// with it, freed with it off the lock. Once memory is back, a new connection works.
+// (It takes all of the GPU's memory for a moment: "GpuMemoryRunsOut" tests run alone, see
+// tests/CMakeLists.txt.)
+TEST_P(EngineDevice, WhenGpuMemoryRunsOutThePeerFailsWithoutWaitingForTheDevice) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the gather rings of the socket path";
+    const Reg& mine = a_bufs_[1];
+    const Reg& theirs = b_bufs_[0];  // host memory: only this side stages
+    std::vector<IoVec> iov;
+    for (uint64_t k = 0; k < 16; ++k) {
+        iov.push_back(IoVec{mine.mem, k * 4096 + 5, theirs.desc, k * 3000 + 1, 2999});
+        fill(mine.buf.get(), iov.back().offset, 2999, 700 + k);
+    }
+    cudaSetDevice(0);
+    std::vector<void*> filler;  // every block cudaMalloc still gives, largest first
+    for (size_t block = size_t{1} << 30; block >= 4096; block /= 2) {
+        void* p = nullptr;
+        while (cudaMalloc(&p, block) == cudaSuccess) filler.push_back(p);
+        cudaGetLastError();
+    }
+    auto free_filler = [&] {
+        for (void* p : filler) cudaFree(p);
+        filler.clear();
+    };
+    LegacyStreamHold hold;
+    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &LegacyStreamHold::run, &hold), cudaSuccess);
+    auto w = a_->writev(link_.a_to_b, iov);
+    const Status failed = w.ok() ? a_->wait(*w, 30s) : w.status();
+    hold.release = true;
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    free_filler();
+    EXPECT_FALSE(failed.ok());
+    EXPECT_NE(failed.to_string().find("out of memory"), std::string::npos) << failed.to_string();
+    EXPECT_FALSE(hold.timed_out.load()) << "the failure waited for the device";
+    // Memory is back: a new connection stages the same pieces, every byte checked.
+    auto again = a_->connect(b_->metadata());
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    auto w2 = a_->writev(*again, iov);
+    ASSERT_TRUE(w2.ok()) << w2.status().to_string();
+    const Status st = a_->wait(*w2, 30s);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    for (uint64_t k = 0; k < iov.size(); ++k) {
+        EXPECT_EQ(mismatch(b_bufs_[0].buf.get(), iov[k].remote_offset, 2999, 700 + k), -1) << k;
+    }
+}
 #endif
 
 // dereg() gives peers' transfers PEER_TIMEOUT_MS, then disconnects them; a local copy has no
