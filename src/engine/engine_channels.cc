@@ -412,11 +412,18 @@ Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
         auto ring, cuda::device().make_ring(device, chunk_, staging_slots_,
                                             staging_slots_ * engine::kStagingRecordsPerSlot));
     if (takes_host) {
-        TCPX_RETURN_IF_ERROR(
-            net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr)
-                .with_context("registering the gather slots"));
+        Status st =
+            net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr);
+        if (!st.ok()) {
+            reaper_.put(std::move(ring));  // (as in ensure_ring)
+            return st.with_context("registering the gather slots");
+        }
     }
     ch.gring = std::move(ring);
+    // Received chunks are scattered into their GPU pieces next.
+    if (takes_host && !tx) {
+        return net_->hint_device_reads(comm, ch.gring_mr).with_context("gather slots");
+    }
     return Status();
 }
 
@@ -456,9 +463,11 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
         Status st =
             net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr);
         if (!st.ok()) {
-            ch.ring.reset();
+            reaper_.put(std::move(ch.ring));  // its cudaFreeHost waits for the device: off the lock
             return st.with_context("registering the staging slots");
         }
+        // Received chunks are copied into the GPU next.
+        if (!tx) return net_->hint_device_reads(comm, ch.ring_mr).with_context("staging slots");
         return Status();
     }
     // UNPACK: the device handle points to the plugin's unpack queue descriptor, in GPU memory.

@@ -159,6 +159,12 @@ class Net {
     virtual Status reg_mr(void* comm, void* data, size_t size, MemType type,
                           MemHandle** mhandle) = 0;
     virtual Status dereg_mr(void* comm, MemHandle* mhandle) = 0;
+    // A hint on a registration of host memory (made with this comm) that a device reads by DMA
+    // as soon as a receive into it completes: the engine's staging of GPU transfers. A transport
+    // whose receives are CPU copies may write the received bytes back out of the CPU's caches
+    // where it receives them (common/cache_lines.h), so that the device's copy reads memory, not
+    // lines it must snoop out of the caches. Transports without such a use ignore it.
+    virtual Status hint_device_reads(void* comm, MemHandle* mhandle) { return Status(); }
 
     // OK with *request == nullptr: too many requests in flight, post again later.
     virtual Status isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cache_lines.h"
 #include "cuda/device.h"
 #if TCPX_TEST_REAL_GPU
 #include <cuda_runtime_api.h>
@@ -377,6 +378,69 @@ TEST_P(EngineDevice, ManySmallPiecesOfEveryKindPackedIntoChunks) {
             TestBuffer* into = a_bufs_[iov[k].mem == a_bufs_[1].mem ? 1 : 0].buf.get();
             ASSERT_EQ(mismatch(into, iov[k].offset, iov[k].len, seeds[k]), -1) << k;
         }
+    }
+}
+
+// Over the socket transport, chunks received into the staging that a copy into GPU memory reads
+// next are written back out of the CPU's caches as they land (Net::hint_device_reads; 64 KiB
+// chunks here, under the transport's 1 MiB bound; counted whether or not the CPU can): so are
+// a WRITE into GPU memory at the target, a READ into it at the initiator and a vector of GPU
+// pieces; receives into host memory, and the sending sides, are not. Every byte checked.
+TEST_P(EngineDevice, ReceivesAGpuCopyReadsNextAreWrittenBack) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the socket transport's receives";
+    const Reg& a_host = a_bufs_[0];
+    const Reg& a_gpu = a_bufs_[1];
+    const Reg& b_host = b_bufs_[0];
+    const Reg& b_gpu = b_bufs_[1];
+    constexpr uint64_t kLen = 1 << 20;  // past every inline limit: data channels
+    struct Case {
+        const char* what;
+        bool read;
+        const Reg* local;
+        const Reg* remote;
+        bool written_back;
+    };
+    const Case cases[] = {
+        {"WRITE host to GPU", false, &a_host, &b_gpu, true},
+        {"WRITE GPU to host", false, &a_gpu, &b_host, false},
+        {"WRITE host to host", false, &a_host, &b_host, false},
+        {"READ GPU into host", true, &a_host, &b_gpu, false},
+        {"READ host into GPU", true, &a_gpu, &b_host, true},
+    };
+    uint64_t seed = 40;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.what);
+        const Reg& from = c.read ? *c.remote : *c.local;
+        const Reg& to = c.read ? *c.local : *c.remote;
+        fill(from.buf.get(), 3, kLen, ++seed);
+        const uint64_t before = bytes_written_back();
+        const Status st =
+            c.read ? read(*c.local, 5, *c.remote, 3, kLen) : write(*c.local, 3, *c.remote, 5, kLen);
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        const uint64_t written = bytes_written_back() - before;
+        EXPECT_EQ(mismatch(to.buf.get(), 5, kLen, seed), -1);
+        if (c.written_back) {
+            EXPECT_EQ(written, kLen);
+        } else {
+            EXPECT_EQ(written, 0u);
+        }
+    }
+    // Pieces of GPU memory packed into chunks: received into the gather slots, scattered next.
+    std::vector<IoVec> iov;
+    uint64_t total = 0;
+    for (uint64_t k = 0; k < 64; ++k) {
+        iov.push_back(IoVec{a_gpu.mem, k * 9000 + 1, b_gpu.desc, k * 8000 + 2, 7000});
+        fill(a_gpu.buf.get(), iov.back().offset, 7000, 900 + k);
+        total += 7000;
+    }
+    const uint64_t before = bytes_written_back();
+    auto w = a_->writev(link_.a_to_b, iov);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    const Status st = a_->wait(*w, 30s);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(bytes_written_back() - before, total);
+    for (uint64_t k = 0; k < iov.size(); ++k) {
+        EXPECT_EQ(mismatch(b_gpu.buf.get(), iov[k].remote_offset, 7000, 900 + k), -1) << k;
     }
 }
 

@@ -349,6 +349,12 @@ class FaultNet final : public Net {
         return Status();
     }
 
+    Status hint_device_reads(void* comm, MemHandle* mhandle) override {
+        std::unique_lock lock(mu_);
+        TCPX_ASSIGN_OR_RETURN(FaultComm * c, find_comm(comm));
+        return inner_->hint_device_reads(c->inner, mhandle);
+    }
+
     Status dereg_mr(void* comm, MemHandle* mhandle) override {
         // Even on a reset comm: the registration must still be released.
         std::unique_lock lock(mu_);

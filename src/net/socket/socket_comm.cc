@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/cache_lines.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -513,7 +514,7 @@ RecvComm::RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control
 }
 
 Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int* tags,
-                       RecvReq** out) {
+                       RecvReq** out, unsigned write_back) {
     *out = nullptr;
     if (n < 1 || n > kMaxRecvs) {
         return invalid_argument(strformat("irecv: n = %d is outside [1, %d]", n, kMaxRecvs));
@@ -527,16 +528,16 @@ Status RecvComm::irecv(int n, void* const* data, const size_t* sizes, const int*
         one[i] = IoSeg{data[i], sizes[i]};
         msgs[i] = std::span<const IoSeg>(&one[i], 1);
     }
-    return recv_impl(n, msgs, tags, out);
+    return recv_impl(n, msgs, tags, out, write_back);
 }
 
 Status RecvComm::irecvv(std::span<const IoSeg> segs, int tag, RecvReq** out) {
     *out = nullptr;
-    return recv_impl(1, &segs, &tag, out);
+    return recv_impl(1, &segs, &tag, out, 0);
 }
 
 Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags,
-                           RecvReq** out) {
+                           RecvReq** out, unsigned write_back) {
     for (int i = 0; i < n; ++i) {
         for (size_t k = 0; k < msgs[i].size(); ++k) {
             if (msgs[i][k].data == nullptr && msgs[i][k].size > 0) {
@@ -555,6 +556,7 @@ Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int*
             reqs_.give(req);
             return invalid_argument("irecv: the segments' sizes add up past 2^64");
         }
+        slot.mem.set_write_back((write_back >> i & 1u) != 0);
         slot.capacity = slot.mem.size();
         slot.tag = tags[i];
         slot.used = false;
@@ -800,6 +802,15 @@ bool MsgMemory::overlaps(const uint8_t* data, uint64_t size) const {
     return false;
 }
 
+void MsgMemory::received(const iovec* iov, int cnt, uint64_t n) const {
+    if (!write_back_) return;
+    for (int j = 0; j < cnt && n > 0; ++j) {
+        const uint64_t len = std::min<uint64_t>(n, iov[j].iov_len);
+        write_back_lines(iov[j].iov_base, len);
+        n -= len;
+    }
+}
+
 void MsgMemory::copy_in(uint64_t off, const uint8_t* src, uint64_t len) const {
     constexpr int kMaxIov = 16;
     iovec to[kMaxIov];
@@ -808,6 +819,7 @@ void MsgMemory::copy_in(uint64_t off, const uint8_t* src, uint64_t len) const {
         if (n == 0) return;
         for (int j = 0; j < n; ++j) {
             std::memcpy(to[j].iov_base, src, to[j].iov_len);
+            if (write_back_) write_back_lines(to[j].iov_base, to[j].iov_len);
             src += to[j].iov_len;
             off += to[j].iov_len;
             len -= to[j].iov_len;
@@ -905,6 +917,7 @@ void RecvControlConn::service_locked() {
                     const int cnt = msg_.dest->iov(got_, want, iov, kMaxIov);
                     auto n = recv_some_iov(fd(), iov, cnt, &eof);
                     if (!n.ok()) return comm->fail(n.status());
+                    msg_.dest->received(iov, cnt, *n);
                     if (eof) {
                         return comm->fail(
                             unavailable("peer closed the connection in the middle of a message"));
@@ -1055,6 +1068,8 @@ void RecvDataConn::service(uint32_t events) {
                 // The next header only right behind this payload's last byte.
                 if (covered == want) iov[cnt++] = {next_hdr_, sizeof(next_hdr_)};
                 n = recv_some_iov(fd(), iov, cnt, &eof);
+                // (The next header, past `want`, is not the message's.)
+                if (n.ok()) dest_->received(iov, cnt, std::min<uint64_t>(*n, want));
             } else {
                 n = recv_some(fd(), scratch_buffer(), std::min<uint64_t>(want, kScratchSize), &eof);
             }

@@ -67,9 +67,17 @@ class MsgMemory {
     // Whether any segment shares a byte with [data, data + size).
     bool overlaps(const uint8_t* data, uint64_t size) const;
 
+    // A device reads this memory right after the receive (Net::hint_device_reads): what the CPU
+    // writes into it is written back out of its caches as it lands (copy_in, received()).
+    void set_write_back(bool on) { write_back_ = on; }
+    bool write_back() const { return write_back_; }
+    // The first `n` bytes of `iov` were just received into this memory.
+    void received(const iovec* iov, int cnt, uint64_t n) const;
+
  private:
     std::vector<IoSeg> segs_;
     std::vector<uint64_t> ends_;  // where each segment ends in the message
+    bool write_back_ = false;
 };
 
 // What a net::Request* points to: a SendReq or a RecvReq, told apart by `kind`.
@@ -413,7 +421,9 @@ class RecvComm final : public Comm {
  public:
     RecvComm(IoPool* pool, CommConfig config, std::string peer, Fd control, std::vector<Fd> data);
 
-    Status irecv(int n, void* const* data, const size_t* sizes, const int* tags, RecvReq** out);
+    // Bit i of `write_back`: buffer i is read by a device next (MsgMemory::set_write_back).
+    Status irecv(int n, void* const* data, const size_t* sizes, const int* tags, RecvReq** out,
+                 unsigned write_back = 0);
     Status irecvv(std::span<const IoSeg> segs, int tag, RecvReq** out);
     Status test(RecvReq* req, bool* done, size_t* sizes);
 
@@ -425,7 +435,8 @@ class RecvComm final : public Comm {
     void fail_pending_locked() override;
     bool pending_on_locked(const uint8_t* data, uint64_t size) const override;
     // irecv and irecvv: `n` messages, message i into the segments msgs[i].
-    Status recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags, RecvReq** out);
+    Status recv_impl(int n, const std::span<const IoSeg>* msgs, const int* tags, RecvReq** out,
+                     unsigned write_back);
     // Under mu_: binds message `seq` to the oldest posted receive. kPark when an earlier message is
     // not bound yet or no receive is posted: `conn` is parked and kicked when that changes.
     Bind bind_locked(Conn* conn, uint64_t seq, uint64_t size, int tag, RecvMsg* msg, Status* error);

@@ -12,6 +12,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "common/cache_lines.h"
 #include "common/log.h"
 #include "common/random.h"
 #include "common/status_util.h"
@@ -42,11 +43,21 @@ constexpr int kAcceptsPerCall = 64;
 constexpr uint32_t kListenMagic = 0x4c534e54;  // "TNSL"
 constexpr uint32_t kMrMagic = 0x4d524d54;      // "TMRM"
 
+// The largest receive into memory hinted for a device's reads that is written back. Measured on
+// the two-H200 host (docs/benchmarking.md, 2026-11-30): 1 MiB GPU chunks moved 1.5x with their
+// receives written back (WRITE at 8 in flight; READ the same); 4 MiB chunks, the default for large
+// transfers, lost up to half (READ 64 MiB: 40 -> 20 GB/s), having found their lines where the
+// copy reads them fast without it.
+constexpr size_t kWriteBackMaxBytes = size_t{1} << 20;
+
 struct MrRecord {
     uint32_t magic = kMrMagic;
     void* data = nullptr;
     size_t size = 0;
     void* comm = nullptr;  // registered with
+    // hint_device_reads(): receives into it are written back out of the CPU's caches. Set by the
+    // thread that posts the receives, before it posts them.
+    bool device_reads = false;
 };
 
 struct Pending {
@@ -693,6 +704,15 @@ Status SocketNet::dereg_mr_failing_pending(void* comm, MemHandle* mhandle) {
     return dereg_mr(comm, mhandle);
 }
 
+Status SocketNet::hint_device_reads(void* comm, MemHandle* mhandle) {
+    auto* rec = reinterpret_cast<MrRecord*>(mhandle);
+    if (rec == nullptr || rec->magic != kMrMagic || rec->comm != comm) {
+        return invalid_argument("hint_device_reads: not a registration of the socket transport");
+    }
+    rec->device_reads = true;
+    return Status();
+}
+
 Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
     auto* rec = reinterpret_cast<MrRecord*>(mhandle);
     if (rec == nullptr || rec->magic != kMrMagic) {
@@ -749,8 +769,19 @@ Status SocketNet::isend(SendComm* comm, const void* data, size_t size, int tag, 
 
 Status SocketNet::irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
                         const int* tags, MemHandle* const* mhandles, Request** request) {
+    // Registrations are needed by no receive here; one hinted for a device's reads marks its
+    // buffer, up to kWriteBackMaxBytes. (A handle that is not one of ours marks nothing; the
+    // arguments themselves are checked by the comm.)
+    unsigned write_back = 0;
+    for (int i = 0; mhandles != nullptr && sizes != nullptr && i < n && i < 32; ++i) {
+        const auto* rec = reinterpret_cast<const MrRecord*>(mhandles[i]);
+        if (rec != nullptr && rec->magic == kMrMagic && rec->device_reads &&
+            sizes[i] <= kWriteBackMaxBytes) {
+            write_back |= 1u << i;
+        }
+    }
     return post_on<RecvC, RecvReq>(comm, "irecv", request, [&](RecvC* c, RecvReq** req) {
-        return c->irecv(n, data, sizes, tags, req);
+        return c->irecv(n, data, sizes, tags, req, write_back);
     });
 }
 

@@ -46,6 +46,9 @@ class SocketNet final : public Net {
 
     Status reg_mr(void* comm, void* data, size_t size, MemType type, MemHandle** mhandle) override;
     Status dereg_mr(void* comm, MemHandle* mhandle) override;
+    // Receives into the registration are written back out of the CPU's caches as they land
+    // (where the CPU can: common/cache_lines.h).
+    Status hint_device_reads(void* comm, MemHandle* mhandle) override;
     // dereg_mr for a caller that frees the memory next with requests maybe still pending on it
     // (NCCL's teardown, an abort's: deregMr, free the buffers, then close): a comm with a
     // request pending on memory that shares a byte with the registration fails first, and this
