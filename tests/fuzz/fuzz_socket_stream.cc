@@ -5,14 +5,17 @@
 // run is deterministic up to the kernel's segmenting.
 //
 // Input: one byte of flags (which receives are posted: a contiguous one, a three-segment one, a
-// grouped one of two tags), then records [socket: u8][length: u16 LE][bytes], each written to
+// grouped one of two tags; bit 3: the contiguous and grouped ones into memory registered and
+// marked for a device's reads, so that what lands there is written back, Net::hint_device_reads),
+// then records [socket: u8][length: u16 LE][bytes], each written to
 // socket (byte % 3: control, data 0, data 1); the comm is served between records. Then the peer
 // closes every socket.
 //
 // Invariants: no byte lands outside a posted buffer (ASan: each is its own exact allocation) or,
 // in a receive that completes, past the message size it reports; a completed receive's sizes fit
-// its buffers; and once the peer has closed, every posted receive finishes (done or failed)
-// within 5 s: the comm never waits for bytes that cannot come.
+// its buffers; no more bytes are written back than the marked buffers hold; and once the peer has
+// closed, every posted receive finishes (done or failed) within 5 s: the comm never waits for
+// bytes that cannot come.
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/cache_lines.h"
 #include "common/params.h"
 #include "common/socket.h"
 #include "fuzz_check.h"
@@ -135,6 +139,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     // The receives the flags ask for, posted in order (messages bind to them in that order).
     const uint8_t flags = data[0];
+    const bool marked = (flags & 8) != 0;
+    const uint64_t written_back_before = tcpx::bytes_written_back();
+    size_t marked_bytes = 0;
+    // A registration of `b` with the comm, marked for a device's reads (released with the comm).
+    auto mark = [&](Buf* b) {
+        net::MemHandle* mh = nullptr;
+        FUZZ_CHECK(l.net->reg_mr(comm, b->bytes.get(), b->size, net::MemType::kHost, &mh).ok());
+        FUZZ_CHECK(l.net->hint_device_reads(comm, mh).ok());
+        marked_bytes += b->size;
+        return mh;
+    };
     std::vector<std::unique_ptr<Buf>> bufs;
     std::vector<Posted> posted;
     if (flags & 1) {
@@ -144,7 +159,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         void* ptr = p.bufs[0]->bytes.get();
         const size_t len = p.bufs[0]->size;
         const int tag = (flags >> 4) & 1;
-        FUZZ_CHECK(l.net->irecv(comm, 1, &ptr, &len, &tag, nullptr, &p.req).ok());
+        net::MemHandle* mh = marked ? mark(p.bufs[0]) : nullptr;
+        FUZZ_CHECK(l.net->irecv(comm, 1, &ptr, &len, &tag, &mh, &p.req).ok());
         posted.push_back(p);
     }
     if (flags & 2) {
@@ -164,12 +180,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         void* ptrs[2];
         size_t lens[2] = {4096, 30000};
         const int tags[2] = {0, 1};
+        net::MemHandle* mhs[2] = {nullptr, nullptr};
         for (int i = 0; i < 2; ++i) {
             bufs.push_back(std::make_unique<Buf>(lens[i]));
             p.bufs.push_back(bufs.back().get());
             ptrs[i] = bufs.back()->bytes.get();
+            if (marked) mhs[i] = mark(bufs.back().get());
         }
-        FUZZ_CHECK(l.net->irecv(comm, 2, ptrs, lens, tags, nullptr, &p.req).ok());
+        FUZZ_CHECK(l.net->irecv(comm, 2, ptrs, lens, tags, mhs, &p.req).ok());
         posted.push_back(p);
     }
 
@@ -222,6 +240,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
     }
     FUZZ_CHECK(open == 0);  // every receive ended once the peer had closed
+    // (One process, one comm at a time: every byte written back meanwhile was this comm's.)
+    FUZZ_CHECK(tcpx::bytes_written_back() - written_back_before <= marked_bytes);
     FUZZ_CHECK(l.net->close_recv(comm).ok());
     return 0;
 }

@@ -326,6 +326,11 @@ int main(int argc, char** argv) {
                 rec(2, chunk(1, 21007, 8192, 12815)) + rec(0, inline_msg(2, 4096, 0)) +
                 rec(1, chunk(3, 30000, 0, 30000)));
         put("fuzz_socket_stream", "ahead", "" + rec(2, chunk(1, 1000, 0, 1000)));
+        // Every receive, the contiguous and grouped ones marked for a device's reads (flag 8).
+        put("fuzz_socket_stream", "marked",
+            std::string(1, '\x0f') + rec(0, inline_msg(0, 50, 0)) +
+                rec(1, chunk(1, 21007, 0, 8192)) + rec(2, chunk(1, 21007, 8192, 12815)) +
+                rec(0, inline_msg(2, 4096, 0)) + rec(1, chunk(3, 30000, 0, 30000)));
     }
 
     // The engine bench's target: a byte (its low bit: --bidir; the next: endpoints without a
