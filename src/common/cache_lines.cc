@@ -27,9 +27,7 @@ __attribute__((target("clwb"))) void write_back(const void* data, size_t len) {
     for (; a < end; a += kLine) __builtin_ia32_clwb(reinterpret_cast<void*>(a));
 }
 
-}  // namespace
-
-bool can_write_back_lines() {
+bool has_clwb() {
     static const bool has = [] {
         unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
         // CPUID leaf 7, subleaf 0: EBX bit 24 is CLWB.
@@ -38,15 +36,16 @@ bool can_write_back_lines() {
     return has;
 }
 
+}  // namespace
+
 void write_back_lines(const void* data, size_t len) {
     if (len == 0) return;
     written_back.fetch_add(len, std::memory_order_relaxed);
-    if (can_write_back_lines()) write_back(data, len);
+    if (has_clwb()) write_back(data, len);
 }
 
 #else
 
-bool can_write_back_lines() { return false; }
 void write_back_lines(const void*, size_t len) {
     written_back.fetch_add(len, std::memory_order_relaxed);
 }

@@ -13,11 +13,8 @@
 
 namespace tcpx {
 
-// Whether this CPU can write lines back and keep them (x86's CLWB).
-bool can_write_back_lines();
-
-// Writes the modified lines of [data, data + len) back to memory (CLWB). Nothing where
-// can_write_back_lines() is false. The bytes are unchanged. No fence: a device's DMA reads are
+// Writes the modified lines of [data, data + len) back to memory (CLWB, which keeps them cached;
+// nothing on CPUs without it). The bytes are unchanged. No fence: a device's DMA reads are
 // coherent with the CPU's caches either way, so this only decides where they find the lines.
 void write_back_lines(const void* data, size_t len);
 

@@ -157,7 +157,6 @@ class CudaCopyRing final : public CopyRing {
         for (cudaStream_t st : handles_.streams) {
             if (st != nullptr) cudaStreamSynchronize(st);
         }
-        handles_.destroy();
         if (flags_ != nullptr) cudaFreeHost(flags_);
         if (host_copies_ != nullptr) cudaFreeHost(host_copies_);
         if (device_copies_ != nullptr) cudaFree(device_copies_);
@@ -345,49 +344,43 @@ class CudaCopyRing final : public CopyRing {
         LoadMeta entries[kUnpackMaxEntries];
     };
 
-    // Lists for unpacks, pinned on the host and on the GPU, made on first use (a staging ring
-    // never needs them).
-    //
-    // What one call allocated stays when the next allocation fails: the next call makes only
+    // A list's pinned host half and its GPU half, `bytes` each, whichever is still missing.
+    // What one call allocated stays when the other allocation fails: the next call makes only
     // what is missing, and the destructor frees it all. Freeing it here would wait for every
     // kernel on the GPU (cudaFree, cudaFreeHost), with the engine's lock held.
-    Status ensure_lists() {
-        TCPX_RETURN_IF_ERROR(ensure_flags());
-        const size_t bytes = sizeof(SlotList) * static_cast<size_t>(slots());
-        if (host_lists_ == nullptr) {
+    template <class T>
+    static Status ensure_list_pair(T** host, T** dev, size_t bytes, const char* what) {
+        if (*host == nullptr) {
             void* h = nullptr;
             TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, bytes, cudaHostAllocDefault),
-                                             "allocating unpack lists"));
-            host_lists_ = static_cast<SlotList*>(h);
+                                             strformat("allocating %s", what).c_str()));
+            *host = static_cast<T*>(h);
         }
-        if (device_lists_ == nullptr) {
+        if (*dev == nullptr) {
             void* d = nullptr;
-            TCPX_RETURN_IF_ERROR(
-                cuda_status(cudaMalloc(&d, bytes), "allocating unpack lists on the GPU"));
-            device_lists_ = static_cast<SlotList*>(d);
+            TCPX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&d, bytes),
+                                             strformat("allocating %s on the GPU", what).c_str()));
+            *dev = static_cast<T*>(d);
         }
         return Status();
+    }
+
+    // Lists for unpacks, pinned on the host and on the GPU, made on first use (a staging ring
+    // never needs them).
+    Status ensure_lists() {
+        TCPX_RETURN_IF_ERROR(ensure_flags());
+        return ensure_list_pair(&host_lists_, &device_lists_,
+                                sizeof(SlotList) * static_cast<size_t>(slots()), "unpack lists");
     }
 
     // GPU staging slots and copy lists for kernel gathers and scatters, made on first use.
     Status ensure_copy_lists() {
         if (device_slots_ != nullptr) return Status();
         TCPX_RETURN_IF_ERROR(ensure_flags());
-        const size_t list_bytes =
-            copy_capacity() * sizeof(CopyEntry) * static_cast<size_t>(slots());
-        // (As in ensure_lists: what was made stays for the next call when a later part fails.)
-        if (host_copies_ == nullptr) {
-            void* h = nullptr;
-            TCPX_RETURN_IF_ERROR(cuda_status(cudaHostAlloc(&h, list_bytes, cudaHostAllocDefault),
-                                             "allocating gather lists"));
-            host_copies_ = static_cast<CopyEntry*>(h);
-        }
-        if (device_copies_ == nullptr) {
-            void* d = nullptr;
-            TCPX_RETURN_IF_ERROR(
-                cuda_status(cudaMalloc(&d, list_bytes), "allocating gather lists on the GPU"));
-            device_copies_ = static_cast<CopyEntry*>(d);
-        }
+        // (What was made stays for the next call when a later part fails: ensure_list_pair.)
+        TCPX_RETURN_IF_ERROR(ensure_list_pair(
+            &host_copies_, &device_copies_,
+            copy_capacity() * sizeof(CopyEntry) * static_cast<size_t>(slots()), "gather lists"));
         // The twin starts on a 4 KiB page: transports register GPU memory by whole pages
         // (Google's TCPX refuses another start), and cudaMalloc aligns small blocks less.
         constexpr size_t kPage = 4096;

@@ -70,7 +70,6 @@ class MsgMemory {
     // A device reads this memory right after the receive (Net::hint_device_reads): what the CPU
     // writes into it is written back out of its caches as it lands (copy_in, received()).
     void set_write_back(bool on) { write_back_ = on; }
-    bool write_back() const { return write_back_; }
     // The first `n` bytes of `iov` were just received into this memory.
     void received(const iovec* iov, int cnt, uint64_t n) const;
 

@@ -12,7 +12,6 @@
 #include <thread>
 #include <type_traits>
 
-#include "common/cache_lines.h"
 #include "common/log.h"
 #include "common/random.h"
 #include "common/status_util.h"
