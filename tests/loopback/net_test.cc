@@ -780,12 +780,14 @@ TEST(NetSegments, SegmentListsLandExactlyAndNowhereElse) {
 }
 
 // A registration hinted as read by a device next (the engine's GPU staging): receives of up to
-// 1 MiB into it are written back out of the CPU's caches as they land, through the control socket
-// (small messages) and the data sockets (chunks), every byte still exact; larger ones and
-// unhinted ones are not; a hint on what is no registration of this comm is refused. (Counted as
-// asked for: a CPU without CLWB leaves its caches as they are.)
-TEST(NetDeviceReads, HintedReceivesAreWrittenBackAndExact) {
+// WRITE_BACK_MAX (1 MiB; 0: none) into it are written back out of the CPU's caches as they land,
+// through the control socket (small messages) and the data sockets (chunks), every byte still
+// exact; larger ones and unhinted ones are not; a hint on what is no registration of this comm is
+// refused. (Counted as asked for: a CPU without CLWB leaves its caches as they are.)
+void check_write_back(uint64_t max_bytes) {
+    SCOPED_TRACE("WRITE_BACK_MAX " + std::to_string(max_bytes));
     Settings s = loopback_settings();
+    s.write_back_max = max_bytes;
     s.min_chunk_size = 4096;
     s.chunk_size = 64 * 1024;
     s.nsocks = 3;
@@ -834,7 +836,7 @@ TEST(NetDeviceReads, HintedReceivesAreWrittenBackAndExact) {
             EXPECT_EQ(dst[6], 0xcd);
             EXPECT_EQ(dst[7 + size], 0xcd);
             const uint64_t written = bytes_written_back() - before;
-            if (hint && size <= (1u << 20)) {
+            if (hint && size <= max_bytes) {
                 EXPECT_EQ(written, size);
             } else {
                 EXPECT_EQ(written, 0u);
@@ -844,6 +846,14 @@ TEST(NetDeviceReads, HintedReceivesAreWrittenBackAndExact) {
     EXPECT_TRUE(net->dereg_mr(p.recv, mh_hinted).ok());
     EXPECT_TRUE(net->dereg_mr(p.recv, mh_plain).ok());
     close_pair(net.get(), p);
+}
+
+TEST(NetDeviceReads, HintedReceivesAreWrittenBackAndExact) {
+    EXPECT_EQ(Settings{}.write_back_max, 1u << 20);  // the measured default
+    for (const uint64_t max_bytes : {uint64_t{1} << 20, uint64_t{65536}, uint64_t{0}}) {
+        check_write_back(max_bytes);
+        if (::testing::Test::HasFatalFailure()) return;
+    }
 }
 
 TEST(NetSegments, BadListsAreRefusedAndShortReceivesFail) {

@@ -42,13 +42,6 @@ constexpr int kAcceptsPerCall = 64;
 constexpr uint32_t kListenMagic = 0x4c534e54;  // "TNSL"
 constexpr uint32_t kMrMagic = 0x4d524d54;      // "TMRM"
 
-// The largest receive into memory hinted for a device's reads that is written back. Measured on
-// the two-H200 host (docs/benchmarking.md, 2026-11-30): 1 MiB GPU chunks moved 1.5x with their
-// receives written back (WRITE at 8 in flight; READ the same); 4 MiB chunks, the default for large
-// transfers, lost up to half (READ 64 MiB: 40 -> 20 GB/s), having found their lines where the
-// copy reads them fast without it.
-constexpr size_t kWriteBackMaxBytes = size_t{1} << 20;
-
 struct MrRecord {
     uint32_t magic = kMrMagic;
     void* data = nullptr;
@@ -769,13 +762,19 @@ Status SocketNet::isend(SendComm* comm, const void* data, size_t size, int tag, 
 Status SocketNet::irecv(RecvComm* comm, int n, void* const* data, const size_t* sizes,
                         const int* tags, MemHandle* const* mhandles, Request** request) {
     // Registrations are needed by no receive here; one hinted for a device's reads marks its
-    // buffer, up to kWriteBackMaxBytes. (A handle that is not one of ours marks nothing; the
-    // arguments themselves are checked by the comm.)
+    // buffer, up to WRITE_BACK_MAX. That default is measured on the two-H200 host
+    // (docs/benchmarking.md, 2026-11-30): 1 MiB GPU chunks moved 1.5x with their receives written
+    // back (WRITE at 8 in flight; READ the same); 4 MiB chunks, the default for large transfers,
+    // lost up to half (READ 64 MiB: 40 -> 20 GB/s), having found their lines where the copy reads
+    // them fast without it. A CPU whose CLWB evicts the line (as CLFLUSHOPT does) may want 0.
+    // (A handle that is not one of ours marks nothing; the arguments themselves are checked by
+    // the comm.)
+    const uint64_t max_bytes = settings_.write_back_max;
     unsigned write_back = 0;
     for (int i = 0; mhandles != nullptr && sizes != nullptr && i < n && i < 32; ++i) {
         const auto* rec = reinterpret_cast<const MrRecord*>(mhandles[i]);
-        if (rec != nullptr && rec->magic == kMrMagic && rec->device_reads &&
-            sizes[i] <= kWriteBackMaxBytes) {
+        if (rec != nullptr && rec->magic == kMrMagic && rec->device_reads && sizes[i] > 0 &&
+            sizes[i] <= max_bytes) {
             write_back |= 1u << i;
         }
     }
