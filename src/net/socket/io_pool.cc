@@ -73,21 +73,34 @@ IoPool::~IoPool() {
     }
 }
 
-int IoPool::assign_thread(int weight) {
+int IoPool::assign_thread(int weight, Lane lane) {
+    // By lane first: the sockets of one direction are busy together (a peer's reads all arrive
+    // on receiving data sockets), so each lane on its own is spread over every thread. Spread
+    // by load alone, the order comms open in could pair the receiving sockets of two channels
+    // on half the threads, and put two sending ones on each of the others, and a burst in one
+    // direction would then find half the threads idle.
+    const auto l = static_cast<size_t>(lane);
     int best = 0;
+    int64_t best_lane = threads_[0]->lane_load[l].load();
     int64_t best_load = threads_[0]->load.load();
     for (int i = 1; i < size(); ++i) {
+        const int64_t in_lane = threads_[i]->lane_load[l].load();
         const int64_t load = threads_[i]->load.load();
-        if (load < best_load) {
+        if (in_lane < best_lane || (in_lane == best_lane && load < best_load)) {
             best = i;
+            best_lane = in_lane;
             best_load = load;
         }
     }
+    threads_[best]->lane_load[l].fetch_add(weight);
     threads_[best]->load.fetch_add(weight);
     return best;
 }
 
-void IoPool::unassign(int thread, int weight) { threads_[thread]->load.fetch_sub(weight); }
+void IoPool::unassign(int thread, int weight, Lane lane) {
+    threads_[thread]->lane_load[static_cast<size_t>(lane)].fetch_sub(weight);
+    threads_[thread]->load.fetch_sub(weight);
+}
 
 Status IoPool::add(Handler* handler, int fd, int thread) {
     handler->thread_ = thread;

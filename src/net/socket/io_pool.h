@@ -74,9 +74,13 @@ class IoPool {
     // Otherwise -1.
     int wait_fd();
 
-    // The thread with the least load (sum of weights); adds `weight` to it. Pair with unassign().
-    int assign_thread(int weight);
-    void unassign(int thread, int weight);
+    // What a socket carries, for spreading sockets over the threads: each lane is spread on its
+    // own (assign_thread).
+    enum class Lane { kControl = 0, kSendData = 1, kRecvData = 2 };
+    // The thread with the least weight of `lane`, and of those the least load (sum of weights of
+    // all lanes); adds `weight` to both. Pair with unassign().
+    int assign_thread(int weight, Lane lane);
+    void unassign(int thread, int weight, Lane lane);
 
     // Registers `fd` for edge-triggered read/write/hang-up events on `thread`. Callable from any
     // thread; events may start arriving before add() returns.
@@ -114,6 +118,7 @@ class IoPool {
         bool wake_pending = false;                 // guarded by mu: wakefd written, not drained
         std::vector<Handler*> ready;               // owner thread only
         std::atomic<int64_t> load{0};
+        std::atomic<int64_t> lane_load[3] = {0, 0, 0};
         std::atomic<bool> stop{false};
         std::mutex round_mu;  // a driven pool: held by the caller running this thread's round
         // Whoever runs the round (the thread, or a driven pool's caller under round_mu):

@@ -30,8 +30,14 @@ uint8_t* scratch_buffer() {
     return buf.get();
 }
 
-// Conns are weighted by the traffic they carry when spread over pool threads.
+// Conns are weighted by the traffic they carry when spread over pool threads, each lane (control,
+// sending data, receiving data) on its own.
 int conn_weight(const Conn& conn) { return conn.is_data() ? 4 : 1; }
+
+IoPool::Lane conn_lane(const Comm& comm, const Conn& conn) {
+    if (!conn.is_data()) return IoPool::Lane::kControl;
+    return comm.kind() == Comm::kSendKind ? IoPool::Lane::kSendData : IoPool::Lane::kRecvData;
+}
 
 }  // namespace
 
@@ -49,10 +55,10 @@ Status Comm::start() {
     attached_ = static_cast<int>(conns_.size());
     for (size_t i = 0; i < conns_.size(); ++i) {
         Conn* conn = conns_[i].get();
-        const int thread = pool_->assign_thread(conn_weight(*conn));
+        const int thread = pool_->assign_thread(conn_weight(*conn), conn_lane(*this, *conn));
         Status st = pool_->add(conn, conn->fd(), thread);
         if (!st.ok()) {
-            pool_->unassign(thread, conn_weight(*conn));
+            pool_->unassign(thread, conn_weight(*conn), conn_lane(*this, *conn));
             // Conns not added count as detached; the added ones detach the usual way.
             attached_ -= static_cast<int>(conns_.size() - i);
             // No thread serves these yet; the detach tasks posted below are ordered after this.
@@ -104,7 +110,7 @@ void Comm::detach(Conn* conn) {
         std::lock_guard<std::mutex> io_lock(conn->io_mu_);
         if (conn->detached_) return;
         pool_->remove(conn, conn->fd());
-        pool_->unassign(conn->thread(), conn_weight(*conn));
+        pool_->unassign(conn->thread(), conn_weight(*conn), conn_lane(*this, *conn));
         conn->detached_ = true;
     }
     std::lock_guard<std::mutex> lock(mu_);
