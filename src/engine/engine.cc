@@ -256,6 +256,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         return errno_status(errno, "epoll_ctl");
     }
     own_progress_thread_ = config.progress_thread == "on";
+    stage_times_ = config.stage_times == "on";
     caller_progress_for_ = usable_cores() <= 4 ? Clock::duration(kCallerProgressForFewCores)
                                                : Clock::duration(kCallerProgressFor);
     if (own_progress_thread_ && net_->completion_wakeup() != nullptr) {
@@ -1245,6 +1246,7 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
         p.state = Peer::State::kFailed;
         wake_waiters();  // connect() waits for this peer's fate
         count(p, &Stats::errors);
+        if (stage_times_) log_stage_times(p);
     }
     // Nothing more is read from the peer; its connection stays open for the BYE.
     if (p.ctrl.valid()) ::epoll_ctl(epfd_, EPOLL_CTL_DEL, p.ctrl.fd(), nullptr);

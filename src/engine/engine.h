@@ -197,6 +197,31 @@ struct Op {
     // The transfer's pieces it covers, [first, end) of xfer->pieces (kGather, kStagedGather).
     uint32_t first = 0;
     uint32_t end = 0;
+    // STAGE_TIMES (steady clock, ns; 0: not reached or not timed): cut into the channel's queue,
+    // staging copy seen finished (tx), posted to the transport, the transport done (rx).
+    uint64_t queued_ns = 0;
+    uint64_t ready_ns = 0;
+    uint64_t posted_ns = 0;
+    uint64_t done_ns = 0;
+};
+
+// STAGE_TIMES: a channel's finished chunks and their time in each stage, summed (ns). tx:
+// staging = queued until its staging copy was seen done (or 0), waiting = until posted,
+// transport = until the send was done. rx: waiting = queued until posted (window, slots),
+// transport = until the receive was done (the sender's time included), finishing = until its
+// copy or unpack was done and it was handed back.
+inline uint64_t stage_clock_ns() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+}
+
+struct StageTimes {
+    uint64_t chunks = 0;
+    uint64_t staging = 0;
+    uint64_t waiting = 0;
+    uint64_t transport = 0;
+    uint64_t finishing = 0;
 };
 
 // Staging buffers take up to this many chunks per chunk of their size (slot_fifo.h): chunks
@@ -234,6 +259,7 @@ struct Channel {
     // rx: received, waiting for their GPU work, then for irecv_consumed(); oldest first. Counts
     // against the window: the transport holds a request until it is consumed.
     std::deque<InFlight> finishing;
+    StageTimes stages;                   // STAGE_TIMES
     bool scratch_busy = false;           // one scratch receive at a time per channel
     std::unique_ptr<uint8_t[]> scratch;  // chunk bytes, made on first need
     // The transport's registrations of our regions with this channel's comm (ncclNet registers
@@ -505,6 +531,10 @@ class Endpoint::Impl {
     // Both sides' channels are up: the peer takes requests from now on.
     void become_ready(Peer& p);
     bool progress_channel(Peer& p, Channel& ch, bool tx);
+    // STAGE_TIMES: a chunk finished at `end_ns` (its send done; its receive handed back), and
+    // the peer's averages in the log when it goes.
+    void time_stages(Channel& ch, const engine::Op& op, bool tx, uint64_t end_ns);
+    void log_stage_times(const Peer& p) const;
     bool read_control(Peer& p);
     // The epoll interest of a ready peer's control socket: input unless `paused`, output if
     // `out` (which watch_out records). False: epoll_ctl failed (errno), nothing changed.
@@ -886,6 +916,7 @@ class Endpoint::Impl {
     std::atomic<uint64_t> posted_{0};  // bumped by wake(): work the progress thread must see
     std::atomic<int> api_waiting_{0};  // API calls waiting for mu_
     bool own_progress_thread_ = false;
+    bool stage_times_ = false;  // STAGE_TIMES=on
     // Replies to one peer queued at most (kReplyRoom, above): set by init from MAX_TRANSFERS.
     uint64_t max_queued_replies_ = 0;
 };

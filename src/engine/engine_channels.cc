@@ -18,6 +18,7 @@ namespace tcpx {
 using engine::Clock;
 using engine::Op;
 using engine::Region;
+using engine::StageTimes;
 
 namespace {
 
@@ -64,6 +65,11 @@ Status check_unpack_slot(engine::Channel& ch, const net::UnpackSlot& q, int devi
     return Status();
 }
 
+// Microseconds per chunk, of a sum of nanoseconds.
+double per_chunk_us(uint64_t ns, uint64_t chunks) {
+    return static_cast<double>(ns) / 1e3 / static_cast<double>(chunks);
+}
+
 }  // namespace
 
 // --- the data channels
@@ -98,6 +104,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         Channel::InFlight f = ch.inflight.front();
         ch.inflight.pop_front();
         ch.last_progress = Clock::now();
+        if (stage_times_) f.op.done_ns = engine::stage_clock_ns();
         ++p.moved;
         did = true;
         // Both sides cut the same chunks: a receive of any other size means the streams are out
@@ -107,6 +114,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                                                  size, static_cast<unsigned long long>(f.op.len))));
         }
         if (tx) {
+            if (stage_times_) time_stages(ch, f.op, tx, f.op.done_ns);
             // The transport is done with the bytes: a staging slot can take the next chunk.
             if (f.op.slot >= 0) slots_for(ch, f.op).release(f.op.slot);
             op_done(f.op);
@@ -128,6 +136,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         ch.finishing.pop_front();
         ch.last_progress = Clock::now();
+        if (stage_times_) time_stages(ch, f.op, tx, engine::stage_clock_ns());
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
         if (!st.ok()) return lost(st);
         if (f.op.region == nullptr) ch.scratch_busy = false;
@@ -184,6 +193,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 auto ready = slot_ready(ch, op);
                 if (!ready.ok()) return failed(ready.status());
                 if (!*ready) break;  // the copy into the slot is still running
+                if (stage_times_ && op.ready_ns == 0) op.ready_ns = engine::stage_clock_ns();
             } else {
                 Status st = twin     ? ensure_gather_twin(ch, tx, op)
                             : gather ? ensure_gather_ring(ch, tx, op)
@@ -255,6 +265,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         }
         // (where next_offset() said: nothing was taken in between)
         if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(rx_hold);
+        if (stage_times_) op.posted_ns = engine::stage_clock_ns();
         if (op.region == nullptr) ch.scratch_busy = true;
         if (ch.inflight.empty()) ch.last_progress = Clock::now();
         ch.inflight.push_back(Channel::InFlight{op, req});
@@ -319,6 +330,46 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         }
         default:
             return Status();
+    }
+}
+
+void Endpoint::Impl::time_stages(Channel& ch, const Op& op, bool tx, uint64_t end_ns) {
+    // (An op cut before STAGE_TIMES could see it, or a stage it never passed, counts nothing.)
+    if (op.queued_ns == 0 || op.posted_ns < op.queued_ns || end_ns < op.posted_ns) return;
+    StageTimes& s = ch.stages;
+    ++s.chunks;
+    if (tx) {
+        // Chunks that need no staging copy were ready when cut.
+        const uint64_t ready = op.ready_ns != 0 ? op.ready_ns : op.queued_ns;
+        s.staging += ready - op.queued_ns;
+        s.waiting += op.posted_ns - std::min(ready, op.posted_ns);
+        s.transport += end_ns - op.posted_ns;
+    } else {
+        const uint64_t done = std::clamp(op.done_ns, op.posted_ns, end_ns);
+        s.waiting += op.posted_ns - op.queued_ns;
+        s.transport += done - op.posted_ns;
+        s.finishing += end_ns - done;
+    }
+}
+
+void Endpoint::Impl::log_stage_times(const Peer& p) const {
+    for (const bool tx : {true, false}) {
+        StageTimes sum;
+        for (const Channel& ch : tx ? p.tx : p.rx) {
+            sum.chunks += ch.stages.chunks;
+            sum.staging += ch.stages.staging;
+            sum.waiting += ch.stages.waiting;
+            sum.transport += ch.stages.transport;
+            sum.finishing += ch.stages.finishing;
+        }
+        if (sum.chunks == 0) continue;
+        TCPX_INFO(
+            "endpoint '%s': peer '%s' %s: %llu chunks; per chunk %.1f us staging copy, %.1f us "
+            "waiting to be posted, %.1f us in the transport, %.1f us finishing",
+            name_.c_str(), printable(p.name).c_str(), tx ? "sent" : "received",
+            static_cast<unsigned long long>(sum.chunks), per_chunk_us(sum.staging, sum.chunks),
+            per_chunk_us(sum.waiting, sum.chunks), per_chunk_us(sum.transport, sum.chunks),
+            per_chunk_us(sum.finishing, sum.chunks));
     }
 }
 

@@ -223,6 +223,7 @@ void Endpoint::Impl::refill(Peer& p, bool tx) {
             continue;
         }
         ch.queued.push_back(make_op(ch, tx, x, cut));
+        if (stage_times_) ch.queued.back().queued_ns = engine::stage_clock_ns();
         ++seq;
         if (e.at.piece >= x->pieces.size()) pending.pop_front();
     }

@@ -27,6 +27,7 @@
 #endif
 #include "tests/support/engine_test_util.h"
 #include "tests/support/host_device.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
 #include "tests/support/test_buffer.h"
@@ -441,6 +442,48 @@ TEST_P(EngineDevice, ReceivesAGpuCopyReadsNextAreWrittenBack) {
     EXPECT_EQ(bytes_written_back() - before, total);
     for (uint64_t k = 0; k < iov.size(); ++k) {
         EXPECT_EQ(mismatch(b_gpu.buf.get(), iov[k].remote_offset, 7000, 900 + k), -1) << k;
+    }
+}
+
+// STAGE_TIMES=on: when the peer goes, each side logs how many chunks it sent and received and
+// their time per stage; off (the default), nothing. A WRITE and a READ of four 64 KiB chunks
+// each, GPU memory on both sides (staging copies on both).
+TEST_P(EngineDevice, StageTimesAreLoggedWhenThePeerGoes) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the engine's own stages: one transport";
+    for (const bool on : {true, false}) {
+        SCOPED_TRACE(on ? "on" : "off");
+        testing::LogCapture capture(LogLevel::kInfo);
+        Config config = a_config_;
+        config.stage_times = on ? "on" : "off";
+        config.gpu_index = 0;
+        auto a = make_endpoint("alpha-st", config);
+        config.gpu_index = gpus_ - 1;
+        auto b = make_endpoint("beta-st", config);
+        ASSERT_TRUE(a && b);
+        const Link l = link(a.get(), b.get());
+        ASSERT_NE(l.a_to_b, 0u);
+        std::vector<Reg> abufs, bbufs;
+        add(a.get(), device_buffer(kSize, 0, emulation()), &abufs);
+        add(b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
+        constexpr uint64_t kLen = 256 * 1024;  // four chunks of the fixture's 64 KiB
+        fill(abufs[0].buf.get(), 0, kLen, 71);
+        auto w = a->write(l.a_to_b, abufs[0].mem, 0, bbufs[0].desc, 0, kLen);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE(a->wait(*w, 30s).ok());
+        auto r = a->read(l.a_to_b, abufs[0].mem, kLen, bbufs[0].desc, 0, kLen);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        ASSERT_TRUE(a->wait(*r, 30s).ok());
+        EXPECT_EQ(mismatch(abufs[0].buf.get(), kLen, kLen, 71), -1);
+        a.reset();
+        b.reset();
+        const int expected = on ? 1 : 0;
+        for (const char* line : {"endpoint 'alpha-st': peer 'beta-st' sent: 4 chunks; per chunk",
+                                 "endpoint 'alpha-st': peer 'beta-st' received: 4 chunks;",
+                                 "endpoint 'beta-st': peer 'alpha-st' sent: 4 chunks;",
+                                 "endpoint 'beta-st': peer 'alpha-st' received: 4 chunks;"}) {
+            EXPECT_EQ(capture.count(line), expected) << line;
+        }
+        EXPECT_EQ(capture.count("us in the transport"), on ? 4 : 0);
     }
 }
 
