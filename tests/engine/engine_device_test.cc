@@ -132,6 +132,22 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
         add(ep->get(), device_buffer(kSize, 0, emulation()), bufs);
     }
 
+    // Two more endpoints with `config`, as the fixture's pair: "alpha-<suffix>" serving GPU 0 and
+    // "beta-<suffix>" the last GPU, connected.
+    struct Pair {
+        std::unique_ptr<Endpoint> a, b;
+        Link link;
+    };
+    void connected_pair(Config config, const std::string& suffix, Pair* out) {
+        config.gpu_index = 0;
+        out->a = make_endpoint("alpha-" + suffix, config);
+        config.gpu_index = gpus_ - 1;
+        out->b = make_endpoint("beta-" + suffix, config);
+        ASSERT_TRUE(out->a && out->b);
+        out->link = link(out->a.get(), out->b.get());
+        ASSERT_NE(out->link.a_to_b, 0u);
+    }
+
     void fill(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
         std::vector<uint8_t> v(len);
         fill_pattern(v.data(), len, seed);
@@ -455,13 +471,12 @@ TEST_P(EngineDevice, StageTimesAreLoggedWhenThePeerGoes) {
         testing::LogCapture capture(LogLevel::kInfo);
         Config config = a_config_;
         config.stage_times = on ? "on" : "off";
-        config.gpu_index = 0;
-        auto a = make_endpoint("alpha-st", config);
-        config.gpu_index = gpus_ - 1;
-        auto b = make_endpoint("beta-st", config);
-        ASSERT_TRUE(a && b);
-        const Link l = link(a.get(), b.get());
-        ASSERT_NE(l.a_to_b, 0u);
+        Pair pair;
+        connected_pair(config, "st", &pair);
+        if (HasFatalFailure()) return;
+        auto& a = pair.a;
+        auto& b = pair.b;
+        const Link& l = pair.link;
         std::vector<Reg> abufs, bbufs;
         add(a.get(), device_buffer(kSize, 0, emulation()), &abufs);
         add(b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
@@ -494,13 +509,12 @@ TEST_P(EngineDevice, ShortGpuTransfersAreCutInSubChunksBothSidesAgreeOn) {
     Config config = a_config_;
     config.xfer_chunk_size = 1 << 20;
     config.staging_slots = 4;
-    config.gpu_index = 0;
-    auto a = make_endpoint("alpha-1m", config);
-    config.gpu_index = gpus_ - 1;
-    auto b = make_endpoint("beta-1m", config);
-    ASSERT_TRUE(a && b);
-    const Link l = link(a.get(), b.get());
-    ASSERT_NE(l.a_to_b, 0u);
+    Pair pair;
+    connected_pair(config, "1m", &pair);
+    if (HasFatalFailure()) return;
+    auto& a = pair.a;
+    auto& b = pair.b;
+    const Link& l = pair.link;
     std::vector<Reg> abufs, bbufs;
     add(a.get(), host_buffer(kSize), &abufs);
     add(a.get(), device_buffer(kSize, 0, emulation()), &abufs);
