@@ -220,6 +220,7 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
     ep_ = std::move(ep).value();
     // With a secret every connection proved it (strangers are refused before they are served).
     authenticated_ = !config->auth_secret.empty();
+    max_conn_info_ = static_cast<size_t>(config->max_peers);
 }
 
 TcpxBackend::~TcpxBackend() {
@@ -350,11 +351,17 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
         }
         std::lock_guard<std::mutex> lock(mu_);
         auto it = conn_info_.find(remote_agent);
-        if (it != conn_info_.end() && it->second != remote_conn_info) {
+        if (it != conn_info_.end() && it->second.metadata != remote_conn_info) {
             // The agent came back as a new endpoint: the old connection is stale.
             drop_outbound(remote_agent);
         }
-        conn_info_[remote_agent] = remote_conn_info;
+        if (it == conn_info_.end() && conn_info_.size() >= max_conn_info_ && !evict_conn_info()) {
+            NIXL_ERROR << "TCPX: loadRemoteConnInfo: agent '" << remote_agent
+                       << "' would be one more than the " << max_conn_info_
+                       << " agents with connections (TCPX_P2P_MAX_PEERS)";
+            return NIXL_ERR_NOT_ALLOWED;
+        }
+        conn_info_[remote_agent] = ConnInfo{remote_conn_info, ++conn_seq_};
         // A connection that came in under the agent's name before we knew where the agent is
         // must come from there (harvest_inbound() judges later ones the same way).
         if (auto in = inbound_.find(remote_agent); in != inbound_.end()) {
@@ -367,6 +374,20 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
         }
         return NIXL_SUCCESS;
     });
+}
+
+bool TcpxBackend::evict_conn_info() {
+    // The oldest loaded of the agents we have no connection with, either way.
+    auto victim = conn_info_.end();
+    for (auto it = conn_info_.begin(); it != conn_info_.end(); ++it) {
+        if (outbound_.count(it->first) != 0 || inbound_.count(it->first) != 0) continue;
+        if (victim == conn_info_.end() || it->second.seq < victim->second.seq) victim = it;
+    }
+    if (victim == conn_info_.end()) return false;
+    NIXL_DEBUG << "TCPX: forgetting the connection info of agent '" << victim->first
+               << "', loaded earliest and never connected (TCPX_P2P_MAX_PEERS)";
+    conn_info_.erase(victim);
+    return true;
 }
 
 void TcpxBackend::harvest_inbound() const {
@@ -383,7 +404,7 @@ void TcpxBackend::harvest_inbound() const {
         // agent's name, and it would keep the agent itself out.
         Status who;
         if (auto info = conn_info_.find(*name); info != conn_info_.end()) {
-            who = ep_->peer_matches(*peer, info->second);
+            who = ep_->peer_matches(*peer, info->second.metadata);
         }
         const std::string mismatch = who.ok() ? "" : who.to_string();
         const char* refusal = nullptr;
@@ -468,7 +489,7 @@ bool TcpxBackend::deliverable(const Notification& n) const {
     // Where we know where the agent it names is, it must have come from there (the engine
     // keeps who a connection was until its notifications are taken).
     if (auto info = conn_info_.find(n.peer);
-        info != conn_info_.end() && !ep_->peer_matches(n.peer_id, info->second).ok()) {
+        info != conn_info_.end() && !ep_->peer_matches(n.peer_id, info->second.metadata).ok()) {
         return false;
     }
     if (in == inbound_.end()) return true;
@@ -491,7 +512,7 @@ StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
         // The entry first: a connection made and then not recorded would never be released.
         auto slot = outbound_.emplace(agent, 0).first;
         // Returns at once; what is posted on it meanwhile waits in the engine.
-        auto peer = ep_->connect_async(info->second);
+        auto peer = ep_->connect_async(info->second.metadata);
         if (!peer.ok()) {
             outbound_.erase(slot);
             return peer.status();

@@ -99,6 +99,9 @@ class TcpxBackend final : public nixlBackendEngine {
     // disconnected, so a departed initiator would otherwise hold one of MAX_PEERS for ever.
     // mu_ held.
     void release_lost() const;
+    // At MAX_PEERS agents' connection info: forgets the earliest loaded of those with no
+    // connection either way; false where every one has one. mu_ held.
+    bool evict_conn_info();
     // Whether a notification taken from the engine is the application's: not if it came on a
     // connection we refused (or would have). mu_ held.
     bool deliverable(const Notification& n) const;  // may throw (out of memory)
@@ -115,11 +118,20 @@ class TcpxBackend final : public nixlBackendEngine {
     std::unique_ptr<Endpoint> ep_;
     bool authenticated_ = false;  // auth_secret set: every connection proved the secret
     mutable std::mutex mu_;
-    mutable std::map<std::string, std::string> conn_info_;  // agent -> endpoint metadata
-    mutable std::map<std::string, PeerId> outbound_;        // our connections, by agent
-    mutable std::map<std::string, PeerId> inbound_;         // connections to us, by agent
-    mutable std::vector<XferId> abandoned_;                 // released while in flight
-    mutable size_t abandon_reserved_ = 0;                   // its room kept for reserve_abandon
+    // Agent -> its endpoint's metadata, and when it was loaded (conn_seq_). At most MAX_PEERS:
+    // NIXL forgets a remote whose metadata it then rejects without disconnecting it here, so
+    // names it never connects would otherwise pile up (loadRemoteConnInfo evicts those).
+    struct ConnInfo {
+        std::string metadata;
+        uint64_t seq = 0;
+    };
+    mutable std::map<std::string, ConnInfo> conn_info_;
+    uint64_t conn_seq_ = 0;
+    size_t max_conn_info_ = 0;                        // MAX_PEERS
+    mutable std::map<std::string, PeerId> outbound_;  // our connections, by agent
+    mutable std::map<std::string, PeerId> inbound_;   // connections to us, by agent
+    mutable std::vector<XferId> abandoned_;           // released while in flight
+    mutable size_t abandon_reserved_ = 0;             // its room kept for reserve_abandon
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
     // Connections we closed whose notifications may still wait in the engine (it keeps what a
     // peer sent before the close), and whether to deliver them; forgotten once a later

@@ -54,6 +54,8 @@ class Plugin {
         if (engine != nullptr) engines_.push_back(engine);
         return engine;
     }
+    // A custom parameter for the backends made from now on.
+    void set_param(const std::string& key, const std::string& value) { params_[key] = value; }
     // Destroys one made by make(), now.
     void destroy(nixlBackendEngine* e) {
         std::erase(engines_, e);
@@ -176,6 +178,42 @@ TEST(NixlOom, GetNotifsOutOfMemoryDeliversRemoteNotificationsOnce) {
     ASSERT_EQ(b->getConnInfo(b_info), NIXL_SUCCESS);
     ASSERT_EQ(a->loadRemoteConnInfo("oom-receiver", b_info), NIXL_SUCCESS);
     expect_each_once_out_of_memory(a, b, "oom-receiver", "oom-sender");
+}
+
+// (Not out of memory either.) NIXL forgets a remote whose metadata it rejects without
+// disconnecting it from the backend, so the backend keeps connection info for at most
+// MAX_PEERS agents: past that the earliest loaded of those never connected is forgotten, one
+// with a connection is kept, and with every one connected another is refused until one goes.
+TEST(NixlBackend, ConnectionInfoIsKeptForAtMostMaxPeersAgents) {
+    Plugin plugin;
+    plugin.set_param("max_peers", "3");
+    nixlBackendEngine* a = plugin.make("cap-a");
+    ASSERT_NE(a, nullptr);
+    plugin.set_param("max_peers", "1024");
+    std::vector<std::string> info;
+    for (int i = 0; i < 5; ++i) {
+        nixlBackendEngine* b = plugin.make("cap-b" + std::to_string(i));
+        ASSERT_NE(b, nullptr);
+        info.emplace_back();
+        ASSERT_EQ(b->getConnInfo(info.back()), NIXL_SUCCESS);
+    }
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b0", info[0]), NIXL_SUCCESS);
+    ASSERT_EQ(a->genNotif("cap-b0", "connected"), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b1", info[1]), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b2", info[2]), NIXL_SUCCESS);
+    // At the limit, the same agent again is no newcomer.
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b0", info[0]), NIXL_SUCCESS);
+    // A fourth: b1, loaded before b2 and never connected, is forgotten; b0 is connected.
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b3", info[3]), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("cap-b1", "forgotten"), NIXL_ERR_NOT_FOUND);
+    EXPECT_EQ(a->genNotif("cap-b0", "kept"), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("cap-b2", "kept"), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("cap-b3", "kept"), NIXL_SUCCESS);
+    // Every one connected: a fifth is refused, until one is disconnected.
+    EXPECT_EQ(a->loadRemoteConnInfo("cap-b4", info[4]), NIXL_ERR_NOT_ALLOWED);
+    ASSERT_EQ(a->disconnect("cap-b2"), NIXL_SUCCESS);
+    EXPECT_EQ(a->loadRemoteConnInfo("cap-b4", info[4]), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("cap-b4", "room again"), NIXL_SUCCESS);
 }
 
 // (Not out of memory, but this file's backends without an agent are the way to call it.) The
