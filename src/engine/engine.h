@@ -205,23 +205,33 @@ struct Op {
     uint64_t done_ns = 0;
 };
 
-// STAGE_TIMES: a channel's finished chunks and their time in each stage, summed (ns). tx:
-// staging = queued until its staging copy was seen done (or 0), waiting = until posted,
-// transport = until the send was done. rx: waiting = queued until posted (window, slots),
-// transport = until the receive was done (the sender's time included), finishing = until its
-// copy or unpack was done and it was handed back.
+// STAGE_TIMES' clock (Op's *_ns).
 inline uint64_t stage_clock_ns() {
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::steady_clock::now().time_since_epoch())
                                      .count());
 }
 
+// STAGE_TIMES: a channel's finished chunks and their time in each stage, summed (ns). tx:
+// staging = queued until its staging copy was seen done (or 0), waiting = until posted,
+// transport = until the send was done. rx: waiting = queued until posted (window, slots),
+// transport = until the receive was done (the sender's time included), finishing = until its
+// copy or unpack was done and it was handed back.
 struct StageTimes {
     uint64_t chunks = 0;
     uint64_t staging = 0;
     uint64_t waiting = 0;
     uint64_t transport = 0;
     uint64_t finishing = 0;
+
+    StageTimes& operator+=(const StageTimes& o) {
+        chunks += o.chunks;
+        staging += o.staging;
+        waiting += o.waiting;
+        transport += o.transport;
+        finishing += o.finishing;
+        return *this;
+    }
 };
 
 // Staging buffers take up to this many chunks per chunk of their size (slot_fifo.h): chunks

@@ -334,34 +334,28 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
 }
 
 void Endpoint::Impl::time_stages(Channel& ch, const Op& op, bool tx, uint64_t end_ns) {
-    // (An op cut before STAGE_TIMES could see it, or a stage it never passed, counts nothing.)
-    if (op.queued_ns == 0 || op.posted_ns < op.queued_ns || end_ns < op.posted_ns) return;
+    // In order by construction: refill() stamps every op it cuts (the only place ops are
+    // made), the send loop stamps ready before it posts, and done is stamped as the request
+    // leaves the transport.
     StageTimes& s = ch.stages;
     ++s.chunks;
     if (tx) {
         // Chunks that need no staging copy were ready when cut.
         const uint64_t ready = op.ready_ns != 0 ? op.ready_ns : op.queued_ns;
         s.staging += ready - op.queued_ns;
-        s.waiting += op.posted_ns - std::min(ready, op.posted_ns);
+        s.waiting += op.posted_ns - ready;
         s.transport += end_ns - op.posted_ns;
     } else {
-        const uint64_t done = std::clamp(op.done_ns, op.posted_ns, end_ns);
         s.waiting += op.posted_ns - op.queued_ns;
-        s.transport += done - op.posted_ns;
-        s.finishing += end_ns - done;
+        s.transport += op.done_ns - op.posted_ns;
+        s.finishing += end_ns - op.done_ns;
     }
 }
 
 void Endpoint::Impl::log_stage_times(const Peer& p) const {
     for (const bool tx : {true, false}) {
         StageTimes sum;
-        for (const Channel& ch : tx ? p.tx : p.rx) {
-            sum.chunks += ch.stages.chunks;
-            sum.staging += ch.stages.staging;
-            sum.waiting += ch.stages.waiting;
-            sum.transport += ch.stages.transport;
-            sum.finishing += ch.stages.finishing;
-        }
+        for (const Channel& ch : tx ? p.tx : p.rx) sum += ch.stages;
         if (sum.chunks == 0) continue;
         TCPX_INFO(
             "endpoint '%s': peer '%s' %s: %llu chunks; per chunk %.1f us staging copy, %.1f us "

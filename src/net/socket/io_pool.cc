@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/log.h"
 #include "common/status_util.h"
@@ -80,26 +81,25 @@ int IoPool::assign_thread(int weight, Lane lane) {
     // on half the threads, and put two sending ones on each of the others, and a burst in one
     // direction would then find half the threads idle.
     const auto l = static_cast<size_t>(lane);
+    // (lane's weight, all lanes' weight) of thread i: the least wins, the first of equals.
+    const auto rank = [&](int i) {
+        const auto& w = threads_[i]->lane_load;
+        return std::pair<int64_t, int64_t>(w[l].load(), w[0].load() + w[1].load() + w[2].load());
+    };
     int best = 0;
-    int64_t best_lane = threads_[0]->lane_load[l].load();
-    int64_t best_load = threads_[0]->load.load();
+    auto best_rank = rank(0);
     for (int i = 1; i < size(); ++i) {
-        const int64_t in_lane = threads_[i]->lane_load[l].load();
-        const int64_t load = threads_[i]->load.load();
-        if (in_lane < best_lane || (in_lane == best_lane && load < best_load)) {
+        if (const auto r = rank(i); r < best_rank) {
             best = i;
-            best_lane = in_lane;
-            best_load = load;
+            best_rank = r;
         }
     }
     threads_[best]->lane_load[l].fetch_add(weight);
-    threads_[best]->load.fetch_add(weight);
     return best;
 }
 
 void IoPool::unassign(int thread, int weight, Lane lane) {
     threads_[thread]->lane_load[static_cast<size_t>(lane)].fetch_sub(weight);
-    threads_[thread]->load.fetch_sub(weight);
 }
 
 Status IoPool::add(Handler* handler, int fd, int thread) {

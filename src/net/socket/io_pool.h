@@ -77,8 +77,8 @@ class IoPool {
     // What a socket carries, for spreading sockets over the threads: each lane is spread on its
     // own (assign_thread).
     enum class Lane { kControl = 0, kSendData = 1, kRecvData = 2 };
-    // The thread with the least weight of `lane`, and of those the least load (sum of weights of
-    // all lanes); adds `weight` to both. Pair with unassign().
+    // The thread with the least weight of `lane`, and of those the least load (weight of all
+    // lanes); adds `weight` to its lane there. Pair with unassign().
     int assign_thread(int weight, Lane lane);
     void unassign(int thread, int weight, Lane lane);
 
@@ -117,8 +117,7 @@ class IoPool {
         bool sleeping = false;                     // guarded by mu: blocked in epoll_wait
         bool wake_pending = false;                 // guarded by mu: wakefd written, not drained
         std::vector<Handler*> ready;               // owner thread only
-        std::atomic<int64_t> load{0};
-        std::atomic<int64_t> lane_load[3] = {0, 0, 0};
+        std::atomic<int64_t> lane_load[3] = {0, 0, 0};  // weight assigned, by Lane
         std::atomic<bool> stop{false};
         std::mutex round_mu;  // a driven pool: held by the caller running this thread's round
         // Whoever runs the round (the thread, or a driven pool's caller under round_mu):
