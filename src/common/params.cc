@@ -267,6 +267,11 @@ Status Settings::validate() const {
                 format_bytes(max_notification_size).c_str(), name, format_bytes(bound).c_str()));
         }
     }
+    if (min_chunk_size != 0 && min_chunk_size < 4096) {
+        return invalid_argument(
+            strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is below 4 KiB (0 picks it)",
+                      format_bytes(min_chunk_size).c_str()));
+    }
     if (min_chunk_size > chunk_size) {
         return invalid_argument(
             strformat("TCPX_P2P_MIN_CHUNK_SIZE (%s) is larger than TCPX_P2P_CHUNK_SIZE (%s)",
@@ -286,6 +291,11 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     // A second channel gives GPU staging copies and the wire two independent pipelines, which
     // pays where there are cores to drive them.
     if (s.channels == 0) s.channels = cores >= 16 ? 2 : 1;
+    // A message is cut into a chunk per socket, but none smaller than this: every chunk costs
+    // a header and a wakeup of a sending and a receiving thread, which at 64 KiB weigh as much
+    // as its bytes. 256 KiB messages moved 1.2-1.7x with 128 KiB chunks instead of 64 KiB on 32
+    // cores (8 sockets), and 128 KiB ones 1.05-1.1x on two (docs/socket-transport.md, Messages).
+    if (s.min_chunk_size == 0) s.min_chunk_size = std::min<uint64_t>(128 * 1024, s.chunk_size);
     // On a few cores, I/O threads only add handoffs between threads that share them; with more,
     // one thread moves what one core copies, a third to a sixth of what the I/O threads move at
     // 256 KiB and up, with a progress thread or without (docs/engine.md, Progress; measured in

@@ -116,6 +116,27 @@ TEST(Params, AutomaticValuesFollowTheCores) {
     EXPECT_GE(usable_cores(), 1);
 }
 
+// The smallest socket chunk: 128 KiB, or the largest chunk where that is smaller (a CHUNK_SIZE
+// set alone never contradicts a default the user did not choose); an explicit value stays, and
+// one below 4 KiB or above CHUNK_SIZE is an error.
+TEST(Params, SmallestChunkIsAutomaticUnlessSet) {
+    Settings s;
+    EXPECT_EQ(s.min_chunk_size, 0u);
+    EXPECT_EQ(with_machine_defaults(s, 32).min_chunk_size, 128u * 1024);
+    ASSERT_TRUE(s.set("CHUNK_SIZE", "64K").ok());
+    EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+    EXPECT_EQ(with_machine_defaults(s, 32).min_chunk_size, 64u * 1024);
+    ASSERT_TRUE(s.set("MIN_CHUNK_SIZE", "16K").ok());
+    EXPECT_TRUE(s.validate().ok());
+    EXPECT_EQ(with_machine_defaults(s, 2).min_chunk_size, 16u * 1024);
+    ASSERT_TRUE(s.set("MIN_CHUNK_SIZE", "1K").ok());  // in the parameter's range, but not 0
+    const Status below = s.validate();
+    EXPECT_FALSE(below.ok());
+    EXPECT_NE(below.message().find("below 4 KiB"), std::string::npos) << below.to_string();
+    ASSERT_TRUE(s.set("MIN_CHUNK_SIZE", "128K").ok());
+    EXPECT_FALSE(s.validate().ok());  // above the 64 KiB CHUNK_SIZE
+}
+
 TEST(Params, SizesAcceptUnits) {
     uint64_t v = 0;
     ASSERT_TRUE(parse_size("4096", &v));

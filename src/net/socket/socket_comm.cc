@@ -19,6 +19,11 @@ namespace {
 constexpr uint64_t kServiceBudget = 8ULL << 20;
 // Inline payloads at least this large are received straight into the destination buffer.
 constexpr uint64_t kDirectInlineRecv = 4096;
+// A lone one-chunk message is written by the posting thread itself only up to this size: a
+// longer write holds the posting thread (an engine's progress thread) for longer than the thread
+// handoff it spares costs. 128 KiB WRITEs through the engine, one chunk each, moved 11% less on
+// two cores when their posting thread wrote them.
+constexpr uint64_t kDirectWriteMax = 64 * 1024;
 constexpr size_t kControlBufferSize = 64 * 1024;
 constexpr size_t kScratchSize = 64 * 1024;
 
@@ -245,7 +250,7 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
             // thread wakeup. Under load the I/O threads do the writing, in parallel (they pull
             // chunks as they drain); a posting thread writing them would serialize the comm.
             const bool comm_idle = reqs_.in_use() == 1;
-            if (queue_was_empty && comm_idle && chunks == 1) {
+            if (queue_was_empty && comm_idle && chunks == 1 && size <= kDirectWriteMax) {
                 for (SendDataConn* conn : data_) {
                     if (!conn->idle_) continue;
                     direct_io = std::unique_lock<std::mutex>(conn->io_mu_, std::try_to_lock);
