@@ -39,7 +39,7 @@ class Buffer {
 
     // Runs fn on a host view of [off, off + len): the memory itself when it is host memory;
     // otherwise a host copy, loaded from the GPU before fn when `load` and stored back after it
-    // when `store` (cuda::device().copy()).
+    // when `store` (cuda::device().copy()). A view of no bytes runs nothing.
     Status host_view(uint64_t off, uint64_t len, bool load, bool store,
                      const std::function<Status(uint8_t*)>& fn) const;
 

@@ -367,6 +367,27 @@ TEST(BenchMemory, PrepareAndCheckBytesOfABuffer) {
     EXPECT_FALSE(prepare_bytes(*b, b->size() - 1, 2, true, 1).ok());  // past the end
 }
 
+// A buffer never allocated has no memory; a view of none of its bytes (as a peer's "prep ... 0"
+// command names) runs nothing instead of handing out a null pointer, and one byte is outside it.
+TEST(BenchMemory, AnEmptyViewRunsNothing) {
+    const Buffer empty;
+    bool ran = false;
+    const auto mark = [&](uint8_t*) {
+        ran = true;
+        return Status();
+    };
+    EXPECT_TRUE(empty.host_view(0, 0, true, true, mark).ok());
+    EXPECT_FALSE(ran);
+    EXPECT_TRUE(prepare_bytes(empty, 0, 0, /*source=*/false, 1).ok());
+    EXPECT_TRUE(check_bytes(empty, 0, 0, 1, "empty").ok());
+    EXPECT_FALSE(empty.host_view(0, 1, true, true, mark).ok());
+    EXPECT_FALSE(ran);
+    auto b = Buffer::allocate(MemType::kHost, -1, 8192, 0);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_TRUE(b->host_view(8192, 0, true, true, mark).ok());  // at the end, empty
+    EXPECT_FALSE(ran);
+}
+
 TEST(BenchMeasure, Summarize) {
     std::vector<double> v;
     for (int i = 100; i >= 1; --i) v.push_back(i);
