@@ -554,6 +554,11 @@ class CudaDevice final : public Device {
     // cuMemMap: PyTorch's expandable segments) is a contiguous range of separately mapped
     // pieces, and cuMemGetAddressRange answers for the piece a pointer lies in: the range is
     // walked piece by piece. An error where `device` cannot be made current.
+    // Each address is first asked of cudaPointerGetAttributes, which answers for any address
+    // (memory CUDA does not know is cudaMemoryTypeUnregistered, a success), and only device
+    // memory is then asked of cuMemGetAddressRange: asked past the end of an allocation it fails
+    // (CUDA_ERROR_NOT_FOUND), which compute-sanitizer reports as an error of the program even
+    // where, as here, the failure is the answer.
     StatusOr<uint64_t> mapped_from(const void* ptr, uint64_t at_most, int device) {
         const auto range = address_range_call();
         if (range == nullptr) return at_most;  // the driver cannot say: as before
@@ -565,9 +570,9 @@ class CudaDevice final : public Device {
             CUdeviceptr base = 0;
             size_t size = 0;
             cudaPointerAttributes attr{};
-            if (range(&base, &size, at) != CUDA_SUCCESS ||
-                cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(at)) != cudaSuccess ||
-                attr.type != cudaMemoryTypeDevice || attr.device != device || base + size <= at) {
+            if (cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(at)) != cudaSuccess ||
+                attr.type != cudaMemoryTypeDevice || attr.device != device ||
+                range(&base, &size, at) != CUDA_SUCCESS || base + size <= at) {
                 cudaGetLastError();
                 break;
             }
