@@ -296,9 +296,9 @@ struct Link {
 
 // The random choices of pages and pieces. A NIC's landing costs its host nothing, but this
 // emulation makes them in the caller's thread (the one that posts or tests), so they must be
-// cheap: with std::mt19937_64 and a division per choice they took a third of an engine
-// progress thread (with the landing itself) at 50-60 GB/s. splitmix64, and a multiply for a
-// bounded choice.
+// cheap: with std::mt19937_64 and a division per choice they and the landing took 30 % of the
+// CPU of an engine benchmark at 50-60 GB/s, in its progress threads. splitmix64, and a multiply
+// for a bounded choice.
 struct PageRng {
     uint64_t state = 0x7c9a11;
     uint64_t next() {
