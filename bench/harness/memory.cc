@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/splitmix.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "cuda/device.h"
@@ -120,28 +121,21 @@ Status Buffer::host_view(uint64_t off, uint64_t len, bool load, bool store,
 
 namespace {
 
-uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 uint8_t pattern_byte(uint64_t seed, uint64_t i) {
-    const uint64_t word = mix64(seed ^ (i / 8));
+    const uint64_t word = splitmix64(seed ^ (i / 8));
     return static_cast<uint8_t>(word >> (8 * (i % 8)));
 }
 
 }  // namespace
 
 uint64_t pattern_seed(uint64_t run, int peer) {
-    return mix64(run * 0x100000001b3ULL + static_cast<uint64_t>(peer));
+    return splitmix64(run * 0x100000001b3ULL + static_cast<uint64_t>(peer));
 }
 
 void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed) {
     uint64_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        const uint64_t word = mix64(seed ^ (i / 8));
+        const uint64_t word = splitmix64(seed ^ (i / 8));
         std::memcpy(p + i, &word, 8);
     }
     for (; i < len; ++i) p[i] = pattern_byte(seed, i);
@@ -150,7 +144,7 @@ void fill_pattern(uint8_t* p, uint64_t len, uint64_t seed) {
 Status check_pattern(const uint8_t* p, uint64_t len, uint64_t seed, const std::string& what) {
     uint64_t i = 0;
     for (; i + 8 <= len; i += 8) {
-        const uint64_t word = mix64(seed ^ (i / 8));
+        const uint64_t word = splitmix64(seed ^ (i / 8));
         if (std::memcmp(p + i, &word, 8) != 0) break;
     }
     for (; i < len; ++i) {

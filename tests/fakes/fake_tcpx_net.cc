@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "common/params.h"
+#include "common/splitmix.h"
 #include "cuda/unpack.h"
 #include "cuda/unpack_defs.h"
 #include "net/ncclnet_v7.h"
@@ -302,10 +303,9 @@ struct Link {
 struct PageRng {
     uint64_t state = 0x7c9a11;
     uint64_t next() {
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
+        const uint64_t r = tcpx::splitmix64(state);
+        state += tcpx::kSplitmixGamma;
+        return r;
     }
     // Uniform enough in [0, n) for n > 0 (the high half of a 64 x 64-bit product).
     static uint64_t below(uint64_t r, uint64_t n) {

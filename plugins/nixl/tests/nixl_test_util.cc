@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/splitmix.h"
 #include "common/strings.h"
 
 #if TCPX_P2P_HAVE_CUDA
@@ -16,15 +17,8 @@
 namespace tcpx::nixl_test {
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64's finaliser
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 uint64_t pattern_word(uint64_t seed, uint64_t word) {
-    return mix(mix(seed) ^ (word * 0xd6e8feb86659fd93ull));
+    return splitmix64(splitmix64(seed) ^ (word * 0xd6e8feb86659fd93ull));
 }
 
 // Run by hand rather than by CTest (which sets it), the tests still find the plugin they were
