@@ -549,6 +549,7 @@ std::unique_ptr<UnpackState> make_unpack() {
 std::mutex g_event_mu;
 std::unordered_map<int, std::vector<void*>> g_events;
 
+#if TCPX_P2P_HAVE_CUDA
 // An event of the current GPU (which is `device`), or null on failure.
 void* get_event(int device) {
     {
@@ -560,14 +561,13 @@ void* get_event(int device) {
             return ev;
         }
     }
-#if TCPX_P2P_HAVE_CUDA
     cudaEvent_t ev = nullptr;
     if (cuda_ok(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) {
         return ev;
     }
-#endif
     return nullptr;
 }
+#endif
 
 void put_event(int device, void* ev) {
     std::lock_guard<std::mutex> lock(g_event_mu);
