@@ -268,9 +268,12 @@ Status Endpoint::Impl::on_write_req(Peer& p, uint16_t flags, std::string_view bo
         for (size_t i = 0; i < req.segs.size(); ++i) {
             hold(x, regions[i], req.segs[i].offset, req.segs[i].len);
         }
-    } else if (!(flags & wire::kFlagInline)) {
+    } else if (!(flags & wire::kFlagInline) && regions.size() != req.segs.size()) {
         // A refused write's data is on its way and must be drained to keep the channels in step;
-        // past MAX_DRAIN_BYTES that is not worth it: the peer goes instead.
+        // past MAX_DRAIN_BYTES that is not worth it: the peer goes instead. Not so for a write
+        // whose every piece is registered memory, refused only for its notification's room: its
+        // bytes are no more than the peer could write by right, and failing the connection for
+        // an application behind on its notifications would fail every transfer on it.
         uint64_t total = 0;
         for (const wire::Segment& s : req.segs) total += s.len;  // no overflow: decode checked
         if (total > config_.max_drain_bytes) {

@@ -792,6 +792,45 @@ TEST(EngineHostile, AWriteWhoseNotificationHasNoRoomIsRefused) {
     EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
 }
 
+// A write longer than MAX_DRAIN_BYTES whose notification finds no room is refused and drained as
+// a short one is: its pieces are registered memory, and the application being behind on its
+// notifications is no reason to fail the connection with every transfer on it. (It failed the
+// peer before: the drain bound was for writes naming memory that is not there.)
+TEST(EngineHostile, ALongWriteWhoseNotificationHasNoRoomIsRefusedAndTheConnectionLives) {
+    Config tc = engine_test_config();
+    tc.max_queued_notifications = 1;
+    tc.max_drain_bytes = 1 << 20;
+    auto ep = make_endpoint("target", tc);
+    auto peer = make_endpoint("writer", engine_test_config());
+    ASSERT_TRUE(ep && peer);
+    Link l = link(peer.get(), ep.get());
+    constexpr size_t kLen = 4 << 20;
+    GuardedBuffer src(kLen), dst(kLen);
+    fill_pattern(src.data(), kLen, 21);
+    MemId s = *peer->reg(src.data(), kLen);
+    RemoteMem d = *ep->describe(*ep->reg(dst.data(), kLen));
+    auto first = peer->write(l.a_to_b, s, 0, d, 0, kLen, "first");
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE(peer->wait(*first, 10s).ok());
+    std::memset(dst.data(), 0, kLen);
+    auto refused = peer->write(l.a_to_b, s, 0, d, 0, kLen, "no room");
+    ASSERT_TRUE(refused.ok());
+    Status st = peer->wait(*refused, 10s);
+    EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+    EXPECT_EQ(std::count(dst.data(), dst.data() + kLen, 0), static_cast<long>(kLen))
+        << "a refused write moved bytes";
+    // Taken: room again, on the same connection.
+    auto got = ep->get_notifications();
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].payload, "first");
+    EXPECT_TRUE(peer->peer_status(l.a_to_b).ok()) << peer->peer_status(l.a_to_b).to_string();
+    auto again = peer->write(l.a_to_b, s, 0, d, 0, kLen, "again");
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(peer->wait(*again, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data(), kLen, 21), -1);
+    EXPECT_TRUE(eventually([&] { return ep->get_notifications().size() == 1; }));
+}
+
 // A read's notification has its room held at the target from the request on, as a write's: one
 // that finds no room is refused before any byte moves, and the connection lives. (It went as a
 // NOTIF after the data before: the target, out of room, failed the connection, after the reader
