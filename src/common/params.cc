@@ -257,6 +257,14 @@ Status Settings::validate() const {
             format_bytes(max_notification_size).c_str(), format_bytes(max_ctrl_message).c_str(),
             static_cast<unsigned long long>(kNotifOverhead)));
     }
+    // A message of MAX_CTRL_MESSAGE (and a transfer's inline bytes, at most 1 MiB) must find
+    // room beyond a connection's own 1 MiB buffer, or its sender would wait and then fail.
+    if (max_ctrl_buffer_total < max_ctrl_message + (uint64_t{1} << 20)) {
+        return invalid_argument(strformat(
+            "TCPX_P2P_MAX_CTRL_BUFFER_TOTAL (%s) cannot hold one message of "
+            "TCPX_P2P_MAX_CTRL_MESSAGE (%s) and 1 MiB more: raise the first or lower the second",
+            format_bytes(max_ctrl_buffer_total).c_str(), format_bytes(max_ctrl_message).c_str()));
+    }
     for (const auto& [name, bound] :
          {std::pair{"MAX_QUEUED_NOTIFICATION_BYTES", max_queued_notification_bytes},
           {"MAX_QUEUED_NOTIFICATION_BYTES_TOTAL", max_queued_notification_bytes_total}}) {

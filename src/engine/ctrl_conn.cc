@@ -23,6 +23,42 @@ void CtrlConn::reset(Fd fd) {
     replies_.clear();
     in_.clear();
     begin_ = end_ = consumed_ = 0;
+    shrink_buffer();
+    starved_ = false;
+}
+
+bool CtrlConn::take_room(size_t capacity) {
+    const uint64_t need = capacity > kOwnBuffer ? capacity - kOwnBuffer : 0;
+    if (need <= reserved_) return true;
+    if (room_ != nullptr) {
+        const uint64_t more = need - reserved_;
+        if (room_->used > room_->limit || more > room_->limit - room_->used) {
+            starved_ = true;
+            starved_need_ = need;
+            return false;
+        }
+        room_->used += more;
+    }
+    reserved_ = need;
+    return true;
+}
+
+bool CtrlConn::room_fits() const {
+    if (!starved_ || room_ == nullptr || starved_need_ <= reserved_) return true;
+    const uint64_t more = starved_need_ - reserved_;
+    return room_->used <= room_->limit && more <= room_->limit - room_->used;
+}
+
+void CtrlConn::release_room() {
+    if (room_ != nullptr) room_->used -= reserved_;
+    reserved_ = 0;
+}
+
+void CtrlConn::shrink_buffer() {
+    // A large message (up to MAX_CTRL_MESSAGE) grew the buffer: give it back once it is
+    // handled, or every peer that ever sent one would keep that much for good.
+    if (in_.capacity() > kOwnBuffer) std::vector<char>().swap(in_);
+    release_room();
 }
 
 void CtrlConn::queue(std::string msg, std::string tail) {
@@ -89,6 +125,7 @@ void CtrlConn::close_after_draining_input() {
         dropped += static_cast<size_t>(n);
     }
     fd_.reset();
+    release_room();
 }
 
 size_t CtrlConn::front_lacks() const {
@@ -104,15 +141,14 @@ size_t CtrlConn::front_lacks() const {
 Status CtrlConn::read(bool* eof, bool* more) {
     *eof = false;
     if (more != nullptr) *more = false;
+    starved_ = false;
     while (true) {
         // Drop what was handed out, then make room.
         begin_ += consumed_;
         consumed_ = 0;
         if (begin_ == end_) {
             begin_ = end_ = 0;
-            // A large message (up to MAX_CTRL_MESSAGE) grew the buffer: give it back once it is
-            // handled, or every peer that ever sent one would keep that much for good.
-            if (in_.capacity() > 4 * kReadChunk) std::vector<char>().swap(in_);
+            shrink_buffer();
         }
         // A peer cannot make us buffer without bound: once a maximal message's bytes are here,
         // the message in front is whole, and is handled before more is read (TCP holds the rest
@@ -130,10 +166,22 @@ Status CtrlConn::read(bool* eof, bool* more) {
             }
             const size_t want = end_ + kReadChunk;
             if (in_.size() < want) {
-                // Geometric growth, but never past the bound (and a read): the vector's own
-                // doubling could take it to twice that.
                 if (want > in_.capacity()) {
-                    in_.reserve(std::max(want, std::min(2 * in_.capacity(), bound + kReadChunk)));
+                    // Doubling up to the own buffer. A message larger than that (its header is
+                    // here: the front is at 0 now) gets room for itself whole and a read past it
+                    // at once, from the shared room, or nothing more is read until room frees;
+                    // one its limit refuses gets none (next_message says why).
+                    size_t capacity = std::max(want, std::min(2 * in_.capacity(), kOwnBuffer));
+                    if (end_ >= sizeof(wire::Header)) {
+                        wire::Header h;
+                        std::memcpy(&h, in_.data(), sizeof(h));
+                        const uint32_t limit =
+                            max_message_ + ((h.flags & wire::kFlagInline) ? inline_allowance_ : 0);
+                        if (h.magic != wire::kMagic || h.length > limit) return Status();
+                        capacity = std::max(capacity, sizeof(wire::Header) + h.length + kReadChunk);
+                    }
+                    if (!take_room(capacity)) return Status();
+                    in_.reserve(capacity);
                 }
                 in_.resize(want);
             }
@@ -150,6 +198,13 @@ Status CtrlConn::read(bool* eof, bool* more) {
 StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* body) {
     begin_ += consumed_;
     consumed_ = 0;
+    if (begin_ == end_) {
+        // All handled: a buffer grown for a large message, and its room, go back now rather
+        // than at the next read (which a quiet peer may not bring for a long time).
+        begin_ = end_ = 0;
+        if (reserved_ > 0) shrink_buffer();
+        return false;
+    }
     if (end_ - begin_ < sizeof(wire::Header)) return false;
     std::memcpy(header, in_.data() + begin_, sizeof(wire::Header));
     if (header->magic != wire::kMagic) {

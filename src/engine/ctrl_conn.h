@@ -5,7 +5,9 @@
 
 #include <sys/uio.h>
 
+#include <cstdint>
 #include <deque>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,15 +18,48 @@
 
 namespace tcpx::engine {
 
+// The room every peer's control connection draws on for a message larger than its own buffer
+// (CtrlConn::kOwnBuffer) while that message arrives: MAX_CTRL_BUFFER_TOTAL. Each connection's
+// bound (one maximal message) alone would multiply with the peers at once. Guarded by the
+// engine's lock, as the connections are.
+struct CtrlRoom {
+    uint64_t limit = std::numeric_limits<uint64_t>::max();
+    uint64_t used = 0;
+};
+
 class CtrlConn {
  public:
+    // What a connection reads into without drawing on the shared room: four reads' worth.
+    static constexpr size_t kOwnBuffer = 1 << 20;
+
     CtrlConn() = default;
     explicit CtrlConn(Fd fd) : fd_(std::move(fd)) {}
+    CtrlConn(const CtrlConn&) = delete;
+    CtrlConn& operator=(const CtrlConn&) = delete;
+    ~CtrlConn() { release_room(); }
+
+    // The shared room to draw on (none: a message takes what it needs). Set before reading; it
+    // must outlive the connection.
+    void set_room(CtrlRoom* room) { room_ = room; }
+    // The last read() stopped because the message in front needs more room than is free:
+    // nothing more is read until room_fits().
+    bool starved() const { return starved_; }
+    bool room_fits() const;
+    // Room held beyond the own buffer: given back once what was read is handled. (A peer that
+    // sends part of a large message and then nothing holds it until the engine fails the peer
+    // for its silence: no message of its is handled meanwhile, PEER_TIMEOUT_MS.)
+    uint64_t room_held() const { return reserved_; }
+    // Bytes the message in front of what was read still lacks to be whole (0: whole, or
+    // nothing there; its header's missing bytes while that is not all here).
+    size_t front_lacks() const;
 
     int fd() const { return fd_.get(); }
     bool valid() const { return fd_.valid(); }
     void reset(Fd fd);
-    void close() { fd_.reset(); }
+    void close() {
+        fd_.reset();
+        release_room();
+    }
     // Reads and drops what has arrived and was not read (up to 8 MiB), then closes: a socket
     // closed with bytes unread sends a reset, and a reset can destroy what we sent last (a BYE
     // with the reason) before the peer reads it.
@@ -78,9 +113,11 @@ class CtrlConn {
     size_t buffer_capacity() const { return in_.capacity(); }
 
  private:
-    // Bytes the message in front of what was read still lacks to be whole (0: whole; its
-    // header's missing bytes while that is not all here).
-    size_t front_lacks() const;
+    // Room for a buffer of `capacity` bytes; false (starved_) when the shared room lacks it.
+    bool take_room(size_t capacity);
+    // Drops the read buffer past its own size, and the room it held.
+    void shrink_buffer();
+    void release_room();
 
     Fd fd_;
     std::deque<std::string> out_;
@@ -101,6 +138,10 @@ class CtrlConn {
     size_t consumed_ = 0;  // bytes of the message handed out last, dropped at the next call
     uint32_t max_message_ = wire::kHandshakeMessage;
     uint32_t inline_allowance_ = 0;
+    CtrlRoom* room_ = nullptr;
+    uint64_t reserved_ = 0;      // of room_, for in_ past kOwnBuffer
+    uint64_t starved_need_ = 0;  // what reserved_ must become for the read that starved
+    bool starved_ = false;
 };
 
 }  // namespace tcpx::engine

@@ -236,6 +236,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     TCPX_ASSIGN_OR_RETURN(const uint64_t first_gen, random_u64());
     xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers),
                                                  static_cast<uint32_t>(first_gen));
+    ctrl_room_.limit = config.max_ctrl_buffer_total;
     max_queued_replies_ =
         engine::kInlineReplyBudget +
         std::max(engine::kMinReplyRoomTotal,
@@ -954,6 +955,11 @@ bool Endpoint::Impl::read_control(Peer& p) {
                                          : "peer closed the connection"));
             return true;
         }
+        if (p.ctrl.starved()) {
+            // The message in front waits for room, unread (TCP holds the rest back).
+            if (const Status paused = pause_for_ctrl_room(p); !paused.ok()) fail_peer(p, paused);
+            return true;
+        }
     }
     return did;
 }
@@ -1002,8 +1008,30 @@ Status Endpoint::Impl::pause_control(Peer& p, uint64_t note) {
     return Status();
 }
 
+Status Endpoint::Impl::pause_for_ctrl_room(Peer& p) {
+    if (!set_interest(p, true, p.watch_out)) {
+        return errno_status(errno, "epoll_ctl (pausing a peer whose message has no room)");
+    }
+    p.ctrl_paused = true;
+    p.paused_for_room = true;
+    p.paused_note = 0;
+    p.paused_since = Clock::now();
+    ++paused_peers_;
+    TCPX_DEBUG(
+        "endpoint '%s': peer '%s': its next control message waits for buffer room (%llu of "
+        "%llu bytes held for other messages); its control connection is not read meanwhile",
+        name_.c_str(), p.name.c_str(), static_cast<unsigned long long>(ctrl_room_.used),
+        static_cast<unsigned long long>(ctrl_room_.limit));
+    return Status();
+}
+
+bool Endpoint::Impl::pause_can_end(const Peer& p) const {
+    return p.paused_for_room ? p.ctrl.room_fits() : fits_notification(p, p.paused_note);
+}
+
 void Endpoint::Impl::unpause(Peer& p) noexcept {
     p.ctrl_paused = false;
+    p.paused_for_room = false;
     --paused_peers_;
     paused_need_.count -= p.paused_need.count;
     paused_need_.bytes -= p.paused_need.bytes;
@@ -1028,7 +1056,7 @@ bool Endpoint::Impl::resume_control(Peer& p) {
 bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_point now) {
     // Room first: what the peer sent before its connection broke is still handled (read_control
     // takes the whole messages buffered before it reports a failed read).
-    if (fits_notification(p, p.paused_note)) return resume_control(p);
+    if (pause_can_end(p)) return resume_control(p);
     if (ready && !p.ctrl_broken) {
         // Its socket is watched for nothing, so epoll reports it only for an error or a hangup.
         // What the peer sent before is still the application's: the socket leaves the set (or
@@ -1039,7 +1067,16 @@ bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_poi
             p.ctrl_broken = true;
         }
     }
-    if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
+    if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms) &&
+        p.paused_for_room) {
+        fail_peer(p, resource_exhausted(strformat(
+                         "its next control message waited %lld ms (PEER_TIMEOUT_MS) for buffer "
+                         "room: %llu of TCPX_P2P_MAX_CTRL_BUFFER_TOTAL's %llu bytes held by "
+                         "other peers' messages",
+                         static_cast<long long>(config_.peer_timeout_ms),
+                         static_cast<unsigned long long>(ctrl_room_.used),
+                         static_cast<unsigned long long>(ctrl_room_.limit))));
+    } else if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
         const Status room = notification_room(p, p.paused_note);
         fail_peer(p, resource_exhausted(strformat(
                          "%s; its next notification waited %lld ms for room (PEER_TIMEOUT_MS)",
@@ -1057,8 +1094,7 @@ void Endpoint::Impl::resume_paused_peers() {
         if (it == peers_.end()) it = peers_.begin();
         Peer& p = *it->second;
         ++it;
-        if (p.ctrl_paused && p.state == Peer::State::kReady &&
-            fits_notification(p, p.paused_note)) {
+        if (p.ctrl_paused && p.state == Peer::State::kReady && pause_can_end(p)) {
             last_resumed_ = p.id;
             progress_peer(p, false, false);  // (catches what it throws: fails that peer)
         }

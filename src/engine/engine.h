@@ -425,6 +425,10 @@ struct Peer {
     // until the application takes notifications, for PEER_TIMEOUT_MS at most (then the peer is
     // failed, as it was at once before).
     bool ctrl_paused = false;
+    // Paused for another reason: the message in front of its control connection is larger
+    // than the connection's own buffer and found no room in what all peers share for such
+    // messages (MAX_CTRL_BUFFER_TOTAL, CtrlConn::starved), for PEER_TIMEOUT_MS at most.
+    bool paused_for_room = false;
     // Paused, and its socket reported an error or a hangup: out of the epoll set (it would be
     // reported on every pass); the whole messages already read are still handled as room
     // comes, and the connection fails once they are.
@@ -552,9 +556,13 @@ class Endpoint::Impl {
     // After a flush: starts or stops watching the socket for room (Peer::watch_out).
     void watch_output(Peer& p, Clock::time_point now);
     // Stops reading p's control connection (Peer::ctrl_paused) while its NOTIF of `note`
-    // bytes waits for room; resume_control starts again (false: the peer failed). Paused
-    // peers are served again by their ticks, and by get_notifications (resume_paused_peers).
+    // bytes waits for room, or (pause_for_ctrl_room) while its next message waits for buffer
+    // room; resume_control starts again (false: the peer failed). Paused peers are served
+    // again by their ticks, and by get_notifications (resume_paused_peers).
     Status pause_control(Peer& p, uint64_t note);
+    Status pause_for_ctrl_room(Peer& p);
+    // Whether what a paused peer waits for is there.
+    bool pause_can_end(const Peer& p) const;
     bool resume_control(Peer& p);
     void unpause(Peer& p) noexcept;  // the bookkeeping of both of the above
     void resume_paused_peers();
@@ -823,6 +831,9 @@ class Endpoint::Impl {
     // application's kernels. Its destructor frees what is left, with the endpoint.
     engine::Reaper<cuda::CopyRing> reaper_;
     uint64_t failures_ = 0;  // peers failed so far (Peer::failed_seq)
+    // What the peers' control connections share for messages larger than their own buffers
+    // (before peers_: their connections give it back as they go).
+    engine::CtrlRoom ctrl_room_;
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;

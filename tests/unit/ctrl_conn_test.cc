@@ -214,6 +214,120 @@ TEST_F(CtrlConnLimits, AnUnreadMessageComesAgain) {
     EXPECT_FALSE(*conn_.next_message(&h, &body));
 }
 
+// A connection and the socket its peer writes into, drawing on `room`.
+struct RoomConn {
+    explicit RoomConn(CtrlRoom* room, uint32_t limit) {
+        int fds[2];
+        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
+        conn.reset(Fd(fds[0]));
+        peer = Fd(fds[1]);
+        int big = 8 << 20;
+        ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+        ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+        conn.set_max_message(limit, 0);
+        conn.set_room(room);
+    }
+    void send(std::string_view bytes) {
+        while (!bytes.empty()) {
+            const ssize_t n = ::send(peer.get(), bytes.data(), bytes.size(), 0);
+            ASSERT_GT(n, 0) << "the socket pair's buffers are too small";
+            bytes.remove_prefix(static_cast<size_t>(n));
+        }
+    }
+    // Reads until a message is whole (its body's size) or nothing more comes (-1).
+    long next() {
+        for (int tries = 0; tries < 1000; ++tries) {
+            bool eof = false;
+            if (!conn.read(&eof).ok()) return -2;
+            wire::Header h;
+            std::string_view body;
+            auto whole = conn.next_message(&h, &body);
+            if (!whole.ok()) return -3;
+            if (*whole) return static_cast<long>(body.size());
+            if (conn.starved()) return -1;
+        }
+        return -1;
+    }
+    CtrlConn conn;
+    Fd peer;
+};
+
+// Connections share one room for messages larger than their own 1 MiB buffers: the first 2 MiB
+// message takes room for itself whole and a read past it (about 1.25 MiB), the second finds
+// too little left, reads nothing more and says so (starved), until the first is handled and its
+// room given back; then it comes whole. (Before, each connection held up to one maximal message
+// of its own: MAX_CTRL_MESSAGE times the peers.)
+TEST(CtrlConnRoom, LargeMessagesWaitForTheSharedRoom) {
+    CtrlRoom room;
+    room.limit = 2 << 20;
+    RoomConn a(&room, 4 << 20), b(&room, 4 << 20);
+    constexpr size_t kBody = 2 << 20;
+    const std::string msg = message(wire::MsgType::kWriteReq, 0, kBody);
+    a.send(msg);
+    b.send(msg);
+    const uint64_t need = sizeof(wire::Header) + kBody + 256 * 1024 - CtrlConn::kOwnBuffer;
+    bool eof = false;
+    ASSERT_TRUE(a.conn.read(&eof).ok());
+    EXPECT_EQ(room.used, need);
+    EXPECT_EQ(a.conn.room_held(), need);
+    ASSERT_TRUE(b.conn.read(&eof).ok());
+    EXPECT_TRUE(b.conn.starved());
+    EXPECT_FALSE(b.conn.room_fits());
+    EXPECT_LE(b.conn.buffer_capacity(), CtrlConn::kOwnBuffer);
+    EXPECT_EQ(room.used, need);
+    // The first is handled: its room comes back as soon as nothing is left to hand out.
+    EXPECT_EQ(a.next(), static_cast<long>(kBody));
+    wire::Header h;
+    std::string_view body;
+    EXPECT_FALSE(*a.conn.next_message(&h, &body));
+    EXPECT_EQ(room.used, 0u);
+    EXPECT_EQ(a.conn.room_held(), 0u);
+    EXPECT_LE(a.conn.buffer_capacity(), CtrlConn::kOwnBuffer);
+    EXPECT_TRUE(b.conn.room_fits());
+    EXPECT_EQ(b.next(), static_cast<long>(kBody));
+    EXPECT_FALSE(*b.conn.next_message(&h, &body));
+    EXPECT_EQ(room.used, 0u);
+}
+
+// A header whose length its limit refuses takes no room and no memory: next_message says why.
+TEST(CtrlConnRoom, AMessagePastItsLimitTakesNoRoom) {
+    CtrlRoom room;
+    room.limit = 64 << 20;
+    RoomConn a(&room, 1 << 20);
+    std::string msg = message(wire::MsgType::kWriteReq, 0, 8 << 20);
+    msg.resize(512 * 1024);
+    a.send(msg);
+    EXPECT_EQ(a.next(), -3);
+    EXPECT_EQ(room.used, 0u);
+    EXPECT_LE(a.conn.buffer_capacity(), CtrlConn::kOwnBuffer);
+}
+
+// Room held for a message that has not come whole stays held (the engine fails a peer that sends
+// nothing whole for PEER_TIMEOUT_MS); once the message is whole and handled, nothing is held.
+TEST(CtrlConnRoom, RoomHeldForAPartialMessageIsGivenBackOnceItIsHandled) {
+    CtrlRoom room;
+    RoomConn a(&room, 4 << 20);
+    const std::string msg = message(wire::MsgType::kWriteReq, 0, 2 << 20);
+    a.send(std::string_view(msg).substr(0, 600 * 1024));
+    EXPECT_EQ(a.next(), -1);
+    EXPECT_GT(a.conn.room_held(), 0u);
+    EXPECT_EQ(room.used, a.conn.room_held());
+    EXPECT_EQ(a.conn.front_lacks(), msg.size() - 600 * 1024);
+    a.send(std::string_view(msg).substr(600 * 1024));
+    EXPECT_EQ(a.next(), 2 << 20);
+    wire::Header h;
+    std::string_view body;
+    EXPECT_FALSE(*a.conn.next_message(&h, &body));
+    EXPECT_EQ(a.conn.room_held(), 0u);
+    EXPECT_EQ(room.used, 0u);
+    // Closed with room held: given back too.
+    a.send(std::string_view(msg).substr(0, 600 * 1024));
+    EXPECT_EQ(a.next(), -1);
+    EXPECT_GT(room.used, 0u);
+    a.conn.close();
+    EXPECT_EQ(room.used, 0u);
+}
+
 // A message queued with its inline bytes apart (queue(msg, tail)) goes out as one message, in
 // order with the others, byte for byte, also when the socket takes it a piece at a time.
 TEST(CtrlConnQueue, AMessageAndItsInlineBytesGoOutAsOne) {

@@ -322,6 +322,22 @@ TEST(Params, ANotificationLimitTheOtherLimitsCannotHoldIsRefused) {
     EXPECT_EQ(Settings::from_env().status().code(), StatusCode::kInvalidArgument);
 }
 
+// The room all peers' large control messages share must hold one maximal message (and its inline
+// allowance past a connection's own buffer), or a peer sending one would wait and then fail.
+TEST(Params, ACtrlBufferTotalThatCannotHoldOneMaximalMessageIsRefused) {
+    Settings s;
+    ASSERT_TRUE(s.set("MAX_CTRL_BUFFER_TOTAL", "64M").ok());  // MAX_CTRL_MESSAGE: 64 MiB
+    const Status st = s.validate();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("MAX_CTRL_BUFFER_TOTAL"), std::string::npos) << st.to_string();
+    ASSERT_TRUE(s.set("MAX_CTRL_BUFFER_TOTAL", "65M").ok());
+    EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+    ASSERT_TRUE(s.set("MAX_CTRL_MESSAGE", "16M").ok());
+    ASSERT_TRUE(s.set("MAX_CTRL_BUFFER_TOTAL", "17M").ok());
+    EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+    EXPECT_FALSE(s.set("MAX_CTRL_BUFFER_TOTAL", "1M").ok());  // below the table's range
+}
+
 TEST(Params, TableIsCompleteAndDocumented) {
     ASSERT_FALSE(param_table().empty());
     for (const ParamInfo& p : param_table()) {
