@@ -257,6 +257,13 @@ Status Settings::validate() const {
             format_bytes(max_notification_size).c_str(), format_bytes(max_ctrl_message).c_str(),
             static_cast<unsigned long long>(kNotifOverhead)));
     }
+    if (max_served_pieces_total < max_served_pieces) {
+        return invalid_argument(strformat(
+            "TCPX_P2P_MAX_SERVED_PIECES_TOTAL (%lld) is below TCPX_P2P_MAX_SERVED_PIECES (%lld): "
+            "one peer may hold that many on its own",
+            static_cast<long long>(max_served_pieces_total),
+            static_cast<long long>(max_served_pieces)));
+    }
     // A message of MAX_CTRL_MESSAGE (and a transfer's inline bytes, at most 1 MiB) must find
     // room beyond a connection's own 1 MiB buffer, or its sender would wait and then fail.
     if (max_ctrl_buffer_total < max_ctrl_message + (uint64_t{1} << 20)) {

@@ -1410,6 +1410,7 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
     p.awaiting.clear();
     p.answers_owed = 0;
     p.posted_recvs.clear();
+    served_weight_ -= p.unexpected.size();
     p.unexpected.clear();
     p.deferred.clear();
     if (p.bye) say_bye(p, *std::exchange(p.bye, std::nullopt));

@@ -159,8 +159,10 @@ struct Xfer {
     // Impl::detached_ (against MAX_TRANSFERS) until destroyed.
     bool detached() const { return cancelled && user_id == 0; }
     HeldNotificationRoom endpoint_notification_room;
-    // A served request's pieces, counted in its peer's served_pieces until it is destroyed.
+    // A served request's pieces, counted in its peer's served_pieces until it is destroyed,
+    // and its weight in the endpoint's served_weight_ (its pieces and kServedRecordWeight).
     uint64_t served_pieces = 0;
+    uint64_t served_weight = 0;
     // Two-sided.
     uint64_t tag = 0;
     uint64_t len = 0;
@@ -317,6 +319,10 @@ struct Extent {
     Xfer* xfer;
     packer::Cursor at;  // where the next chunk starts
 };
+
+// What a served request's own record weighs against MAX_SERVED_PIECES_TOTAL, in pieces of 24
+// bytes, beside its pieces: its Xfer is a few hundred bytes.
+inline constexpr uint64_t kServedRecordWeight = 16;
 
 // Requests posted to one peer while its connection is being made (connect_async), at most.
 inline constexpr size_t kMaxDeferred = 65536;
@@ -756,6 +762,8 @@ class Endpoint::Impl {
     // RESOURCE_EXHAUSTED when serving a request of `pieces` more would take `p` past
     // MAX_SERVED_PIECES (which fails it); else counts them for `x` (destroy() gives them back).
     Status hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces);
+    // Takes `weight` of MAX_SERVED_PIECES_TOTAL (served_weight_), or says it is past it.
+    Status take_served_weight(uint64_t weight);
     // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
     Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;
     // Whether a notification of `size` bytes is one we accept at all (MAX_NOTIFICATION_SIZE).
@@ -831,6 +839,10 @@ class Endpoint::Impl {
     // application's kernels. Its destructor frees what is left, with the endpoint.
     engine::Reaper<cuda::CopyRing> reaper_;
     uint64_t failures_ = 0;  // peers failed so far (Peer::failed_seq)
+    // What all peers' requests hold, counted against MAX_SERVED_PIECES_TOTAL: each served request
+    // its pieces and kServedRecordWeight, each send waiting for its receive (Peer::unexpected)
+    // one. Each peer's own bounds alone would multiply with MAX_PEERS.
+    uint64_t served_weight_ = 0;
     // What the peers' control connections share for messages larger than their own buffers
     // (before peers_: their connections give it back as they go).
     engine::CtrlRoom ctrl_room_;

@@ -208,8 +208,23 @@ Status Endpoint::Impl::hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces) {
             "the peer's requests in flight name more than %lld pieces (TCPX_P2P_MAX_SERVED_PIECES)",
             static_cast<long long>(config_.max_served_pieces)));
     }
+    TCPX_RETURN_IF_ERROR(take_served_weight(pieces + engine::kServedRecordWeight));
     p.served_pieces += pieces;
     x->served_pieces = pieces;
+    x->served_weight = pieces + engine::kServedRecordWeight;
+    return Status();
+}
+
+Status Endpoint::Impl::take_served_weight(uint64_t weight) {
+    const auto limit = static_cast<uint64_t>(config_.max_served_pieces_total);
+    if (served_weight_ > limit || weight > limit - served_weight_) {
+        return resource_exhausted(strformat(
+            "the requests of all peers being served, and their sends waiting for a receive, "
+            "would weigh more than %llu pieces (TCPX_P2P_MAX_SERVED_PIECES_TOTAL; %llu held)",
+            static_cast<unsigned long long>(limit),
+            static_cast<unsigned long long>(served_weight_)));
+    }
+    served_weight_ += weight;
     return Status();
 }
 
@@ -512,7 +527,13 @@ Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
         if (p.unexpected.size() >= static_cast<size_t>(config_.max_transfers)) {
             return resource_exhausted("too many unmatched sends from the peer");
         }
-        p.unexpected.push_back(Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+        TCPX_RETURN_IF_ERROR(take_served_weight(1));
+        try {
+            p.unexpected.push_back(Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+        } catch (...) {
+            --served_weight_;
+            throw;
+        }
         return Status();
     }
     Xfer* recv = *it;

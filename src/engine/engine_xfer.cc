@@ -175,6 +175,7 @@ void Endpoint::Impl::destroy(Xfer* x) {
     if (x->user_id != 0) xfers_->set_owner(x->user_id, nullptr);
     if (x->peer != nullptr) {
         x->peer->served_pieces -= x->served_pieces;
+        served_weight_ -= x->served_weight;
         if (x->served()) --x->peer->served;
         x->peer->xfers.erase(x);
     }
@@ -797,6 +798,7 @@ StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, u
         if (it != p->unexpected.end()) {
             const Peer::Rts rts = *it;
             p->unexpected.erase(it);
+            --served_weight_;
             match(*p, x, rts);
         } else {
             p->posted_recvs.push_back(x);

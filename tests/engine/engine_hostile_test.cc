@@ -730,6 +730,74 @@ TEST(EngineHostile, ANotificationLargerThanTheLimitFailsThePeer) {
     expect_serves(ep.get());
 }
 
+// A write request of `pieces` pieces of one byte with a key nobody registered: refused, it holds
+// its piece list while its data (never sent) would drain.
+std::string unknown_key_write(uint64_t xfer, size_t pieces) {
+    wire::WriteReq req;
+    req.xfer = xfer;
+    for (uint64_t k = 0; k < pieces; ++k) req.segs.push_back(wire::Segment{0x1234, 2 * k, 1});
+    std::string msg = wire::encode_write_req(req);
+    wire::end_message(&msg);
+    return msg;
+}
+
+// What all peers' requests hold together is bounded (MAX_SERVED_PIECES_TOTAL), not each peer's
+// alone: with room for 4096 pieces in all (and 4096 for each peer), a second peer whose request
+// would go past it is disconnected while the first, within it, stays; and what a peer held comes
+// back when it goes. (Each peer could hold MAX_SERVED_PIECES on its own before, 96 MiB by
+// default, and MAX_PEERS of them at once.)
+TEST(EngineHostile, ServedRequestsOfAllPeersAreBoundedTogether) {
+    Config tc = engine_test_config();
+    tc.max_served_pieces = 4096;
+    tc.max_served_pieces_total = 4096;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    auto a = std::make_unique<RawPeer>(*ep, "a");
+    RawPeer b(*ep, "b");
+    ASSERT_TRUE(a->ok() && b.ok());
+    // 3 x (1000 pieces + 16 for the record) = 3048, then b's 1016: 4064 of 4096.
+    for (uint64_t i = 1; i <= 3; ++i) send_all(a->fd(), unknown_key_write(i, 1000));
+    std::this_thread::sleep_for(100ms);
+    send_all(b.fd(), unknown_key_write(1, 1000));
+    EXPECT_FALSE(closed_by_peer(b.fd(), 300ms)) << "within the total, b was failed";
+    send_all(b.fd(), unknown_key_write(2, 1000));  // 5080: past it
+    EXPECT_TRUE(closed_by_peer(b.fd(), 5s)) << "past the total, b stayed";
+    EXPECT_FALSE(closed_by_peer(a->fd(), 200ms)) << "a, within the total, was failed";
+    // a goes: what it held comes back, and a newcomer's four requests fit.
+    a.reset();
+    std::this_thread::sleep_for(200ms);
+    RawPeer c(*ep, "c");
+    ASSERT_TRUE(c.ok());
+    for (uint64_t i = 1; i <= 4; ++i) send_all(c.fd(), unknown_key_write(i, 1000));
+    EXPECT_FALSE(closed_by_peer(c.fd(), 300ms)) << "what a and b held did not come back";
+    expect_serves(ep.get());
+}
+
+// Sends waiting for their receive count against the same total, one each: a peer that floods us
+// with sends nobody receives is disconnected at the total, not at its own MAX_TRANSFERS.
+TEST(EngineHostile, UnmatchedSendsCountAgainstTheServedTotal) {
+    Config tc = engine_test_config();
+    tc.max_served_pieces = 1024;
+    tc.max_served_pieces_total = 1024;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    std::string burst;
+    for (uint64_t i = 1; i <= 1024; ++i) {
+        std::string msg = wire::encode_send_rts(wire::SendRts{i, i, 8});
+        wire::end_message(&msg);
+        burst += msg;
+    }
+    send_all(raw.fd(), burst);
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 300ms)) << "1024 unmatched sends fit";
+    std::string one = wire::encode_send_rts(wire::SendRts{5000, 5000, 8});
+    wire::end_message(&one);
+    send_all(raw.fd(), one);
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the 1025th was held";
+    expect_serves(ep.get());
+}
+
 // Large control messages of all peers together are held within MAX_CTRL_BUFFER_TOTAL, not one
 // per peer: eight peers that each start a 16 MiB message and stop make the target buffer one of
 // them; the others wait unread, their bytes in their sockets (TCP holds the senders back).

@@ -338,6 +338,17 @@ TEST(Params, ACtrlBufferTotalThatCannotHoldOneMaximalMessageIsRefused) {
     EXPECT_FALSE(s.set("MAX_CTRL_BUFFER_TOTAL", "1M").ok());  // below the table's range
 }
 
+// All peers together may hold at least what one peer may on its own.
+TEST(Params, AServedTotalBelowOnePeersShareIsRefused) {
+    Settings s;
+    ASSERT_TRUE(s.set("MAX_SERVED_PIECES_TOTAL", "4194303").ok());  // MAX_SERVED_PIECES: 4M
+    const Status st = s.validate();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("MAX_SERVED_PIECES_TOTAL"), std::string::npos) << st.to_string();
+    ASSERT_TRUE(s.set("MAX_SERVED_PIECES", "4194303").ok());
+    EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
+}
+
 TEST(Params, TableIsCompleteAndDocumented) {
     ASSERT_FALSE(param_table().empty());
     for (const ParamInfo& p : param_table()) {
