@@ -220,7 +220,7 @@ TcpxBackend::TcpxBackend(const nixlBackendInitParams* init_params)
     ep_ = std::move(ep).value();
     // With a secret every connection proved it (strangers are refused before they are served).
     authenticated_ = !config->auth_secret.empty();
-    max_conn_info_ = static_cast<size_t>(config->max_peers);
+    max_conn_info_ = kConnInfoPerPeer * static_cast<size_t>(config->max_peers);
 }
 
 TcpxBackend::~TcpxBackend() {
@@ -358,7 +358,7 @@ nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
         if (it == conn_info_.end() && conn_info_.size() >= max_conn_info_ && !evict_conn_info()) {
             NIXL_ERROR << "TCPX: loadRemoteConnInfo: agent '" << remote_agent
                        << "' would be one more than the " << max_conn_info_
-                       << " agents with connections (TCPX_P2P_MAX_PEERS)";
+                       << " agents with connections (16 x TCPX_P2P_MAX_PEERS)";
             return NIXL_ERR_NOT_ALLOWED;
         }
         conn_info_[remote_agent] = ConnInfo{remote_conn_info, ++conn_seq_};
@@ -384,8 +384,11 @@ bool TcpxBackend::evict_conn_info() {
         if (victim == conn_info_.end() || it->second.seq < victim->second.seq) victim = it;
     }
     if (victim == conn_info_.end()) return false;
-    NIXL_DEBUG << "TCPX: forgetting the connection info of agent '" << victim->first
-               << "', loaded earliest and never connected (TCPX_P2P_MAX_PEERS)";
+    NIXL_WARN << "TCPX: forgetting the connection info of agent '" << victim->first
+              << "', loaded earliest of those not connected: connection info is kept for "
+              << max_conn_info_
+              << " agents (16 x TCPX_P2P_MAX_PEERS); a transfer to it reports "
+                 "NIXL_ERR_REMOTE_DISCONNECT until its metadata is loaded again";
     conn_info_.erase(victim);
     return true;
 }
@@ -473,6 +476,8 @@ void TcpxBackend::close_peer(PeerId peer, bool deliver) const {
     } catch (const std::bad_alloc&) {
         // Unrecorded, its notifications are judged by the name they claim (deliverable()).
     }
+    // (Peer ids grow: the earliest closed go first, judged as the unrecorded are.)
+    while (closed_.size() > max_conn_info_) closed_.erase(closed_.begin());
     (void)ep_->disconnect(peer);
 }
 
@@ -523,7 +528,10 @@ StatusOr<PeerId> TcpxBackend::connection_to(const std::string& agent) const {
     harvest_inbound();
     if (auto in = inbound_.find(agent); in != inbound_.end()) return in->second;
     return Status(StatusCode::kNotFound,
-                  "TCPX: no connection to agent '" + agent + "' (its metadata was never loaded)");
+                  "TCPX: no connection to agent '" + agent +
+                      "': its connection info was never loaded, or was forgotten to make room "
+                      "for agents loaded later (16 x TCPX_P2P_MAX_PEERS of those not connected "
+                      "are kept); load its metadata again");
 }
 
 void TcpxBackend::drop_outbound(const std::string& agent) const {
@@ -673,7 +681,12 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
     auto peer = connection_to(req->agent);
     if (!peer.ok()) {
         NIXL_ERROR << "TCPX: postXfer: " << peer.status().to_string();
-        return to_nixl(peer.status());
+        // NIXL posts only to an agent whose metadata it loaded (and we took): unknown here, its
+        // connection info was forgotten. As a connection lost, so that NIXL invalidates the
+        // agent and the application loads its metadata again (NOT_FOUND would leave NIXL
+        // believing it loaded, and every later post failing the same way).
+        return peer.status().code() == StatusCode::kNotFound ? NIXL_ERR_REMOTE_DISCONNECT
+                                                             : to_nixl(peer.status());
     }
     // The engine delivers the notification either way: a WRITE's once its data is in the
     // target's memory, a READ's once its data is in ours (sent by whatever makes progress here,

@@ -118,16 +118,20 @@ class TcpxBackend final : public nixlBackendEngine {
     std::unique_ptr<Endpoint> ep_;
     bool authenticated_ = false;  // auth_secret set: every connection proved the secret
     mutable std::mutex mu_;
-    // Agent -> its endpoint's metadata, and when it was loaded (conn_seq_). At most MAX_PEERS:
-    // NIXL forgets a remote whose metadata it then rejects without disconnecting it here, so
-    // names it never connects would otherwise pile up (loadRemoteConnInfo evicts those).
+    // Agent -> its endpoint's metadata, and when it was loaded (conn_seq_). At most
+    // kConnInfoPerPeer x MAX_PEERS: NIXL forgets a remote whose metadata it then rejects without
+    // disconnecting it here, so names it never connects would otherwise pile up
+    // (loadRemoteConnInfo evicts the earliest loaded of those). Agents known are not
+    // connections: a decode worker may load every prefill worker of a large cluster and connect
+    // to the few it pulls from, so the bound is well above MAX_PEERS.
     struct ConnInfo {
         std::string metadata;
         uint64_t seq = 0;
     };
     mutable std::map<std::string, ConnInfo> conn_info_;
     uint64_t conn_seq_ = 0;
-    size_t max_conn_info_ = 0;                        // MAX_PEERS
+    static constexpr size_t kConnInfoPerPeer = 16;
+    size_t max_conn_info_ = 0;                        // kConnInfoPerPeer x MAX_PEERS
     mutable std::map<std::string, PeerId> outbound_;  // our connections, by agent
     mutable std::map<std::string, PeerId> inbound_;   // connections to us, by agent
     mutable std::vector<XferId> abandoned_;           // released while in flight
@@ -135,7 +139,9 @@ class TcpxBackend final : public nixlBackendEngine {
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
     // Connections we closed whose notifications may still wait in the engine (it keeps what a
     // peer sent before the close), and whether to deliver them; forgotten once a later
-    // get_notifications has taken everything they sent.
+    // get_notifications has taken everything they sent. At most max_conn_info_ (the earliest
+    // forgotten first: their notifications are then judged as a connection never decided on
+    // is), for an application that never calls getNotifs.
     struct Closed {
         bool deliver = true;
         uint64_t fetches = 0;  // fetches_ when it was closed

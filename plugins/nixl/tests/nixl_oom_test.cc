@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "backend/backend_plugin.h"
+#include "common/socket.h"
+#include "engine/metadata.h"
 #include "nixl_test_util.h"
 #include "tests/support/alloc_fault.h"
 
@@ -180,40 +182,107 @@ TEST(NixlOom, GetNotifsOutOfMemoryDeliversRemoteNotificationsOnce) {
     expect_each_once_out_of_memory(a, b, "oom-receiver", "oom-sender");
 }
 
+// The connection info of an agent `name` whose endpoint listens where nobody does.
+std::string fake_conn_info(const std::string& name) {
+    engine::EndpointAddress a;
+    a.name = name;
+    a.address = SocketAddress::parse("127.0.0.1", 9).value();
+    a.nonce = 1;
+    return engine::encode_metadata(a);
+}
+
+// Host memory of `len` bytes registered with `engine`: its metadata, and its descriptor.
+struct Registered {
+    std::vector<uint8_t> bytes;
+    nixlBackendMD* md = nullptr;
+    nixlBlobDesc desc() const {
+        return nixlBlobDesc(reinterpret_cast<uintptr_t>(bytes.data()), bytes.size(), 0);
+    }
+};
+
+// A WRITE of `from` (registered with `a`) into `to` (registered with b, of agent `b_name`), as
+// NIXL posts it: prepXfer, postXfer, then checkXfer until done. The post's or the end's status.
+nixl_status_t write_to(nixlBackendEngine* a, Registered& from, nixlBackendEngine* b, Registered& to,
+                       const std::string& b_name) {
+    std::string pub;
+    EXPECT_EQ(b->getPublicData(to.md, pub), NIXL_SUCCESS);
+    nixlBackendMD* remote = nullptr;
+    nixlBlobDesc rdesc = to.desc();
+    rdesc.metaInfo = pub;
+    EXPECT_EQ(a->loadRemoteMD(rdesc, DRAM_SEG, b_name, remote), NIXL_SUCCESS);
+    nixl_meta_dlist_t local(DRAM_SEG), far(DRAM_SEG);
+    local.addDesc(nixlMetaDesc(reinterpret_cast<uintptr_t>(from.bytes.data()), from.bytes.size(), 0,
+                               from.md));
+    far.addDesc(
+        nixlMetaDesc(reinterpret_cast<uintptr_t>(to.bytes.data()), to.bytes.size(), 0, remote));
+    nixlBackendReqH* handle = nullptr;
+    nixl_status_t st = a->prepXfer(NIXL_WRITE, local, far, b_name, handle, nullptr);
+    EXPECT_EQ(st, NIXL_SUCCESS);
+    if (st == NIXL_SUCCESS) st = a->postXfer(NIXL_WRITE, local, far, b_name, handle, nullptr);
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    while (st == NIXL_IN_PROG && std::chrono::steady_clock::now() < deadline) {
+        st = a->checkXfer(handle);
+    }
+    if (handle != nullptr) {
+        EXPECT_EQ(a->releaseReqH(handle), NIXL_SUCCESS);
+    }
+    EXPECT_EQ(a->unloadMD(remote), NIXL_SUCCESS);
+    return st;
+}
+
 // (Not out of memory either.) NIXL forgets a remote whose metadata it rejects without
-// disconnecting it from the backend, so the backend keeps connection info for at most
-// MAX_PEERS agents: past that the earliest loaded of those never connected is forgotten, one
-// with a connection is kept, and with every one connected another is refused until one goes.
-TEST(NixlBackend, ConnectionInfoIsKeptForAtMostMaxPeersAgents) {
+// disconnecting it from the backend, so the backend keeps connection info for at most 16 x
+// MAX_PEERS agents (agents known are not connections: a decode worker may load every prefill
+// worker of a large cluster): past that the earliest loaded of those never connected is
+// forgotten. A transfer posted to it then fails as a lost connection (NIXL invalidates the
+// agent, so that the application loads it again), not as NOT_FOUND for good; loaded again, it
+// is reached. (The bound was MAX_PEERS, and a forgotten agent unreachable until invalidated.)
+TEST(NixlBackend, ConnectionInfoIsKeptFor16TimesMaxPeersAgents) {
     Plugin plugin;
-    plugin.set_param("max_peers", "3");
+    plugin.set_param("max_peers", "2");  // room for 32 agents' connection info
     nixlBackendEngine* a = plugin.make("cap-a");
     ASSERT_NE(a, nullptr);
     plugin.set_param("max_peers", "1024");
-    std::vector<std::string> info;
-    for (int i = 0; i < 5; ++i) {
-        nixlBackendEngine* b = plugin.make("cap-b" + std::to_string(i));
-        ASSERT_NE(b, nullptr);
-        info.emplace_back();
-        ASSERT_EQ(b->getConnInfo(info.back()), NIXL_SUCCESS);
-    }
-    ASSERT_EQ(a->loadRemoteConnInfo("cap-b0", info[0]), NIXL_SUCCESS);
+    nixlBackendEngine* b0 = plugin.make("cap-b0");
+    nixlBackendEngine* b1 = plugin.make("cap-b1");
+    ASSERT_TRUE(b0 && b1);
+    std::string info0, info1;
+    ASSERT_EQ(b0->getConnInfo(info0), NIXL_SUCCESS);
+    ASSERT_EQ(b1->getConnInfo(info1), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b0", info0), NIXL_SUCCESS);
     ASSERT_EQ(a->genNotif("cap-b0", "connected"), NIXL_SUCCESS);
-    ASSERT_EQ(a->loadRemoteConnInfo("cap-b1", info[1]), NIXL_SUCCESS);
-    ASSERT_EQ(a->loadRemoteConnInfo("cap-b2", info[2]), NIXL_SUCCESS);
-    // At the limit, the same agent again is no newcomer.
-    ASSERT_EQ(a->loadRemoteConnInfo("cap-b0", info[0]), NIXL_SUCCESS);
-    // A fourth: b1, loaded before b2 and never connected, is forgotten; b0 is connected.
-    ASSERT_EQ(a->loadRemoteConnInfo("cap-b3", info[3]), NIXL_SUCCESS);
-    EXPECT_EQ(a->genNotif("cap-b1", "forgotten"), NIXL_ERR_NOT_FOUND);
-    EXPECT_EQ(a->genNotif("cap-b0", "kept"), NIXL_SUCCESS);
-    EXPECT_EQ(a->genNotif("cap-b2", "kept"), NIXL_SUCCESS);
-    EXPECT_EQ(a->genNotif("cap-b3", "kept"), NIXL_SUCCESS);
-    // Every one connected: a fifth is refused, until one is disconnected.
-    EXPECT_EQ(a->loadRemoteConnInfo("cap-b4", info[4]), NIXL_ERR_NOT_ALLOWED);
-    ASSERT_EQ(a->disconnect("cap-b2"), NIXL_SUCCESS);
-    EXPECT_EQ(a->loadRemoteConnInfo("cap-b4", info[4]), NIXL_SUCCESS);
-    EXPECT_EQ(a->genNotif("cap-b4", "room again"), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b1", info1), NIXL_SUCCESS);  // loaded, not connected
+    Registered from{std::vector<uint8_t>(4096, 0x3c)}, to{std::vector<uint8_t>(4096, 0)};
+    ASSERT_EQ(a->registerMem(from.desc(), DRAM_SEG, from.md), NIXL_SUCCESS);
+    ASSERT_EQ(b1->registerMem(to.desc(), DRAM_SEG, to.md), NIXL_SUCCESS);
+    // 30 more: 32, the bound, all kept (the bound was MAX_PEERS, 2: b1 would be gone).
+    for (int i = 0; i < 30; ++i) {
+        const std::string name = "cap-f" + std::to_string(i);
+        ASSERT_EQ(a->loadRemoteConnInfo(name, fake_conn_info(name)), NIXL_SUCCESS) << name;
+    }
+    EXPECT_EQ(a->genNotif("cap-b1", "kept"), NIXL_SUCCESS);
+    // b1 disconnected (its info forgotten, as NIXL's invalidation does) and loaded again: now
+    // the latest loaded. Each newcomer past the bound pushes out the earliest loaded of those
+    // not connected: f0 first; b0, connected, stays.
+    ASSERT_EQ(a->disconnect("cap-b1"), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b1", info1), NIXL_SUCCESS);
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-f30", fake_conn_info("cap-f30")), NIXL_SUCCESS);
+    EXPECT_EQ(a->genNotif("cap-f0", "forgotten"), NIXL_ERR_NOT_FOUND);
+    EXPECT_EQ(a->genNotif("cap-b0", "connected: kept"), NIXL_SUCCESS);
+    // 29 more push out f1..f29; the 30th pushes out b1.
+    for (int i = 31; i <= 60; ++i) {
+        const std::string name = "cap-f" + std::to_string(i);
+        ASSERT_EQ(a->loadRemoteConnInfo(name, fake_conn_info(name)), NIXL_SUCCESS) << name;
+    }
+    EXPECT_EQ(a->genNotif("cap-f29", "forgotten"), NIXL_ERR_NOT_FOUND);
+    EXPECT_EQ(write_to(a, from, b1, to, "cap-b1"), NIXL_ERR_REMOTE_DISCONNECT);
+    EXPECT_EQ(to.bytes, std::vector<uint8_t>(4096, 0));
+    // Loaded again (as NIXL does with the metadata, after invalidating the agent): reached.
+    ASSERT_EQ(a->loadRemoteConnInfo("cap-b1", info1), NIXL_SUCCESS);
+    EXPECT_EQ(write_to(a, from, b1, to, "cap-b1"), NIXL_SUCCESS);
+    EXPECT_EQ(to.bytes, from.bytes);
+    EXPECT_EQ(a->deregisterMem(from.md), NIXL_SUCCESS);
+    EXPECT_EQ(b1->deregisterMem(to.md), NIXL_SUCCESS);
 }
 
 // (Not out of memory, but this file's backends without an agent are the way to call it.) The
