@@ -307,9 +307,12 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
 
 Status SendComm::test(SendReq* req, bool* done, size_t* size) {
     *done = false;
-    const ReqState state = req->state.load(std::memory_order_acquire);
-    if (state == ReqState::kPending) return Status();
+    if (req->state.load(std::memory_order_acquire) == ReqState::kPending) return Status();
     std::lock_guard<std::mutex> lock(mu_);
+    // Read again under the lock: another thread testing the same request may have released it
+    // meanwhile (testing may come from several threads), and releasing it twice would hand one
+    // slot to two later posts.
+    const ReqState state = req->state.load(std::memory_order_acquire);
     if (state == ReqState::kFree) {
         return failed_precondition("test: request is not in flight (already completed?)");
     }
@@ -606,6 +609,7 @@ Status RecvComm::test(RecvReq* req, bool* done, size_t* sizes) {
     }
     if (state == ReqState::kPending) return Status();
     std::lock_guard<std::mutex> lock(mu_);
+    state = req->state.load(std::memory_order_acquire);  // (again under the lock: as SendComm's)
     if (state == ReqState::kFree) {
         return failed_precondition("test: request is not in flight (already completed?)");
     }

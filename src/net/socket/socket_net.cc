@@ -678,17 +678,29 @@ void SocketNet::forget_mrs(void* comm) {
     }
 }
 
+bool SocketNet::live_mr_locked(void* comm, MemHandle* mhandle) const {
+    // By the handle's value, never reading through it: a handle deregistered already, or
+    // forgotten with its comm's close, points at freed memory (or at a later registration that
+    // took its place, which the comm's own list tells apart only if it is this comm's).
+    auto it = mrs_.find(comm);
+    if (it == mrs_.end()) return false;
+    const auto& recs = it->second;
+    return std::find(recs.begin(), recs.end(), static_cast<void*>(mhandle)) != recs.end() &&
+           reinterpret_cast<MrRecord*>(mhandle)->magic == kMrMagic;
+}
+
 Status SocketNet::dereg_mr_failing_pending(void* comm, MemHandle* mhandle) {
-    auto* rec = reinterpret_cast<MrRecord*>(mhandle);
-    if (rec == nullptr || rec->magic != kMrMagic) {
-        return invalid_argument("dereg_mr: not a registration of the socket transport");
-    }
     {
         // Held throughout: a close of the comm on another thread forgets its registrations
         // under it, and deletes the comm only after.
         std::lock_guard<std::mutex> lock(mr_mu_);
+        if (!live_mr_locked(comm, mhandle)) {
+            return invalid_argument(
+                "dereg_mr: not a live registration of this comm of the socket transport");
+        }
+        auto* rec = reinterpret_cast<MrRecord*>(mhandle);
         auto* c = reinterpret_cast<socket_internal::Comm*>(rec->comm);
-        if (mrs_.count(rec->comm) != 0 && rec->data != nullptr &&
+        if (rec->data != nullptr &&
             (c->kind() == Comm::kSendKind || c->kind() == Comm::kRecvKind)) {
             c->drop_memory(static_cast<const uint8_t*>(rec->data), rec->size);
         }
@@ -697,26 +709,25 @@ Status SocketNet::dereg_mr_failing_pending(void* comm, MemHandle* mhandle) {
 }
 
 Status SocketNet::hint_device_reads(void* comm, MemHandle* mhandle) {
-    auto* rec = reinterpret_cast<MrRecord*>(mhandle);
-    if (rec == nullptr || rec->magic != kMrMagic || rec->comm != comm) {
+    std::lock_guard<std::mutex> lock(mr_mu_);
+    if (!live_mr_locked(comm, mhandle)) {
         return invalid_argument("hint_device_reads: not a registration of the socket transport");
     }
-    rec->device_reads = true;
+    reinterpret_cast<MrRecord*>(mhandle)->device_reads = true;
     return Status();
 }
 
 Status SocketNet::dereg_mr(void* comm, MemHandle* mhandle) {
     auto* rec = reinterpret_cast<MrRecord*>(mhandle);
-    if (rec == nullptr || rec->magic != kMrMagic) {
-        return invalid_argument("dereg_mr: not a registration of the socket transport");
-    }
     {
         std::lock_guard<std::mutex> lock(mr_mu_);
-        auto it = mrs_.find(rec->comm);
-        if (it != mrs_.end()) {
-            std::erase(it->second, static_cast<void*>(rec));
-            if (it->second.empty()) mrs_.erase(it);
+        if (!live_mr_locked(comm, mhandle)) {
+            return invalid_argument(
+                "dereg_mr: not a live registration of this comm of the socket transport");
         }
+        auto it = mrs_.find(comm);
+        std::erase(it->second, static_cast<void*>(rec));
+        if (it->second.empty()) mrs_.erase(it);
     }
     rec->magic = 0;
     delete rec;

@@ -93,6 +93,9 @@ class SocketNet final : public Net {
     void forget_mrs(void* comm);
     std::mutex mr_mu_;
     std::unordered_map<void*, std::vector<void*>> mrs_;
+    // Whether `mhandle` is a registration of `comm` not yet deregistered (or forgotten at its
+    // close). With mr_mu_ held.
+    bool live_mr_locked(void* comm, MemHandle* mhandle) const;
 
     std::mutex connect_mu_;
     // Connects in progress, keyed by the random key stored in the caller's handle.
