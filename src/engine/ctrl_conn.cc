@@ -17,10 +17,10 @@ constexpr int kMaxIov = 64;
 
 void CtrlConn::reset(Fd fd) {
     fd_ = std::move(fd);
+    release_replies();
     out_.clear();
     out_offset_ = 0;
-    queued_ = written_ = reply_bytes_ = 0;
-    replies_.clear();
+    queued_ = written_ = 0;
     in_.clear();
     begin_ = end_ = consumed_ = 0;
     shrink_buffer();
@@ -81,6 +81,13 @@ void CtrlConn::queue_reply(std::string msg, std::string tail) {
         throw;
     }
     reply_bytes_ += size;
+    if (reply_room_ != nullptr) reply_room_->used += size;
+}
+
+void CtrlConn::release_replies() {
+    if (reply_room_ != nullptr) reply_room_->used -= reply_bytes_;
+    reply_bytes_ = 0;
+    replies_.clear();
 }
 
 Status CtrlConn::flush() {
@@ -97,6 +104,7 @@ Status CtrlConn::flush() {
         written_ += n;
         while (!replies_.empty() && replies_.front().end <= written_) {
             reply_bytes_ -= replies_.front().size;
+            if (reply_room_ != nullptr) reply_room_->used -= replies_.front().size;
             replies_.pop_front();
         }
         while (n > 0) {
@@ -126,6 +134,7 @@ void CtrlConn::close_after_draining_input() {
     }
     fd_.reset();
     release_room();
+    release_replies();
 }
 
 size_t CtrlConn::front_lacks() const {

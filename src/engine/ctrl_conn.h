@@ -36,11 +36,16 @@ class CtrlConn {
     explicit CtrlConn(Fd fd) : fd_(std::move(fd)) {}
     CtrlConn(const CtrlConn&) = delete;
     CtrlConn& operator=(const CtrlConn&) = delete;
-    ~CtrlConn() { release_room(); }
+    ~CtrlConn() {
+        release_room();
+        release_replies();
+    }
 
     // The shared room to draw on (none: a message takes what it needs). Set before reading; it
     // must outlive the connection.
     void set_room(CtrlRoom* room) { room_ = room; }
+    // Where the replies queued (reply_bytes) are counted for all peers together, the same way.
+    void set_reply_room(CtrlRoom* room) { reply_room_ = room; }
     // The last read() stopped because the message in front needs more room than is free:
     // nothing more is read until room_fits().
     bool starved() const { return starved_; }
@@ -59,6 +64,7 @@ class CtrlConn {
     void close() {
         fd_.reset();
         release_room();
+        release_replies();
     }
     // Reads and drops what has arrived and was not read (up to 8 MiB), then closes: a socket
     // closed with bytes unread sends a reset, and a reset can destroy what we sent last (a BYE
@@ -118,6 +124,8 @@ class CtrlConn {
     // Drops the read buffer past its own size, and the room it held.
     void shrink_buffer();
     void release_room();
+    // What is queued will not go out: no longer counted.
+    void release_replies();
 
     Fd fd_;
     std::deque<std::string> out_;
@@ -139,8 +147,9 @@ class CtrlConn {
     uint32_t max_message_ = wire::kHandshakeMessage;
     uint32_t inline_allowance_ = 0;
     CtrlRoom* room_ = nullptr;
-    uint64_t reserved_ = 0;      // of room_, for in_ past kOwnBuffer
-    uint64_t starved_need_ = 0;  // what reserved_ must become for the read that starved
+    CtrlRoom* reply_room_ = nullptr;  // counts reply_bytes_
+    uint64_t reserved_ = 0;           // of room_, for in_ past kOwnBuffer
+    uint64_t starved_need_ = 0;       // what reserved_ must become for the read that starved
     bool starved_ = false;
 };
 

@@ -237,6 +237,9 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
     xfers_ = std::make_unique<engine::XferTable>(static_cast<size_t>(config.max_transfers),
                                                  static_cast<uint32_t>(first_gen));
     ctrl_room_.limit = config.max_ctrl_buffer_total;
+    reply_room_.limit = config.max_queued_replies_total;
+    reply_share_ = std::max<uint64_t>(
+        64 << 10, config.max_queued_replies_total / static_cast<uint64_t>(config.max_peers));
     max_queued_replies_ =
         engine::kInlineReplyBudget +
         std::max(engine::kMinReplyRoomTotal,
@@ -925,11 +928,11 @@ bool Endpoint::Impl::read_control(Peer& p) {
                 p.ctrl.unread_message();
                 return true;
             }
-            if (p.state != Peer::State::kFailed && p.ctrl.reply_bytes() > max_queued_replies_) {
+            if (p.state != Peer::State::kFailed && replies_past_bound(p)) {
                 // What is queued went out as far as the socket took it (flush), and the peer
                 // keeps asking: it does not read what it asks for.
                 (void)p.ctrl.flush();
-                if (p.ctrl.reply_bytes() > max_queued_replies_) {
+                if (replies_past_bound(p)) {
                     // Closed with a reset: a graceful close would leave the kernel holding what
                     // the socket took (megabytes) for a peer that reads nothing, and it hears
                     // no BYE.
@@ -938,8 +941,9 @@ bool Endpoint::Impl::read_control(Peer& p) {
                                        sizeof(abort_close));
                     fail_peer(p, resource_exhausted(strformat(
                                      "the peer asks without reading the replies: %llu bytes of "
-                                     "them queued",
-                                     static_cast<unsigned long long>(p.ctrl.reply_bytes()))));
+                                     "them queued (%llu for all peers together)",
+                                     static_cast<unsigned long long>(p.ctrl.reply_bytes()),
+                                     static_cast<unsigned long long>(reply_room_.used))));
                     return true;
                 }
             }
@@ -962,6 +966,12 @@ bool Endpoint::Impl::read_control(Peer& p) {
         }
     }
     return did;
+}
+
+bool Endpoint::Impl::replies_past_bound(const Peer& p) const {
+    const uint64_t mine = p.ctrl.reply_bytes();
+    return mine > max_queued_replies_ ||
+           (reply_room_.used > reply_room_.limit && mine >= reply_share_);
 }
 
 bool Endpoint::Impl::set_interest(Peer& p, bool paused, bool out) {

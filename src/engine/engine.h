@@ -556,6 +556,9 @@ class Endpoint::Impl {
     void time_stages(Channel& ch, const engine::Op& op, bool tx, uint64_t end_ns);
     void log_stage_times(const Peer& p) const;
     bool read_control(Peer& p);
+    // Whether p has more replies queued than it may: its own bound, or (all peers' together
+    // past MAX_QUEUED_REPLIES_TOTAL) its share.
+    bool replies_past_bound(const Peer& p) const;
     // The epoll interest of a ready peer's control socket: input unless `paused`, output if
     // `out` (which watch_out records). False: epoll_ctl failed (errno), nothing changed.
     bool set_interest(Peer& p, bool paused, bool out);
@@ -846,6 +849,10 @@ class Endpoint::Impl {
     // What the peers' control connections share for messages larger than their own buffers
     // (before peers_: their connections give it back as they go).
     engine::CtrlRoom ctrl_room_;
+    // The replies queued for all peers together (MAX_QUEUED_REPLIES_TOTAL), and what a peer
+    // must have left unread to be disconnected for asking past it (read_control).
+    engine::CtrlRoom reply_room_;
+    uint64_t reply_share_ = 0;
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;

@@ -438,7 +438,10 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
     // Past the inline budget the read goes through the data channels: the reader takes a reply
     // without data as "the data follows there" (on_read_resp), so a legitimate burst of small
     // reads is served whole rather than taken for a peer that does not read its replies.
+    // (And past half of what all peers' replies may hold together: the rest is for replies
+    // without data, which a peer reading them takes at once.)
     if (total <= limit && p.ctrl.reply_bytes() + total <= engine::kInlineReplyBudget &&
+        reply_room_.used + total <= reply_room_.limit / 2 &&
         gpu_pieces(regions) <= wire::kMaxInlineGpuPieces) {
         std::string payload;
         payload.reserve(total);

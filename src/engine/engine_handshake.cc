@@ -56,6 +56,7 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::add_peer(Fd fd, bool outbound,
         outbound ? config_.connect_timeout_ms : config_.handshake_timeout_ms));
     p->ctrl.reset(std::move(fd));
     p->ctrl.set_room(&ctrl_room_);
+    p->ctrl.set_reply_room(&reply_room_);
     if (outbound) {
         p->state = State::kConnecting;
     } else {

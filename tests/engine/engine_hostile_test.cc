@@ -1628,6 +1628,58 @@ TEST(EngineHostile, APeerThatAsksWithoutReadingTheRepliesIsBounded) {
     expect_serves(ep.get());
 }
 
+// As asks_until_cut_off, counting the bytes of requests sent until then.
+bool asks_until_cut_off(int fd, std::string_view batch, std::chrono::seconds timeout,
+                        uint64_t* sent) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string_view left = batch;
+    while (std::chrono::steady_clock::now() < deadline) {
+        pollfd p{fd, POLLOUT, 0};
+        if (::poll(&p, 1, 20) <= 0) continue;
+        if ((p.revents & (POLLERR | POLLHUP)) != 0) return true;
+        const ssize_t n = ::send(fd, left.data(), left.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (n <= 0) return errno == ECONNRESET || errno == EPIPE;
+        *sent += static_cast<uint64_t>(n);
+        left.remove_prefix(static_cast<size_t>(n));
+        if (left.empty()) left = batch;
+    }
+    return false;
+}
+
+// Replies queued for peers that do not read them are bounded for all peers together
+// (MAX_QUEUED_REPLIES_TOTAL), not only each peer's (here 136 MiB: MAX_TRANSFERS of 1M): one peer
+// leaves some 12 MiB of refusals unread, and a second one asking the same way is cut off once
+// the two together pass 16 MiB, long before its own bound; the first, asking nothing more, stays.
+// (Each peer could have us hold its own bound before: MAX_PEERS of them, 16 MiB each by default.)
+TEST(EngineHostile, RepliesQueuedForAllPeersAreBoundedTogether) {
+    GuardedBuffer src(4096);
+    Config c = engine_test_config();
+    c.max_transfers = 1 << 20;
+    c.max_queued_replies_total = 16 << 20;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    const MemId m = *ep->reg(src.data(), src.size());
+    const uint64_t refused_key = ep->describe(m)->key ^ 1;
+    RawPeer first(*ep, "first"), second(*ep, "second");
+    ASSERT_TRUE(first.ok() && second.ok());
+    int small = 4096;  // neither reads: keep what their sockets take small
+    ::setsockopt(first.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    ::setsockopt(second.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    const std::string batch = inline_reads(10000, refused_key, 1);
+    // 150,000 refusals, some 12 MiB of replies: under the total.
+    for (int i = 0; i < 15; ++i) send_all(first.fd(), batch);
+    std::this_thread::sleep_for(500ms);
+    uint64_t sent = 0;
+    EXPECT_TRUE(asks_until_cut_off(second.fd(), batch, 60s, &sent)) << "never cut off";
+    // Cut off past the total: some thousands of requests; its own bound would take 1.8 million
+    // (136 MiB of replies), more than 100 MB of requests.
+    EXPECT_LT(sent, uint64_t{40} << 20) << "bytes of requests before the cut";
+    EXPECT_FALSE(closed_by_peer(first.fd(), 300ms)) << "the first, asking nothing more, was cut";
+    EXPECT_TRUE(ep->dereg(m).ok());
+    expect_serves(ep.get());
+}
+
 // The pieces of a peer's requests served at once are bounded too (MAX_SERVED_PIECES): each
 // request's list is held until its data has moved, and MAX_TRANSFERS requests of a million
 // pieces each would be terabytes. The reads stay in flight: the raw peer never takes their data.
