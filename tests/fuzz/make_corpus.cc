@@ -176,6 +176,22 @@ int main(int argc, char** argv) {
     put("fuzz_ctrl_stream", "all", "\x80" + stream);
     put("fuzz_ctrl_stream", "write_then_ack", "\x40" + msgs[4].whole + msgs[5].whole);
 
+    // The shared room: the room's size, then operations (peer + 3 x kind, a 16-bit argument).
+    const auto op = [](int peer, int kind, uint32_t arg) {
+        return std::string{static_cast<char>(peer + 3 * kind), static_cast<char>(arg & 0xff),
+                           static_cast<char>(arg >> 8)};
+    };
+    constexpr uint32_t k2MiB = (2u << 20) / 52, kAll = 0xffff;
+    // Two 2 MiB messages, a 2 MiB room: the second waits until the first is handed out.
+    put("fuzz_ctrl_room", "two_large",
+        std::string(1, '\x03') + op(0, 0, k2MiB) + op(1, 0, k2MiB) + op(0, 1, kAll) +
+            op(1, 1, kAll) + op(0, 2, 0) + op(1, 2, 0) + op(0, 2, 0) + op(1, 2, 0));
+    // A message past the limit, one of three peers closed midway, small ones between.
+    put("fuzz_ctrl_room", "past_limit_and_close",
+        std::string(1, '\x07') + op(2, 0, 0xfff0) + op(0, 0, 100) + op(1, 0, k2MiB) +
+            op(2, 1, kAll) + op(1, 1, 20000) + op(2, 2, 0) + op(1, 2, 0) + op(1, 3, 0) +
+            op(0, 1, kAll) + op(0, 2, 0));
+
     tcpx::engine::EndpointAddress a;
     a.name = "node-a";
     a.gpu = 3;
