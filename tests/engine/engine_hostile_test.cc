@@ -1546,7 +1546,9 @@ std::string inline_reads(int n, uint64_t key, uint64_t len) {
 
 // Sends `batch` over and over, reading nothing, until the other side resets the connection (true)
 // or `timeout` passes (false; also when the other side stops reading, so that sends block).
-bool asks_until_cut_off(int fd, std::string_view batch, std::chrono::seconds timeout) {
+// `sent` (optional): the bytes sent until then.
+bool asks_until_cut_off(int fd, std::string_view batch, std::chrono::seconds timeout,
+                        uint64_t* sent = nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::string_view left = batch;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -1556,6 +1558,7 @@ bool asks_until_cut_off(int fd, std::string_view batch, std::chrono::seconds tim
         const ssize_t n = ::send(fd, left.data(), left.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
         if (n <= 0) return errno == ECONNRESET || errno == EPIPE;
+        if (sent != nullptr) *sent += static_cast<uint64_t>(n);
         left.remove_prefix(static_cast<size_t>(n));
         if (left.empty()) left = batch;  // the next batch (transfer ids repeat: refused anyway)
     }
@@ -1626,25 +1629,6 @@ TEST(EngineHostile, APeerThatAsksWithoutReadingTheRepliesIsBounded) {
     EXPECT_TRUE(ep->dereg(m).ok());
     EXPECT_TRUE(src.canaries_intact());
     expect_serves(ep.get());
-}
-
-// As asks_until_cut_off, counting the bytes of requests sent until then.
-bool asks_until_cut_off(int fd, std::string_view batch, std::chrono::seconds timeout,
-                        uint64_t* sent) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string_view left = batch;
-    while (std::chrono::steady_clock::now() < deadline) {
-        pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, 20) <= 0) continue;
-        if ((p.revents & (POLLERR | POLLHUP)) != 0) return true;
-        const ssize_t n = ::send(fd, left.data(), left.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-        if (n <= 0) return errno == ECONNRESET || errno == EPIPE;
-        *sent += static_cast<uint64_t>(n);
-        left.remove_prefix(static_cast<size_t>(n));
-        if (left.empty()) left = batch;
-    }
-    return false;
 }
 
 // Replies queued for peers that do not read them are bounded for all peers together
