@@ -184,9 +184,9 @@ Status CtrlConn::read(bool* eof, bool* more) {
                     if (end_ >= sizeof(wire::Header)) {
                         wire::Header h;
                         std::memcpy(&h, in_.data(), sizeof(h));
-                        const uint32_t limit =
-                            max_message_ + ((h.flags & wire::kFlagInline) ? inline_allowance_ : 0);
-                        if (h.magic != wire::kMagic || h.length > limit) return Status();
+                        if (h.magic != wire::kMagic || h.length > body_limit(h.flags)) {
+                            return Status();
+                        }
                         capacity = std::max(capacity, sizeof(wire::Header) + h.length + kReadChunk);
                     }
                     if (!take_room(capacity)) return Status();
@@ -219,8 +219,7 @@ StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* bo
     if (header->magic != wire::kMagic) {
         return protocol_error(strformat("corrupt control stream (magic 0x%08x)", header->magic));
     }
-    const uint32_t limit =
-        max_message_ + ((header->flags & wire::kFlagInline) ? inline_allowance_ : 0);
+    const uint32_t limit = body_limit(header->flags);
     if (header->length > limit) {
         return protocol_error(strformat("control message of %u bytes exceeds the limit of %u",
                                         header->length, limit));

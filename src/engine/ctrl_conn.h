@@ -119,6 +119,11 @@ class CtrlConn {
     size_t buffer_capacity() const { return in_.capacity(); }
 
  private:
+    // The largest body accepted for a message with these flags (max_message_, and the inline
+    // allowance for one flagged kFlagInline).
+    uint32_t body_limit(uint16_t flags) const {
+        return max_message_ + ((flags & wire::kFlagInline) ? inline_allowance_ : 0);
+    }
     // Room for a buffer of `capacity` bytes; false (starved_) when the shared room lacks it.
     bool take_room(size_t capacity);
     // Drops the read buffer past its own size, and the room it held.

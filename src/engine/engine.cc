@@ -1077,21 +1077,21 @@ bool Endpoint::Impl::step_paused(Peer& p, bool ready, bool tick, Clock::time_poi
             p.ctrl_broken = true;
         }
     }
-    if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms) &&
-        p.paused_for_room) {
-        fail_peer(p, resource_exhausted(strformat(
-                         "its next control message waited %lld ms (PEER_TIMEOUT_MS) for buffer "
-                         "room: %llu of TCPX_P2P_MAX_CTRL_BUFFER_TOTAL's %llu bytes held by "
-                         "other peers' messages",
-                         static_cast<long long>(config_.peer_timeout_ms),
-                         static_cast<unsigned long long>(ctrl_room_.used),
-                         static_cast<unsigned long long>(ctrl_room_.limit))));
-    } else if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
-        const Status room = notification_room(p, p.paused_note);
-        fail_peer(p, resource_exhausted(strformat(
-                         "%s; its next notification waited %lld ms for room (PEER_TIMEOUT_MS)",
-                         std::string(room.message()).c_str(),
-                         static_cast<long long>(config_.peer_timeout_ms))));
+    if (tick && now - p.paused_since > std::chrono::milliseconds(config_.peer_timeout_ms)) {
+        const long long waited = config_.peer_timeout_ms;
+        if (p.paused_for_room) {
+            fail_peer(p, resource_exhausted(strformat(
+                             "its next control message waited %lld ms (PEER_TIMEOUT_MS) for "
+                             "buffer room: %llu of TCPX_P2P_MAX_CTRL_BUFFER_TOTAL's %llu bytes "
+                             "held by other peers' messages",
+                             waited, static_cast<unsigned long long>(ctrl_room_.used),
+                             static_cast<unsigned long long>(ctrl_room_.limit))));
+        } else {
+            const Status room = notification_room(p, p.paused_note);
+            fail_peer(p, resource_exhausted(strformat(
+                             "%s; its next notification waited %lld ms for room (PEER_TIMEOUT_MS)",
+                             std::string(room.message()).c_str(), waited)));
+        }
     }
     return false;
 }

@@ -24,17 +24,20 @@ std::string message(wire::MsgType type, uint16_t flags, size_t body_bytes) {
     return msg;
 }
 
+// `conn` reading one end of a socket pair whose other end, `peer`, writes into buffers of 8 MiB.
+void connect_pair(CtrlConn* conn, Fd* peer) {
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
+    conn->reset(Fd(fds[0]));
+    *peer = Fd(fds[1]);
+    int big = 8 << 20;
+    ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+    ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+}
+
 class CtrlConnLimits : public ::testing::Test {
  protected:
-    void SetUp() override {
-        int fds[2];
-        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
-        conn_.reset(Fd(fds[0]));
-        peer_ = Fd(fds[1]);
-        int big = 8 << 20;
-        ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-        ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-    }
+    void SetUp() override { connect_pair(&conn_, &peer_); }
 
     // Sends `msg` from the peer's end and reads until the message is whole, refused, or the
     // stream ends. True: handed out whole, with its body's size in *body_bytes.
@@ -217,13 +220,7 @@ TEST_F(CtrlConnLimits, AnUnreadMessageComesAgain) {
 // A connection and the socket its peer writes into, drawing on `room`.
 struct RoomConn {
     explicit RoomConn(CtrlRoom* room, uint32_t limit) {
-        int fds[2];
-        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fds), 0);
-        conn.reset(Fd(fds[0]));
-        peer = Fd(fds[1]);
-        int big = 8 << 20;
-        ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-        ::setsockopt(fds[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+        connect_pair(&conn, &peer);
         conn.set_max_message(limit, 0);
         conn.set_room(room);
     }
