@@ -1205,6 +1205,7 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         // has its own deadline (step_paused).
         p.last_recv = now;
         p.last_answer = std::max(p.last_answer, now);
+        p.read_done_clock = now;
     }
     if (now - p.last_recv > timeout) {
         fail_peer(p, timeout_error(strformat("no word from the peer for %lld ms",
@@ -1223,6 +1224,7 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     // the timeout; at the smallest timeouts half of it is no more than a tick.)
     if (now - p.last_tick > std::max<Clock::duration>(timeout / 2, 4 * kTick)) {
         p.last_answer = std::max(p.last_answer, now);
+        p.read_done_clock = now;
     }
     p.last_tick = now;
     // Only while we owe nothing ourselves: chunks of ours still queued, in flight or finishing
@@ -1242,6 +1244,20 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
                          "and moved no data for %lld ms (its heartbeats still came)",
                          static_cast<unsigned long long>(p.answers_owed),
                          2 * static_cast<long long>(config_.peer_timeout_ms))));
+        return true;
+    }
+    // The oldest read whose data has left us and whose READ_DONE has not come: the reader
+    // holds our room for its notification, and nothing above bounds that (see read_done_due).
+    if (!p.read_done_due.empty() &&
+        now - std::max(p.read_done_due.begin()->first, p.read_done_clock) > 2 * timeout) {
+        fail_peer(p,
+                  timeout_error(strformat(
+                      "the peer sent no READ_DONE for a read we served it %lld ms "
+                      "ago (%zu such reads; we hold their notifications)",
+                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 now - p.read_done_due.begin()->first)
+                                                 .count()),
+                      p.read_done_due.size())));
         return true;
     }
     for (bool tx : {true, false}) {

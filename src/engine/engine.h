@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -423,8 +424,16 @@ struct Peer {
     struct HeldReadNotification {
         std::string payload;
         HeldNotificationRoom room;
+        Clock::time_point gone{};  // when the read's data left us (zero: not yet)
     };
     std::unordered_map<uint64_t, HeldReadNotification> read_notifs;
+    // Of those, the reads whose data has left us, oldest first (gone, id): each READ_DONE is due
+    // within twice PEER_TIMEOUT_MS of it, counted from read_done_clock when that is later (while
+    // the peer is not read, or we were away, its READ_DONE may wait unread). The answer deadline
+    // below does not bound it: a peer answering other requests, or whose heartbeats claim chunks
+    // moved, would hold the notification's room for ever.
+    std::set<std::pair<Clock::time_point, uint64_t>> read_done_due;
+    Clock::time_point read_done_clock{};
     // Reading this peer's control connection has stopped: a notification it sent on its own
     // (NOTIF, `paused_note` bytes) found no room in what we hold for the application, and
     // waits there, unread, with everything behind it (TCP holds the rest back at the sender)
@@ -795,6 +804,9 @@ class Endpoint::Impl {
         const std::vector<std::pair<engine::Region*, engine::Region*>>& held);
     // Lets every notification held for the peer's reads go (its connection is torn down).
     void drop_read_notifications(Peer& p);
+    // The data of the peer's read `xfer` has left us (inline in the reply, or its last chunk
+    // sent): its READ_DONE is due from now, if we hold its notification.
+    void read_data_gone(Peer& p, uint64_t xfer);
     // `held`: its room was taken already (a served write's).
     void queue_notification(Peer& p, std::string payload, bool held);
     // A transfer of ours starts waiting for the peer's reply (and counts toward the answers

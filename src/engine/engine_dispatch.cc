@@ -165,6 +165,7 @@ Status Endpoint::Impl::on_read_done(Peer& p, std::string_view body) {
         --p.notif_count;
         p.notif_bytes -= it->second.payload.size();
     }
+    if (it->second.gone != Clock::time_point{}) p.read_done_due.erase({it->second.gone, m.xfer});
     p.read_notifs.erase(it);  // its endpoint-wide room goes back; the queue counts it from here
     --p.answers_owed;
     p.last_answer = Clock::now();
@@ -178,6 +179,15 @@ void Endpoint::Impl::drop_read_notifications(Peer& p) {
     }
     p.answers_owed -= std::min<uint64_t>(p.answers_owed, p.read_notifs.size());
     p.read_notifs.clear();
+    p.read_done_due.clear();
+}
+
+void Endpoint::Impl::read_data_gone(Peer& p, uint64_t xfer) {
+    auto it = p.read_notifs.find(xfer);
+    if (it == p.read_notifs.end() || it->second.gone != Clock::time_point{}) return;
+    const auto now = Clock::now();
+    p.read_done_due.emplace(now, xfer);  // (out of memory: nothing changed)
+    it->second.gone = now;
 }
 
 void Endpoint::Impl::queue_notification(Peer& p, std::string payload, bool held) {
@@ -408,8 +418,9 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         }
     }
     // Its READ_DONE is an answer owed: a peer that never sends one (but heartbeats on) would
-    // hold the room for ever; past twice PEER_TIMEOUT_MS with nothing of ours pending, it fails
-    // as one that answers none of our requests does.
+    // hold the room for ever. Past twice PEER_TIMEOUT_MS with nothing of ours pending it fails
+    // as one that answers none of our requests does, and, whatever else it answers or claims,
+    // twice PEER_TIMEOUT_MS after the read's data has left us (read_data_gone, step_peer).
     const auto hold_notification = [&] {
         if (!notify) return;
         std::string payload(req.notification);  // (out of memory: nothing changed yet)
@@ -453,7 +464,10 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
                               ? wire::encode_read_resp(req.xfer, wire::kFlagInline, Status())
                               : wire::encode_read_resp(req.xfer, 0, st.with_context("read failed"));
         if (!st.ok()) payload.clear();
-        if (st.ok()) hold_notification();
+        if (st.ok()) {
+            hold_notification();
+            read_data_gone(p, req.xfer);
+        }
         wire::end_message(&msg, payload.size());
         send_reply(p, std::move(msg), std::move(payload));
         count(p, &Stats::requests_served);

@@ -376,6 +376,7 @@ void Endpoint::Impl::maybe_finish(Xfer* x) {
             send_reply(p, wire::encode_write_ack(x->wire_id, x->result));
             break;
         case Xfer::Kind::kServeRead:
+            read_data_gone(p, x->wire_id);  // (its READ_DONE says whether the data arrived)
             break;
         case Xfer::Kind::kRead:
             // The data is in place here: now the peer may hear of it (it holds the notification

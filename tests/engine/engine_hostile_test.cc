@@ -1078,6 +1078,60 @@ TEST(EngineHostile, AReaderThatNeverSendsReadDoneFailsAfterThePeerTimeout) {
     expect_serves(ep.get());
 }
 
+// Nor can one keep it by claiming progress: heartbeats that report chunks moved (or answers to
+// other requests) keep a peer clear of the answer deadline, but a read's READ_DONE is due twice
+// PEER_TIMEOUT_MS after the read's data has left, whatever else comes. A read answered inline,
+// and one whose data comes on the data channel.
+TEST(EngineHostile, AReaderClaimingProgressStillOwesItsReadDone) {
+    Config tc = engine_test_config();
+    tc.peer_timeout_ms = 200;
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    constexpr uint64_t kLen = 2 * RawPeer::kChunk;
+    GuardedBuffer region(kLen);
+    const RemoteMem desc = *ep->describe(*ep->reg(region.data(), region.size()));
+    for (const bool chunked : {false, true}) {
+        SCOPED_TRACE(chunked ? "data on the data channel" : "data inline");
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        auto peer = ep->accept(5s);
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        uint64_t moved = 0;
+        if (chunked) {
+            wire::ReadReq req;
+            req.xfer = 1;
+            req.flags = wire::kFlagNotif;
+            req.segs = {{desc.key, 0, kLen}};
+            req.notification = "never done";
+            send_all(raw.fd(), wire::encode_read_req(req));
+            wire::Header h;
+            std::string body;
+            ASSERT_TRUE(read_next(raw.fd(), &h, &body));
+            ASSERT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
+            ASSERT_FALSE(h.flags & wire::kFlagInline);
+            std::vector<uint8_t> got(kLen);
+            for (uint64_t off = 0; off < kLen; off += RawPeer::kChunk, ++moved) {
+                ASSERT_EQ(raw.recv_chunk(got.data() + off, RawPeer::kChunk),
+                          static_cast<long>(RawPeer::kChunk));
+            }
+        } else {
+            ASSERT_NO_FATAL_FAILURE(read_inline_with_notification(raw.fd(), desc, 1, "never done"));
+        }
+        // Heartbeats every 20 ms, each claiming one more chunk moved; never the READ_DONE.
+        const auto start = std::chrono::steady_clock::now();
+        bool closed = false;
+        while (!closed && std::chrono::steady_clock::now() - start < 10s) {
+            send_all(raw.fd(), wire::encode_ping(++moved));
+            closed = closed_by_peer(raw.fd(), 20ms);
+        }
+        EXPECT_TRUE(closed) << "a reader owing its READ_DONE was kept for 10 s";
+        const Status st = ep->peer_status(*peer);
+        EXPECT_NE(st.to_string().find("READ_DONE"), std::string::npos) << st.to_string();
+    }
+    EXPECT_TRUE(ep->get_notifications().empty());
+    expect_serves(ep.get());
+}
+
 // The bound holds for all peers together: a peer that fills its share and goes leaves its
 // notifications to the application, still counted, and the next one gets only what is left;
 // the rest of its notifications wait, unread, until the application takes some.
