@@ -22,9 +22,10 @@
 // wait() that sees it finish, and its id is then forgotten (INVALID_ARGUMENT after).
 //
 // All methods are thread-safe. Errors are Status values; no exception leaves a method that
-// returns one (out of memory inside is RESOURCE_EXHAUSTED). Only the few that return a value
+// returns one (out of memory inside is RESOURCE_EXHAUSTED, unless memory is so short that not
+// even that error's message can be made: then std::bad_alloc). The few that return a value
 // with no room for an error (metadata(), stats(), get_notifications(), ...) may throw
-// std::bad_alloc, as the standard library's containers do.
+// std::bad_alloc, as the standard library's containers do. (The C API lets nothing out.)
 #pragma once
 
 #include <chrono>
@@ -225,8 +226,11 @@ class TCPX_API Endpoint {
     // once those bytes have gone. A peer that makes no room for PEER_TIMEOUT_MS ends the
     // connection.
     Status notify(PeerId peer, std::string_view payload);
-    // Notifications received since the last call, each exactly once, in arrival order.
-    std::vector<Notification> get_notifications();
+    // Notifications received since the last call, each exactly once, in arrival order: all of
+    // them, or the `max` oldest (the rest wait for the next call). Once returned they no longer
+    // count against the bounds on notifications the application has not taken: a caller that
+    // buffers them itself should take no more than it hands on (the C API takes one at a time).
+    std::vector<Notification> get_notifications(size_t max = SIZE_MAX);
 
     // --- two-sided ---
     // A send matches the peer's first posted recv of the same tag (in posting order); the recv's

@@ -326,7 +326,9 @@ TCPX_C_API tcpx_status_t tcpx_recv(tcpx_endpoint_t* ep, uint64_t peer, uint64_t 
 
 /* Checks on a transfer without blocking. *done = 0 while it is in flight (TCPX_OK). *done = 1
  * once it finished: TCPX_OK if it succeeded, its failure's code (and tcpx_last_error) if it
- * failed — an unknown id reads as a failed transfer (TCPX_ERR_INVALID_ARGUMENT, *done = 1). */
+ * failed — an unknown id reads as a failed transfer (TCPX_ERR_INVALID_ARGUMENT, *done = 1), and
+ * so does every other failure of the call itself (a NULL endpoint): *done is 1 whenever the
+ * result is not TCPX_OK. */
 TCPX_C_API tcpx_status_t tcpx_poll(tcpx_endpoint_t* ep, uint64_t xfer, int* done);
 
 /* Blocks until the transfer finishes or `timeout_ms` milliseconds pass (negative: forever).

@@ -29,13 +29,12 @@ struct tcpx_config_t {
 
 struct tcpx_endpoint_t {
     std::unique_ptr<tcpx::Endpoint> endpoint;
-    // Endpoint::get_notifications() hands over everything received; the C API returns one at a
-    // time and keeps one whose buffers were too small, so the rest wait here, in arrival order.
+    // The C API returns one notification at a time, and keeps one whose buffers were too small
+    // until a call can take it. It takes them from the engine one at a time too: one taken
+    // counts as the application's (the bounds on what it has not taken no longer count it), so
+    // a batch held here would let peers send that much past those bounds.
     std::mutex mu;
-    // Taken from the engine, not yet returned: pending[next] on. Taken whole, by a move (an
-    // allocation that fails here loses none of them).
-    std::vector<tcpx::Notification> pending;
-    size_t next = 0;
+    std::vector<tcpx::Notification> pending;  // taken from the engine, not yet returned: 0 or 1
 };
 
 namespace {
@@ -277,11 +276,14 @@ tcpx_status_t tcpx_endpoint_create(const tcpx_config_t* config, const char* name
 void tcpx_endpoint_destroy(tcpx_endpoint_t* ep) { delete ep; }
 
 const char* tcpx_endpoint_name(const tcpx_endpoint_t* ep) {
-    if (ep == nullptr) {
-        (void)finish("tcpx_endpoint_name", null_argument("ep"));
-        return nullptr;
-    }
-    return ep->endpoint->name().c_str();
+    const char* name = nullptr;
+    // (Through guarded: even the error for a NULL endpoint allocates.)
+    (void)guarded("tcpx_endpoint_name", [&]() -> Status {
+        TCPX_C_REQUIRE(ep);
+        name = ep->endpoint->name().c_str();
+        return Status();
+    });
+    return name;
 }
 
 tcpx_status_t tcpx_endpoint_metadata(const tcpx_endpoint_t* ep, void* buf, size_t* len) {
@@ -517,12 +519,10 @@ tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t*
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(payload_len);
         std::lock_guard<std::mutex> lock(ep->mu);
-        if (ep->next == ep->pending.size()) {
-            ep->pending = ep->endpoint->get_notifications();
-            ep->next = 0;
-        }
-        if (ep->next == ep->pending.size()) return tcpx::not_found("no notification");
-        const tcpx::Notification& n = ep->pending[ep->next];
+        // (Taken by a move: an allocation that fails here loses nothing.)
+        if (ep->pending.empty()) ep->pending = ep->endpoint->get_notifications(1);
+        if (ep->pending.empty()) return tcpx::not_found("no notification");
+        const tcpx::Notification& n = ep->pending.front();
         // Both checked before either is copied: a notification that does not fit stays whole.
         if (peer_name != nullptr && n.peer.size() >= name_len) {
             *payload_len = n.payload.size();
@@ -534,7 +534,7 @@ tcpx_status_t take_notification(const char* what, tcpx_endpoint_t* ep, uint64_t*
         TCPX_RETURN_IF_ERROR(copy_bytes(n.payload, payload, payload_len));
         if (peer_name != nullptr) TCPX_RETURN_IF_ERROR(copy_string(n.peer, peer_name, name_len));
         if (peer != nullptr) *peer = n.peer_id;
-        ep->pending[ep->next++] = tcpx::Notification();  // (its memory back now)
+        ep->pending.clear();
         return Status();
     });
 }
@@ -566,6 +566,10 @@ tcpx_status_t tcpx_recv(tcpx_endpoint_t* ep, uint64_t peer, uint64_t mem, uint64
 // --- completion --------------------------------------------------------------------------------
 
 tcpx_status_t tcpx_poll(tcpx_endpoint_t* ep, uint64_t xfer, int* done) {
+    // Finished unless seen in flight below: every failure of this call is of a transfer that is
+    // not in flight (an unknown id, a failed transfer; out of memory can only come while taking
+    // a finished transfer's report) or of its arguments.
+    if (done != nullptr) *done = 1;
     return guarded("tcpx_poll", [&]() -> Status {
         TCPX_C_REQUIRE(ep);
         TCPX_C_REQUIRE(done);

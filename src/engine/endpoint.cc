@@ -117,7 +117,9 @@ Status Endpoint::copy(std::span<const LocalCopy> pieces) {
 Status Endpoint::notify(PeerId peer, std::string_view payload) {
     return guarded("notify", [&] { return impl_->notify(peer, payload); });
 }
-std::vector<Notification> Endpoint::get_notifications() { return impl_->get_notifications(); }
+std::vector<Notification> Endpoint::get_notifications(size_t max) {
+    return impl_->get_notifications(max);
+}
 
 StatusOr<XferId> Endpoint::send(PeerId peer, MemId mem, uint64_t offset, uint64_t len,
                                 uint64_t tag) {

@@ -1478,7 +1478,10 @@ void Endpoint::Impl::reap_peers() {
         const Peer& p = *it->second;
         const bool record = p.known_to_user || p.outbound;
         if (gone(p) && (!record || p.failed_seq <= forget_up_to)) {
-            if (p.notif_count > 0) {
+            // Its notifications still queued, or returned by the last call: the application may
+            // ask who sent them until its next call.
+            if (p.notif_count > 0 ||
+                (p.notif_returned_in != 0 && p.notif_returned_in == notification_calls_)) {
                 try {
                     gone_.insert_or_assign(
                         p.id, GoneIdentity{p.name, p.address, p.authenticated, p.notif_count});

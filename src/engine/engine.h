@@ -417,6 +417,7 @@ struct Peer {
     // Notifications from this peer that our application has not taken yet (those held for its
     // reads and writes in flight included).
     uint64_t notif_count = 0;
+    uint64_t notif_returned_in = 0;  // the get_notifications() call that last returned one
     uint64_t notif_bytes = 0;
     // The notifications of this peer's reads we served, held (in notif_count and notif_bytes,
     // and in the endpoint's held tally) until its READ_DONE says the data reached it; keyed by
@@ -507,7 +508,7 @@ class Endpoint::Impl {
                           std::optional<std::string_view> notification);
     Status copy(std::span<const LocalCopy> pieces);
     Status notify(PeerId peer, std::string_view payload);
-    std::vector<Notification> get_notifications();
+    std::vector<Notification> get_notifications(size_t max);
     StatusOr<XferId> send(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
     StatusOr<XferId> recv(PeerId peer, MemId mem, uint64_t offset, uint64_t len, uint64_t tag);
 
@@ -868,10 +869,11 @@ class Endpoint::Impl {
     std::map<PeerId, std::unique_ptr<Peer>> peers_;
     PeerId next_peer_ = 1;
     std::deque<PeerId> accept_queue_;
-    // Who inbound peers reaped with notifications still queued were, until the application has
-    // taken those and called get_notifications() once more (peer_matches() judges a
-    // notification's sender by it meanwhile): at most one entry per notification queued or
-    // taken by the last call, so bounded as they are.
+    // Who inbound peers reaped with notifications still queued, or returned by the last
+    // get_notifications() call, were, until the application has taken those and called
+    // get_notifications() once more (peer_matches() judges a notification's sender by it
+    // meanwhile): at most one entry per notification queued or taken by the last call, so
+    // bounded as they are.
     struct GoneIdentity {
         std::string name;
         SocketAddress address;
@@ -879,14 +881,15 @@ class Endpoint::Impl {
         uint64_t notifications = 0;  // of the queue's, still to be taken
     };
     std::unordered_map<PeerId, GoneIdentity> gone_;
+    uint64_t notification_calls_ = 0;  // get_notifications() calls so far (Peer::notif_returned_in)
     struct QueuedNotification {
         PeerId peer;
         Notification notification;
     };
     // The notifications waiting for the application, with their size: what the endpoint-wide
     // bound counts, whoever sent them (a peer that is gone leaves its notifications here for the
-    // application, and they must still count). get_notifications() moves the payloads out, then
-    // clears the queue.
+    // application, and they must still count). get_notifications() moves the payloads out from
+    // the front.
     class NotificationQueue {
      public:
         void push_back(QueuedNotification q) {
@@ -896,11 +899,11 @@ class Endpoint::Impl {
         }
         size_t size() const { return entries_.size(); }
         uint64_t bytes() const { return bytes_; }
-        auto begin() { return entries_.begin(); }
-        auto end() { return entries_.end(); }
-        void clear() {
-            entries_.clear();
-            bytes_ = 0;
+        QueuedNotification pop_front() noexcept {
+            QueuedNotification q = std::move(entries_.front());
+            entries_.pop_front();
+            bytes_ -= q.notification.payload.size();
+            return q;
         }
 
      private:

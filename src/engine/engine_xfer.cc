@@ -720,26 +720,28 @@ Status Endpoint::Impl::copy(std::span<const LocalCopy> pieces) {
     return st;
 }
 
-std::vector<Notification> Endpoint::Impl::get_notifications() {
+std::vector<Notification> Endpoint::Impl::get_notifications(size_t max) {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) lock.lock();
     api_progress();  // an application polling for notifications moves everything too
-    // The records of senders whose notifications the previous call took all: the caller has
+    // The records of senders whose notifications the previous calls took all: the caller has
     // judged those by now (peer_matches() answers for them until this call).
     std::erase_if(gone_, [](const auto& g) { return g.second.notifications == 0; });
+    ++notification_calls_;
     std::vector<Notification> out;
-    out.reserve(notifications_.size());
-    for (QueuedNotification& q : notifications_) {
+    out.reserve(std::min<size_t>(max, notifications_.size()));  // (out of memory: none taken)
+    while (out.size() < max && notifications_.size() > 0) {
+        QueuedNotification q = notifications_.pop_front();  // (out has room: nothing lost)
         auto it = peers_.find(q.peer);
         if (it != peers_.end()) {
             --it->second->notif_count;
             it->second->notif_bytes -= q.notification.payload.size();
+            it->second->notif_returned_in = notification_calls_;  // (reap_peers keeps who it was)
         } else if (auto g = gone_.find(q.peer); g != gone_.end()) {
             --g->second.notifications;
         }
         out.push_back(std::move(q.notification));
     }
-    notifications_.clear();
     // Room again: peers whose notifications waited for it are read again (what they bring is
     // for the next call).
     if (!out.empty() && paused_peers_ > 0) resume_paused_peers();

@@ -859,7 +859,9 @@ static void test_bad_inputs(void) {
     CHECK(done == 1);
     CHECK_ERR(tcpx_poll(a, 0, &done), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_poll(a, x, NULL), TCPX_ERR_INVALID_ARGUMENT);
+    done = -1;  // written on every failure: nothing is in flight for a call that failed
     CHECK_ERR(tcpx_poll(NULL, x, &done), TCPX_ERR_INVALID_ARGUMENT);
+    CHECK(done == 1);
     CHECK_ERR(tcpx_wait(a, 0x1234567812345678ull, 10), TCPX_ERR_INVALID_ARGUMENT);
     CHECK_ERR(tcpx_wait(NULL, x, 10), TCPX_ERR_INVALID_ARGUMENT);
 
@@ -948,6 +950,67 @@ static void test_disconnect(void) {
     char payload[8];
     CHECK(next_notification(b, name, sizeof(name), payload, sizeof(payload)) == 5);
     CHECK(memcmp(payload, "again", 5) == 0 && strcmp(name, "a") == 0);
+}
+
+// Notifications the application has not taken are bounded (MAX_QUEUED_NOTIFICATIONS, here 2):
+// past it a write carrying one is refused. One the C API returned is taken, and only that one:
+// before, the first tcpx_get_notification took the engine's whole queue into the C API's own
+// buffer, where none of them counted any more, and peers could send twice the bound.
+static void test_untaken_notifications_stay_bounded(void) {
+    tcpx_config_t* cfg = loopback_config();
+    CHECK_OK(tcpx_config_set(cfg, "MAX_QUEUED_NOTIFICATIONS", "2"));
+    tcpx_endpoint_t *x = NULL, *y = NULL;
+    CHECK_OK(tcpx_endpoint_create(cfg, "x", &x));
+    CHECK_OK(tcpx_endpoint_create(cfg, "y", &y));
+    tcpx_config_free(cfg);
+    uint8_t md[512];
+    size_t md_len = sizeof(md);
+    CHECK_OK(tcpx_endpoint_metadata(y, md, &md_len));
+    uint64_t x_to_y, y_to_x;
+    CHECK_OK(tcpx_connect(x, md, md_len, &x_to_y));
+    CHECK_OK(tcpx_accept(y, -1, &y_to_x));
+    guarded_buf src = buf_new(64), dst = buf_new(64);
+    uint64_t ms, mt;
+    CHECK_OK(tcpx_reg(x, src.data, 64, &ms));
+    CHECK_OK(tcpx_reg(y, dst.data, 64, &mt));
+    const desc_t d = describe(y, mt);
+    // A write of 8 bytes with notification "n<i>"; its result.
+#define WRITE_WITH_NOTE(i, result)                                                             \
+    do {                                                                                       \
+        char note_[8];                                                                         \
+        snprintf(note_, sizeof(note_), "n%d", (i));                                            \
+        uint64_t w_;                                                                           \
+        CHECK_OK(                                                                              \
+            tcpx_write(x, x_to_y, ms, 0, d.bytes, d.len, 0, 8, note_, strlen(note_), 1, &w_)); \
+        (result) = tcpx_wait(x, w_, kTimeoutMs);                                               \
+    } while (0)
+    tcpx_status_t st;
+    WRITE_WITH_NOTE(0, st);
+    CHECK(st == TCPX_OK);
+    WRITE_WITH_NOTE(1, st);
+    CHECK(st == TCPX_OK);
+    WRITE_WITH_NOTE(2, st);
+    CHECK(st == TCPX_ERR_RESOURCE_EXHAUSTED);
+    char name[TCPX_NAME_MAX + 1];
+    char payload[8];
+    CHECK(next_notification(y, name, sizeof(name), payload, sizeof(payload)) == 2);
+    CHECK(memcmp(payload, "n0", 2) == 0);
+    // One taken: room for one more, not for three.
+    WRITE_WITH_NOTE(3, st);
+    CHECK(st == TCPX_OK);
+    WRITE_WITH_NOTE(4, st);
+    CHECK(st == TCPX_ERR_RESOURCE_EXHAUSTED);
+#undef WRITE_WITH_NOTE
+    CHECK(next_notification(y, name, sizeof(name), payload, sizeof(payload)) == 2);
+    CHECK(memcmp(payload, "n1", 2) == 0);
+    CHECK(next_notification(y, name, sizeof(name), payload, sizeof(payload)) == 2);
+    CHECK(memcmp(payload, "n3", 2) == 0);
+    size_t len = sizeof(payload);
+    CHECK_ERR(tcpx_get_notification(y, name, sizeof(name), payload, &len), TCPX_ERR_NOT_FOUND);
+    tcpx_endpoint_destroy(x);
+    tcpx_endpoint_destroy(y);
+    buf_free(&src);
+    buf_free(&dst);
 }
 
 // Two endpoints joined: x with a progress thread, and y without one, which moves only in its
@@ -1095,6 +1158,7 @@ int main(void) {
     }
     test_stats();
     test_notify();
+    test_untaken_notifications_stay_bounded();
     test_bad_inputs();
     test_thread_local_error();
     test_disconnect();

@@ -2723,6 +2723,72 @@ TEST(EngineAuth, TheSenderOfANotificationThatLeftCanStillBeJudged) {
               StatusCode::kNotFound);
 }
 
+// The same for a sender whose notification was taken while it was still connected: who it was
+// is known until the next get_notifications() after the one that returned it (before, only
+// senders with notifications still queued when they were reaped were remembered).
+TEST(EngineAuth, TheSenderOfANotificationTakenBeforeItLeftCanStillBeJudged) {
+    auto ep = make_endpoint("judge", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    engine::EndpointAddress here;
+    here.name = "left";
+    here.address = *SocketAddress::parse("127.0.0.1", 1234);
+    std::vector<Notification> got;
+    {
+        RawPeer raw(*ep, "left");
+        ASSERT_TRUE(raw.ok());
+        send_all(raw.fd(), wire::encode_notif("taken first"));
+        ASSERT_TRUE(eventually([&] {
+            got = ep->get_notifications();
+            return !got.empty();
+        }));
+        ASSERT_EQ(got.size(), 1u);
+        EXPECT_TRUE(ep->peer_matches(got[0].peer_id, engine::encode_metadata(here)).ok());
+    }  // closed
+    // Reaped (it was never accepted): the endpoint no longer knows the connection.
+    ASSERT_TRUE(eventually(
+        [&] { return ep->peer_status(got[0].peer_id).code() == StatusCode::kNotFound; }, 5s));
+    const Status judged = ep->peer_matches(got[0].peer_id, engine::encode_metadata(here));
+    EXPECT_TRUE(judged.ok()) << judged.to_string();
+    EXPECT_TRUE(ep->get_notifications().empty());
+    EXPECT_EQ(ep->peer_matches(got[0].peer_id, engine::encode_metadata(here)).code(),
+              StatusCode::kNotFound);
+}
+
+// get_notifications(max) takes the oldest `max`; the rest stay queued, in order, and still count
+// against the bound on notifications the application has not taken.
+TEST(EngineAuth, NotificationsAreTakenAsFewAtATimeAsAsked) {
+    Config c = engine_test_config();
+    c.max_queued_notifications = 3;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    RawPeer raw(*ep);
+    ASSERT_TRUE(raw.ok());
+    for (const char* note : {"1", "2", "3"}) send_all(raw.fd(), wire::encode_notif(note));
+    std::vector<Notification> got;
+    ASSERT_TRUE(eventually([&] {
+        auto some = ep->get_notifications(1);
+        for (auto& n : some) got.push_back(std::move(n));
+        return !got.empty();
+    }));
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].payload, "1");
+    // Two still untaken, one taken: room for exactly one more. The fifth waits, unread.
+    send_all(raw.fd(), wire::encode_notif("4"));
+    send_all(raw.fd(), wire::encode_notif("5"));
+    std::this_thread::sleep_for(200ms);
+    auto two = ep->get_notifications(2);
+    ASSERT_EQ(two.size(), 2u);
+    EXPECT_EQ(two[0].payload, "2");
+    EXPECT_EQ(two[1].payload, "3");
+    std::vector<std::string> rest;
+    ASSERT_TRUE(eventually([&] {
+        for (auto& n : ep->get_notifications()) rest.push_back(n.payload);
+        return rest.size() >= 2;
+    }));
+    EXPECT_EQ(rest, (std::vector<std::string>{"4", "5"}));
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 100ms));
+}
+
 TEST(EngineAuth, TheSameSecretWorks) {
     auto a = make_endpoint("a", with_secret(kNew));
     auto b = make_endpoint("b", with_secret(kNew));
