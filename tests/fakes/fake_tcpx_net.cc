@@ -62,6 +62,10 @@
 //     layout drifted would hand over), or every receive but the comm's first described whole
 //     in the same slot of another queue (otherqueue). For the tests of what a caller does with
 //     a plugin's garbage.
+//   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
+//     then fails, as the real plugin's does when setting up the device handle fails after its
+//     connection setup gave it a comm.
+// For tests, faketcpx_open_comms() (exported) counts the comms made and not yet closed.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -401,7 +405,13 @@ void poison_pages(UnpackState* u, const std::vector<uint32_t>& pages) {
         std::memset(u->bounce + static_cast<size_t>(page) * kPage, kPoison, kPage);
 }
 
+std::atomic<int> g_open_comms{0};
+
 struct FakeComm {
+    FakeComm() { ++g_open_comms; }
+    ~FakeComm() { --g_open_comms; }
+    FakeComm(const FakeComm&) = delete;
+    FakeComm& operator=(const FakeComm&) = delete;
     uint32_t magic = kCommMagic;
     bool recv = false;
     net::SendComm* send_comm = nullptr;  // wire mode
@@ -1103,6 +1113,9 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
         tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
                                       comm->unpack->handle, sizeof(cu::UnpackHandle), 0};
     *recv_comm = comm.release();
+    if (const char* f = std::getenv("FAKETCPX_ACCEPT_FAILS"); f != nullptr && f[0] == '1') {
+        return fail("accept: setting up the device handle (FAKETCPX_ACCEPT_FAILS)");
+    }
     return tcpx_ncclSuccess;
 }
 
@@ -1454,6 +1467,10 @@ tcpx_ncclResult_t fake_get_device_mr(void*, void*, void** dptr) {
 }
 
 }  // namespace
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_open_comms() {
+    return g_open_comms.load();
+}
 
 extern "C" __attribute__((visibility("default"))) const tcpx_ncclNet_v7_t ncclNetPlugin_v7 = {
     "GPUDirectTCPX_v7_emulated",

@@ -1,6 +1,7 @@
 // External ncclNet plugins through the loader, as a user would point the engine at Google's
 // libnccl-net-tcpx.so: the emulated TCPX plugin (host memory), its rules enforced, and the engine
 // running over it.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -107,6 +108,44 @@ TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
     EXPECT_EQ(v7->parked_listeners(), 1u);
     net.reset();
     EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
+}
+
+// Google's accept can fail after it has made the comm (setting up the device handle fails) and
+// hands it out with the error: the comm is closed, its threads and sockets do not stay.
+TEST(PluginLoader, AnAcceptThatFailsWithACommClosesIt) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    void* lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(lib, nullptr);
+    auto open_comms = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_comms"));
+    ASSERT_NE(open_comms, nullptr);
+    const int before = open_comms();
+    setenv("FAKETCPX_ACCEPT_FAILS", "1", 1);
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    net::SendComm* send = nullptr;
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    Status accepted;
+    for (int i = 0; i < 1000000 && accepted.ok(); ++i) {
+        if (send == nullptr) {
+            ASSERT_TRUE(net->connect(0, &handle, &send, nullptr).ok());
+        }
+        accepted = net->accept(listen, &recv, &dev);
+        ASSERT_EQ(recv, nullptr);
+    }
+    unsetenv("FAKETCPX_ACCEPT_FAILS");
+    EXPECT_FALSE(accepted.ok()) << "the accept never failed";
+    EXPECT_NE(accepted.to_string().find("accept"), std::string::npos) << accepted.to_string();
+    // The send side is still open; the receive side is closed already.
+    EXPECT_EQ(open_comms(), before + (send != nullptr ? 1 : 0));
+    if (send != nullptr) {
+        EXPECT_TRUE(net->close_send(send).ok());
+    }
+    EXPECT_TRUE(net->close_listen(listen).ok());
+    EXPECT_EQ(open_comms(), before);
+    ::dlclose(lib);
 }
 
 TEST(PluginLoader, RefusesWhatIsNoPlugin) {

@@ -335,7 +335,16 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
     Status st =
         from_nccl_result(table_->accept(l->comm, &w->comm, &w->dev_ptr), name_ + ": accept");
     l->accepting = st.ok() && w->comm == nullptr;
-    if (!st.ok()) return st;
+    if (!st.ok()) {
+        // Google's accept hands out the comm its connection setup made, then sets up the device
+        // handle and returns that step's error with the comm still made: closed here, or its
+        // threads and sockets would stay for good.
+        if (w->comm != nullptr) {
+            (void)table_->close_recv(w->comm);
+            l->next.reset();
+        }
+        return st;
+    }
     if (w->comm == nullptr) return Status();
     if (dev_handle != nullptr) {
         *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
