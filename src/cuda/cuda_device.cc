@@ -386,7 +386,7 @@ class CudaCopyRing final : public CopyRing {
         constexpr size_t kPage = 4096;
         void* slots_mem = nullptr;
         TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaMalloc(&slots_mem, ((bytes() + kPage - 1) & ~(kPage - 1)) + kPage),
+            cuda_status(cudaMalloc(&slots_mem, twin_bytes() + kPage),
                         strformat("allocating %zu bytes of GPU staging memory", bytes()).c_str()));
         device_slots_raw_ = slots_mem;
         device_slots_ = reinterpret_cast<uint8_t*>(

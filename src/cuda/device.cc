@@ -9,7 +9,8 @@
 namespace tcpx::cuda {
 
 Status CopyRing::unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
-                                const uint8_t* bounce, std::span<const Seg> segs) {
+                                const uint8_t* bounce, std::span<const Seg> segs,
+                                bool through_twin) {
     if (i < 0 || i >= slots()) return internal_error("unpack: bad slot");
     if (count > static_cast<uint64_t>(kUnpackMaxEntries)) {
         return protocol_error(
@@ -19,7 +20,13 @@ Status CopyRing::unpack_scatter(int i, const LoadMeta* entries, uint64_t count,
     uint64_t total = 0;
     for (const Seg& seg : segs) total += seg.len;
     if (total > slot_bytes()) return internal_error("unpack larger than a staging slot");
-    if (unpacks_into(segs)) {
+    if (through_twin && total > length(i)) {
+        return protocol_error(
+            "the transport placed some of the receive's bytes in its buffer itself (data that "
+            "arrived outside the GPU's pages), where the receive was posted to be unpacked "
+            "straight into its pieces, into a buffer other receives share: those bytes are lost");
+    }
+    if (!through_twin && unpacks_into(segs)) {
         TCPX_ASSIGN_OR_RETURN(CopyEntry * list, copy_list(i));
         const UnpackPlan plan =
             plan_unpack_scatter(entries, count, bounce, segs, list, copy_capacity(), &plan_starts_);

@@ -88,15 +88,24 @@ class CopyRing : public SlotFifo {
     // unpacks_into() takes, gets a protocol error when overlapping entries overflow the list).
     // Entries are checked as unpack() checks them (ready(i) reports a bad receive). The same
     // decision for every ring (device.cc), so the tests' emulation runs the CUDA ring's.
+    // `through_twin`: the entries leave gaps the transport filled itself in the buffer the
+    // receive was posted with (check_unpack_entries), which must then be slot i's twin: always
+    // the unpack into it and the scatter out of it (PROTOCOL for a slot taken without one).
     Status unpack_scatter(int i, const LoadMeta* entries, uint64_t count, const uint8_t* bounce,
-                          std::span<const Seg> segs);
+                          std::span<const Seg> segs, bool through_twin = false);
     // Whether unpack_scatter() takes a receive straight into `segs` (all on the ring's GPU, at
     // most kMaxKernelSegs of them): such a receive needs a slot's record, not its buffer.
     bool unpacks_into(std::span<const Seg> segs) const;
     // The GPU twin of the pinned buffer (the same size rounded up to whole 4 KiB pages, starting
     // on one; each slot's allocation at the same offset), made on first call: where a transport
     // that takes GPU memory sends a gathered chunk from and receives one to be scattered into.
+    // Past the slots, at landing_offset(), one slot's worth that no slot uses: the buffer a
+    // receive that unpack_scatter() takes straight into its pieces (no slot's allocation) is
+    // posted with, so that bytes a transport puts in it itself disturb no slot's. twin_bytes():
+    // all of it.
     virtual StatusOr<uint8_t*> twin() = 0;
+    size_t landing_offset() const { return (bytes() + 4095) & ~size_t{4095}; }
+    size_t twin_bytes() const { return landing_offset() + ((slot_bytes_ + 4095) & ~size_t{4095}); }
     // Whether the work last enqueued for slot i has finished; an error if it failed.
     virtual StatusOr<bool> ready(int i) = 0;
     // Waits for all enqueued work (before buffers it touches may be released).

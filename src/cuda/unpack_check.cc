@@ -8,7 +8,7 @@
 namespace tcpx::cuda {
 
 Status check_unpack_entries(const LoadMeta* e, uint64_t count, uint64_t want, uint64_t bounce_len,
-                            std::vector<uint32_t>* scratch) {
+                            std::vector<uint32_t>* scratch, uint64_t* uncovered) {
     if (count > static_cast<uint64_t>(kUnpackMaxEntries)) return Status();  // (the unpack's)
     const uint64_t n = count;
     constexpr uint64_t kPage = kUnpackPageSize;
@@ -33,12 +33,14 @@ Status check_unpack_entries(const LoadMeta* e, uint64_t count, uint64_t want, ui
             return broken(i, "runs past the end of the chunk");
         }
     }
-    if (got != want) {
+    // (Each entry is inside the chunk: more than `want` in all is an overlap, found below.)
+    if (got != want && (uncovered == nullptr || got > want)) {
         return protocol_error(strformat("received %llu bytes where the chunk has %llu",
                                         static_cast<unsigned long long>(got),
                                         static_cast<unsigned long long>(want)));
     }
-    if (in_order) return Status();  // back to back from 0 to `want`: exactly once each
+    if (uncovered != nullptr) *uncovered = want - got;
+    if (in_order) return Status();  // back to back from 0: exactly once each, the rest a gap
     // Exactly once each: the entries by the page their place starts in (a counting sort, the
     // entries of one page then in order), each where the one before ended. O(n + want / 4 KiB).
     const uint64_t pages = (want + kPage - 1) / kPage;
@@ -62,11 +64,11 @@ Status check_unpack_entries(const LoadMeta* e, uint64_t count, uint64_t want, ui
             std::sort(order + start[p], order + start[p + 1], by_place);
         for (uint32_t k = start[p]; k < start[p + 1]; ++k) {
             const uint32_t i = order[k];
-            if (e[i].dst_off != next) {
-                return broken(
-                    i, e[i].dst_off < next ? "overlaps another entry" : "leaves a gap before it");
+            if (e[i].dst_off < next) return broken(i, "overlaps another entry");
+            if (e[i].dst_off > next && uncovered == nullptr) {
+                return broken(i, "leaves a gap before it");
             }
-            next += e[i].len;
+            next = e[i].dst_off + e[i].len;
         }
     }
     return Status();

@@ -25,10 +25,12 @@ namespace {
 // A transport that hands receives over as UNPACK (Google's TCPX) reports no received size
 // (Properties::reports_sizes): its entries, host memory the plugin wrote when test() reported the
 // receive, say where the bytes that arrived are, and are checked before any launch.
+// Bytes the entries leave out were placed in the receive's buffer by the plugin itself
+// (`*uncovered` of them; see check_unpack_entries).
 Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want, uint64_t bounce_len,
-                            std::vector<uint32_t>* scratch) {
+                            std::vector<uint32_t>* scratch, uint64_t* uncovered) {
     return cuda::check_unpack_entries(static_cast<const cuda::LoadMeta*>(q.entries), *q.count, want,
-                                      bounce_len, scratch);
+                                      bounce_len, scratch, uncovered);
 }
 
 // A receive's description must be its queue slot's own: entries at meta->mem[index], count at
@@ -204,15 +206,20 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             // A devmem receive that the unpack takes straight into its pieces leaves the twin
             // untouched (the transport lands the bytes in its own pages): it holds one of the
             // ring's records, not chunk bytes of its buffer, so a channel keeps its whole window
-            // of such receives posted, not only as many as the staging buffer holds.
+            // of such receives posted, not only as many as the staging buffer holds. Its buffer
+            // is the twin's landing area, which no slot uses, all such receives alike.
+            // Once the plugin has been seen placing bytes in a receive's buffer itself
+            // (note_placed_bytes), every such receive gets room of its own in the twin.
             const bool direct = !tx && twin && ch.dev_handle.type == net::DeviceType::kUnpack &&
-                                ring.unpacks_into(this->segments(op));
+                                !plugin_places_bytes_ && ring.unpacks_into(this->segments(op));
             if (direct) rx_hold = 0;
             if (!tx) {
                 if (!ring.has_free(rx_hold)) break;
                 rx_slot = ring.next();
             }
-            const uint64_t at = tx ? ring.offset(op.slot) : direct ? 0 : ring.next_offset(op.len);
+            const uint64_t at = tx       ? ring.offset(op.slot)
+                                : direct ? ring.landing_offset()
+                                         : ring.next_offset(op.len);
             ptr = twin ? ch.gtwin + at : ring.base() + at;
             mh = twin ? ch.gtwin_mr : gather ? ch.gring_mr : ch.ring_mr;
         } else if (segments) {
@@ -308,11 +315,16 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
                 TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.gring->device()));
+                uint64_t placed = 0;
                 TCPX_RETURN_IF_ERROR(
-                    check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
-                return ch.gring->unpack_scatter(f.op.slot,
-                                                static_cast<const cuda::LoadMeta*>(q.entries),
-                                                *q.count, ch.unpack.bounce_buf, segments(f.op));
+                    check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_, &placed));
+                // Bytes the plugin placed itself are in the twin, where the receive was posted:
+                // through it (one posted straight into the pieces, with no room of its own in
+                // it, cannot be: its peer fails, and later receives get room of their own).
+                if (placed > 0) note_placed_bytes(placed);
+                return ch.gring->unpack_scatter(
+                    f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries), *q.count,
+                    ch.unpack.bounce_buf, segments(f.op), /*through_twin=*/placed > 0);
             }
             return ch.gring->scatter(f.op.slot, segments(f.op), /*twin_only=*/true);
         }
@@ -321,8 +333,12 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
             TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.ring->device()));
+            // (Bytes the plugin placed itself are where they belong: the receive was posted
+            // with the destination.)
+            uint64_t placed = 0;
             TCPX_RETURN_IF_ERROR(
-                check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_));
+                check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_, &placed));
+            if (placed > 0) note_placed_bytes(placed);
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
             return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
@@ -415,6 +431,17 @@ Status Endpoint::Impl::ensure_host_slots(Channel& ch, bool tx) {
     return Status();
 }
 
+void Endpoint::Impl::note_placed_bytes(uint64_t bytes) {
+    if (plugin_places_bytes_) return;
+    plugin_places_bytes_ = true;
+    TCPX_WARN(
+        "endpoint '%s': the transport placed %llu bytes of a GPU receive in the receive's buffer "
+        "itself (data the NIC left in host memory: a packet not split, or a flow not steered "
+        "to the GPU's queues); from now on every receive of a chunk of several GPU pieces gets "
+        "room of its own in the gather buffer for such bytes (fewer of them are posted at once)",
+        name_.c_str(), static_cast<unsigned long long>(bytes));
+}
+
 Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
     using engine::OpPath;
     if (ch.gtwin_mr != nullptr) return Status();
@@ -426,9 +453,9 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(ensure_gather_ring(ch, tx, op));
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, twin, (ch.gring->bytes() + 4095) & ~size_t{4095},
-                                      net::MemType::kCuda, &ch.gtwin_mr)
-                             .with_context("registering the GPU gather buffer"));
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr)
+            .with_context("registering the GPU gather buffer"));
     ch.gtwin = twin;
     return Status();
 }

@@ -50,18 +50,21 @@
 //     a receive waits while no pages are free.
 //   FAKETCPX_WARN_HOST_RECV=1: every completed host receive logs a WARN line, as the real
 //     plugin's do (for the log rate limit's tests).
-//   FAKETCPX_MISBEHAVE=slot|count|dst|short|src|cross|overlap|elsewhere|otherqueue (read by
+//   FAKETCPX_MISBEHAVE=slot|count|dst|src|cross|overlap|elsewhere|otherqueue (read by
 //     accept): every CUDA receive of that comm is reported done with a broken description, as
 //     a plugin with a bug might: an unpack slot index outside the queue, an entry count past
-//     kUnpackMaxEntries, a first entry whose place is past the end of the receive, its last
-//     entry left out (fewer bytes than the receive's, as a short receive), a first entry read
-//     from past the end of any bounce buffer (src) or across the end of its page (cross), a
-//     second entry placed over the first (overlap: the lengths add up, a gap is left), a
+//     kUnpackMaxEntries, a first entry whose place is past the end of the receive, a first
+//     entry read from past the end of any bounce buffer (src) or across the end of its page
+//     (cross), a second entry placed over the first (overlap: the lengths add up, a gap is left), a
 //     description that is whole but lies outside the comm's unpack queue (elsewhere: the slot's
 //     pointers name a copy of its entries and count in other memory, as a plugin whose request
 //     layout drifted would hand over), or every receive but the comm's first described whole
 //     in the same slot of another queue (otherqueue). For the tests of what a caller does with
 //     a plugin's garbage.
+//   FAKETCPX_LINEAR=<k> (read by accept): of every CUDA receive of that comm, the first of each k
+//     pieces is not listed but copied straight to its place in the receive's buffer, as the real
+//     plugin does with data the NIC left in host memory (SCM_DEVMEM_HEADER: no header split, or
+//     a packet steered to a host queue): the entries leave gaps that the buffer already holds.
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
@@ -426,6 +429,7 @@ struct FakeComm {
     // engine closes a comm whose requests outlived their grace with its registrations).
     std::unordered_set<FakeMr*> mrs;
     std::string misbehave;  // FAKETCPX_MISBEHAVE at accept (receive comms)
+    uint64_t linear = 0;    // FAKETCPX_LINEAR at accept (receive comms)
     // FAKETCPX_MISBEHAVE=otherqueue: CUDA receives reported so far, and the second queue the
     // later ones are described in.
     uint64_t cuda_recvs_reported = 0;
@@ -723,6 +727,20 @@ bool land_cuda(FakeComm* rc, FakeReq* r, const uint8_t* src, bool src_on_device,
         if (in_page + len > kPage) in_page = kPage - len;
         entries[count++] = cu::LoadMeta{page * kPage + in_page, len, off};
         off += len;
+    }
+    if (rc->linear > 0) {
+        // (A piece's page stays the receive's, unused: given back with the rest.)
+        uint64_t listed = 0;
+        for (uint64_t k = 0; k < count; ++k) {
+            if (k % rc->linear != 0) {
+                entries[listed++] = entries[k];
+            } else if (!mem_copy(static_cast<uint8_t*>(r->data) + entries[k].dst_off,
+                                 src + entries[k].dst_off, entries[k].len)) {
+                *error = true;
+                return false;
+            }
+        }
+        count = listed;
     }
     FAKE_TRACE("land %p slot %zu: %zu bytes, %llu entries", static_cast<void*>(r), slot, n,
                static_cast<unsigned long long>(count));
@@ -1105,6 +1123,8 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     comm->link = std::move(link);
     comm->unpack = make_unpack();
     if (const char* m = std::getenv("FAKETCPX_MISBEHAVE")) comm->misbehave = m;
+    if (const char* k = std::getenv("FAKETCPX_LINEAR"))
+        comm->linear = std::strtoull(k, nullptr, 10);
     if (!comm->unpack) {
         if (inner != nullptr) (void)g_net->close_recv(inner);
         return fail("accept: allocating the bounce buffer and unpack queue");
@@ -1307,8 +1327,6 @@ void misbehave(const std::string& how, FakeReq* r) {
         *slot.cnt = cu::kUnpackMaxEntries + 1;
     } else if (how == "dst") {
         static_cast<cu::LoadMeta*>(slot.mem)[0].dst_off = r->size + (uint64_t{1} << 32);
-    } else if (how == "short" && *slot.cnt > 0) {
-        --*slot.cnt;
     } else if (how == "src" && *slot.cnt > 0) {
         static_cast<cu::LoadMeta*>(slot.mem)[0].src_off = 0xfffff000u;  // past any pool here
     } else if (how == "cross") {

@@ -113,7 +113,7 @@ class HostCopyRing final : public cuda::CopyRing {
     StatusOr<uint8_t*> twin() override {
         if (twin_ == nullptr) {
             if (bytes() == 0) return internal_error("twin of a ring without a buffer");
-            const size_t n = (bytes() + 4095) & ~size_t{4095};
+            const size_t n = twin_bytes();
             twin_ = static_cast<uint8_t*>(std::aligned_alloc(4096, n));
             if (twin_ == nullptr) return internal_error("twin: out of memory");
             std::memset(twin_, 0xdb, n);

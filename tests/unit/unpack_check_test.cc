@@ -115,5 +115,46 @@ TEST(UnpackCheck, PlacesOutsideTheChunkGapsAndOverlapsAreRefused) {
     expect_refused(longer, want, "received");
 }
 
+// Where the caller takes gaps as bytes the transport placed itself (Google's plugin, for data
+// the NIC left in host memory): entries missing anywhere pass, the bytes they leave counted;
+// everything else is refused as before (an overlap, a place past the chunk, too many bytes).
+TEST(UnpackCheck, GapsPassWhereTheTransportPlacesBytesItself) {
+    std::mt19937_64 rng(10);
+    const uint64_t want = 256 << 10;
+    for (bool shuffled : {false, true}) {
+        auto e = plugin_list(want, rng, false);
+        uint64_t left_out = 0;
+        std::vector<LoadMeta> listed;
+        for (size_t i = 0; i < e.size(); ++i) {
+            // The first, every third, and the last: gaps at both ends and between.
+            if (i % 3 == 0 || i + 1 == e.size()) {
+                left_out += e[i].len;
+            } else {
+                listed.push_back(e[i]);
+            }
+        }
+        if (shuffled) std::shuffle(listed.begin(), listed.end(), rng);
+        std::vector<uint32_t> scratch;
+        uint64_t uncovered = 12345;
+        const Status st =
+            check_unpack_entries(listed.data(), listed.size(), want, kPool, &scratch, &uncovered);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+        EXPECT_EQ(uncovered, left_out);
+        EXPECT_FALSE(check(listed, want).ok()) << "refused where gaps are not taken";
+        // Nothing listed at all: every byte placed by the transport.
+        EXPECT_TRUE(check_unpack_entries(nullptr, 0, want, kPool, &scratch, &uncovered).ok());
+        EXPECT_EQ(uncovered, want);
+        auto overlap = listed;
+        overlap.push_back(listed[listed.size() / 2]);
+        EXPECT_FALSE(
+            check_unpack_entries(overlap.data(), overlap.size(), want, kPool, &scratch, &uncovered)
+                .ok());
+        auto past = listed;
+        past[0].dst_off = want;
+        EXPECT_FALSE(
+            check_unpack_entries(past.data(), past.size(), want, kPool, &scratch, &uncovered).ok());
+    }
+}
+
 }  // namespace
 }  // namespace tcpx::cuda
