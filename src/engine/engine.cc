@@ -1390,7 +1390,17 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
             if (ch.inflight.empty()) drop_mrs(ch, tx);
         }
     }
-    close_comms(p);              // (with the registrations of requests still in flight)
+    close_comms(p);  // (with the registrations of requests still in flight)
+    // Those the close did not release either (Google's plugin: each CUDA one keeps a dma-buf
+    // fd): deregistered now that nothing of the comm runs. Left, they stayed for good, one set
+    // for every peer that failed with requests in flight (a vanished host's).
+    if (abandoned > 0 && props_.dereg_after_close) {
+        for (bool tx : {true, false}) {
+            for (Channel& ch : tx ? p.tx : p.rx) {
+                if (!ch.inflight.empty()) drop_mrs(ch, tx, /*after_close=*/true);
+            }
+        }
+    }
     drop_read_notifications(p);  // no READ_DONE can come any more
     for (bool tx : {true, false}) {
         for (Channel& ch : tx ? p.tx : p.rx) {

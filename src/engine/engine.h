@@ -748,7 +748,9 @@ class Endpoint::Impl {
     Status write_region(engine::Region* r, uint64_t offset, const void* src, uint64_t len);
     // Appends [offset, +len) of `r` to a control message.
     Status append_region(std::string* msg, const engine::Region* r, uint64_t offset, uint64_t len);
-    void drop_mrs(Channel& ch, bool tx);
+    // Deregisters every registration of the channel; `after_close`: its comm is closed already
+    // (Properties::dereg_after_close).
+    void drop_mrs(Channel& ch, bool tx, bool after_close = false);
     void forget_region(engine::Region* r);
     void op_done(const engine::Op& op);
     // Whether a cancelled transfer of ours no longer touches our memory (see Xfer::cancelled).

@@ -612,9 +612,11 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     return mh;
 }
 
-void Endpoint::Impl::drop_mrs(Channel& ch, bool tx) {
-    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    if (comm == nullptr) return;
+void Endpoint::Impl::drop_mrs(Channel& ch, bool tx, bool after_close) {
+    void* comm = after_close ? nullptr
+                 : tx        ? static_cast<void*>(ch.send)
+                             : static_cast<void*>(ch.recv);
+    if (comm == nullptr && !after_close) return;
     for (auto& [region, by_window] : ch.mrs) {
         for (auto& [index, mh] : by_window) (void)net_->dereg_mr(comm, mh);
     }

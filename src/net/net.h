@@ -83,6 +83,11 @@ struct Properties {
     // with requests in flight can be closed at once; elsewhere the engine gives the requests a
     // short grace to finish, so that it can deregister before closing.
     bool close_releases_registrations = false;
+    // Not in v7: whether a registration left to its comm's close (requests were still in
+    // flight, so it was not deregistered first) can be deregistered after the close, with
+    // dereg_mr(nullptr, mhandle). Google's TCPX plugin: its close releases none (each CUDA
+    // registration keeps a dma-buf fd and its export) and its deregMr reads only the handle.
+    bool dereg_after_close = false;
 };
 
 // One segment of a message sent or received with isendv()/irecvv().
@@ -158,6 +163,7 @@ class Net {
     // `comm` is a SendComm* or RecvComm*. `type` is one MemType.
     virtual Status reg_mr(void* comm, void* data, size_t size, MemType type,
                           MemHandle** mhandle) = 0;
+    // `comm` null: a registration whose comm was closed first, where dereg_after_close says so.
     virtual Status dereg_mr(void* comm, MemHandle* mhandle) = 0;
     // A hint on a registration of host memory (made with this comm) that a device reads by DMA
     // as soon as a receive into it completes: the engine's staging of GPU transfers. A transport

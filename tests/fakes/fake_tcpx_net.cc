@@ -68,7 +68,9 @@
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
-// For tests, faketcpx_open_comms() (exported) counts the comms made and not yet closed.
+// For tests, faketcpx_open_comms() and faketcpx_open_mrs() (exported) count the comms made and
+// not yet closed, and the registrations made and not yet deregistered (a close releases none,
+// as in the real plugin).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -242,13 +244,26 @@ bool mem_copy(void* dst, const void* src, size_t len) {
 
 struct FakeComm;
 
+std::atomic<int> g_open_mrs{0};
+
 struct FakeMr {
+    FakeMr() { ++g_open_mrs; }
+    ~FakeMr() { --g_open_mrs; }
+    FakeMr(const FakeMr&) = delete;
+    FakeMr& operator=(const FakeMr&) = delete;
     uint32_t magic = kMrMagic;
-    FakeComm* comm = nullptr;  // registered with it: its close releases what is left
+    // Registered with it; null once it closed. As in Google's plugin, a close releases none of
+    // its registrations (each CUDA one holds a dma-buf fd there) and deregMr reads only the
+    // handle: one left at a close stays, counted (faketcpx_open_mrs), until deregistered.
+    FakeComm* comm = nullptr;
     int type = 0;
     uintptr_t base = 0;  // what was registered
     size_t size = 0;
 };
+// Registrations whose comm closed (kept reachable: a caller's leak shows in the count, not as
+// the process's).
+std::mutex g_orphan_mu;
+std::unordered_set<FakeMr*>& g_orphan_mrs = *new std::unordered_set<FakeMr*>;
 
 bool valid_mr(void* mh) { return mh != nullptr && static_cast<FakeMr*>(mh)->magic == kMrMagic; }
 // The real plugin finds a buffer's pages through its registration: a buffer outside it would
@@ -1172,9 +1187,12 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
 tcpx_ncclResult_t fake_dereg_mr(void* /*comm*/, void* mhandle) {
     if (!valid_mr(mhandle)) return tcpx_ncclInternalError;
     auto* mr = static_cast<FakeMr*>(mhandle);
-    {
+    if (mr->comm != nullptr) {
         std::lock_guard<std::mutex> lock(mr->comm->mu);
         mr->comm->mrs.erase(mr);
+    } else {
+        std::lock_guard<std::mutex> lock(g_orphan_mu);
+        g_orphan_mrs.erase(mr);
     }
     mr->magic = 0;
     delete mr;
@@ -1449,9 +1467,12 @@ tcpx_ncclResult_t close_comm(void* c) {
         st = comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
     }
     for (FakeReq* r : comm->queue) delete r;
-    for (FakeMr* mr : comm->mrs) {
-        mr->magic = 0;
-        delete mr;
+    {
+        std::lock_guard<std::mutex> lock(g_orphan_mu);
+        for (FakeMr* mr : comm->mrs) {
+            mr->comm = nullptr;
+            g_orphan_mrs.insert(mr);
+        }
     }
     free_unpack(comm->unpack.get());
     comm->magic = 0;
@@ -1488,6 +1509,10 @@ tcpx_ncclResult_t fake_get_device_mr(void*, void*, void** dptr) {
 
 extern "C" __attribute__((visibility("default"))) int faketcpx_open_comms() {
     return g_open_comms.load();
+}
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_open_mrs() {
+    return g_open_mrs.load();
 }
 
 extern "C" __attribute__((visibility("default"))) const tcpx_ncclNet_v7_t ncclNetPlugin_v7 = {

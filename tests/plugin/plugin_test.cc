@@ -481,6 +481,12 @@ struct ReaderPeerBystander {
 // the endpoint's lock: the peer's failure and its transfer's came in one step, every other peer
 // waiting.)
 TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
+    // Registrations of the emulated plugin (its close releases none, as Google's does not).
+    void* lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW);
+    ASSERT_NE(lib, nullptr);
+    auto open_mrs = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_mrs"));
+    ASSERT_NE(open_mrs, nullptr);
+    const int mrs_before = open_mrs();
     // The data of our read never leaves the peer. A peer timeout with room for the grace: the
     // peer, not heard from during it (heartbeats come at a quarter of the timeout), must not
     // time us out before our BYE comes, even on a loaded machine.
@@ -537,6 +543,13 @@ TEST(EngineOverPluginFailure, AFailingPeersGraceHoldsUpNoOtherPeer) {
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     ASSERT_TRUE(ep->wait(*w, 5s).ok());
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4096, 8), -1);
+    // Every registration went, those the failed peer's comms were closed with included
+    // (deregistered after the close): none stays for a peer that failed with requests in flight.
+    t.reader.reset();
+    t.peer.reset();
+    t.bystander.reset();
+    EXPECT_EQ(open_mrs(), mrs_before);
+    ::dlclose(lib);
 }
 
 // A read whose receive the plugin completes but never reports (our side's fault): ended by

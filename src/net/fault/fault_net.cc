@@ -358,6 +358,11 @@ class FaultNet final : public Net {
     Status dereg_mr(void* comm, MemHandle* mhandle) override {
         // Even on a reset comm: the registration must still be released.
         std::unique_lock lock(mu_);
+        if (comm == nullptr) {
+            // After its comm's close (Properties::dereg_after_close, the inner net's to say).
+            mem_types_.erase(mhandle);
+            return inner_->dereg_mr(nullptr, mhandle);
+        }
         TCPX_ASSIGN_OR_RETURN(FaultComm * c, find_comm(comm));
         mem_types_.erase(mhandle);
         return inner_->dereg_mr(c->inner, mhandle);

@@ -209,6 +209,8 @@ V7Net::V7Net(const NcclNetTable* table, V7Options options, int ndev)
       name_(table->name() != nullptr ? table->name() : "(unnamed)"),
       ndev_(ndev),
       handle_kind_(handle_kind_for(name_, options_.settings.plugin_handle_layout)),
+      // (Google's: its deregMr reads only the handle, and its close releases none.)
+      dereg_after_close_(name_.rfind("GPUDirectTCPX", 0) == 0),
       max_transfer_(table->max_transfer_bytes(ndev)) {
     Properties props;
     reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
@@ -256,6 +258,7 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     // registers larger regions in windows of whole pages below that. v8 and later take a size_t.
     const size_t reg_limit = table_->max_reg_bytes();
     props->max_reg_size = reg_limit == SIZE_MAX ? 0 : reg_limit & ~size_t{4095};
+    props->dereg_after_close = dereg_after_close_;
     return Status();
 }
 
@@ -365,6 +368,10 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
 }
 
 Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
+    if (comm == nullptr && dereg_after_close_) {
+        return from_nccl_result(table_->dereg_mr(nullptr, mhandle),
+                                name_ + ": deregMr (after its comm's close)");
+    }
     void* c = unwrap_comm(comm);
     if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
     return from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");

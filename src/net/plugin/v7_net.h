@@ -108,8 +108,9 @@ class V7Net final : public Net {
     const std::string name_;
     const int ndev_;
     const HandleKind handle_kind_;
-    const size_t max_transfer_;   // one isend/irecv buffer, on any device
-    bool reports_sizes_ = false;  // of device 0
+    const bool dereg_after_close_;  // Properties::dereg_after_close
+    const size_t max_transfer_;     // one isend/irecv buffer, on any device
+    bool reports_sizes_ = false;    // of device 0
 
     mutable std::mutex mu_;
     // connect() in progress, by the caller's handle: its device-handle storage must stay put
