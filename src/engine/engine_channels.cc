@@ -453,6 +453,7 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(ensure_gather_ring(ch, tx, op));
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
     TCPX_RETURN_IF_ERROR(
         net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr)
             .with_context("registering the GPU gather buffer"));
@@ -603,6 +604,10 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     const engine::RegWindows::Window w = windows.window(index);
     const net::MemType type = page_cover ? net::MemType::kCuda : net::MemType::kHost;
     net::MemHandle* mh = nullptr;
+    // Google's regMr takes the GPU of the memory from the caller's current one (cudaGetDevice):
+    // the memory's, for this call (the progress thread's may be any).
+    std::optional<cuda::ScopedGpu> gpu;
+    if (type == net::MemType::kCuda) gpu.emplace(op.region->device);
     Status st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
     if (!st.ok()) {
         if (by_window.empty()) ch.mrs.erase(op.region);

@@ -1171,6 +1171,17 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
             return tcpx_ncclInvalidUsage;
         }
     }
+    if (type == TCPX_NCCL_PTR_CUDA) {
+        // The real plugin takes the memory's GPU from the caller's current one (cudaGetDevice)
+        // and exports the memory through it.
+        const int gpu = gpu_of(data);
+        const int current = current_gpu();
+        if (gpu >= 0 && current >= 0 && gpu != current) {
+            FAKE_WARN("regMr: CUDA memory %p of GPU %d registered with GPU %d current", data, gpu,
+                      current);
+            return tcpx_ncclInvalidUsage;
+        }
+    }
     auto* mr = new FakeMr;
     mr->comm = as_comm(comm);
     mr->type = type;
