@@ -42,6 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(h.connect_args == nullptr);
     FUZZ_CHECK(h.num_socks >= 1 && h.num_socks <= gt::kMaxSockets);
     FUZZ_CHECK(h.num_threads >= 1 && h.num_threads <= gt::kMaxThreads);
+    FUZZ_CHECK(h.num_socks % h.num_threads == 0);
     for (const gt::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
         FUZZ_CHECK(a->sa.sa_family == AF_INET || a->sa.sa_family == AF_INET6);
         const tcpx::SocketAddress addr = address_of(*a);

@@ -117,6 +117,14 @@ TEST(PluginHandle, ForgedTcpxHandlesAreRefused) {
     expect_refused(h, StatusCode::kInvalidArgument, "num_threads 17");
     h.num_threads = 0;
     expect_refused(h, StatusCode::kInvalidArgument, "num_threads 0");
+    // Threads that would leave sockets unserved (Google's thread t serves t, t + threads, ...).
+    h.num_socks = 2;
+    h.num_threads = 4;
+    expect_refused(h, StatusCode::kInvalidArgument, "not a multiple of num_threads 4");
+    h.num_socks = 6;
+    expect_refused(h, StatusCode::kInvalidArgument, "num_socks 6 is not a multiple");
+    h.num_socks = 8;
+    EXPECT_TRUE(check(net.get(), h, l.handle).ok());
     // A peer on IPv6 loopback is another address than 127.0.0.1.
     net::Handle copy = l.handle;
     auto v6 = SocketAddress::parse("::1", 40000);

@@ -99,6 +99,15 @@ Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
         return invalid_argument(strformat("handle: num_threads %d outside [1, %d]", h.num_threads,
                                           google_tcpx::kMaxThreads));
     }
+    // Google's connect takes both for its comm, and its thread t serves sockets t, t + threads,
+    // ... for num_socks / num_threads rounds: sockets past the last whole round are never served
+    // (with more threads than sockets, none is), and the connection's transfers stall.
+    if (h.num_socks % h.num_threads != 0) {
+        return invalid_argument(strformat(
+            "handle: num_socks %d is not a multiple of num_threads %d (Google's plugin would "
+            "serve only some of the sockets)",
+            h.num_socks, h.num_threads));
+    }
     // connect() takes a non-null connect_args for its own state from an earlier call and follows
     // it: from the wire it is an address of the peer's choosing. The tail is unused.
     h.connect_args = nullptr;
