@@ -122,9 +122,19 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             op_done(f.op);
             continue;
         }
-        st = start_finishing(ch, f);
-        if (!st.ok()) return lost(st);
-        ch.finishing.push_back(f);
+        // Listed before anything can fail: out of memory part way through (start_finishing's
+        // lists) leaves the op where the teardown finds and counts it, not on no list at all.
+        try {
+            ch.finishing.push_back(f);
+        } catch (...) {
+            --active_ops_;  // (as lost(): on no list; the peer fails with the exception)
+            throw;
+        }
+        st = start_finishing(ch, ch.finishing.back());
+        if (!st.ok()) {
+            ch.finishing.pop_back();
+            return lost(st);
+        }
     }
     // Receives are handed back to the transport oldest first, once their bytes are where they
     // belong (Google's TCPX recycles the pages an unpack reads at irecv_consumed()).
@@ -252,19 +262,30 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             }
             mh = *mr;
         }
+        // Room in the list first: once the transport holds the request nothing may fail before
+        // it is tracked (an untracked request would be closed without its grace, its buffers
+        // released under it). Filled in below, or taken out again.
+        const bool was_idle = ch.inflight.empty();
+        ch.inflight.push_back(Channel::InFlight{op, nullptr});
         net::Request* req = nullptr;
         Status st;
-        if (segments) {
-            st = tx ? net_->isendv(ch.send, io_segments(op), 0, &req)
-                    : net_->irecvv(ch.recv, io_segments(op), 0, &req);
-        } else if (tx) {
-            st = net_->isend(ch.send, ptr, op.len, 0, mh, &req);
-        } else {
-            void* data = ptr;
-            size_t size = op.len;
-            int tag = 0;
-            st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
+        try {
+            if (segments) {
+                st = tx ? net_->isendv(ch.send, io_segments(op), 0, &req)
+                        : net_->irecvv(ch.recv, io_segments(op), 0, &req);
+            } else if (tx) {
+                st = net_->isend(ch.send, ptr, op.len, 0, mh, &req);
+            } else {
+                void* data = ptr;
+                size_t size = op.len;
+                int tag = 0;
+                st = net_->irecv(ch.recv, 1, &data, &size, &tag, &mh, &req);
+            }
+        } catch (...) {
+            ch.inflight.pop_back();  // nothing posted (the op is still queued)
+            throw;
         }
+        if (!st.ok() || req == nullptr) ch.inflight.pop_back();
         if (!st.ok()) return failed(st);
         if (req == nullptr) {  // the transport is full: later
             count(p, &Stats::retries);
@@ -274,8 +295,8 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(rx_hold);
         if (stage_times_) op.posted_ns = engine::stage_clock_ns();
         if (op.region == nullptr) ch.scratch_busy = true;
-        if (ch.inflight.empty()) ch.last_progress = Clock::now();
-        ch.inflight.push_back(Channel::InFlight{op, req});
+        if (was_idle) ch.last_progress = Clock::now();
+        ch.inflight.back() = Channel::InFlight{op, req};
         ch.queued.pop_front();
         if (tx) --ch.staged_ahead;
         did = true;
@@ -608,12 +629,23 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     // the memory's, for this call (the progress thread's may be any).
     std::optional<cuda::ScopedGpu> gpu;
     if (type == net::MemType::kCuda) gpu.emplace(op.region->device);
-    Status st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
+    // Its place first: once the transport holds a registration nothing may fail before it is
+    // recorded (unrecorded, it would never be deregistered: with Google's plugin a dma-buf fd).
+    it = by_window.emplace(index, nullptr).first;
+    Status st;
+    try {
+        st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
+    } catch (...) {
+        by_window.erase(it);  // (no empty handle left to be found)
+        if (by_window.empty()) ch.mrs.erase(op.region);
+        throw;
+    }
     if (!st.ok()) {
+        by_window.erase(it);
         if (by_window.empty()) ch.mrs.erase(op.region);
         return st;
     }
-    by_window.emplace(index, mh);
+    it->second = mh;
     return mh;
 }
 

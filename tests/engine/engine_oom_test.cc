@@ -18,6 +18,7 @@
 #include "tcpx/tcpx.h"
 #include "tests/support/alloc_fault.h"
 #include "tests/support/engine_test_util.h"
+#include "tests/support/log_capture.h"
 
 namespace tcpx::testing {
 namespace oom {  // the binary is one unity build: its own names
@@ -118,6 +119,27 @@ TEST_P(EngineOom, AnAllocationFailingInTheProgressThreadEndsInErrorsNotTheProces
     // transfers run.
     EXPECT_GT(failed, 0);
     EXPECT_GT(errors, 0);
+}
+
+// Every allocation of the progress threads in turn, for one WRITE each, and the endpoints
+// closed at the end: no chunk operation is left counted (an op lost from every list by an
+// exception part way through finishing it would keep the progress thread busy for good).
+TEST_P(EngineOom, NoOperationIsLostToAnAllocationFailingInTheProgressThread) {
+    LogCapture log(LogLevel::kWarn);
+    long failed = 0;
+    for (long skip = 0; skip < 120; ++skip) {
+        SCOPED_TRACE("skip " + std::to_string(skip));
+        {
+            test::AllocFault fault("tcpx-progress", skip, 1);
+            (void)write_once(0, static_cast<uint32_t>(skip));
+            failed += fault.failed();
+        }
+        expect_recovered(static_cast<uint32_t>(skip) + 2000);
+    }
+    EXPECT_GT(failed, 0);
+    a_.ep.reset();
+    b_.ep.reset();
+    EXPECT_FALSE(log.contains("still counted at close")) << log.all();
 }
 
 // The API's calls, on the caller's thread: a call whose allocation fails returns
