@@ -931,7 +931,10 @@ class Endpoint::Impl {
     void count_finished(const Xfer& x);
     std::vector<cuda::Seg> seg_buf_;
     std::vector<uint32_t> unpack_scratch_;  // check_unpacked_bytes' sort
-    size_t detached_ = 0;                   // Xfer::detached() ones alive
+    // A receive's description, copied out of the plugin's memory once (snapshot_unpack): what
+    // is checked is what the unpack follows, whatever that memory holds meanwhile.
+    std::vector<cuda::LoadMeta> unpack_copy_;
+    size_t detached_ = 0;  // Xfer::detached() ones alive
     std::vector<net::IoSeg> ioseg_buf_;
 
     int epfd_ = -1;

@@ -25,12 +25,27 @@ namespace {
 // A transport that hands receives over as UNPACK (Google's TCPX) reports no received size
 // (Properties::reports_sizes): its entries, host memory the plugin wrote when test() reported the
 // receive, say where the bytes that arrived are, and are checked before any launch.
+// Copies the receive's description out of the plugin's memory, its count read once, into `out`:
+// checked there, and the unpack follows that copy (the plugin's memory is read no more, so a
+// plugin that rewrote it meanwhile could not have the kernel follow what was not checked).
+Status snapshot_unpack(const net::UnpackSlot& q, std::vector<cuda::LoadMeta>* out) {
+    const uint64_t count = *q.count;
+    if (count > static_cast<uint64_t>(cuda::kUnpackMaxEntries)) {
+        return protocol_error(
+            strformat("the transport described a receive in %llu pieces (at most %d)",
+                      static_cast<unsigned long long>(count), cuda::kUnpackMaxEntries));
+    }
+    out->resize(count);  // (capacity kept from receive to receive)
+    if (count > 0) std::memcpy(out->data(), q.entries, count * sizeof(cuda::LoadMeta));
+    return Status();
+}
+
 // Bytes the entries leave out were placed in the receive's buffer by the plugin itself
 // (`*uncovered` of them; see check_unpack_entries).
-Status check_unpacked_bytes(const net::UnpackSlot& q, uint64_t want, uint64_t bounce_len,
-                            std::vector<uint32_t>* scratch, uint64_t* uncovered) {
-    return cuda::check_unpack_entries(static_cast<const cuda::LoadMeta*>(q.entries), *q.count, want,
-                                      bounce_len, scratch, uncovered);
+Status check_unpacked_bytes(const std::vector<cuda::LoadMeta>& e, uint64_t want,
+                            uint64_t bounce_len, std::vector<uint32_t>* scratch,
+                            uint64_t* uncovered) {
+    return cuda::check_unpack_entries(e.data(), e.size(), want, bounce_len, scratch, uncovered);
 }
 
 // A receive's description must be its queue slot's own: entries at meta->mem[index], count at
@@ -336,16 +351,17 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // fit one list).
                 TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
                 TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.gring->device()));
+                TCPX_RETURN_IF_ERROR(snapshot_unpack(q, &unpack_copy_));
                 uint64_t placed = 0;
-                TCPX_RETURN_IF_ERROR(
-                    check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_, &placed));
+                TCPX_RETURN_IF_ERROR(check_unpacked_bytes(unpack_copy_, f.op.len, ch.bounce_len,
+                                                          &unpack_scratch_, &placed));
                 // Bytes the plugin placed itself are in the twin, where the receive was posted:
                 // through it (one posted straight into the pieces, with no room of its own in
                 // it, cannot be: its peer fails, and later receives get room of their own).
                 if (placed > 0) note_placed_bytes(placed);
-                return ch.gring->unpack_scatter(
-                    f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries), *q.count,
-                    ch.unpack.bounce_buf, segments(f.op), /*through_twin=*/placed > 0);
+                return ch.gring->unpack_scatter(f.op.slot, unpack_copy_.data(), unpack_copy_.size(),
+                                                ch.unpack.bounce_buf, segments(f.op),
+                                                /*through_twin=*/placed > 0);
             }
             return ch.gring->scatter(f.op.slot, segments(f.op), /*twin_only=*/true);
         }
@@ -354,16 +370,17 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
             // here, and hand them to the GPU in one copy.
             TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
             TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.ring->device()));
+            TCPX_RETURN_IF_ERROR(snapshot_unpack(q, &unpack_copy_));
             // (Bytes the plugin placed itself are where they belong: the receive was posted
             // with the destination.)
             uint64_t placed = 0;
-            TCPX_RETURN_IF_ERROR(
-                check_unpacked_bytes(q, f.op.len, ch.bounce_len, &unpack_scratch_, &placed));
+            TCPX_RETURN_IF_ERROR(check_unpacked_bytes(unpack_copy_, f.op.len, ch.bounce_len,
+                                                      &unpack_scratch_, &placed));
             if (placed > 0) note_placed_bytes(placed);
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
-            return ch.ring->unpack(f.op.slot, static_cast<const cuda::LoadMeta*>(q.entries),
-                                   *q.count, ch.unpack.bounce_buf, f.op.ptr, f.op.len);
+            return ch.ring->unpack(f.op.slot, unpack_copy_.data(), unpack_copy_.size(),
+                                   ch.unpack.bounce_buf, f.op.ptr, f.op.len);
         }
         default:
             return Status();
