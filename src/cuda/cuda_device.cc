@@ -385,9 +385,9 @@ class CudaCopyRing final : public CopyRing {
         // (Google's TCPX refuses another start), and cudaMalloc aligns small blocks less.
         constexpr size_t kPage = 4096;
         void* slots_mem = nullptr;
-        TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaMalloc(&slots_mem, twin_bytes() + kPage),
-                        strformat("allocating %zu bytes of GPU staging memory", bytes()).c_str()));
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaMalloc(&slots_mem, twin_bytes() + kPage),
+            strformat("allocating %zu bytes of GPU staging memory", twin_bytes()).c_str()));
         device_slots_raw_ = slots_mem;
         device_slots_ = reinterpret_cast<uint8_t*>(
             (reinterpret_cast<uintptr_t>(slots_mem) + kPage - 1) & ~uintptr_t{kPage - 1});

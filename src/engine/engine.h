@@ -267,6 +267,9 @@ struct Channel {
     struct InFlight {
         Op op;
         net::Request* req;
+        // rx: its copy or unpack was enqueued (start_finishing returned). One on the finishing
+        // list without it was cut short by an exception, and its bytes never moved.
+        bool started = false;
     };
     std::deque<InFlight> inflight;
     // rx: received, waiting for their GPU work, then for irecv_consumed(); oldest first. Counts

@@ -150,11 +150,19 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             ch.finishing.pop_back();
             return lost(st);
         }
+        ch.finishing.back().started = true;
     }
     // Receives are handed back to the transport oldest first, once their bytes are where they
     // belong (Google's TCPX recycles the pages an unpack reads at irecv_consumed()).
     while (!ch.finishing.empty()) {
         const Channel::InFlight f = ch.finishing.front();
+        if (!f.started) {
+            // Its finishing was cut short (out of memory) and the peer not failed yet (no
+            // memory for that either): never taken for landed, whatever its slot says.
+            ch.finishing.pop_front();
+            return lost(internal_error(
+                "a received chunk's copy or unpack never started (out of memory part way)"));
+        }
         if (f.op.slot >= 0) {
             auto ready = slot_ready(ch, f.op);
             if (!ready.ok()) return failed(ready.status());
@@ -492,6 +500,7 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
+    TCPX_RETURN_IF_ERROR(Status(gpu.status()).with_context("registering the GPU gather buffer"));
     TCPX_RETURN_IF_ERROR(
         net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr)
             .with_context("registering the GPU gather buffer"));
@@ -645,7 +654,10 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     // Google's regMr takes the GPU of the memory from the caller's current one (cudaGetDevice):
     // the memory's, for this call (the progress thread's may be any).
     std::optional<cuda::ScopedGpu> gpu;
-    if (type == net::MemType::kCuda) gpu.emplace(op.region->device);
+    if (type == net::MemType::kCuda) {
+        gpu.emplace(op.region->device);
+        TCPX_RETURN_IF_ERROR(Status(gpu->status()).with_context("registering GPU memory"));
+    }
     // Its place first: once the transport holds a registration nothing may fail before it is
     // recorded (unrecorded, it would never be deregistered: with Google's plugin a dma-buf fd).
     it = by_window.emplace(index, nullptr).first;
