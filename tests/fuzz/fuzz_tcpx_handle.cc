@@ -2,7 +2,7 @@
 // by V7Net::check_peer_handle). A handle it passes may only send us to the peer's own host
 // (127.0.0.1 here, or, the peer being on loopback, another address of this host), has both
 // addresses with a port, socket and thread counts within the plugin's limits, no connect state
-// (connect_args, a pointer the plugin would follow) and an empty tail.
+// (connect_args, a pointer the plugin would follow), redirect_ctrl as 0 or 1 and an empty tail.
 // Input: the 128-byte handle (shorter inputs are zero-padded, longer ones cut).
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -43,6 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(h.num_socks >= 1 && h.num_socks <= gt::kMaxSockets);
     FUZZ_CHECK(h.num_threads >= 1 && h.num_threads <= gt::kMaxThreads);
     FUZZ_CHECK(h.num_socks % h.num_threads == 0);
+    // redirect_ctrl is a bool to the plugin: 0 or 1, whatever the wire held.
+    FUZZ_CHECK(handle.bytes[offsetof(gt::Handle, redirect_ctrl)] <= 1);
     for (const gt::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
         FUZZ_CHECK(a->sa.sa_family == AF_INET || a->sa.sa_family == AF_INET6);
         const tcpx::SocketAddress addr = address_of(*a);

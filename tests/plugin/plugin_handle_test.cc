@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -131,6 +132,49 @@ TEST(PluginHandle, ForgedTcpxHandlesAreRefused) {
     ASSERT_TRUE(v6.ok());
     EXPECT_EQ(net->check_peer_handle(&copy, *v6).code(), StatusCode::kProtocol);
     EXPECT_TRUE(net->close_listen(l.listen).ok());
+}
+
+// As the socket transport's: a link-local address is taken on the link the peer talks to us on,
+// both of the handle's; and redirect_ctrl, a bool to the plugin, leaves as 0 or 1 whatever byte
+// the wire held.
+TEST(PluginHandle, ALinkLocalTcpxHandleTakesThePeersLinkAndRedirectIsABool) {
+    const uint8_t fe80_1[16] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    gt::Handle h{};
+    for (gt::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
+        a->sin6.sin6_family = AF_INET6;
+        std::memcpy(&a->sin6.sin6_addr, fe80_1, 16);
+        a->sin6.sin6_port = htons(5000);
+        a->sin6.sin6_scope_id = 77;  // the peer's interface index
+    }
+    h.num_socks = 2;
+    h.num_threads = 1;
+    net::Handle handle;
+    std::memcpy(handle.bytes.data(), &h, sizeof(h));
+    handle.bytes[offsetof(gt::Handle, redirect_ctrl)] = 0x5a;
+    sockaddr_in6 from{};
+    from.sin6_family = AF_INET6;
+    std::memcpy(&from.sin6_addr, fe80_1, 16);
+    from.sin6_scope_id = 3;  // where it reached us
+    auto peer = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    ASSERT_TRUE(peer.ok());
+    ASSERT_TRUE(net::check_tcpx_handle(&handle, *peer).ok());
+    const gt::Handle checked = as_tcpx(handle);
+    EXPECT_EQ(checked.connect_addr.sin6.sin6_scope_id, 3u);
+    EXPECT_EQ(checked.ctrl_addr.sin6.sin6_scope_id, 3u);
+    EXPECT_EQ(handle.bytes[offsetof(gt::Handle, redirect_ctrl)], 1);
+    // Checked again: the same bytes. A zero byte stays 0.
+    net::Handle again = handle;
+    ASSERT_TRUE(net::check_tcpx_handle(&again, *peer).ok());
+    EXPECT_EQ(again.bytes, handle.bytes);
+    again.bytes[offsetof(gt::Handle, redirect_ctrl)] = 0;
+    ASSERT_TRUE(net::check_tcpx_handle(&again, *peer).ok());
+    EXPECT_EQ(again.bytes[offsetof(gt::Handle, redirect_ctrl)], 0);
+    // Another link-local host is refused as any other host is.
+    from.sin6_addr.s6_addr[15] = 2;
+    auto other = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    ASSERT_TRUE(other.ok());
+    net::Handle copy = handle;
+    EXPECT_EQ(net::check_tcpx_handle(&copy, *other).code(), StatusCode::kProtocol);
 }
 
 TEST(PluginHandle, GarbageConnectArgsIsResetAndTheConnectionWorks) {

@@ -148,6 +148,52 @@ TEST(PluginLoader, AnAcceptThatFailsWithACommClosesIt) {
     ::dlclose(lib);
 }
 
+// The same for a listener closed during the accept: the parked accept that ends with an error
+// and the comm closes the comm as well.
+TEST(PluginLoader, AParkedAcceptThatFailsWithACommClosesIt) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    auto* v7 = dynamic_cast<net::V7Net*>(net.get());
+    ASSERT_NE(v7, nullptr);
+    void* lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(lib, nullptr);
+    auto open_comms = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_comms"));
+    ASSERT_NE(open_comms, nullptr);
+    const int before = open_comms();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+    ASSERT_EQ(recv, nullptr);  // started, in progress
+    ASSERT_TRUE(net->close_listen(listen).ok());
+    ASSERT_EQ(v7->parked_listeners(), 1u);
+    setenv("FAKETCPX_ACCEPT_FAILS", "1", 1);
+    // Each connect retries the parked accept, which ends with the error once the peer is in.
+    net::SendComm* send = nullptr;
+    bool connecting = true;
+    for (int i = 0; i < 200000 && v7->parked_listeners() != 0; ++i) {
+        if (connecting && send == nullptr) {
+            connecting = net->connect(0, &handle, &send, nullptr).ok();
+        } else {
+            net::Handle other;
+            net::ListenComm* l = nullptr;
+            ASSERT_TRUE(net->listen(0, &other, &l).ok());
+            ASSERT_TRUE(net->close_listen(l).ok());
+        }
+    }
+    unsetenv("FAKETCPX_ACCEPT_FAILS");
+    ASSERT_EQ(v7->parked_listeners(), 0u);
+    // Only the send side may be open: the failed accept's receive comm is closed.
+    EXPECT_EQ(open_comms(), before + (send != nullptr ? 1 : 0));
+    if (send != nullptr) {
+        EXPECT_TRUE(net->close_send(send).ok());
+    }
+    EXPECT_EQ(open_comms(), before);
+    ::dlclose(lib);
+}
+
 TEST(PluginLoader, RefusesWhatIsNoPlugin) {
     auto missing = net::load_net_plugin("/nonexistent/libnccl-net-nothing.so", env_settings());
     ASSERT_FALSE(missing.ok());

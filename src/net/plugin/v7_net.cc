@@ -1,6 +1,7 @@
 #include "net/plugin/v7_net.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <unordered_set>
@@ -108,9 +109,24 @@ Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
             "serve only some of the sockets)",
             h.num_socks, h.num_threads));
     }
+    // A link-local address names a host only on its link, and the handle's scope is the peer's
+    // numbering of its own interfaces: we connect over the link the peer talks to us on (another
+    // scope could reach another host of the same address), as the socket transport's check does.
+    if (peer_address.size() != 0 && peer_address.is_link_local()) {
+        for (google_tcpx::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
+            if (a->sa.sa_family != AF_INET6) continue;
+            auto addr = SocketAddress::from_sockaddr(&a->sa, sizeof(sockaddr_in6));
+            if (addr.ok() && addr->is_link_local()) a->sin6.sin6_scope_id = peer_address.scope_id();
+        }
+    }
     // connect() takes a non-null connect_args for its own state from an earlier call and follows
     // it: from the wire it is an address of the peer's choosing. The tail is unused.
     h.connect_args = nullptr;
+    // redirect_ctrl is a C++ bool to the plugin: a byte other than 0 or 1 is no value it can
+    // hold. Read as the byte it is on the wire and written back as one of the two.
+    uint8_t redirect = 0;
+    std::memcpy(&redirect, handle->bytes.data() + offsetof(google_tcpx::Handle, redirect_ctrl), 1);
+    h.redirect_ctrl = redirect != 0;
     handle->bytes.fill(0);
     std::memcpy(handle->bytes.data(), &h, sizeof(h));
     return Status();
@@ -585,8 +601,10 @@ void V7Net::reap_parked() {
                 ++it;
                 continue;
             }
-            // The accept ended: a connection nobody wants, or an error.
-            if (ok) (void)table_->close_recv(w->comm);
+            // The accept ended: a connection nobody wants, or an error (which may come with the
+            // comm made, as accept() takes it: closed either way).
+            if (w->comm != nullptr) (void)table_->close_recv(w->comm);
+            w->comm = nullptr;
             done.push_back(l);
             it = parked_.erase(it);
         }
