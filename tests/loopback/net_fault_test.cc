@@ -638,6 +638,12 @@ TEST_F(NetFaultTest, ForgedStreamsFailTheReceiveAndLandNothingOutsideTheirMessag
          }},
         {"a control message of 2^64 - 1 bytes", StatusCode::kProtocol, 0,
          [&](std::vector<Fd>& socks) { control(socks, wire::kMsgMagic, 0, ~uint64_t{0}, 8192); }},
+        // A chunked message that cannot land is read and dropped only up to a bound: past it, a
+        // peer could keep us reading (for 2^64 bytes) while the receives behind it wait.
+        {"a chunked message past the drop bound that cannot land", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, wire::kMaxDropBytes + 1, 0, 4096); }},
+        {"a chunked message of 2^62 bytes", StatusCode::kProtocol, 0,
+         [&](std::vector<Fd>& socks) { chunk(socks, 1, 0, uint64_t{1} << 62, 0, 8192); }},
         {"a control message cut short by a close", StatusCode::kUnavailable, 64,
          [&](std::vector<Fd>& socks) {
              control(socks, wire::kMsgMagic, 0, 64, 10);

@@ -220,86 +220,124 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
     // A socket this thread writes itself (taken with try_lock below), released however the
     // write ends: an exception (out of memory) must not leave it locked for its I/O thread.
     std::unique_lock<std::mutex> direct_io, fast_io;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (closing_) return error_locked("isend");
-        req = reqs_.take();
-        if (req == nullptr) return Status();  // no room: the caller posts again later
-        if (!req->mem.set(segs)) {
-            reqs_.give(req);
-            return invalid_argument("isend: the segments' sizes add up past 2^64");
-        }
-        const uint64_t size = req->mem.size();
-        // Small messages (and empty ones) travel whole on the control socket; larger ones are
-        // cut into chunks for the data sockets.
-        const bool is_inline = size <= config_.inline_threshold || size == 0;
-        req->size = size;
-        req->seq = next_seq_++;
-        req->tag = tag;
-        req->chunk = is_inline ? 0 : chunk_size_for(size);
-        const uint64_t chunks = is_inline ? 0 : (size + req->chunk - 1) / req->chunk;
-        req->parts_left.store(static_cast<uint32_t>(is_inline ? 1 : chunks),
-                              std::memory_order_relaxed);
-        req->state.store(ReqState::kPending, std::memory_order_relaxed);
+    bool committed = false;  // the request queued: from then on it is the caller's
+    try {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (closing_) return error_locked("isend");
+            req = reqs_.take();
+            if (req == nullptr) return Status();  // no room: the caller posts again later
+            // All or nothing (a caller may post again what failed to post): out of memory for the
+            // list or a queue's entry gives the slot back and takes no sequence number, which the
+            // receiver would otherwise wait for with every later message behind it.
+            bool listed = false;
+            try {
+                listed = req->mem.set(segs);
+            } catch (...) {
+                reqs_.give(req);
+                throw;
+            }
+            if (!listed) {
+                reqs_.give(req);
+                return invalid_argument("isend: the segments' sizes add up past 2^64");
+            }
+            const uint64_t size = req->mem.size();
+            // Small messages (and empty ones) travel whole on the control socket; larger ones are
+            // cut into chunks for the data sockets.
+            const bool is_inline = size <= config_.inline_threshold || size == 0;
+            req->size = size;
+            req->seq = next_seq_;  // (taken once the request is queued)
+            req->tag = tag;
+            req->chunk = is_inline ? 0 : chunk_size_for(size);
+            const uint64_t chunks = is_inline ? 0 : (size + req->chunk - 1) / req->chunk;
+            req->parts_left.store(static_cast<uint32_t>(is_inline ? 1 : chunks),
+                                  std::memory_order_relaxed);
+            req->state.store(ReqState::kPending, std::memory_order_relaxed);
 
-        if (!is_inline) {
-            const bool queue_was_empty = chunk_queue_.empty();
-            chunk_queue_.push_back(req);
-            // Latency path: a one-chunk message on an idle comm (no other request outstanding)
-            // is written by this thread, on an idle data socket whose writer is free, sparing a
-            // thread wakeup. Under load the I/O threads do the writing, in parallel (they pull
-            // chunks as they drain); a posting thread writing them would serialize the comm.
-            const bool comm_idle = reqs_.in_use() == 1;
-            if (queue_was_empty && comm_idle && chunks == 1 && size <= kDirectWriteMax) {
-                for (SendDataConn* conn : data_) {
-                    if (!conn->idle_) continue;
-                    direct_io = std::unique_lock<std::mutex>(conn->io_mu_, std::try_to_lock);
-                    if (direct_io.owns_lock()) {
-                        next_chunk_locked(conn);
-                        direct = conn;
-                        break;
+            if (!is_inline) {
+                const bool queue_was_empty = chunk_queue_.empty();
+                try {
+                    chunk_queue_.push_back(req);
+                } catch (...) {
+                    reqs_.give(req);
+                    throw;
+                }
+                ++next_seq_;
+                committed = true;
+                // Latency path: a one-chunk message on an idle comm (no other request outstanding)
+                // is written by this thread, on an idle data socket whose writer is free, sparing a
+                // thread wakeup. Under load the I/O threads do the writing, in parallel (they pull
+                // chunks as they drain); a posting thread writing them would serialize the comm.
+                const bool comm_idle = reqs_.in_use() == 1;
+                if (queue_was_empty && comm_idle && chunks == 1 && size <= kDirectWriteMax) {
+                    for (SendDataConn* conn : data_) {
+                        if (!conn->idle_) continue;
+                        direct_io = std::unique_lock<std::mutex>(conn->io_mu_, std::try_to_lock);
+                        if (direct_io.owns_lock()) {
+                            next_chunk_locked(conn);
+                            direct = conn;
+                            break;
+                        }
                     }
                 }
-            }
-            if (direct == nullptr) {
-                // Wake as many idle data sockets as there are new chunks; busy ones pull the
-                // next chunk themselves when they finish their current one.
-                uint64_t to_wake = chunks;
-                for (SendDataConn* conn : data_) {
-                    if (to_wake == 0) break;
-                    if (conn->idle_) {
-                        conn->idle_ = false;
-                        kick_locked(conn);
-                        --to_wake;
+                if (direct == nullptr) {
+                    // Wake as many idle data sockets as there are new chunks; busy ones pull the
+                    // next chunk themselves when they finish their current one.
+                    uint64_t to_wake = chunks;
+                    for (SendDataConn* conn : data_) {
+                        if (to_wake == 0) break;
+                        if (conn->idle_) {
+                            conn->idle_ = false;
+                            kick_locked(conn);
+                            --to_wake;
+                        }
                     }
                 }
-            }
-        } else {
-            OutMsg msg{};
-            msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
-            msg.total = sizeof(wire::MsgHeader) + size;
-            msg.req = req;
-            out_.push_back(msg);
-            // Fast path: a lone message (nothing else of this comm outstanding) is written by
-            // this thread when the control socket's writer is free, sparing a thread handoff on
-            // the latency-critical path. Under load the I/O thread writes: a posting thread that
-            // wrote every small message would serialize the comm on itself.
-            if (reqs_.in_use() == 1 && out_.size() == 1 &&
-                (fast_io = std::unique_lock<std::mutex>(control_->io_mu_, std::try_to_lock))
-                    .owns_lock()) {
-                fast = true;
             } else {
-                kick_locked(control_);
+                OutMsg msg{};
+                msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
+                msg.total = sizeof(wire::MsgHeader) + size;
+                msg.req = req;
+                try {
+                    out_.push_back(msg);
+                } catch (...) {
+                    reqs_.give(req);
+                    throw;
+                }
+                ++next_seq_;
+                committed = true;
+                // Fast path: a lone message (nothing else of this comm outstanding) is written by
+                // this thread when the control socket's writer is free, sparing a thread handoff on
+                // the latency-critical path. Under load the I/O thread writes: a posting thread
+                // that wrote every small message would serialize the comm on itself.
+                if (reqs_.in_use() == 1 && out_.size() == 1 &&
+                    (fast_io = std::unique_lock<std::mutex>(control_->io_mu_, std::try_to_lock))
+                        .owns_lock()) {
+                    fast = true;
+                } else {
+                    kick_locked(control_);
+                }
             }
         }
-    }
-    if (fast) {
-        control_->flush_locked();
-        fast_io.unlock();
-    }
-    if (direct != nullptr) {
-        direct->write_locked(/*one_chunk=*/true);
-        direct_io.unlock();
+        if (fast) {
+            control_->flush_locked();
+            fast_io.unlock();
+        }
+        if (direct != nullptr) {
+            direct->write_locked(/*one_chunk=*/true);
+            direct_io.unlock();
+        }
+    } catch (...) {
+        if (!committed) throw;  // nothing posted: the caller may post again
+        // Queued, and out of memory waking or writing its sockets: it may never go out, and
+        // posting it again would send it twice. The comm fails, and the request with it.
+        if (direct_io.owns_lock()) direct_io.unlock();
+        if (fast_io.owns_lock()) fast_io.unlock();
+        try {
+            fail(resource_exhausted("isend: out of memory once the message was queued"));
+        } catch (...) {
+            // (no memory for that either: the caller's next post or test may find some)
+        }
     }
     *out = req;
     return Status();
@@ -406,7 +444,8 @@ void SendControlConn::flush_locked() {
     SendComm* comm = send_comm();
     constexpr int kMaxIov = 64;
     iovec iov[kMaxIov];
-    std::vector<SendReq*> finished;
+    // Messages the write ended (each had an iovec in it): no allocation once bytes are out.
+    SendReq* finished[kMaxIov];
     while (true) {
         int cnt = 0;
         {
@@ -435,6 +474,7 @@ void SendControlConn::flush_locked() {
         if (!n.ok()) return comm->fail(n.status());
         if (*n == 0) return;  // socket full: the EPOLLOUT edge resumes us
         uint64_t left = *n;
+        int nfinished = 0;
         {
             std::lock_guard<std::mutex> lock(comm->mu_);
             while (left > 0) {
@@ -443,13 +483,12 @@ void SendControlConn::flush_locked() {
                 msg.sent += take;
                 left -= take;
                 if (msg.sent == msg.total) {
-                    finished.push_back(msg.req);
+                    finished[nfinished++] = msg.req;
                     comm->out_.pop_front();
                 }
             }
         }
-        for (SendReq* req : finished) comm->part_done(req);
-        finished.clear();
+        for (int i = 0; i < nfinished; ++i) comm->part_done(finished[i]);
     }
 }
 
@@ -566,7 +605,14 @@ Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int*
     if (req == nullptr) return Status();  // no room: the caller posts again later
     for (int i = 0; i < n; ++i) {
         RecvReq::Slot& slot = req->slots[i];
-        if (!slot.mem.set(msgs[i])) {
+        bool listed = false;
+        try {  // (all or nothing, as isend)
+            listed = slot.mem.set(msgs[i]);
+        } catch (...) {
+            reqs_.give(req);
+            throw;
+        }
+        if (!listed) {
             reqs_.give(req);
             return invalid_argument("irecv: the segments' sizes add up past 2^64");
         }
@@ -576,16 +622,30 @@ Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int*
         slot.used = false;
         slot.size = 0;
     }
-    outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
     req->n = n;
     req->first_seq = next_post_seq_;
-    next_post_seq_ += static_cast<uint64_t>(n);
     req->unmatched = n;
     req->incomplete = n;
     req->error = Status();
     req->state.store(ReqState::kPending, std::memory_order_relaxed);
-    posted_.push_back(req);
-    wake_parked_locked();
+    try {
+        posted_.push_back(req);
+    } catch (...) {
+        reqs_.give(req);
+        throw;
+    }
+    next_post_seq_ += static_cast<uint64_t>(n);
+    outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
+    try {
+        wake_parked_locked();
+    } catch (...) {
+        // Posted: a socket parked for it and not woken would leave it waiting; the comm fails,
+        // and the request with it (as isend once its message is queued).
+        try {
+            fail_locked(resource_exhausted("irecv: out of memory once the receive was posted"));
+        } catch (...) {
+        }
+    }
     *out = req;
     return Status();
 }
@@ -666,6 +726,19 @@ RecvComm::Bind RecvComm::bind_locked(Conn* conn, uint64_t seq, uint64_t size, in
             slot = i;
             break;
         }
+    }
+    // A message that cannot land is read and dropped (the comm stays usable), but only so much
+    // of it: its size is the peer's word, and a peer could otherwise keep us reading and
+    // dropping (up to 2^64 bytes) while every later receive waits behind it.
+    const bool lands = slot >= 0 && size <= req->slots[slot].capacity;
+    if (!lands && size > wire::kMaxDropBytes) {
+        *error = protocol_error(strformat(
+            "a message of %llu bytes cannot land in the receive (%s), and is more than the "
+            "%llu bytes dropped of one",
+            static_cast<unsigned long long>(size),
+            slot < 0 ? "no unfilled buffer has its tag" : "larger than its buffer",
+            static_cast<unsigned long long>(wire::kMaxDropBytes)));
+        return Bind::kError;
     }
     if (slot < 0) {
         if (req->error.ok()) {

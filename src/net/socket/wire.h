@@ -95,6 +95,9 @@ static_assert(sizeof(MsgHeader) == 32);
 // ones go to the data sockets). The receiver refuses a larger size as a protocol error, so a
 // peer cannot keep one service of its control socket reading for as long as it keeps sending.
 inline constexpr uint64_t kMaxInlineSize = 256 * 1024;
+// The most bytes of a message that cannot land (larger than its buffer, or no buffer has its tag)
+// that the receiver reads and drops, failing only that receive; a larger one fails the comm.
+inline constexpr uint64_t kMaxDropBytes = 64ull << 20;
 
 // One chunk of message `seq` (of `size` bytes in all) on a data socket; `length` bytes follow,
 // which belong at `offset` in the message.
