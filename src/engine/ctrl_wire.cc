@@ -390,8 +390,11 @@ Status decode_write_req(std::string_view body, uint16_t flags, WriteReq* m) {
     if (r.failed()) return malformed(MsgType::kWriteReq);
     uint64_t total = 0;
     if (!sum_lengths(m->segs, &total)) return malformed(MsgType::kWriteReq);
+    // Inline data is the request's tail, bounded by the body's size limit only as a whole: a
+    // tiny request could carry tens of MiB, copied (into GPU memory: synchronously) under the
+    // engine's lock. No sender of ours puts more than kMaxInlineData there.
     if (flags & kFlagInline) {
-        if (total != r.left()) return malformed(MsgType::kWriteReq);
+        if (total != r.left() || total > kMaxInlineData) return malformed(MsgType::kWriteReq);
         m->data = r.raw(total);
     } else if (r.left() != 0) {
         return malformed(MsgType::kWriteReq);
@@ -429,6 +432,7 @@ Status decode_read_resp(std::string_view body, uint16_t flags, ReadResp* m) {
     m->result = get_result(&r);
     if (r.failed()) return malformed(MsgType::kReadResp);
     if (flags & kFlagInline) {
+        if (r.left() > kMaxInlineData) return malformed(MsgType::kReadResp);
         m->data = r.raw(r.left());
     } else if (r.left() != 0) {
         return malformed(MsgType::kReadResp);
@@ -477,7 +481,7 @@ Status decode_send_data(std::string_view body, uint16_t flags, SendData* m) {
     m->len = r.u64();
     if (r.failed()) return malformed(MsgType::kSendData);
     if (flags & kFlagInline) {
-        if (r.left() != m->len) return malformed(MsgType::kSendData);
+        if (r.left() != m->len || m->len > kMaxInlineData) return malformed(MsgType::kSendData);
         m->data = r.raw(m->len);
     } else if (r.left() != 0) {
         return malformed(MsgType::kSendData);

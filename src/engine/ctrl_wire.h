@@ -42,14 +42,14 @@ inline constexpr uint32_t kMagic = 0x45585054;  // "TPXE"
 //    READ_DONE, not NOTIF, delivers it once the reader has the data.
 // 5: a READ_RESP carries a read's data inline unasked (XFER_INLINE_THRESHOLD) only for a read of
 //    at most kMaxInlineGpuPieces pieces (the reader may read into GPU memory: each piece is a
-//    synchronous copy there); more is a protocol error.
+//    synchronous copy there), or of no bytes at all; more is a protocol error.
 inline constexpr uint16_t kVersion = 5;
 inline constexpr uint32_t kMaxBody = 64u << 20;  // larger messages are refused
 // The most of a peer's error message (in a reply) that reaches a transfer's status.
 inline constexpr size_t kMaxPeerMessage = 1024;
 // The most bytes a transfer carries inside its control message (the upper bound of
 // XFER_INLINE_THRESHOLD, XFER_INLINE_ALONE and XFER_INLINE_ALONE_READ): accepted beyond
-// MAX_CTRL_MESSAGE (ctrl_conn.h).
+// MAX_CTRL_MESSAGE (ctrl_conn.h); more in one WRITE_REQ, READ_RESP or SEND_DATA is malformed.
 inline constexpr uint32_t kMaxInlineData = 1u << 20;
 // Before a peer is ready (authenticated, HELLO exchanged) no message may be larger than this: a
 // HELLO with 16 handles is under 3 KiB.

@@ -736,8 +736,31 @@ Status Endpoint::Impl::disconnect(PeerId peer) {
     }
     // Requests a plugin still holds get their grace, with the other peers served meanwhile.
     settle_peers(lock, {peer});
-    if (it = peers_.find(peer); it != peers_.end()) peers_.erase(it);
+    // As reap_peers() forgets a peer: who it was stays known for its notifications, and its
+    // place in the accept queue goes (an application that ends every connection itself and
+    // never calls accept() would otherwise keep one there for each).
+    if (it = peers_.find(peer); it != peers_.end()) {
+        remember_gone(*it->second);
+        peers_.erase(it);
+        std::erase(accept_queue_, peer);
+    }
     return Status();
+}
+
+void Endpoint::Impl::remember_gone(const Peer& p) {
+    // Its notifications still queued, or returned by the last call: the application may ask who
+    // sent them until its next call.
+    if (p.notif_count == 0 &&
+        (p.notif_returned_in == 0 || p.notif_returned_in != notification_calls_)) {
+        return;
+    }
+    try {
+        gone_.insert_or_assign(p.id,
+                               GoneIdentity{p.name, p.address, p.authenticated, p.notif_count});
+    } catch (const std::bad_alloc&) {
+        // Unrecorded, its notifications match no metadata (peer_matches fails closed): a
+        // shortage drops them rather than vouching for them.
+    }
 }
 
 void Endpoint::Impl::settle_peers(std::unique_lock<std::mutex>& lock,
@@ -1488,18 +1511,7 @@ void Endpoint::Impl::reap_peers() {
         const Peer& p = *it->second;
         const bool record = p.known_to_user || p.outbound;
         if (gone(p) && (!record || p.failed_seq <= forget_up_to)) {
-            // Its notifications still queued, or returned by the last call: the application may
-            // ask who sent them until its next call.
-            if (p.notif_count > 0 ||
-                (p.notif_returned_in != 0 && p.notif_returned_in == notification_calls_)) {
-                try {
-                    gone_.insert_or_assign(
-                        p.id, GoneIdentity{p.name, p.address, p.authenticated, p.notif_count});
-                } catch (const std::bad_alloc&) {
-                    // Unrecorded, its notifications match no metadata (peer_matches fails
-                    // closed): a shortage drops them rather than vouching for them.
-                }
-            }
+            remember_gone(p);
             it = peers_.erase(it);
             reaped = true;
         } else {

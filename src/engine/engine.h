@@ -612,6 +612,9 @@ class Endpoint::Impl {
     // gone meanwhile are skipped.
     void settle_peers(std::unique_lock<std::mutex>& lock, const std::vector<PeerId>& ids);
     void reap_peers();
+    // Before a peer leaves peers_: records who it was in gone_ while its notifications are
+    // queued or were returned by the last get_notifications() (peer_matches() answers for them).
+    void remember_gone(const Peer& p);
     // Whether `p` has failed and let go of its connection: a record of its error, no more.
     static bool gone(const Peer& p) {
         return p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone;

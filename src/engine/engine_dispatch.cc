@@ -503,14 +503,15 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
         x->result = st;
     } else if (flags & wire::kFlagInline) {
         // Unasked, only for a read of few pieces: each of ours in GPU memory is a synchronous
-        // copy, under our lock.
-        if (!x->asked_inline && x->pieces.size() > wire::kMaxInlineGpuPieces) {
+        // copy, under our lock. (A read of no bytes costs no copy: a target answers one of
+        // empty pieces inline whatever their count, its inline limit being no less than 0.)
+        uint64_t total = 0;
+        for (const Xfer::Piece& piece : x->pieces) total += piece.len;
+        if (!x->asked_inline && x->pieces.size() > wire::kMaxInlineGpuPieces && total != 0) {
             return protocol_error(strformat(
                 "READ_RESP carries the data of a read of %zu pieces inline, unasked (at most %zu)",
                 x->pieces.size(), wire::kMaxInlineGpuPieces));
         }
-        uint64_t total = 0;
-        for (const Xfer::Piece& piece : x->pieces) total += piece.len;
         if (resp.data.size() != total) {
             return protocol_error(strformat("READ_RESP carries %zu bytes for a read of %llu",
                                             resp.data.size(),

@@ -146,8 +146,11 @@ StatusOr<Endpoint::Impl::Xfer*> Endpoint::Impl::new_xfer(Xfer::Kind kind, Peer& 
 }
 
 void Endpoint::Impl::hold(Xfer* x, Region* r, uint64_t offset, uint64_t len) {
-    registry_.ref(r);
+    // Listed first: destroy() gives back the references of listed pieces only, so one taken for
+    // a piece the list then had no memory for would keep the region (and its transport
+    // registrations) for good, and dereg() would wait out PEER_TIMEOUT_MS for it.
     x->pieces.push_back(Xfer::Piece{r, offset, len});
+    registry_.ref(r);
 }
 
 std::vector<wire::Segment> Endpoint::Impl::hold_pieces(Xfer* x, std::span<const IoVec> iov,
@@ -844,7 +847,7 @@ void Endpoint::Impl::end_unmatched_recv(Xfer* x, Status why) {
 Status Endpoint::Impl::cancel(XferId xfer) {
     auto lock = api_lock();
     XferState state;
-    if (!xfers_->state(xfer, &state)) {
+    if (!xfers_->allocated_state(xfer, &state)) {
         return invalid_argument(strformat("cancel: no transfer %016llx (unknown, or reported)",
                                           static_cast<unsigned long long>(xfer)));
     }
@@ -873,6 +876,7 @@ Status Endpoint::Impl::cancel(XferId xfer) {
             "cancel: a send cannot be cancelled (its receiver may have taken it); it completes "
             "or fails on its own");
     }
+    bool told_target = false;
     if (!x->cancelled) {
         if (x->result.ok()) x->result = cancelled("the transfer was cancelled");
         x->cancelled = true;
@@ -886,12 +890,23 @@ Status Endpoint::Impl::cancel(XferId xfer) {
             }
             // Its notification will not be delivered: the target may let its room go now.
             let_read_notification_go(x);
+            told_target = true;
         }
     }
+    // The READ_DONE that lets it go goes out now (as a post's request does), not at the
+    // progress thread's next tick: the target holds the room until then, and a notifying
+    // transfer posted right after could be refused for the want of it.
+    const auto send_now = [&] {
+        if (told_target && p.state == Peer::State::kReady) progress_peer(p, false, false);
+        lock.unlock();
+        wake();
+    };
     if (cancel_settled(*x)) {
         detach_cancelled(x);
+        send_now();
         return Status();
     }
+    send_now();
     return unavailable(x->kind == Xfer::Kind::kRead
                            ? "cancel: the read's chunks already on their way into memory land "
                              "first; it reports CANCELLED once they have (the rest lands in "

@@ -94,6 +94,13 @@ bool XferTable::state(XferId id, XferState* state) const {
     return true;
 }
 
+bool XferTable::allocated_state(XferId id, XferState* state) const {
+    const Slot* s = busy_slot(id);
+    if (s == nullptr) return false;
+    *state = static_cast<XferState>(s->state.load(std::memory_order_acquire));
+    return true;
+}
+
 XferStatus XferTable::take(XferId id) {
     XferStatus out;
     Slot* s = busy_slot(id);

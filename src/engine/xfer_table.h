@@ -30,6 +30,9 @@ class XferTable {
     void finish(XferId id, Status result);
     // No lock: kInProgress, kDone or kFailed; false when `id` is unknown or already taken.
     bool state(XferId id, XferState* state) const;
+    // The same under the engine's lock, for an allocated id only: state() reads a slot never
+    // handed out (or one handed out again, an id ahead of it) as a transfer that failed.
+    bool allocated_state(XferId id, XferState* state) const;
     // Takes a finished transfer's outcome and frees its slot; INVALID_ARGUMENT (as a failed
     // transfer) for an unknown id.
     XferStatus take(XferId id);

@@ -1945,6 +1945,45 @@ TEST(EngineHostile, AnInlineWriteOfManyGpuPiecesIsRefused) {
     emu->forget(gpu->data());
 }
 
+// A transfer's inline data is the tail of its message, which may exceed MAX_CTRL_MESSAGE by at
+// most kMaxInlineData: a tiny request with 4 MiB of data (within the 64 MiB message limit as a
+// whole) was landed, a copy of that size under the target's lock for every such message. Now
+// malformed: the peer is failed, nothing lands. Exactly kMaxInlineData still lands.
+TEST(EngineHostile, InlineDataPastTheInlineBoundFailsThePeer) {
+    auto ep = make_endpoint("target", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    constexpr size_t kLen = 4 << 20;
+    GuardedBuffer dst(kLen, 0x5a);
+    const RemoteMem desc = *ep->describe(*ep->reg(dst.data(), kLen));
+    for (const size_t len : {size_t{wire::kMaxInlineData}, size_t{kLen}}) {
+        SCOPED_TRACE(len);
+        RawPeer raw(*ep);
+        ASSERT_TRUE(raw.ok());
+        wire::WriteReq req;
+        req.xfer = 1;
+        req.flags = wire::kFlagInline;
+        req.segs = {wire::Segment{desc.key, 0, len}};
+        std::string msg = wire::encode_write_req(req);
+        const std::string data(len, 'w');
+        wire::end_message(&msg, data.size());
+        send_all(raw.fd(), msg + data);
+        const bool lands = len <= wire::kMaxInlineData;
+        if (lands) {
+            std::string body;
+            wire::WriteAck ack;
+            ASSERT_TRUE(read_write_ack(raw.fd(), &body, &ack));
+            EXPECT_EQ(ack.result.code, 0);
+            EXPECT_EQ(dst.data()[len - 1], 'w');
+            std::memset(dst.data(), 0x5a, kLen);
+        } else {
+            EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a 4 MiB inline write was taken";
+            EXPECT_EQ(std::count(dst.data(), dst.data() + kLen, 0x5a), static_cast<long>(kLen));
+        }
+    }
+    EXPECT_TRUE(dst.canaries_intact());
+    expect_serves(ep.get());
+}
+
 // Replies naming a transfer of ours that does not exist (or is of another kind) fail the peer;
 // nothing of ours is written.
 TEST(EngineHostile, RepliesToNoTransferOfOursFailThePeer) {
@@ -2752,6 +2791,44 @@ TEST(EngineAuth, TheSenderOfANotificationTakenBeforeItLeftCanStillBeJudged) {
     EXPECT_TRUE(ep->get_notifications().empty());
     EXPECT_EQ(ep->peer_matches(got[0].peer_id, engine::encode_metadata(here)).code(),
               StatusCode::kNotFound);
+}
+
+// And for a sender this endpoint disconnected itself (after taking its notification, or with one
+// still queued): disconnect() forgot the peer without the record reap_peers() keeps.
+TEST(EngineAuth, TheSenderOfANotificationWeDisconnectedCanStillBeJudged) {
+    auto ep = make_endpoint("judge", engine_test_config());
+    ASSERT_NE(ep, nullptr);
+    engine::EndpointAddress here;
+    here.name = "cut";
+    here.address = *SocketAddress::parse("127.0.0.1", 1234);
+    for (const bool taken_first : {true, false}) {
+        SCOPED_TRACE(taken_first ? "taken first" : "still queued");
+        RawPeer raw(*ep, "cut");
+        ASSERT_TRUE(raw.ok());
+        send_all(raw.fd(), wire::encode_notif("one") + wire::encode_notif("two"));
+        // Both in the endpoint's queue first (taking none: calls that take none make progress),
+        // then one or both taken.
+        const auto until = std::chrono::steady_clock::now() + 300ms;
+        while (std::chrono::steady_clock::now() < until) {
+            ASSERT_TRUE(ep->get_notifications(0).empty());
+            std::this_thread::sleep_for(10ms);
+        }
+        std::vector<Notification> got = ep->get_notifications(taken_first ? SIZE_MAX : 1);
+        ASSERT_EQ(got.size(), taken_first ? 2u : 1u);
+        const PeerId id = got[0].peer_id;
+        ASSERT_TRUE(ep->disconnect(id).ok());
+        const Status judged = ep->peer_matches(id, engine::encode_metadata(here));
+        EXPECT_TRUE(judged.ok()) << judged.to_string();
+        if (!taken_first) {
+            auto rest = ep->get_notifications();
+            ASSERT_EQ(rest.size(), 1u);
+            EXPECT_EQ(rest[0].payload, "two");
+            EXPECT_TRUE(ep->peer_matches(id, engine::encode_metadata(here)).ok());
+        }
+        EXPECT_TRUE(ep->get_notifications().empty());
+        EXPECT_EQ(ep->peer_matches(id, engine::encode_metadata(here)).code(),
+                  StatusCode::kNotFound);
+    }
 }
 
 // get_notifications(max) takes the oldest `max`; the rest stay queued, in order, and still count

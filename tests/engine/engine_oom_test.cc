@@ -175,6 +175,34 @@ TEST_P(EngineOom, AnApiCallOutOfMemoryReturnsResourceExhausted) {
     EXPECT_GT(refused, 0);  // the calls allocate: the fault hit
 }
 
+// A post whose allocation fails leaves no reference to the memory it named: dereg() returns at
+// once (a reference taken for a piece that never made it into the transfer's list was never
+// given back; dereg then waited out PEER_TIMEOUT_MS, 2 s here, and the region was never freed).
+TEST_P(EngineOom, APostOutOfMemoryHoldsNoReferenceToItsMemory) {
+    int refused = 0;
+    for (long skip = 0; skip < 24; ++skip) {
+        SCOPED_TRACE("allocation " + std::to_string(skip));
+        auto mem = a_.ep->reg(a_.buf->data() + kLen, 8192);
+        ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+        StatusOr<XferId> id = Status();
+        {
+            test::AllocFault fault("", skip, 1);
+            id = a_.ep->write(peer_, *mem, 0, bdesc_, 0, 8192);
+        }
+        if (id.ok()) {
+            const Status st = a_.ep->wait(*id, kBound);
+            EXPECT_NE(st.code(), StatusCode::kTimeout) << st.to_string();
+        } else {
+            ++refused;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_TRUE(a_.ep->dereg(*mem).ok());
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms) << "dereg waited for a reference";
+        expect_recovered(static_cast<uint32_t>(skip) + 4000);
+    }
+    EXPECT_GT(refused, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(SocketIo, EngineOom, ::testing::Values("threads", "caller"));
 
 // The socket transport's I/O threads (with SOCKET_IO=caller there are none: the progress thread

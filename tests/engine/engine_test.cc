@@ -799,6 +799,42 @@ TEST_F(EnginePair, EmptyReadvStillNotifies) {
     EXPECT_EQ(got[0].peer, "alpha");
 }
 
+// A read of many empty pieces that did not ask for its data inline (its pieces in GPU memory, or
+// the inline settings off, as here): the target answers it inline (no bytes are within any
+// limit), and that is no protocol error at the reader (it failed the peer, every transfer on it).
+TEST(EngineEndpoints, AReadOfManyEmptyPiecesUnaskedInlineCompletes) {
+    Config c = engine_test_config();
+    c.xfer_inline_busy = c.xfer_inline_threshold;  // (equal to the threshold: off)
+    c.xfer_inline_alone_read = c.xfer_inline_threshold;
+    auto a = make_endpoint("alpha", c);
+    auto b = make_endpoint("beta", c);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    constexpr size_t kLen = 64 * 1024;
+    GuardedBuffer abuf(kLen, 0x11), bbuf(kLen, 0x22);
+    const MemId amem = *a->reg(abuf.data(), kLen);
+    const RemoteMem bdesc = *b->describe(*b->reg(bbuf.data(), kLen));
+    for (const size_t pieces : {engine::wire::kMaxInlineGpuPieces + 1, size_t{100}}) {
+        SCOPED_TRACE(pieces);
+        std::vector<IoVec> iov;
+        for (size_t i = 0; i < pieces; ++i) iov.push_back(IoVec{amem, 64 * i, bdesc, 128 * i, 0});
+        auto x = a->readv(l.a_to_b, iov, std::string_view("empty"));
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        ASSERT_TRUE(a->wait(*x, 20s).ok());
+        auto got = notifications_until(b.get(), "empty");
+        EXPECT_EQ(got.size(), 1u);
+    }
+    // The peer is still there, and a read of bytes after them lands.
+    auto x = a->read(l.a_to_b, amem, 0, bdesc, 0, 4096);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_TRUE(a->wait(*x, 20s).ok());
+    EXPECT_EQ(abuf.data()[0], 0x22);
+    EXPECT_EQ(abuf.data()[4095], 0x22);
+    EXPECT_EQ(abuf.data()[4096], 0x11);
+    EXPECT_TRUE(abuf.canaries_intact());
+}
+
 TEST_F(EnginePair, FailedReadsSendNoNotification) {
     RemoteMem stretched = bdesc_;
     stretched.len = kSize * 4;  // claims more than the registration has
@@ -1173,8 +1209,14 @@ TEST_F(EnginePair, IdsThisEndpointDidNotGiveAreUnknownAtOnce) {
     ASSERT_TRUE(theirs.ok());
     EXPECT_EQ(*theirs & 0xffffffff, *mine & 0xffffffff);  // the same slot, as the test means
     EXPECT_EQ(a_->wait(*theirs, 5s).code(), StatusCode::kInvalidArgument);
+    // cancel() too: an id never handed out is unknown (it read a slot never used as a transfer
+    // that had finished: FAILED_PRECONDITION).
+    EXPECT_EQ(a_->cancel(unused).code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(a_->wait(*mine, 5s).ok());  // still ours to report
     EXPECT_TRUE(b_->wait(*theirs, 5s).ok());
+    // An id reported, and the id its slot will have next: unknown as well.
+    EXPECT_EQ(a_->cancel(*mine).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(a_->cancel(*mine + (uint64_t{1} << 32)).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(EnginePair, DeregisteredRegionsRefuseNewRequestsAndWaitForOldOnes) {

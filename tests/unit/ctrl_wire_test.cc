@@ -235,6 +235,27 @@ TEST(CtrlWire, ForgedCountsAndLengthsAreRefused) {
     end_message(&msg);
     SendData d;
     EXPECT_EQ(decode_send_data(body_of(msg), kFlagInline, &d).code(), StatusCode::kProtocol);
+    // Inline data of kMaxInlineData is taken; one byte more (the body's limit allows 64 MiB) is
+    // malformed, in each of the three messages that carry a transfer's bytes.
+    for (const size_t len : {size_t{kMaxInlineData}, size_t{kMaxInlineData} + 1}) {
+        SCOPED_TRACE(len);
+        const bool ok = len <= kMaxInlineData;
+        const std::string data(len, 'd');
+        req.segs = {{1, 0, len}};
+        msg = encode_write_req(req);
+        msg += data;
+        end_message(&msg);
+        EXPECT_EQ(decode_write_req(body_of(msg), kFlagInline, &m).ok(), ok);
+        msg = encode_read_resp(1, kFlagInline, Status());
+        msg += data;
+        end_message(&msg);
+        ReadResp rr;
+        EXPECT_EQ(decode_read_resp(body_of(msg), kFlagInline, &rr).ok(), ok);
+        msg = encode_send_data(1, kFlagInline, len);
+        msg += data;
+        end_message(&msg);
+        EXPECT_EQ(decode_send_data(body_of(msg), kFlagInline, &d).ok(), ok);
+    }
 }
 
 TEST(CtrlWire, HelloIsCheckedWhole) {
