@@ -158,11 +158,12 @@ int main(int argc, char** argv) {
         "GPU i, all busy at once");
     bench_engine->add_option(
         "--channels", eng_opts.channels,
-        "Data channels per peer and direction (default: TCPX_P2P_CHANNELS or 1)");
+        "Data channels per peer and direction (default: TCPX_P2P_CHANNELS, else automatic: 2 "
+        "with 16 usable cores or more, else 1)");
     bench_engine->add_option(
         "--nsocks", eng_opts.nsocks,
-        "Data sockets per channel (default: TCPX_P2P_NSOCKS or 8); raw TCP streams = channels x "
-        "nsocks");
+        "Data sockets per channel (default: TCPX_P2P_NSOCKS, else automatic: half the usable "
+        "cores, 2 to 8); raw TCP streams = channels x nsocks");
     bench_engine->add_option(
         "--chunk", eng_opts.chunk,
         "Transfer chunk size, XFER_CHUNK_SIZE (default: TCPX_P2P_XFER_CHUNK_SIZE or 4M)");

@@ -38,8 +38,9 @@ struct TCPX_API Config {
 
     // Range and consistency checks for settings whose fields were assigned directly.
     Status validate() const;
-    // These settings as this machine runs them: every automatic value (0 for NSOCKS, IO_THREADS
-    // and CHANNELS) replaced by what the CPUs this process may use choose (the rules are in
+    // These settings as this machine runs them: every automatic value (0 for NSOCKS, IO_THREADS,
+    // CHANNELS, MIN_CHUNK_SIZE and the XFER_INLINE_ALONE / _ALONE_READ / _BUSY limits, `auto` for
+    // SOCKET_IO) replaced by what the CPUs this process may use choose (the rules are in
     // docs/configuration.md, "Defaults that fit the machine"). What Endpoint::create and the
     // transports apply; printed by benchmarks and `tcpx-p2p doctor`.
     Config effective() const;

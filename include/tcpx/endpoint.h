@@ -143,7 +143,8 @@ class TCPX_API Endpoint {
     // --- peers ---
     // Connects to the endpoint described by `metadata`; returns once the connection is ready
     // (or fails after TCPX_P2P_CONNECT_TIMEOUT_MS). kUnavailable also when the endpoint that
-    // answers there has another name or nonce than the metadata's (stale metadata).
+    // answers there has another name or nonce than the metadata's (stale metadata); with
+    // AUTH_SECRET set, another name is kUnauthenticated (the name is what the secret proves).
     StatusOr<PeerId> connect(std::string_view metadata);
     // Starts connecting and returns at once. Writes, reads, sends, receives and notifications may
     // be posted to the peer right away: they wait (in order, at most 65536) until the connection

@@ -184,7 +184,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
                                   net::socket_ifname_for_gpu(config_, gpu, gpu_pci));
             if (!ifname.empty()) config_.socket_ifname = std::move(ifname);
         }
-        // SOCKET_IO=caller (always without a progress thread, and on small machines): whoever
+        // SOCKET_IO=caller (`auto` picks it on machines of 4 cores or fewer): whoever
         // makes progress does the sockets' I/O, no I/O thread to wake per chunk (engine.md,
         // Progress).
         TCPX_ASSIGN_OR_RETURN(net_,
