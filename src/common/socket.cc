@@ -356,12 +356,17 @@ StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms) {
 StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    const int fd =
-        ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
+    int fd = -1;
+    while (true) {
+        len = sizeof(ss);
+        fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) break;
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Fd();
-        // A connection that was reset while queued is not an error of the listener.
-        if (errno == ECONNABORTED || errno == EPROTO) return Fd();
+        // A connection that was reset while queued is not an error of the listener, nor the end
+        // of the queue (an empty Fd would tell the caller nothing is left): the next one is
+        // taken. Each such error took one connection off the queue, so this ends.
+        if (errno == ECONNABORTED || errno == EPROTO) continue;
         return errno_status(errno, "accept");
     }
     if (peer != nullptr) {

@@ -313,6 +313,40 @@ TEST_F(NetFaultTest, StaleHandleIsRefused) {
     EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kWrongListener));
 }
 
+// The connecting side of a stale handle: every socket it opens is refused, each with a reply,
+// and the comm fails with the listener's reason whichever socket tells first (a data socket's
+// reply was "unexpected data from the receiving side"). Sends posted meanwhile may go out whole
+// before the reply is read (done means the buffer may be reused); later ones fail with it.
+TEST_F(NetFaultTest, AStaleHandleFailsTheCommWithTheListenersReason) {
+    for (int round = 0; round < 20; ++round) {
+        SCOPED_TRACE(round);
+        net::Handle stale = handle_;
+        wire::HandleBlob blob = decode(stale);
+        blob.listen_nonce ^= 1;  // as if from an earlier listener on the same port
+        std::memcpy(stale.bytes.data(), &blob, sizeof(blob));
+        net::SendComm* send = nullptr;
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (send == nullptr && std::chrono::steady_clock::now() < deadline) {
+            ASSERT_TRUE(net_->connect(0, &stale, &send, nullptr).ok());
+        }
+        ASSERT_NE(send, nullptr);
+        (void)accept_for(10ms);  // the listener reads the hellos and refuses them
+        std::vector<uint8_t> data(1 << 20, 7);
+        Status failed;
+        while (failed.ok() && std::chrono::steady_clock::now() < deadline) {
+            Request* req = nullptr;
+            failed = post_send(net_.get(), send, data.data(), data.size(), 0, &req);
+            if (failed.ok()) failed = wait_request(net_.get(), req, nullptr, 5s);
+        }
+        EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.to_string();
+        EXPECT_NE(failed.message().find("the handle belongs to another listener"),
+                  std::string::npos)
+            << failed.to_string();
+        EXPECT_TRUE(net_->close_send(send).ok());
+    }
+    expect_listener_serves();
+}
+
 TEST_F(NetFaultTest, DuplicateOrOutOfRangeSocketsAreRefused) {
     const uint64_t nonce = 4242;
     Fd control = raw_connect(handle_);

@@ -501,12 +501,20 @@ void SendDataConn::service(uint32_t events) {
     if (detached_) return;
     SendComm* comm = send_comm();
     if (events & kHangupEvents) {
-        // The receiving side never writes on data sockets: readable means closed or broken.
-        uint8_t byte = 0;
+        // The receiving side never writes on data sockets but to refuse one (its reply, then a
+        // close): readable means refused, closed or broken. A refusal fails the comm with the
+        // listener's reason, whichever of its sockets tells first.
+        wire::HelloReply reply{};
         bool eof = false;
-        auto n = recv_some(fd(), &byte, 1, &eof);
+        auto n = recv_some(fd(), reinterpret_cast<uint8_t*>(&reply), sizeof(reply), &eof);
         if (!n.ok()) return comm->fail(n.status());
-        if (eof) return comm->fail(unavailable("peer closed the connection"));
+        if (*n == sizeof(reply) && reply.magic == wire::kReplyMagic) {
+            Status st = wire::check_hello_reply(reply);
+            return comm->fail(!st.ok() ? std::move(st)
+                                       : protocol_error("a second handshake reply, on a data "
+                                                        "socket"));
+        }
+        if (eof && *n == 0) return comm->fail(unavailable("peer closed the connection"));
         if (*n > 0) return comm->fail(protocol_error("unexpected data from the receiving side"));
     }
     write_locked(/*one_chunk=*/false);
