@@ -175,19 +175,26 @@ class Target {
         if (n < 1 || n > limits_.endpoints) {
             return invalid_argument(strformat("endpoints: n not in 1..%d", limits_.endpoints));
         }
-        *reply = "md";
+        // All or none: made aside and kept only once every one is (one that failed part way left
+        // endpoints without their regions, and the next mem or rmem indexed past them).
+        std::vector<std::unique_ptr<Endpoint>> eps;
+        std::vector<int> gpus;
+        std::string md = "md";
         for (int i = 0; i < n; ++i) {
             Config c = config_;
             if (per_gpu) c.gpu_index = i;
             TCPX_ASSIGN_OR_RETURN(auto ep,
                                   Endpoint::create(c, "bench-target-" + std::to_string(i)));
-            *reply += " " + hex_blob(ep->metadata());
-            eps_.push_back(std::move(ep));
-            gpus_.push_back(static_cast<int>(c.gpu_index));
+            md += " " + hex_blob(ep->metadata());
+            eps.push_back(std::move(ep));
+            gpus.push_back(static_cast<int>(c.gpu_index));
         }
         regions_.resize(static_cast<size_t>(n));
         rev_.resize(static_cast<size_t>(n));
         remote_.resize(static_cast<size_t>(n));
+        eps_ = std::move(eps);
+        gpus_ = std::move(gpus);
+        *reply = std::move(md);
         return Status();
     }
 

@@ -219,6 +219,12 @@ Status RawTcpResponder::stream(uint64_t size, uint64_t count, uint64_t slots, bo
                                const BufferFn& buffer) {
     if (conns_.size() < 2) return failed_precondition("raw-stream before raw-accept");
     if (slots == 0) return invalid_argument("raw-stream: no slots");
+    // Bounded as a transfer's run is: empty messages move nothing and would never block, so a
+    // count of 2^64 of them spun every stream's thread for good, the commands unread.
+    if (size == 0 || count > kMaxRunCount) {
+        return invalid_argument(strformat("raw-stream: size 0, or count over %llu",
+                                          static_cast<unsigned long long>(kMaxRunCount)));
+    }
     // The buffer holds size x slots bytes: a product that wraps would ask for a small buffer and
     // then receive far outside it.
     uint64_t bytes = 0;
@@ -232,6 +238,10 @@ Status RawTcpResponder::stream(uint64_t size, uint64_t count, uint64_t slots, bo
 Status RawTcpResponder::pingpong(uint64_t size, uint64_t count, uint64_t reply,
                                  const BufferFn& buffer) {
     if (conns_.size() < 2) return failed_precondition("raw-pingpong before raw-accept");
+    if (size == 0 || count > kMaxRunCount) {  // (as raw-stream)
+        return invalid_argument(strformat("raw-pingpong: size 0, or count over %llu",
+                                          static_cast<unsigned long long>(kMaxRunCount)));
+    }
     TCPX_ASSIGN_OR_RETURN(uint8_t * buf, buffer(std::max(size, reply)));
     const int fd = conns_.back().get();
     for (uint64_t i = 0; i < count; ++i) {

@@ -200,6 +200,14 @@ int nixl_bench_main(int argc, char** argv) {
     }
     for (uint64_t s : o.sizes) {
         if (s == 0) return usage("--sizes: a size of 0");
+        // A request is size x batch bytes, and a region up to --depth of them: a product that
+        // wraps would register a few bytes and describe far more.
+        uint64_t request = 0;
+        uint64_t region = 0;
+        if (__builtin_mul_overflow(s, static_cast<uint64_t>(o.batch), &request) ||
+            __builtin_mul_overflow(request, static_cast<uint64_t>(o.depth), &region)) {
+            return usage("--sizes x --batch x --depth overflows 64 bits");
+        }
     }
     if (!parse_size(max_memory, &o.max_memory) || o.max_memory == 0) {
         return usage("--max-memory '" + max_memory + "' is not a size");

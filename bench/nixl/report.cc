@@ -49,18 +49,21 @@ void print_header(const Options& o, const Machine& m, const std::vector<BackendI
                 m.ucx_tls_set_here ? " (set by this program)" : " (from the environment)");
     if (!m.ucx_net_devices.empty()) std::printf(", UCX_NET_DEVICES=%s", m.ucx_net_devices.c_str());
     std::printf("\nNIXL_PLUGIN_DIR=%s\n", m.plugin_dir.empty() ? "(unset)" : m.plugin_dir.c_str());
-    if (!m.target.empty()) std::printf("target: %s\n", m.target.c_str());
+    // (The target's words, and errors that may quote them, come from the network: printable.)
+    if (!m.target.empty()) std::printf("target: %s\n", printable(m.target).c_str());
     std::printf("NIXL progress threads: %s\n",
                 o.progress_thread ? "on (both agents)"
                                   : "off (data moves inside the applications' calls; the target "
                                     "polls getNotifs without pause)");
     for (const BackendInfo& b : backends) {
         if (b.params.empty() && !b.error.empty()) {
-            std::printf("%s: SKIPPED: %s\n", b.name.c_str(), b.error.c_str());
+            std::printf("%s: SKIPPED: %s\n", b.name.c_str(), printable(b.error).c_str());
             continue;
         }
         std::printf("%s params: %s\n", b.name.c_str(), sorted_params(b.params).c_str());
-        if (!b.error.empty()) std::printf("%s: FAILED: %s\n", b.name.c_str(), b.error.c_str());
+        if (!b.error.empty()) {
+            std::printf("%s: FAILED: %s\n", b.name.c_str(), printable(b.error).c_str());
+        }
     }
 }
 
@@ -116,7 +119,7 @@ void print_table(const Options& o, const Machine& m, const std::vector<BackendIn
                     const Pair p{&r, find_row(rows, "UCX", r)};
                     if (!r.error.empty()) {
                         std::printf("%s  FAILED: %s\n", table_row(case_cols, p).c_str(),
-                                    r.error.c_str());
+                                    printable(r.error).c_str());
                         continue;
                     }
                     std::printf("%s\n", table_row(cols, p).c_str());
@@ -206,7 +209,8 @@ void print_json(const Options& o, const Machine& m, const std::vector<BackendInf
         }
         out["results"].push_back(j);
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    // json_text: the target's bytes need not be UTF-8, where dump() would throw.
+    std::printf("%s\n", json_text(out, 2).c_str());
 }
 
 }  // namespace tcpx::bench::nixl_bench

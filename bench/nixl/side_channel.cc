@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "bench/harness/measure.h"
+#include "bench/harness/report.h"
+#include "bench/nixl/greeting_params.h"
 #include "bench/nixl/target.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -16,8 +18,9 @@ namespace {
 
 constexpr char kHello[] = "hello tcpx-nixl-bench 1";
 
-// The settings the target's agents need, which the forked child inherits: every --param (as hex:
-// a value may hold any byte but a newline), the rest as words.
+// The settings the target's agents need, which the forked child inherits: every --param a target
+// takes from a greeting (greeting_params.h; as hex: a value may hold any byte but a newline), the
+// rest as words.
 std::string hello_line(const Options& o) {
     std::vector<std::pair<std::string, std::string>> settings = {
         {"mem", o.vram ? "vram" : "dram"},
@@ -26,6 +29,7 @@ std::string hello_line(const Options& o) {
         {"timeout", strformat("%g", o.stall_seconds)},
         {"time", strformat("%g", o.min_seconds)}};
     for (const auto& [backend, kv] : o.params) {
+        if (!greeting_param_allowed(backend, kv.first)) continue;  // (this host's own)
         settings.emplace_back("param", hex_blob(backend + ":" + kv.first + "=" + kv.second));
     }
     return greeting_line(kHello, settings);
@@ -68,6 +72,16 @@ Status parse_hello(const std::string& line, Options* o) {
             if (colon == 0 || eq == std::string::npos || eq == colon + 1) {
                 return invalid_argument("hello: bad param");
             }
+            // Only what shapes the transfers: a greeting naming a library for the backend to
+            // load, a program to run as its probe, a secret or an interface would hand this host
+            // to whoever reaches its port.
+            const std::string backend = p.substr(0, colon);
+            const std::string setting = p.substr(colon + 1, eq - colon - 1);
+            if (!greeting_param_allowed(backend, setting)) {
+                return invalid_argument(
+                    "hello: param '" + printable((backend + ":" + setting).substr(0, 64)) +
+                    "' is the target's own (set it in its environment), not the initiator's");
+            }
             o->params.push_back(
                 {p.substr(0, colon), {p.substr(colon + 1, eq - colon - 1), p.substr(eq + 1)}});
         } else {
@@ -84,6 +98,15 @@ StatusOr<std::unique_ptr<Peer>> connect_target(Options* o, std::string* target) 
                           connect_to_target(o->connect, o->connect_timeout, side_timeout_ms(*o)));
     if (o->interface.empty()) {
         TCPX_ASSIGN_OR_RETURN(o->interface, side_channel_interface(peer->local(), "--connect"));
+    }
+    for (const auto& [backend, kv] : o->params) {
+        if (!greeting_param_allowed(backend, kv.first)) {
+            std::fprintf(stderr,
+                         "%s: --param %s:%s applies on this host only (a target takes only "
+                         "transfer-shaping settings from the greeting; set the rest in its "
+                         "environment)\n",
+                         kProgram, backend.c_str(), kv.first.c_str());
+        }
     }
     TCPX_ASSIGN_OR_RETURN(std::string said,
                           greet_target(peer.get(), kHello, hello_line(*o), kProgram, o->connect));

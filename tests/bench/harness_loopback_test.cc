@@ -15,11 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/engine/target.h"
 #include "bench/harness/measure.h"
 #include "bench/harness/raw_tcp.h"
 #include "bench/harness/roles.h"
 #include "common/socket.h"
 #include "common/status_util.h"
+#include "tcpx/config.h"
 #include "tests/support/closed_port.h"
 
 namespace tcpx::bench {
@@ -167,6 +169,18 @@ TEST(BenchRawTcpLoopback, HostileCountsSizesAndSilencesEndInErrors) {
     ASSERT_TRUE(raw.handle({"raw-stream", "9223372036854775808", "1", "2"}, buffer, &st, &reply));
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
     EXPECT_NE(st.to_string().find("size x slots overflows"), std::string::npos);
+    // Empty messages move nothing and never block: 2^64 - 1 of them spun for good. Refused, as
+    // a count past a run's bound.
+    for (const std::vector<std::string>& cmd :
+         std::vector<std::vector<std::string>>{{"raw-stream", "0", "18446744073709551615", "1"},
+                                               {"raw-stream", "1000", "18446744073709551615", "1"},
+                                               {"raw-pingpong", "0", "18446744073709551615"},
+                                               {"raw-pingpong", "0", "18446744073709551615", "0"},
+                                               {"raw-pingpong", "100", "18446744073709551615"}}) {
+        SCOPED_TRACE(cmd[0] + " " + cmd[1] + " " + cmd[2]);
+        ASSERT_TRUE(raw.handle(cmd, buffer, &st, &reply));
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    }
     EXPECT_EQ(buffers_asked, 0);
 
     // A stream whose sender sends nothing, and a ping-pong whose peer says nothing.
@@ -281,6 +295,40 @@ TEST(BenchRawTcpLoopback, MalformedListenRepliesAreProtocolErrors) {
         ASSERT_NO_THROW(st = init.connect(&peer, 1));
         EXPECT_EQ(st.code(), StatusCode::kProtocol) << st.to_string();
     }
+}
+
+// The engine bench's target, whose commands come from the network with --listen: endpoints that
+// cannot all be made leave none (the ones made first stayed without their regions, and the next
+// mem or rmem indexed past them: a crash). Here the second cannot listen on the port the first
+// holds.
+TEST(BenchEngineTarget, EndpointsThatFailPartWayLeaveNone) {
+    Config c;
+    c.socket_ifname = "=lo";
+    c.socket_family = "ipv4";
+    c.nsocks = 1;
+    c.io_threads = 1;
+    c.channels = 1;
+    {
+        auto probe = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 1);
+        ASSERT_TRUE(probe.ok());
+        auto at = local_address(probe->get());
+        ASSERT_TRUE(at.ok());
+        c.port = at->port();
+    }  // closed: free for the target's first endpoint
+    ThreadPeer peer([&c](Channel* ch) { (void)engine_bench::serve_targets(c, "=lo", false, ch); });
+    auto r = peer.call("endpoints 2");
+    EXPECT_FALSE(r.ok()) << "two endpoints listened on one port";
+    r = peer.call("mem host 4096");
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("before endpoints"), std::string::npos)
+        << r.status().to_string();
+    r = peer.call("rmem host 00");
+    EXPECT_FALSE(r.ok());
+    // And the target goes on: one endpoint on the port, its memory.
+    r = peer.call("endpoints 1");
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    r = peer.call("mem host 4096");
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
 }
 
 TEST(BenchSideChannel, HostPorts) {

@@ -20,6 +20,7 @@
 #include "bench/harness/raw_tcp.h"
 #include "bench/harness/report.h"
 #include "bench/harness/roles.h"
+#include "bench/nixl/greeting_params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 
@@ -334,6 +335,31 @@ TEST(BenchRoles, ListenRefusesTheInitiatorsOptions) {
     // The first of the list that is given, whatever the command line's order.
     EXPECT_EQ(st.message(),
               "--listen: --sizes is the initiator's to choose (give it to --connect)");
+}
+
+// tcpx-nixl-bench's greeting comes from the network: a target takes from it only settings that
+// shape the transfers. One naming a library or program for the backend to load (NET_PLUGIN,
+// PLUGIN_PROBE_PATH: a greeting ran a program of its choosing on the target), a secret, an
+// interface, a port, a bound or a fault is the target's own.
+TEST(BenchNixlGreeting, OnlyTransferSettingsTravel) {
+    using nixl_bench::greeting_param_allowed;
+    for (const char* key : {"channels", "nsocks", "chunk_size", "CHUNK_SIZE", "window",
+                            "TCPX_P2P_WINDOW", "io_threads", "xfer_inline_busy", "socket_io"}) {
+        EXPECT_TRUE(greeting_param_allowed("TCPX", key)) << key;
+    }
+    for (const char* key :
+         {"net_plugin", "NET_PLUGIN", "TCPX_P2P_NET_PLUGIN", "plugin_probe", "plugin_probe_path",
+          "auth_secret", "auth_secret_previous", "interface", "socket_ifname", "port", "gpu_index",
+          "sysfs_root", "fault", "max_peers", "max_drain_bytes", "log_level", "progress_thread", "",
+          "net_plugin\n"}) {
+        EXPECT_FALSE(greeting_param_allowed("TCPX", key)) << key;
+    }
+    EXPECT_TRUE(greeting_param_allowed("UCX", "num_workers"));
+    EXPECT_TRUE(greeting_param_allowed("UCX", "num_threads"));
+    EXPECT_FALSE(greeting_param_allowed("UCX", "engine_config"));
+    EXPECT_FALSE(greeting_param_allowed("UCX", "ucx_devices"));
+    EXPECT_FALSE(greeting_param_allowed("POSIX", "channels"));
+    EXPECT_FALSE(greeting_param_allowed("tcpx", "channels"));
 }
 
 TEST(BenchMemory, PatternsAndPoison) {

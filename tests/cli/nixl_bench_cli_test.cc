@@ -241,6 +241,22 @@ TEST(NixlBenchRoles, StraysAreRefusedAndTheTargetStillServes) {
     EXPECT_TRUE(has_all(got, {"error ", "hello: unknown 'mem=disk'"}));
     got = side_channel_exchange(target, "hello tcpx-nixl-bench 1 param=zz\n");
     EXPECT_TRUE(has_all(got, {"error ", "hello: bad param"}));
+    // A setting that names a library or program for the target's backend to load is the
+    // target's own: the greeting that carries one is refused (it ran a program of its choosing
+    // there, as the plugin probe).
+    const auto hex = [](const std::string& text) {
+        std::string out;
+        for (unsigned char c : text) {
+            out += "0123456789abcdef"[c >> 4];
+            out += "0123456789abcdef"[c & 15];
+        }
+        return out;
+    };
+    for (const std::string setting :
+         {"TCPX:net_plugin=/tmp/x.so", "TCPX:plugin_probe_path=/bin/true", "TCPX:auth_secret=x"}) {
+        got = side_channel_exchange(target, "hello tcpx-nixl-bench 1 param=" + hex(setting) + "\n");
+        EXPECT_TRUE(has_all(got, {"error ", "is the target's own"})) << setting << ": " << got;
+    }
     const CliResult r =
         run_bench({"--connect", target.address(), "--sizes", "4K", "--ops", "write"});
     ASSERT_TRUE(exited_with(r, 0));
