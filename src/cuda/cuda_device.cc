@@ -102,11 +102,11 @@ void put_back(uintptr_t previous) {
     if (previous == 0) return;
     const ContextCalls& c = context_calls();
     if (c.set != nullptr) {
-        c.set(reinterpret_cast<CUcontext>(previous));
-    } else {
-        cudaSetDevice(static_cast<int>(previous - 1));
+        c.set(reinterpret_cast<CUcontext>(previous));  // (a driver call: no runtime error)
+    } else if (cudaSetDevice(static_cast<int>(previous - 1)) != cudaSuccess) {
+        cudaGetLastError();  // ours: not to be left for the caller
     }
-    cudaGetLastError();
+    // Nothing else cleared: an error the caller left pending is the caller's (gpu.md).
 }
 
 // The ring's calls run in the application's threads too (API calls make progress): each makes
@@ -272,6 +272,19 @@ class CudaCopyRing final : public CopyRing {
     void synchronize() override {
         OnGpu on(device());
         for (cudaStream_t st : handles_.streams) cudaStreamSynchronize(st);
+    }
+
+    bool idle() override {
+        OnGpu on(device());
+        for (cudaStream_t st : handles_.streams) {
+            if (st == nullptr) continue;
+            if (cudaStreamQuery(st) == cudaErrorNotReady) {
+                cudaGetLastError();  // not an error; keep it from sticking
+                return false;
+            }
+            // (Any other answer: done, or failed for good; nothing more of it runs.)
+        }
+        return true;
     }
 
  private:

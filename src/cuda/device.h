@@ -110,6 +110,9 @@ class CopyRing : public SlotFifo {
     virtual StatusOr<bool> ready(int i) = 0;
     // Waits for all enqueued work (before buffers it touches may be released).
     virtual void synchronize() = 0;
+    // Whether all enqueued work has finished (or failed), without waiting: what a teardown under
+    // the engine's lock asks, so that work queued behind the application's kernels holds no lock.
+    virtual bool idle() = 0;
 
  protected:
     // Entries of one slot's copy list: a gather's or scatter's segments, cut into tiles of at

@@ -772,8 +772,10 @@ void Endpoint::Impl::settle_peers(std::unique_lock<std::mutex>& lock,
         });
     };
     if (draining()) {
+        // The transport's grace, and GPU work however long it takes (it may wait behind the
+        // application's kernels: the lock is not held meanwhile).
         lock.unlock();
-        drive([&] { return !draining(); }, Clock::now() + kTeardownGrace + kTick, false);
+        drive([&] { return !draining(); }, Clock::time_point::max(), false);
         lock.lock();
     }
     for (PeerId id : ids) {
@@ -1349,15 +1351,16 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     for (size_t i = 0; i < p.tx.size() && i < p.remote_handles.size(); ++i) {
         if (p.tx[i].send == nullptr) net_->abandon_connect(&p.remote_handles[i]);
     }
+    // GPU work of the peer's rings (copies and kernels into and out of its transfers' regions)
+    // is waited for the same way, over later passes: it may sit behind the application's
+    // kernels for as long as they run, and a wait for it here held the engine's lock (every
+    // API call, every other peer) that long.
     size_t in_flight = 0;
     for (bool tx : {true, false}) {
-        for (Channel& ch : tx ? p.tx : p.rx) {
-            if (ch.ring) ch.ring->synchronize();
-            if (ch.gring) ch.gring->synchronize();
-            in_flight += ch.inflight.size();
-        }
+        for (Channel& ch : tx ? p.tx : p.rx) in_flight += ch.inflight.size();
     }
-    if (in_flight > 0 && !props_.close_releases_registrations) {
+    const bool gpu_busy = gpu_work_left(p);
+    if ((in_flight > 0 && !props_.close_releases_registrations) || gpu_busy) {
         if (p.drain_until == Clock::time_point{}) {
             p.drain_until = Clock::now() + kTeardownGrace;
             TCPX_DEBUG(
@@ -1372,11 +1375,26 @@ void Endpoint::Impl::fail_peer(Peer& p, Status why) {
     finish_teardown(p);
 }
 
+bool Endpoint::Impl::gpu_work_left(Peer& p) {
+    bool busy = false;
+    for (bool tx : {true, false}) {
+        for (Channel& ch : tx ? p.tx : p.rx) {
+            if (ch.ring && !ch.ring->idle()) busy = true;
+            if (ch.gring && !ch.gring->idle()) busy = true;
+        }
+    }
+    return busy;
+}
+
 void Endpoint::Impl::drain_peer(Peer& p, bool now_or_never) {
     if (p.teardown != Peer::Teardown::kDraining) return;
+    // (The transport's requests get their grace only where its close does not release their
+    // registrations; the socket transport's does.)
+    const bool grace = !props_.close_releases_registrations;
     for (bool more = true; more;) {
         bool in_flight = false;
         for (bool tx : {true, false}) {
+            if (!grace) break;
             for (Channel& ch : tx ? p.tx : p.rx) {
                 // In the order posted: a plugin may require its requests tested so (Google's).
                 while (!ch.inflight.empty()) {
@@ -1388,11 +1406,21 @@ void Endpoint::Impl::drain_peer(Peer& p, bool now_or_never) {
                 in_flight |= !ch.inflight.empty();
             }
         }
-        more = in_flight && Clock::now() < p.drain_until;
+        const bool waiting = in_flight && Clock::now() < p.drain_until;
+        // GPU work has no grace: the transfers' regions are released only once it has ended.
+        const bool gpu = gpu_work_left(p);
+        more = waiting || gpu;
         if (!now_or_never) {
             if (more) return;  // a later pass looks again
-        } else if (more) {
+        } else if (waiting) {
             (void)net_->progress();
+        } else if (gpu) {
+            for (bool tx : {true, false}) {  // (now or never: wait for it)
+                for (Channel& ch : tx ? p.tx : p.rx) {
+                    if (ch.ring) ch.ring->synchronize();
+                    if (ch.gring) ch.gring->synchronize();
+                }
+            }
         }
     }
     TeardownStep step(p);  // cut short, the next pass (fail_peer) finishes it

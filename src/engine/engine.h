@@ -615,6 +615,8 @@ class Endpoint::Impl {
     // Before a peer leaves peers_: records who it was in gone_ while its notifications are
     // queued or were returned by the last get_notifications() (peer_matches() answers for them).
     void remember_gone(const Peer& p);
+    // Whether GPU work of `p`'s rings is still queued or running (asked without waiting).
+    bool gpu_work_left(Peer& p);
     // Whether `p` has failed and let go of its connection: a record of its error, no more.
     static bool gone(const Peer& p) {
         return p.state == Peer::State::kFailed && p.teardown == Peer::Teardown::kDone;

@@ -617,6 +617,18 @@ TEST_P(EngineDevice, TheCallersCurrentGpuIsLeftAsItWas) {
         EXPECT_EQ(caller_gpu(), mine) << "after wait() of a read";
         EXPECT_EQ(mismatch(ours.buf.get(), 13, len, seed), -1);
     }
+#if TCPX_TEST_REAL_GPU
+    // The caller's pending CUDA error is its own (gpu.md): a registration of GPU 0 memory from
+    // a thread with another GPU current, which switches to GPU 0 and back, leaves it pending
+    // (putting the caller's GPU back cleared it).
+    set_caller_gpu(mine);
+    ASSERT_NE(cudaSetDevice(1 << 20), cudaSuccess);
+    auto again = polled->reg(ours.buf->data(), 4096);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(cudaPeekAtLastError(), cudaErrorInvalidDevice) << "the caller's error was taken";
+    cudaGetLastError();
+    EXPECT_TRUE(polled->dereg(*again).ok());
+#endif
     polled.reset();
     EXPECT_EQ(caller_gpu(), mine) << "after the endpoint's destruction";
     EXPECT_TRUE(ours.buf->canaries_intact());

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -419,6 +420,61 @@ class EnginePairPacked : public EnginePair {
 // channels with a window of one: a transfer's list of chunks still to cut outlived the
 // transfer when its cursor stopped on the empty piece while the next channel was full (a
 // use-after-free the sanitizers see; packer::next now moves past them).
+// A peer failed (here disconnected) while GPU work of its channels cannot run (a GPU busy with
+// the application's kernels; the emulation holds it): its teardown waits for that work over
+// later passes, the engine's lock not held meanwhile, so another peer's transfers and every API
+// call go on. (fail_peer synchronized the rings under the lock: everything stalled until the
+// application's kernels ended.) disconnect() itself returns once the work has ended, never
+// before (it may be writing into the transfer's memory).
+TEST(EngineEndpoints, AFailingPeersGpuWorkHoldsNoLock) {
+    ScopedHostDevice emu(1);
+    Config c = engine_test_config();
+    c.gpu_index = 0;
+    auto a = make_endpoint("alpha", c);
+    auto b = make_endpoint("beta", engine_test_config());
+    auto d = make_endpoint("delta", engine_test_config());
+    ASSERT_TRUE(a && b && d);
+    const Link ab = link(a.get(), b.get());
+    const Link ad = link(a.get(), d.get());
+    constexpr size_t kLen = 1 << 20;
+    auto gpu = std::make_unique<GuardedBuffer>(kLen, 0x5a);
+    emu->declare(gpu->data(), kLen, 0);
+    GuardedBuffer host(kLen, 0x11), bdst(kLen), ddst(kLen);
+    const MemId gmem = *a->reg(gpu->data(), kLen);
+    const MemId hmem = *a->reg(host.data(), kLen);
+    const RemoteMem bdesc = *b->describe(*b->reg(bdst.data(), kLen));
+    const RemoteMem ddesc = *d->describe(*d->reg(ddst.data(), kLen));
+    emu->hold_ring_work(true);
+    auto stuck = a->write(ab.a_to_b, gmem, 0, bdesc, 0, kLen);  // its staging copy never runs
+    ASSERT_TRUE(stuck.ok()) << stuck.status().to_string();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::atomic<bool> disconnected{false};
+    std::thread cut([&] {
+        EXPECT_TRUE(a->disconnect(ab.a_to_b).ok());
+        disconnected = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Another peer's transfer, from a thread of its own (under the old lock, its post blocked).
+    std::promise<Status> bystander;
+    std::thread other([&] {
+        auto x = a->write(ad.a_to_b, hmem, 0, ddesc, 0, kLen);
+        bystander.set_value(x.ok() ? a->wait(*x, std::chrono::seconds(20)) : x.status());
+    });
+    auto done = bystander.get_future();
+    const bool in_time = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    EXPECT_TRUE(in_time) << "another peer's transfer waited for the failing peer's GPU work";
+    EXPECT_FALSE(disconnected) << "disconnect returned with GPU work of its peer still to run";
+    emu->hold_ring_work(false);
+    other.join();
+    cut.join();
+    EXPECT_TRUE(done.get().ok());
+    EXPECT_EQ(ddst.data()[0], 0x11);
+    EXPECT_EQ(ddst.data()[kLen - 1], 0x11);
+    EXPECT_FALSE(a->wait(*stuck, std::chrono::seconds(5)).ok());
+    a.reset();
+    emu->forget(gpu->data());
+}
+
 class EnginePairNarrow : public EnginePair {
  protected:
     void SetUp() override {

@@ -124,6 +124,11 @@ class HostCopyRing final : public cuda::CopyRing {
 
     StatusOr<bool> ready(int i) override {
         if (i < 0 || i >= slots()) return internal_error("ready: bad slot");
+        if (dev_->ring_work_held()) {
+            for (const Work& w : queue_) {
+                if (w.slot == i) return false;
+            }
+        }
         // The newest work for slot i.
         auto last = queue_.end();
         for (auto it = queue_.begin(); it != queue_.end(); ++it) {
@@ -143,7 +148,19 @@ class HostCopyRing final : public cuda::CopyRing {
         return true;
     }
 
-    void synchronize() override { run_through(queue_.end()); }
+    void synchronize() override {
+        dev_->wait_ring_work_released();
+        run_through(queue_.end());
+    }
+
+    // As a GPU's streams move on by themselves: each question runs the oldest piece of work, so
+    // that a teardown sees work still running for a pass or more (and must come back for it).
+    bool idle() override {
+        if (queue_.empty()) return true;
+        if (dev_->ring_work_held()) return false;
+        run_through(queue_.begin());
+        return queue_.empty();
+    }
 
  private:
     struct Work {
@@ -370,6 +387,24 @@ void HostDevice::count_ring_work(bool unpack) {
 void HostDevice::count_direct_unpack() {
     std::lock_guard<std::mutex> lock(mu_);
     ++direct_unpacks_;
+}
+
+void HostDevice::hold_ring_work(bool hold) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        ring_work_held_ = hold;
+    }
+    released_.notify_all();
+}
+
+bool HostDevice::ring_work_held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ring_work_held_;
+}
+
+void HostDevice::wait_ring_work_released() {
+    std::unique_lock<std::mutex> lock(mu_);
+    released_.wait(lock, [this] { return !ring_work_held_; });
 }
 
 ScopedHostDevice::ScopedHostDevice(int gpus) : device_(gpus) {

@@ -8,6 +8,7 @@
 // memory (or the ring's own slots), or it is refused with an error that fails the transfer.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -63,6 +64,11 @@ class HostDevice final : public cuda::Device {
     uint64_t direct_unpacks() const;
     void count_ring_work(bool unpack);
     void count_direct_unpack();
+    // While held, ring work runs nowhere (as a GPU's behind the application's kernels): ready()
+    // says not yet, idle() says busy and synchronize() waits for the release.
+    void hold_ring_work(bool hold);
+    bool ring_work_held() const;
+    void wait_ring_work_released();
 
  private:
     struct Region {
@@ -78,6 +84,8 @@ class HostDevice final : public cuda::Device {
     uint64_t direct_unpacks_ = 0;
     std::vector<std::string> pci_bus_ids_;
     std::function<void()> copy_hook_;
+    bool ring_work_held_ = false;  // (under mu_)
+    std::condition_variable released_;
 };
 
 // Installs a HostDevice for its lifetime (create it before any endpoint, destroy it after).
