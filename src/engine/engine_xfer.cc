@@ -906,13 +906,14 @@ Status Endpoint::Impl::cancel(XferId xfer) {
         send_now();
         return Status();
     }
+    // (x may be gone once the lock is let go, or once the pass below has landed its chunks)
+    const bool read = x->kind == Xfer::Kind::kRead;
     send_now();
-    return unavailable(x->kind == Xfer::Kind::kRead
-                           ? "cancel: the read's chunks already on their way into memory land "
-                             "first; it reports CANCELLED once they have (the rest lands in "
-                             "scratch)"
-                           : "cancel: a write's data is read from memory until it has all been "
-                             "sent (the peer waits for it); it reports CANCELLED once it has");
+    return unavailable(read ? "cancel: the read's chunks already on their way into memory land "
+                              "first; it reports CANCELLED once they have (the rest lands in "
+                              "scratch)"
+                            : "cancel: a write's data is read from memory until it has all been "
+                              "sent (the peer waits for it); it reports CANCELLED once it has");
 }
 
 XferStatus Endpoint::Impl::poll(XferId xfer) {

@@ -134,8 +134,8 @@ void IoPool::kick(Handler* handler) {
     Thread* t = threads_[handler->thread_].get();
     std::lock_guard<std::mutex> lock(t->mu);
     if (!handler->kicked_) {
+        t->kicks.push_back(handler);  // (first: out of memory leaves it kickable)
         handler->kicked_ = true;
-        t->kicks.push_back(handler);
     }
     wake_locked(t);
 }

@@ -89,9 +89,12 @@ void Comm::fail(Status why) {
 
 void Comm::fail_locked(Status why) {
     if (closing_) return;
+    // Made before anything changes: out of memory here leaves the comm as it was, for a later
+    // call to fail (closing_ set first would have made every later call return at once).
+    Status error = std::move(why).with_context("connection with " + peer_);
     closing_ = true;
     failed_ = true;
-    error_ = std::move(why).with_context("connection with " + peer_);
+    error_ = std::move(error);
     // A peer closing an idle connection is ordinary (fail_pending_locked() warns when requests
     // are lost); a peer breaking the protocol is not.
     if (error_.code() == StatusCode::kProtocol) {
