@@ -418,8 +418,10 @@ Status EngineInitiator::verify_check(Op op, MemType type, int npeers) {
                                            static_cast<unsigned long long>(off),
                                            static_cast<unsigned long long>(slot_bytes_), npeers));
         if (reply.ok()) return Status();
-        // The target's message (after "peer: INTERNAL: ") says where.
+        // The target's message (after "peer: INTERNAL: ") says where. Only that is a failed
+        // verification: a target gone, or a check it refused, is reported as what it is.
         std::string why(reply.status().message());
+        if (why.rfind("peer: INTERNAL: ", 0) != 0) return reply.status();
         const size_t at = why.find("target ");
         if (at != std::string::npos) why = why.substr(at);
         return internal_error("VERIFICATION FAILED: " + what + ", in " + why);
