@@ -52,6 +52,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FUZZ_CHECK(addr.same_host(peer) || (tcpx::is_own_address(addr) && !addr.is_loopback()));
     }
     for (size_t i = sizeof(h); i < handle.bytes.size(); ++i) FUZZ_CHECK(handle.bytes[i] == 0);
+    // With our own thread count lower: lowered to a divisor of num_socks within it, nothing else
+    // changed.
+    const int ours = 1 + (size > 0 ? data[0] : 0) % gt::kMaxThreads;
+    tcpx::net::Handle fewer = handle;
+    FUZZ_CHECK(tcpx::net::check_tcpx_handle(&fewer, peer, ours).ok());
+    gt::Handle f;
+    std::memcpy(&f, fewer.bytes.data(), sizeof(f));
+    FUZZ_CHECK(f.num_threads >= 1 && f.num_threads <= std::min(ours, h.num_threads));
+    FUZZ_CHECK(f.num_socks == h.num_socks && f.num_socks % f.num_threads == 0);
     // Checking again changes nothing: the check is idempotent.
     tcpx::net::Handle copy = handle;
     FUZZ_CHECK(tcpx::net::check_tcpx_handle(&copy, peer).ok());

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/env.h"
 #include "net/plugin/plugin_loader.h"
 #include "net/plugin/tcpx_layout.h"
 #include "net/plugin/v7_net.h"
@@ -175,6 +176,46 @@ TEST(PluginHandle, ALinkLocalTcpxHandleTakesThePeersLinkAndRedirectIsABool) {
     ASSERT_TRUE(other.ok());
     net::Handle copy = handle;
     EXPECT_EQ(net::check_tcpx_handle(&copy, *other).code(), StatusCode::kProtocol);
+}
+
+// A handle's num_threads is how many helper threads Google's connect starts for the comm, on our
+// side only: lowered to our own count (NCCL_SOCKET_NTHREADS), to a divisor of num_socks so that
+// every socket is still served. A peer asking for 16 had us start 16 threads per comm (32 per
+// peer at two channels, 32,768 for MAX_PEERS strangers).
+TEST(PluginHandle, APeersThreadCountIsLoweredToOurs) {
+    const auto lowered = [](int socks, int threads, int ours) {
+        gt::Handle h{};
+        for (gt::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
+            a->sin.sin_family = AF_INET;
+            inet_pton(AF_INET, "127.0.0.1", &a->sin.sin_addr);
+            a->sin.sin_port = htons(5000);
+        }
+        h.num_socks = socks;
+        h.num_threads = threads;
+        net::Handle handle;
+        std::memcpy(handle.bytes.data(), &h, sizeof(h));
+        const Status st = net::check_tcpx_handle(&handle, loopback_peer(), ours);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+        const gt::Handle out = as_tcpx(handle);
+        EXPECT_EQ(out.num_socks, socks);
+        EXPECT_EQ(out.num_socks % out.num_threads, 0);
+        return out.num_threads;
+    };
+    EXPECT_EQ(lowered(8, 8, 1), 1);
+    EXPECT_EQ(lowered(8, 8, 2), 2);
+    EXPECT_EQ(lowered(8, 8, 3), 2);  // the largest divisor of 8 within 3
+    EXPECT_EQ(lowered(6, 6, 4), 3);
+    EXPECT_EQ(lowered(8, 4, 16), 4);  // never raised
+    EXPECT_EQ(lowered(4, 2, 0), 1);   // (ours below 1 is taken as 1)
+    // Ours as the plugin reads it: NCCL_SOCKET_NTHREADS, 1 where unset or nonsense.
+    const std::optional<std::string> saved = env_get("NCCL_SOCKET_NTHREADS");
+    setenv("NCCL_SOCKET_NTHREADS", "2", 1);
+    EXPECT_EQ(net::own_tcpx_threads(), 2);
+    setenv("NCCL_SOCKET_NTHREADS", "99", 1);
+    EXPECT_EQ(net::own_tcpx_threads(), gt::kMaxThreads);
+    unsetenv("NCCL_SOCKET_NTHREADS");
+    EXPECT_EQ(net::own_tcpx_threads(), 1);
+    if (saved.has_value()) setenv("NCCL_SOCKET_NTHREADS", saved->c_str(), 1);
 }
 
 TEST(PluginHandle, GarbageConnectArgsIsResetAndTheConnectionWorks) {

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <unordered_set>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "common/strings.h"
@@ -74,7 +77,13 @@ V7Net::HandleKind handle_kind_for(const std::string& table_name, const std::stri
 
 }  // namespace
 
-Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
+int own_tcpx_threads() {
+    const std::optional<std::string> v = env_get("NCCL_SOCKET_NTHREADS");
+    const int n = v.has_value() ? std::atoi(v->c_str()) : 1;
+    return std::clamp(n, 1, google_tcpx::kMaxThreads);
+}
+
+Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address, int max_threads) {
     google_tcpx::Handle h;
     std::memcpy(&h, handle->bytes.data(), sizeof(h));
     TCPX_ASSIGN_OR_RETURN(SocketAddress data_addr,
@@ -119,6 +128,9 @@ Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address) {
             if (addr.ok() && addr->is_link_local()) a->sin6.sin6_scope_id = peer_address.scope_id();
         }
     }
+    // Our side's threads are ours to choose (a multiple of them still serves every socket).
+    max_threads = std::clamp(max_threads, 1, google_tcpx::kMaxThreads);
+    while (h.num_threads > max_threads || h.num_socks % h.num_threads != 0) --h.num_threads;
     // connect() takes a non-null connect_args for its own state from an earlier call and follows
     // it: from the wire it is an address of the peer's choosing. The tail is unused.
     h.connect_args = nullptr;
@@ -304,7 +316,7 @@ Status V7Net::check_peer_handle(Handle* handle, const SocketAddress& peer_addres
     if (handle == nullptr) return invalid_argument("handle: null");
     switch (handle_kind_) {
         case HandleKind::kGoogleTcpx:
-            return check_tcpx_handle(handle, peer_address).with_context(name_);
+            return check_tcpx_handle(handle, peer_address, own_tcpx_threads()).with_context(name_);
         case HandleKind::kSocket:
             return check_socket_handle(handle, peer_address).with_context(name_);
         case HandleKind::kUnknown:

@@ -14,6 +14,7 @@
 #include "net/ncclnet_v7.h"
 #include "net/net.h"
 #include "net/plugin/nccl_net_table.h"
+#include "net/plugin/tcpx_layout.h"
 
 namespace tcpx::net {
 
@@ -21,7 +22,15 @@ namespace tcpx::net {
 // addresses IPv4 or IPv6 with a port, naming the peer's host (names_peer_host; an empty
 // `peer_address` skips that), num_socks and num_threads within the plugin's limits; connect_args
 // (a pointer the plugin follows) reset to null and every byte after the struct zeroed.
-Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address);
+// num_threads is lowered to at most `max_threads` (to the largest divisor of num_socks within
+// it): Google's connect starts that many helper threads for the comm, on our side only (its
+// thread t serves sockets t, t + threads, ...; the listener's own threads are its own), so a
+// peer's handle asking for 16 no longer has us start 16 threads per comm where ours take 1.
+Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address,
+                         int max_threads = google_tcpx::kMaxThreads);
+// The helper threads per comm our own side runs with Google's plugin: NCCL_SOCKET_NTHREADS, as
+// the plugin reads it (the loader sets 1 where it is unset), within [1, kMaxThreads].
+int own_tcpx_threads();
 
 struct V7Options {
     // Requests in flight per comm the table is known to accept (v7 does not say). 0: derived from
