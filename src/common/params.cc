@@ -272,6 +272,13 @@ Status Settings::validate() const {
             "TCPX_P2P_MAX_CTRL_MESSAGE (%s) and 1 MiB more: raise the first or lower the second",
             format_bytes(max_ctrl_buffer_total).c_str(), format_bytes(max_ctrl_message).c_str()));
     }
+    // One drain's buffer (a chunk) must fit, or a refused write could never be drained.
+    if (max_scratch_bytes_total < xfer_chunk_size) {
+        return invalid_argument(strformat(
+            "TCPX_P2P_MAX_SCRATCH_BYTES_TOTAL (%s) is below TCPX_P2P_XFER_CHUNK_SIZE (%s): a "
+            "refused write's chunk could never be drained; raise the first or lower the second",
+            format_bytes(max_scratch_bytes_total).c_str(), format_bytes(xfer_chunk_size).c_str()));
+    }
     for (const auto& [name, bound] :
          {std::pair{"MAX_QUEUED_NOTIFICATION_BYTES", max_queued_notification_bytes},
           {"MAX_QUEUED_NOTIFICATION_BYTES_TOTAL", max_queued_notification_bytes_total}}) {

@@ -314,6 +314,10 @@ Endpoint::Impl::~Impl() {
         TCPX_WARN("endpoint '%s': %llu chunk operations still counted at close (an engine bug)",
                   name_.c_str(), static_cast<unsigned long long>(active_ops_));
     }
+    if (scratch_bytes_ != 0) {  // (the same for the drains' scratch buffers)
+        TCPX_WARN("endpoint '%s': %llu bytes of scratch still counted at close (an engine bug)",
+                  name_.c_str(), static_cast<unsigned long long>(scratch_bytes_));
+    }
     peers_.clear();
     if (epfd_ >= 0) ::close(epfd_);
 }
@@ -1457,6 +1461,11 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             ch.mrs.clear();
             ch.scratch_mr = nullptr;
+            if (ch.scratch) {  // (the comm is closed: nothing writes it any more)
+                scratch_bytes_ -= ch.scratch_len;
+                ch.scratch.reset();
+                ch.scratch_len = 0;
+            }
             ch.ring_mr = nullptr;
             ch.hslots_mr = nullptr;
             ch.gring_mr = nullptr;

@@ -277,7 +277,8 @@ struct Channel {
     std::deque<InFlight> finishing;
     StageTimes stages;                   // STAGE_TIMES
     bool scratch_busy = false;           // one scratch receive at a time per channel
-    std::unique_ptr<uint8_t[]> scratch;  // chunk bytes, made on first need
+    std::unique_ptr<uint8_t[]> scratch;  // chunk bytes, made when a drain needs them, freed after
+    uint64_t scratch_len = 0;            // (counted in scratch_bytes_)
     // The transport's registrations of our regions with this channel's comm (ncclNet registers
     // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use: by
     // region, then by window (reg_windows.h) where a region exceeds what one registration holds.
@@ -869,6 +870,10 @@ class Endpoint::Impl {
     // its pieces and kServedRecordWeight, each send waiting for its receive (Peer::unexpected)
     // one. Each peer's own bounds alone would multiply with MAX_PEERS.
     uint64_t served_weight_ = 0;
+    // Bytes of drain scratch buffers held by all peers' channels (MAX_SCRATCH_BYTES_TOTAL).
+    uint64_t scratch_bytes_ = 0;
+    // Frees `ch`'s scratch buffer (its registration first) once no drain of its needs it.
+    void release_scratch(Channel& ch, bool tx);
     // What the peers' control connections share for messages larger than their own buffers
     // (before peers_: their connections give it back as they go).
     engine::CtrlRoom ctrl_room_;

@@ -174,7 +174,10 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (stage_times_) time_stages(ch, f.op, tx, engine::stage_clock_ns());
         Status st = net_->irecv_consumed(ch.recv, 1, f.req);
         if (!st.ok()) return lost(st);
-        if (f.op.region == nullptr) ch.scratch_busy = false;
+        if (f.op.region == nullptr) {
+            ch.scratch_busy = false;
+            release_scratch(ch, tx);
+        }
         did = true;
         op_done(f.op);
     }
@@ -271,7 +274,16 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 // Draining a refused write or a cancelled read: one scratch receive at a time per
                 // channel, so no two transport requests ever write the scratch buffer at once.
                 if (ch.scratch_busy) break;
-                if (!ch.scratch) ch.scratch.reset(new uint8_t[p.chunk]);
+                if (!ch.scratch) {
+                    // Held while the drain lasts, within a total for all peers: a stranger per
+                    // connection sending refused writes held a chunk per channel for good
+                    // (MAX_PEERS x 8 MiB at the defaults). Past it, the drain waits for another
+                    // to end (or the peer's stall to fail it).
+                    if (scratch_bytes_ + p.chunk > config_.max_scratch_bytes_total) break;
+                    ch.scratch.reset(new uint8_t[p.chunk]);
+                    ch.scratch_len = p.chunk;
+                    scratch_bytes_ += p.chunk;
+                }
                 ptr = ch.scratch.get();
             }
             if (op.path == OpPath::kUnpack) {
@@ -475,6 +487,19 @@ Status Endpoint::Impl::ensure_host_slots(Channel& ch, bool tx) {
             .with_context("registering the host staging slots"));
     ch.hslots = std::move(slots);
     return Status();
+}
+
+void Endpoint::Impl::release_scratch(Channel& ch, bool tx) {
+    if (!ch.scratch || ch.scratch_busy) return;
+    for (const Op& op : ch.queued) {
+        if (op.region == nullptr) return;  // the drain goes on: kept for its next chunk
+    }
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (ch.scratch_mr != nullptr && comm != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
+    ch.scratch_mr = nullptr;
+    ch.scratch.reset();
+    scratch_bytes_ -= ch.scratch_len;
+    ch.scratch_len = 0;
 }
 
 void Endpoint::Impl::note_placed_bytes(uint64_t bytes) {

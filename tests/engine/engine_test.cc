@@ -22,6 +22,7 @@
 #include "engine/metadata.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/host_device.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
 
@@ -1197,6 +1198,62 @@ TEST_P(PollingCallers, ShareTheWorkWithTheProgressThread) {
 
 INSTANTIATE_TEST_SUITE_P(SocketIo, PollingCallers, ::testing::Values("caller", "threads"),
                          [](const auto& p) { return std::string(p.param); });
+
+// Refused writes drain into a scratch buffer per channel, held only while the drain lasts and
+// within MAX_SCRATCH_BYTES_TOTAL for all peers together (a stranger per connection held a chunk
+// per channel for good). Here the total holds one chunk: three initiators' refused writes drain
+// one after another, each peer's channel stays in step (a write after it lands, byte-exact), and
+// nothing is counted at the end.
+TEST(EngineEndpoints, RefusedWritesDrainOneAtATimeWithinTheScratchTotal) {
+    LogCapture log(LogLevel::kWarn);
+    Config c = engine_test_config();
+    c.channels = 1;
+    c.xfer_chunk_size = 64 * 1024;
+    c.max_scratch_bytes_total = 64 * 1024;
+    constexpr size_t kLen = 1 << 20;  // 16 chunks
+    auto b = make_endpoint("target", c);
+    ASSERT_NE(b, nullptr);
+    GuardedBuffer bdst(kLen * 3, 0x33);
+    const RemoteMem bdesc = *b->describe(*b->reg(bdst.data(), bdst.size()));
+    RemoteMem forged = bdesc;
+    forged.key ^= 1;
+    struct Initiator {
+        std::unique_ptr<Endpoint> ep;
+        std::unique_ptr<GuardedBuffer> buf;
+        MemId mem = 0;
+        PeerId peer = 0;
+    };
+    std::vector<Initiator> in(3);
+    for (size_t i = 0; i < in.size(); ++i) {
+        in[i].ep = make_endpoint("initiator" + std::to_string(i), c);
+        ASSERT_NE(in[i].ep, nullptr);
+        in[i].buf = std::make_unique<GuardedBuffer>(kLen);
+        fill_pattern(in[i].buf->data(), kLen, 900 + i);
+        in[i].mem = *in[i].ep->reg(in[i].buf->data(), kLen);
+        in[i].peer = link(in[i].ep.get(), b.get()).a_to_b;
+        ASSERT_NE(in[i].peer, 0u);
+    }
+    std::vector<XferId> refused;
+    for (Initiator& x : in) {
+        auto w = x.ep->write(x.peer, x.mem, 0, forged, 0, kLen);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        refused.push_back(*w);
+    }
+    for (size_t i = 0; i < in.size(); ++i) {
+        EXPECT_EQ(in[i].ep->wait(refused[i], 20s).code(), StatusCode::kNotFound);
+    }
+    // Behind each drain on its channel, a write that lands.
+    for (size_t i = 0; i < in.size(); ++i) {
+        auto w = in[i].ep->write(in[i].peer, in[i].mem, 0, bdesc, i * kLen, kLen);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE(in[i].ep->wait(*w, 20s).ok()) << "initiator " << i;
+        EXPECT_EQ(find_pattern_mismatch(bdst.data() + i * kLen, kLen, 900 + i), -1) << i;
+    }
+    EXPECT_TRUE(bdst.canaries_intact());
+    in.clear();
+    b.reset();
+    EXPECT_FALSE(log.contains("still counted at close")) << log.all();
+}
 
 TEST_F(EnginePair, RefusedRequestsTouchNothingAndTheConnectionSurvives) {
     // The target's memory before: every refused request must leave all of it as it was.
