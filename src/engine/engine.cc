@@ -1461,11 +1461,7 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             ch.mrs.clear();
             ch.scratch_mr = nullptr;
-            if (ch.scratch) {  // (the comm is closed: nothing writes it any more)
-                scratch_bytes_ -= ch.scratch_len;
-                ch.scratch.reset();
-                ch.scratch_len = 0;
-            }
+            free_scratch(ch);  // (the comm is closed: nothing writes it any more)
             ch.ring_mr = nullptr;
             ch.hslots_mr = nullptr;
             ch.gring_mr = nullptr;

@@ -874,6 +874,8 @@ class Endpoint::Impl {
     uint64_t scratch_bytes_ = 0;
     // Frees `ch`'s scratch buffer (its registration first) once no drain of its needs it.
     void release_scratch(Channel& ch, bool tx);
+    // The buffer itself, and its count (nothing may write it any more).
+    void free_scratch(Channel& ch);
     // What the peers' control connections share for messages larger than their own buffers
     // (before peers_: their connections give it back as they go).
     engine::CtrlRoom ctrl_room_;
@@ -996,6 +998,9 @@ class Endpoint::Impl {
     // their own for such bytes (send_queued's `direct`).
     bool plugin_places_bytes_ = false;
     void note_placed_bytes(uint64_t bytes);
+    // A devmem receive's description (its unpack queue slot on GPU `gpu`), copied into
+    // unpack_copy_ and checked there; the bytes the plugin placed in the buffer itself.
+    StatusOr<uint64_t> take_receive_description(Channel& ch, const Channel::InFlight& f, int gpu);
     // Replies to one peer queued at most (kReplyRoom, above): set by init from MAX_TRANSFERS.
     uint64_t max_queued_replies_ = 0;
 };

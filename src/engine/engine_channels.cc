@@ -369,16 +369,11 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
                 // The plugin's pages go straight to the pieces: its entries composed with the
                 // pieces' places, one kernel (the ring falls back to the twin when they don't
                 // fit one list).
-                TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-                TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.gring->device()));
-                TCPX_RETURN_IF_ERROR(snapshot_unpack(q, &unpack_copy_));
-                uint64_t placed = 0;
-                TCPX_RETURN_IF_ERROR(check_unpacked_bytes(unpack_copy_, f.op.len, ch.bounce_len,
-                                                          &unpack_scratch_, &placed));
+                TCPX_ASSIGN_OR_RETURN(const uint64_t placed,
+                                      take_receive_description(ch, f, ch.gring->device()));
                 // Bytes the plugin placed itself are in the twin, where the receive was posted:
                 // through it (one posted straight into the pieces, with no room of its own in
                 // it, cannot be: its peer fails, and later receives get room of their own).
-                if (placed > 0) note_placed_bytes(placed);
                 return ch.gring->unpack_scatter(f.op.slot, unpack_copy_.data(), unpack_copy_.size(),
                                                 ch.unpack.bounce_buf, segments(f.op),
                                                 /*through_twin=*/placed > 0);
@@ -388,15 +383,9 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         case OpPath::kUnpack: {
             // The plugin wrote the count when test() reported the receive: read it and the list
             // here, and hand them to the GPU in one copy.
-            TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
-            TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, ch.ring->device()));
-            TCPX_RETURN_IF_ERROR(snapshot_unpack(q, &unpack_copy_));
             // (Bytes the plugin placed itself are where they belong: the receive was posted
             // with the destination.)
-            uint64_t placed = 0;
-            TCPX_RETURN_IF_ERROR(check_unpacked_bytes(unpack_copy_, f.op.len, ch.bounce_len,
-                                                      &unpack_scratch_, &placed));
-            if (placed > 0) note_placed_bytes(placed);
+            TCPX_RETURN_IF_ERROR(take_receive_description(ch, f, ch.ring->device()).status());
             if (!ch.ring->has_free()) return internal_error("no unpack slot free in the window");
             f.op.slot = ch.ring->acquire();
             return ch.ring->unpack(f.op.slot, unpack_copy_.data(), unpack_copy_.size(),
@@ -405,6 +394,18 @@ Status Endpoint::Impl::start_finishing(Channel& ch, Channel::InFlight& f) {
         default:
             return Status();
     }
+}
+
+StatusOr<uint64_t> Endpoint::Impl::take_receive_description(Channel& ch, const Channel::InFlight& f,
+                                                            int gpu) {
+    TCPX_ASSIGN_OR_RETURN(net::UnpackSlot q, net_->unpack_slot(ch.recv, f.req));
+    TCPX_RETURN_IF_ERROR(check_unpack_slot(ch, q, gpu));
+    TCPX_RETURN_IF_ERROR(snapshot_unpack(q, &unpack_copy_));
+    uint64_t placed = 0;
+    TCPX_RETURN_IF_ERROR(
+        check_unpacked_bytes(unpack_copy_, f.op.len, ch.bounce_len, &unpack_scratch_, &placed));
+    if (placed > 0) note_placed_bytes(placed);
+    return placed;
 }
 
 void Endpoint::Impl::time_stages(Channel& ch, const Op& op, bool tx, uint64_t end_ns) {
@@ -497,8 +498,12 @@ void Endpoint::Impl::release_scratch(Channel& ch, bool tx) {
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (ch.scratch_mr != nullptr && comm != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
     ch.scratch_mr = nullptr;
-    ch.scratch.reset();
+    free_scratch(ch);
+}
+
+void Endpoint::Impl::free_scratch(Channel& ch) {
     scratch_bytes_ -= ch.scratch_len;
+    ch.scratch.reset();
     ch.scratch_len = 0;
 }
 

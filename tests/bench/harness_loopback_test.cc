@@ -23,6 +23,7 @@
 #include "common/status_util.h"
 #include "tcpx/config.h"
 #include "tests/support/closed_port.h"
+#include "tests/support/engine_test_util.h"
 
 namespace tcpx::bench {
 namespace {
@@ -302,12 +303,7 @@ TEST(BenchRawTcpLoopback, MalformedListenRepliesAreProtocolErrors) {
 // mem or rmem indexed past them: a crash). Here the second cannot listen on the port the first
 // holds.
 TEST(BenchEngineTarget, EndpointsThatFailPartWayLeaveNone) {
-    Config c;
-    c.socket_ifname = "=lo";
-    c.socket_family = "ipv4";
-    c.nsocks = 1;
-    c.io_threads = 1;
-    c.channels = 1;
+    Config c = tcpx::testing::engine_test_config();
     {
         auto probe = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 1);
         ASSERT_TRUE(probe.ok());

@@ -62,6 +62,24 @@ Settings env_settings() {
     return settings.ok() ? *settings : Settings{};
 }
 
+// Connects to `handle`, whose listener is parked in an accept, until no listener is parked: each
+// call of connect and listen retries the parked accept. The connection may be closed as soon as
+// it is accepted, so the connect may end either way; *send is the comm it made, if any.
+void connect_until_unparked(net::Net* net, net::V7Net* v7, net::Handle* handle,
+                            net::SendComm** send) {
+    bool connecting = true;
+    for (int i = 0; i < 200000 && v7->parked_listeners() != 0; ++i) {
+        if (connecting && *send == nullptr) {
+            connecting = net->connect(0, handle, send, nullptr).ok();
+        } else {
+            net::Handle other;
+            net::ListenComm* l = nullptr;
+            ASSERT_TRUE(net->listen(0, &other, &l).ok());
+            ASSERT_TRUE(net->close_listen(l).ok());
+        }
+    }
+}
+
 // Google's plugin accepts in a thread that uses the listen comm its closeListen frees. A listener
 // closed during an accept is kept until the accept ends (the emulation refuses closeListen
 // before, with a warning), then closed with the connection it yielded.
@@ -81,20 +99,8 @@ TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
     ASSERT_TRUE(net->close_listen(listen).ok());
     EXPECT_EQ(v7->parked_listeners(), 1u);
     // A peer connects after all: the accept ends, its connection and the listener are closed.
-    // (Each call of connect and listen retries the parked accept. The connection is closed as
-    // soon as it is accepted, so the connect may end either way.)
     net::SendComm* send = nullptr;
-    bool connecting = true;
-    for (int i = 0; i < 200000 && v7->parked_listeners() != 0; ++i) {
-        if (connecting && send == nullptr) {
-            connecting = net->connect(0, &handle, &send, nullptr).ok();
-        } else {
-            net::Handle other;
-            net::ListenComm* l = nullptr;
-            ASSERT_TRUE(net->listen(0, &other, &l).ok());
-            ASSERT_TRUE(net->close_listen(l).ok());
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(connect_until_unparked(net.get(), v7, &handle, &send));
     EXPECT_EQ(v7->parked_listeners(), 0u);
     if (send != nullptr) {
         EXPECT_TRUE(net->close_send(send).ok());
@@ -170,19 +176,9 @@ TEST(PluginLoader, AParkedAcceptThatFailsWithACommClosesIt) {
     ASSERT_TRUE(net->close_listen(listen).ok());
     ASSERT_EQ(v7->parked_listeners(), 1u);
     setenv("FAKETCPX_ACCEPT_FAILS", "1", 1);
-    // Each connect retries the parked accept, which ends with the error once the peer is in.
+    // The parked accept ends with the error once the peer is in.
     net::SendComm* send = nullptr;
-    bool connecting = true;
-    for (int i = 0; i < 200000 && v7->parked_listeners() != 0; ++i) {
-        if (connecting && send == nullptr) {
-            connecting = net->connect(0, &handle, &send, nullptr).ok();
-        } else {
-            net::Handle other;
-            net::ListenComm* l = nullptr;
-            ASSERT_TRUE(net->listen(0, &other, &l).ok());
-            ASSERT_TRUE(net->close_listen(l).ok());
-        }
-    }
+    ASSERT_NO_FATAL_FAILURE(connect_until_unparked(net.get(), v7, &handle, &send));
     unsetenv("FAKETCPX_ACCEPT_FAILS");
     ASSERT_EQ(v7->parked_listeners(), 0u);
     // Only the send side may be open: the failed accept's receive comm is closed.

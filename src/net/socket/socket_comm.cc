@@ -233,15 +233,8 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
             // All or nothing (a caller may post again what failed to post): out of memory for the
             // list or a queue's entry gives the slot back and takes no sequence number, which the
             // receiver would otherwise wait for with every later message behind it.
-            bool listed = false;
-            try {
-                listed = req->mem.set(segs);
-            } catch (...) {
-                reqs_.give(req);
-                throw;
-            }
-            if (!listed) {
-                reqs_.give(req);
+            TakenRequest<SendReq> taken(reqs_, req);
+            if (!req->mem.set(segs)) {
                 return invalid_argument("isend: the segments' sizes add up past 2^64");
             }
             const uint64_t size = req->mem.size();
@@ -259,13 +252,9 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
 
             if (!is_inline) {
                 const bool queue_was_empty = chunk_queue_.empty();
-                try {
-                    chunk_queue_.push_back(req);
-                } catch (...) {
-                    reqs_.give(req);
-                    throw;
-                }
+                chunk_queue_.push_back(req);
                 ++next_seq_;
+                taken.keep();
                 committed = true;
                 // Latency path: a one-chunk message on an idle comm (no other request outstanding)
                 // is written by this thread, on an idle data socket whose writer is free, sparing a
@@ -301,13 +290,9 @@ Status SendComm::send_impl(std::span<const IoSeg> segs, int tag, SendReq** out) 
                 msg.hdr = wire::MsgHeader{wire::kMsgMagic, 0, req->seq, size, tag, 0};
                 msg.total = sizeof(wire::MsgHeader) + size;
                 msg.req = req;
-                try {
-                    out_.push_back(msg);
-                } catch (...) {
-                    reqs_.give(req);
-                    throw;
-                }
+                out_.push_back(msg);
                 ++next_seq_;
+                taken.keep();
                 committed = true;
                 // Fast path: a lone message (nothing else of this comm outstanding) is written by
                 // this thread when the control socket's writer is free, sparing a thread handoff on
@@ -613,18 +598,11 @@ Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int*
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_) return error_locked("irecv");
     RecvReq* req = reqs_.take();
-    if (req == nullptr) return Status();  // no room: the caller posts again later
+    if (req == nullptr) return Status();      // no room: the caller posts again later
+    TakenRequest<RecvReq> taken(reqs_, req);  // (all or nothing, as isend)
     for (int i = 0; i < n; ++i) {
         RecvReq::Slot& slot = req->slots[i];
-        bool listed = false;
-        try {  // (all or nothing, as isend)
-            listed = slot.mem.set(msgs[i]);
-        } catch (...) {
-            reqs_.give(req);
-            throw;
-        }
-        if (!listed) {
-            reqs_.give(req);
+        if (!slot.mem.set(msgs[i])) {
             return invalid_argument("irecv: the segments' sizes add up past 2^64");
         }
         slot.mem.set_write_back((write_back >> i & 1u) != 0);
@@ -639,12 +617,8 @@ Status RecvComm::recv_impl(int n, const std::span<const IoSeg>* msgs, const int*
     req->incomplete = n;
     req->error = Status();
     req->state.store(ReqState::kPending, std::memory_order_relaxed);
-    try {
-        posted_.push_back(req);
-    } catch (...) {
-        reqs_.give(req);
-        throw;
-    }
+    posted_.push_back(req);
+    taken.keep();
     next_post_seq_ += static_cast<uint64_t>(n);
     outstanding_.store(static_cast<int>(reqs_.in_use()), std::memory_order_relaxed);
     try {

@@ -140,6 +140,26 @@ class RequestPool {
     std::vector<Req*> free_;
 };
 
+// A request taken from a pool for one post, given back when this goes out of scope unless kept
+// (under the comm's lock, as the pool is): a post that ends early, refused or out of memory part
+// way, leaves its slot free (give() never allocates).
+template <typename Req>
+class TakenRequest {
+ public:
+    TakenRequest(RequestPool<Req>& pool, Req* req) : pool_(pool), req_(req) {}
+    ~TakenRequest() {
+        if (!kept_) pool_.give(req_);
+    }
+    TakenRequest(const TakenRequest&) = delete;
+    TakenRequest& operator=(const TakenRequest&) = delete;
+    void keep() { kept_ = true; }
+
+ private:
+    RequestPool<Req>& pool_;
+    Req* const req_;
+    bool kept_ = false;
+};
+
 // Per-comm settings, copied from Settings when the comm is made.
 struct CommConfig {
     uint64_t chunk_size = 0;
