@@ -141,6 +141,20 @@ void check_limits(Report& r, const Config& c) {
         } else {
             r.add("limits", "open files (nofile)", value);
         }
+        // What the library may hold of them (security.md: the socket budget).
+        const uint64_t budget = socket_budget();
+        const std::string budget_text =
+            std::to_string(budget) + (std::getenv("TCPX_P2P_MAX_SOCKETS") != nullptr
+                                          ? " (TCPX_P2P_MAX_SOCKETS)"
+                                          : " (automatic: 3/4 of the open-files limit)");
+        if (budget < want) {
+            r.problem("limits", "sockets for tcpx-p2p (MAX_SOCKETS)", budget_text,
+                      strformat("fewer than the %llu sockets 64 peers take at these settings",
+                                static_cast<unsigned long long>(want)),
+                      "raise the open-files limit, or TCPX_P2P_MAX_SOCKETS", false);
+        } else {
+            r.add("limits", "sockets for tcpx-p2p (MAX_SOCKETS)", budget_text);
+        }
     }
     if (::getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
         r.add("limits", "locked memory (memlock)",

@@ -8,22 +8,135 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <limits>
 
+#include "common/env.h"
+#include "common/params.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 
 namespace tcpx {
 
+// --- the socket budget -----------------------------------------------------------------------
+
+namespace {
+
+std::atomic<uint64_t> g_sockets_open{0};
+std::atomic<uint64_t> g_budget_for_testing{0};
+constexpr int64_t kBudgetUnread = -1;
+std::atomic<int64_t> g_max_sockets_env{kBudgetUnread};
+
+// TCPX_P2P_MAX_SOCKETS, through the parameter table, once. An invalid value is 0 (automatic)
+// here; Config::from_env() reports it as an error where an endpoint is made.
+int64_t max_sockets_setting() {
+    int64_t value = g_max_sockets_env.load(std::memory_order_relaxed);
+    if (value != kBudgetUnread) return value;
+    Settings settings;
+    const std::string env_name = std::string(kEnvPrefix) + "MAX_SOCKETS";
+    int64_t read = 0;
+    if (const auto text = env_get(env_name.c_str());
+        text.has_value() && settings.set("MAX_SOCKETS", *text).ok()) {
+        read = settings.max_sockets;
+    }
+    int64_t expected = kBudgetUnread;
+    g_max_sockets_env.compare_exchange_strong(expected, read);
+    return g_max_sockets_env.load();
+}
+
+// Three quarters of the soft open-files limit: the rest stays the application's (its files,
+// its own sockets, a plugin's). An unlimited or unreadable limit counts as 2^20, the kernel's
+// default ceiling (fs.nr_open).
+uint64_t automatic_budget() {
+    constexpr uint64_t kUnlimited = uint64_t{1} << 20;
+    rlimit lim{};
+    uint64_t files = kUnlimited;
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+        files = std::min<uint64_t>(lim.rlim_cur, kUnlimited);
+    }
+    return std::max<uint64_t>(files / 4 * 3, 1);
+}
+
+std::string budget_words() {
+    const uint64_t testing = g_budget_for_testing.load(std::memory_order_relaxed);
+    if (testing != 0) return strformat("a test's budget of %llu", (unsigned long long)testing);
+    if (const int64_t set = max_sockets_setting(); set > 0) {
+        return strformat("TCPX_P2P_MAX_SOCKETS=%lld", static_cast<long long>(set));
+    }
+    rlimit lim{};
+    const bool read = ::getrlimit(RLIMIT_NOFILE, &lim) == 0;
+    return strformat(
+        "TCPX_P2P_MAX_SOCKETS automatic: %llu, three quarters of the open-files "
+        "limit %s; raise it (ulimit -n) or set the variable",
+        static_cast<unsigned long long>(automatic_budget()),
+        !read                           ? "(unreadable)"
+        : lim.rlim_cur == RLIM_INFINITY ? "(unlimited)"
+                                        : std::to_string(lim.rlim_cur).c_str());
+}
+
+}  // namespace
+
+uint64_t sockets_open() { return g_sockets_open.load(std::memory_order_relaxed); }
+
+uint64_t socket_budget() {
+    if (const uint64_t testing = g_budget_for_testing.load(std::memory_order_relaxed);
+        testing != 0) {
+        return testing;
+    }
+    if (const int64_t set = max_sockets_setting(); set > 0) return static_cast<uint64_t>(set);
+    return automatic_budget();
+}
+
+void set_socket_budget_for_testing(uint64_t budget) { g_budget_for_testing.store(budget); }
+
+struct SocketBudgetAccess {
+    // A place in the budget for one socket, taken before it exists.
+    static Status take(const char* what) {
+        const uint64_t budget = socket_budget();
+        uint64_t open = g_sockets_open.load(std::memory_order_relaxed);
+        do {
+            if (open >= budget) {
+                return resource_exhausted(
+                    strformat("%s: %llu TCP sockets open, the most this process gives tcpx-p2p "
+                              "(%s)",
+                              what, static_cast<unsigned long long>(open), budget_words().c_str()));
+            }
+        } while (!g_sockets_open.compare_exchange_weak(open, open + 1, std::memory_order_relaxed));
+        return Status();
+    }
+    static void give_back() { g_sockets_open.fetch_sub(1, std::memory_order_relaxed); }
+    // `fd` holds the place taken for it; a failed socket() (-1) gives it back.
+    static Fd counted(int fd) {
+        Fd out(fd);
+        if (fd >= 0) {
+            out.counted_ = true;
+        } else {
+            give_back();
+        }
+        return out;
+    }
+};
+
+int Fd::release() {
+    if (counted_) SocketBudgetAccess::give_back();
+    counted_ = false;
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+}
+
 void Fd::reset(int fd) {
     if (fd_ >= 0) ::close(fd_);
+    if (counted_) SocketBudgetAccess::give_back();
+    counted_ = false;
     fd_ = fd;
 }
 
@@ -277,7 +390,9 @@ StatusOr<std::vector<NetInterface>> find_interfaces(std::string_view spec, Addre
 // --- socket operations ---------------------------------------------------------------------------
 
 StatusOr<Fd> listen_tcp(const SocketAddress& addr, int backlog) {
-    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    TCPX_RETURN_IF_ERROR(SocketBudgetAccess::take("listen"));
+    Fd fd = SocketBudgetAccess::counted(
+        ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return errno_status(errno, "socket");
     const int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -307,7 +422,9 @@ StatusOr<SocketAddress> peer_address(int fd) {
 }
 
 StatusOr<Fd> start_connect(const SocketAddress& addr, const SocketAddress* source) {
-    Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    TCPX_RETURN_IF_ERROR(SocketBudgetAccess::take(("connect to " + addr.to_string()).c_str()));
+    Fd fd = SocketBudgetAccess::counted(
+        ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return errno_status(errno, "socket");
     if (source != nullptr && source->family() == addr.family()) {
         if (::bind(fd.get(), source->get(), source->size()) != 0) {
@@ -373,7 +490,20 @@ StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
         auto addr = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
         if (addr.ok()) *peer = *addr;
     }
-    return Fd(fd);
+    // Taken off the kernel's queue either way (left there, it would keep the listener readable);
+    // past the budget closed at once, with a reset, so that the connector knows without waiting.
+    if (Status place = SocketBudgetAccess::take("accept"); !place.ok()) {
+        const linger reset{1, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+        ::close(fd);
+        return place;
+    }
+    return SocketBudgetAccess::counted(fd);
+}
+
+bool connection_waiting(int listen_fd) {
+    pollfd pfd{listen_fd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN) != 0;
 }
 
 Status set_nonblocking(int fd, bool nonblocking) {

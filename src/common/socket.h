@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,32 +17,63 @@
 
 namespace tcpx {
 
-// Owns a file descriptor; closes it on destruction.
+// Owns a file descriptor; closes it on destruction. A TCP socket opened by the functions below
+// also holds a place in the process-wide socket budget (MAX_SOCKETS, see socket_budget()) until
+// it is closed or released.
 class Fd {
  public:
     Fd() = default;
     explicit Fd(int fd) : fd_(fd) {}
     Fd(const Fd&) = delete;
     Fd& operator=(const Fd&) = delete;
-    Fd(Fd&& other) noexcept : fd_(other.release()) {}
+    Fd(Fd&& other) noexcept : fd_(other.fd_), counted_(other.counted_) {
+        other.fd_ = -1;
+        other.counted_ = false;
+    }
     Fd& operator=(Fd&& other) noexcept {
-        if (this != &other) reset(other.release());
+        if (this != &other) {
+            reset();
+            fd_ = other.fd_;
+            counted_ = other.counted_;
+            other.fd_ = -1;
+            other.counted_ = false;
+        }
         return *this;
     }
     ~Fd() { reset(); }
 
     int get() const { return fd_; }
     bool valid() const { return fd_ >= 0; }
-    int release() {
-        const int fd = fd_;
-        fd_ = -1;
-        return fd;
-    }
+    // Hands the descriptor to the caller, out of the socket budget.
+    int release();
+    // Closes the descriptor held (giving back its budget place) and holds `fd`, uncounted.
     void reset(int fd = -1);
 
  private:
+    friend struct SocketBudgetAccess;  // socket.cc: the sockets it opens are counted
     int fd_ = -1;
+    bool counted_ = false;
 };
+
+// The socket budget: every TCP socket the library opens (listening, connecting, accepted; its
+// own transport's and its control connections, not those an external ncclNet plugin opens)
+// counts, process-wide, against one bound, so that peers (strangers, where the port is open to
+// them) cannot take the descriptors the application needs for its own files. Past it, opening
+// a socket fails with RESOURCE_EXHAUSTED and an accepted connection is closed at once (with a
+// reset). The bound is TCPX_P2P_MAX_SOCKETS, read from the environment at first use; 0 (the
+// default) is three quarters of the open-files limit (RLIMIT_NOFILE's soft value, read at each
+// check, so that an application raising it raises the bound).
+uint64_t sockets_open();
+uint64_t socket_budget();
+// Whether opening one more socket would be refused now. Listeners then leave new connections in
+// the kernel's queue unless one of their own connections that has not proved itself can make
+// way, and connections that have not proved themselves after kSocketBudgetGrace are closed by
+// their owners: connections that never finish a handshake cannot keep the budget full for
+// long, where a real peer's finish in a few round trips.
+inline bool socket_budget_full() { return sockets_open() >= socket_budget(); }
+inline constexpr std::chrono::milliseconds kSocketBudgetGrace{2000};
+// Tests: a bound in place of MAX_SOCKETS (0: back to the environment's, or automatic).
+void set_socket_budget_for_testing(uint64_t budget);
 
 enum class AddressFamily { kAny, kIPv4, kIPv6 };
 
@@ -121,8 +153,11 @@ Status finish_connect(int fd, const SocketAddress& addr, bool* done);
 StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms);
 
 // Accepts one pending connection as a non-blocking, close-on-exec fd; an invalid Fd when none is
-// pending. `peer` may be null.
+// pending. `peer` may be null. Past the socket budget the connection is closed at once (a reset)
+// and the result is RESOURCE_EXHAUSTED: the caller may call again for the next one.
 StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer);
+// Whether a connection waits in `listen_fd`'s queue (poll, no wait).
+bool connection_waiting(int listen_fd);
 
 Status set_nonblocking(int fd, bool nonblocking);
 Status set_nodelay(int fd);

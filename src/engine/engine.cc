@@ -1170,6 +1170,16 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         fail_peer(p, timeout_error("handshake not done in time"));
         return true;
     }
+    if (in_handshake(p) && tick && !p.outbound && !p.authenticated &&
+        now - p.started > kSocketBudgetGrace && socket_budget_full()) {
+        // Sockets are what the process has run short of: one that has not proved itself in
+        // this long makes way (security.md, the socket budget).
+        fail_peer(p, resource_exhausted(strformat(
+                         "closed in its handshake after %lld ms: the process's TCP sockets are at "
+                         "their bound (TCPX_P2P_MAX_SOCKETS)",
+                         static_cast<long long>(kSocketBudgetGrace.count()))));
+        return true;
+    }
     if (p.state == Peer::State::kConnecting || p.state == Peer::State::kChannels) {
         did |= progress_handshake(p);
     }

@@ -599,7 +599,9 @@ class Endpoint::Impl {
     void pause_listener();
     void resume_listener_when_due(Clock::time_point now);
     // Closes the oldest inbound handshake of a peer that has not authenticated; false when none.
-    bool evict_stalest_handshake();
+    // `limit` names the bound reached (the log line and the closed peer's error say it);
+    // `except` (the peer the room is for) is never the one closed.
+    bool evict_stalest_handshake(const char* limit, const Peer* except = nullptr);
     void run_progress_thread();
     // Logs the exception being handled that a progress pass let out (never throws).
     void report_progress_exception() noexcept;

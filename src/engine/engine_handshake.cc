@@ -74,15 +74,21 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::add_peer(Fd fd, bool outbound,
     return raw;
 }
 
-bool Endpoint::Impl::evict_stalest_handshake() {
+bool Endpoint::Impl::evict_stalest_handshake(const char* limit, const Peer* except) {
     // The oldest inbound connection still in its handshake that has not proved the shared secret
     // (without a secret: the oldest of them all). A real peer finishes its handshake in a few
     // round trips, so under a flood of connections that never finish the oldest is one of the
     // flood; a peer that has proved the secret is never closed for a stranger.
+    // Connections that have not yet sent a HELLO go first: a peer setting up its channels has
+    // at least spoken the protocol.
     Peer* stalest = nullptr;
     for (const auto& [id, p] : peers_) {
-        if (p->outbound || p->authenticated || !in_handshake(*p)) continue;
-        if (stalest == nullptr || p->started < stalest->started) stalest = p.get();
+        if (p->outbound || p->authenticated || !in_handshake(*p) || p.get() == except) continue;
+        if (stalest == nullptr ||
+            std::pair(p->state == State::kChannels, p->started) <
+                std::pair(stalest->state == State::kChannels, stalest->started)) {
+            stalest = p.get();
+        }
     }
     if (stalest == nullptr) return false;
     const auto held =
@@ -90,12 +96,13 @@ bool Endpoint::Impl::evict_stalest_handshake() {
     if (may_log_stranger_event()) {
         TCPX_WARN(
             "endpoint '%s': connection from %s closed after %lld ms in its handshake, for a "
-            "newer one: TCPX_P2P_MAX_HANDSHAKES reached",
+            "newer one: TCPX_P2P_%s reached",
             name_.c_str(), stalest->address.to_string().c_str(),
-            static_cast<long long>(held.count()));
+            static_cast<long long>(held.count()), limit);
     }
-    fail_peer(*stalest, unavailable("closed in its handshake for a newer connection "
-                                    "(TCPX_P2P_MAX_HANDSHAKES reached)"));
+    fail_peer(*stalest, unavailable(strformat("closed in its handshake for a newer connection "
+                                              "(TCPX_P2P_%s reached)",
+                                              limit)));
     settle_peer(*stalest);
     peers_.erase(stalest->id);  // inbound, never accepted: nobody is to be told
     return true;
@@ -111,8 +118,35 @@ void Endpoint::Impl::accept_inbound() {
     for (const auto& [id, p] : peers_) handshakes += !p->outbound && in_handshake(*p);
     size_t live = live_peers();  // counted once a pass: each peer accepted below adds one
     for (int i = 0; i < 64; ++i) {
+        // At the process's socket budget (MAX_SOCKETS), a connection waiting takes the place of
+        // the oldest unproved handshake, as at MAX_HANDSHAKES; with none it is closed (below).
+        if (socket_budget_full()) {
+            if (!connection_waiting(listen_fd_.get())) return;
+            if (!evict_stalest_handshake("MAX_SOCKETS")) {
+                // None to close: the connection waits in the kernel's queue until a socket
+                // closes (connections that do not prove themselves soon are closed, step_peer).
+                if (may_log_stranger_event()) {
+                    TCPX_WARN(
+                        "endpoint '%s': new connections wait: %llu TCP sockets open, the "
+                        "process's budget (TCPX_P2P_MAX_SOCKETS)",
+                        name_.c_str(), static_cast<unsigned long long>(sockets_open()));
+                }
+                pause_listener();
+                return;
+            }
+            --handshakes;
+            --live;
+        }
         SocketAddress from;
         auto fd = accept_tcp(listen_fd_.get(), &from);
+        if (!fd.ok() && fd.status().code() == StatusCode::kResourceExhausted) {
+            // Past the socket budget: that connection was closed; the next may find room.
+            if (may_log_stranger_event()) {
+                TCPX_WARN("endpoint '%s': connection closed: %s", name_.c_str(),
+                          fd.status().to_string().c_str());
+            }
+            continue;
+        }
         if (!fd.ok()) {
             if (may_log_stranger_event()) {
                 TCPX_WARN("endpoint '%s': accept: %s; new connections wait %lld ms", name_.c_str(),
@@ -126,7 +160,8 @@ void Endpoint::Impl::accept_inbound() {
         // At either limit (a MAX_PEERS below MAX_HANDSHAKES is filled by handshakes alone).
         if ((handshakes >= static_cast<size_t>(config_.max_handshakes) ||
              live >= static_cast<size_t>(config_.max_peers)) &&
-            evict_stalest_handshake()) {
+            evict_stalest_handshake(
+                live >= static_cast<size_t>(config_.max_peers) ? "MAX_PEERS" : "MAX_HANDSHAKES")) {
             --handshakes;
             --live;  // (it failed at once: a handshake holds no transport comm)
         }
@@ -162,11 +197,12 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
     {
         auto lock = api_lock();
         // Strangers still in their handshake make way for the application's own connection.
-        if (const size_t live = live_peers();
-            live >= static_cast<size_t>(config_.max_peers) && !evict_stalest_handshake()) {
+        if (const size_t live = live_peers(); live >= static_cast<size_t>(config_.max_peers) &&
+                                              !evict_stalest_handshake("MAX_PEERS")) {
             return resource_exhausted(
                 strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", live));
         }
+        if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS");
         TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
         TCPX_ASSIGN_OR_RETURN(Peer * p, add_peer(std::move(fd), true, addr.address));
         id = p->id;
@@ -407,6 +443,8 @@ Status Endpoint::Impl::start_channels(Peer& p, int channels) {
     for (int i = 0; i < channels; ++i) {
         net::Handle handle;
         net::ListenComm* listen = nullptr;
+        // At the process's socket budget, a stranger still in its handshake makes way.
+        if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS", &p);
         TCPX_RETURN_IF_ERROR(net_->listen(rail(i), &handle, &listen));
         p.listens.push_back(listen);
         p.listen_handles.push_back(handle);
@@ -545,12 +583,23 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
     bool all = true;
     std::optional<cuda::ScopedGpu> gpu;  // as in start_channels: connect and accept allocate too
     serve_gpu(&gpu);
+    // At the process's socket budget, strangers still in their handshake make way for this
+    // peer's sockets, one a pass; a connect that finds no room is tried again on the next pass
+    // (until the handshake's deadline), and the listeners leave the peer's sockets in the
+    // kernel's queue until there is.
+    if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS", &p);
     for (int i = 0; i < p.channels; ++i) {
         Channel& tx = p.tx[static_cast<size_t>(i)];
         Channel& rx = p.rx[static_cast<size_t>(i)];
         if (tx.send == nullptr) {
             Status st = net_->connect(rail(i), &p.remote_handles[static_cast<size_t>(i)], &tx.send,
                                       nullptr);
+            if (st.code() == StatusCode::kResourceExhausted) {
+                // No room for all its sockets yet (the ones it had are closed again): one more
+                // stranger makes way, and the connect is tried again on the next pass.
+                (void)evict_stalest_handshake("MAX_SOCKETS", &p);
+                st = Status();
+            }
             if (!st.ok()) {
                 fail_peer(p, st.with_context("opening a data channel"));
                 return true;

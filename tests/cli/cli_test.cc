@@ -410,10 +410,10 @@ TEST(DoctorCli, TheTableEscapesControlBytesOfTheEnvironment) {
 TEST(DoctorCli, ReportsTheMachineAndExitsZeroWhenNothingStopsARun) {
     const CliResult r = run_cli({"doctor"});
     ASSERT_TRUE(exited_with(r, 0));
-    EXPECT_TRUE(
-        has_all(r.output, {"system", "kernel", "limits", "open files (nofile)", "interfaces", "lo ",
-                           "gpus", "usable GPUs", "plugin", "the built-in socket transport",
-                           "doctor: nothing would stop a run"}))
+    EXPECT_TRUE(has_all(
+        r.output, {"system", "kernel", "limits", "open files (nofile)",
+                   "sockets for tcpx-p2p (MAX_SOCKETS)", "interfaces", "lo ", "gpus", "usable GPUs",
+                   "plugin", "the built-in socket transport", "doctor: nothing would stop a run"}))
         << r.output;
     EXPECT_FALSE(contains(r.output, "PROBLEM")) << r.output;
 }

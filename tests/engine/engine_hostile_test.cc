@@ -316,6 +316,100 @@ TEST(EngineHostile, AtMaxPeersTheOldestHandshakeMakesWayForANewcomer) {
     for (int fd : fds) ::close(fd);
 }
 
+// A non-blocking TCP connection to `addr` that says nothing, outside the socket budget (a
+// stranger's); -1 on failure.
+int silent_stranger(const SocketAddress& addr) {
+    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, addr.get(), addr.size()) != 0 && errno != EINPROGRESS) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Whether the endpoint has closed `fd` by now (EOF or reset; no waiting).
+bool stranger_closed(int fd) {
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+// A test's socket budget, the environment's again at the end.
+struct BudgetForTest {
+    explicit BudgetForTest(uint64_t budget) { set_socket_budget_for_testing(budget); }
+    ~BudgetForTest() { set_socket_budget_for_testing(0); }
+};
+
+// The socket budget (MAX_SOCKETS): however many connections strangers open, the process holds
+// no more sockets than its bound (the rest of its open-files limit stays the application's), a
+// newcomer taking the place of the oldest connection that has proved nothing; once they go, a
+// real peer is served within the same bound. Before, 300 silent connections held 300
+// descriptors until HANDSHAKE_TIMEOUT_MS. (A real peer among strangers that hold the budget:
+// EngineProcesses, the target in its own process as it would be.)
+TEST(EngineHostile, StrangersConnectionsStayWithinTheProcessSocketBudget) {
+    Config c = engine_test_config();
+    c.handshake_timeout_ms = 60000;
+    c.max_handshakes = 2048;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    expect_serves(ep.get());  // what is made lazily exists
+    const uint64_t base = sockets_open();
+    constexpr uint64_t kRoom = 40;  // a real peer in this process needs about 31 (both ends)
+    BudgetForTest budget(base + kRoom);
+    const SocketAddress to = address_of(*ep);
+    std::vector<int> fds;
+    uint64_t most = 0;
+    for (int i = 0; i < 300; ++i) {
+        fds.push_back(silent_stranger(to));
+        ASSERT_GE(fds.back(), 0);
+        most = std::max(most, sockets_open());
+    }
+    // Watched until the endpoint has taken every connection off its queue: each newcomer
+    // pushed out the oldest, and at most the budget's room is still held.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    size_t closed = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+        most = std::max(most, sockets_open());
+        closed = static_cast<size_t>(std::count_if(fds.begin(), fds.end(), stranger_closed));
+        if (closed >= fds.size() - kRoom) break;
+        std::this_thread::sleep_for(1ms);
+    }
+    for (int i = 0; i < 200; ++i) {  // and a while longer
+        most = std::max(most, sockets_open());
+        std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_LE(most, base + kRoom) << "sockets held past the budget";
+    EXPECT_GE(closed, fds.size() - kRoom) << "more strangers held than the budget has room for";
+    for (int fd : fds) ::close(fd);
+    EXPECT_TRUE(eventually([&] { return sockets_open() <= base; }, 5s)) << sockets_open();
+    // Served within the same bound.
+    expect_serves(ep.get());
+}
+
+// Connections in their handshake that have proved nothing make way once they have held their
+// place kSocketBudgetGrace while the process's sockets are at their bound (before, they held it
+// for HANDSHAKE_TIMEOUT_MS, 60 s here).
+TEST(EngineHostile, AtTheSocketBudgetASilentConnectionMakesWayAfterTheGrace) {
+    Config c = engine_test_config();
+    c.handshake_timeout_ms = 60000;
+    auto ep = make_endpoint("target", c);
+    ASSERT_NE(ep, nullptr);
+    const uint64_t base = sockets_open();
+    BudgetForTest budget(base + 5);
+    std::vector<int> fds;
+    for (int i = 0; i < 5; ++i) {
+        fds.push_back(silent_stranger(address_of(*ep)));
+        ASSERT_GE(fds.back(), 0);
+    }
+    ASSERT_TRUE(eventually([&] { return socket_budget_full(); }, 5s)) << sockets_open();
+    std::this_thread::sleep_for(kSocketBudgetGrace / 2);
+    EXPECT_EQ(std::count_if(fds.begin(), fds.end(), stranger_closed), 0) << "closed too soon";
+    EXPECT_TRUE(eventually([&] { return !socket_budget_full(); }, kSocketBudgetGrace + 5s));
+    EXPECT_GE(std::count_if(fds.begin(), fds.end(), stranger_closed), 1);
+    for (int fd : fds) ::close(fd);
+}
+
 // A HELLO whose handle names a third host: no connection may go there.
 TEST(EngineHostile, AHandleNamingAnotherHostIsRefused) {
     auto ep = make_endpoint("target", engine_test_config());

@@ -1,13 +1,16 @@
 // The engine between processes: a target in another process, and peers killed mid-transfer.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <cstring>
 #include <map>
 #include <string>
 #include <thread>
 
+#include "common/socket.h"
 #include "common/strings.h"
+#include "engine/metadata.h"
 #include "tests/support/engine_child.h"
 #include "tests/support/engine_test_util.h"
 #include "tests/support/net_test_util.h"
@@ -42,6 +45,57 @@ void expect_serves_a_peer(Endpoint* ep) {
     ASSERT_TRUE(w.ok());
     EXPECT_TRUE(peer->wait(*w, 20s).ok());
     EXPECT_EQ(find_pattern_mismatch(dst.data(), dst.size(), 11), -1);
+}
+
+// The socket budget (MAX_SOCKETS) of a target in its own process, held by strangers that
+// prove nothing (100 silent connections for 40 sockets: the rest wait in its kernel queue): a
+// real peer connecting next takes the place of the oldest, and its data channels' sockets too,
+// and its transfers are byte-exact. Without those places the channels could not open while the
+// strangers held the budget (HANDSHAKE_TIMEOUT_MS, 60 s here).
+TEST(EngineProcesses, ARealPeerGetsThroughATargetWhoseSocketBudgetStrangersHold) {
+    ChildTarget target;
+    ASSERT_TRUE(target.start(1 << 20, false, -1,
+                             {{"TCPX_P2P_MAX_SOCKETS", "40"},
+                              {"TCPX_P2P_HANDSHAKE_TIMEOUT_MS", "60000"},
+                              {"TCPX_P2P_MAX_HANDSHAKES", "2048"}}));
+    const SocketAddress to = engine::decode_metadata(target.metadata).value().address;
+    std::vector<Fd> strangers;
+    for (int i = 0; i < 100; ++i) {
+        Fd fd(::socket(to.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        ASSERT_TRUE(fd.valid());
+        ASSERT_TRUE(::connect(fd.get(), to.get(), to.size()) == 0 || errno == EINPROGRESS);
+        strangers.push_back(std::move(fd));
+    }
+    auto closed = [&] {
+        size_t n = 0;
+        for (const Fd& fd : strangers) {
+            char c;
+            const ssize_t r = ::recv(fd.get(), &c, 1, MSG_DONTWAIT | MSG_PEEK);
+            n += r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        }
+        return n;
+    };
+    // The target takes them all off its queue, closing the oldest for each newcomer past 40.
+    ASSERT_TRUE(eventually([&] { return closed() >= 60; }, 10s)) << closed() << " closed";
+    auto ep = make_endpoint("initiator");
+    ASSERT_NE(ep, nullptr);
+    const auto start = std::chrono::steady_clock::now();
+    auto id = ep->connect(target.metadata);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+    GuardedBuffer src(1 << 20), back(1 << 20);
+    fill_pattern(src.data(), src.size(), 23);
+    MemId s = *ep->reg(src.data(), src.size());
+    MemId b = *ep->reg(back.data(), back.size());
+    auto w = ep->write(*id, s, 0, target.mem, 0, src.size());
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(ep->wait(*w, 20s).ok());
+    EXPECT_EQ(target.check(0, src.size(), 23), "ok");
+    auto r = ep->read(*id, b, 0, target.mem, 0, back.size());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_TRUE(ep->wait(*r, 20s).ok());
+    EXPECT_EQ(find_pattern_mismatch(back.data(), back.size(), 23), -1);
+    EXPECT_TRUE(src.canaries_intact() && back.canaries_intact());
 }
 
 TEST(EngineProcesses, WriteReadAndNotifyAcrossProcesses) {

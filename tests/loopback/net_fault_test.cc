@@ -455,6 +455,61 @@ TEST(NetHandshakeLimit, AtTheLimitTheOldestHandshakeMakesWayForANewcomer) {
     (void)(*net)->close_listen(listen);
 }
 
+// At the process's socket budget (MAX_SOCKETS) a listener leaves new connections in the kernel's
+// queue and closes none of its own for them (one just accepted may be a real connector's, not yet
+// read); connections that have sent no hello kSocketBudgetGrace after they came are closed while
+// the budget is full, and what waited is taken then.
+TEST(NetHandshakeLimit, AtTheSocketBudgetSilentConnectionsMakeWayAfterTheGrace) {
+    Settings s = loopback_settings();
+    s.handshake_timeout_ms = 60000;
+    auto net = net::SocketNet::create(s);
+    ASSERT_TRUE(net.ok()) << net.status().to_string();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE((*net)->listen(0, &handle, &listen).ok());
+    const SocketAddress to = handle_address(handle);
+    auto stranger = [&] {  // outside the budget: another process's
+        Fd fd(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+        EXPECT_EQ(::connect(fd.get(), to.get(), to.size()), 0);
+        return fd;
+    };
+    auto accept_some = [&] {
+        net::RecvComm* comm = nullptr;
+        for (int i = 0; i < 5; ++i) {
+            EXPECT_TRUE((*net)->accept(listen, &comm, nullptr).ok());
+            EXPECT_EQ(comm, nullptr);
+            std::this_thread::sleep_for(2ms);
+        }
+    };
+    const uint64_t before = sockets_open();
+    std::vector<Fd> held;
+    for (int i = 0; i < 10; ++i) held.push_back(stranger());
+    accept_some();
+    ASSERT_EQ(sockets_open(), before + 10);
+    set_socket_budget_for_testing(sockets_open());  // full
+    std::vector<Fd> waiting;
+    for (int i = 0; i < 3; ++i) waiting.push_back(stranger());
+    accept_some();
+    EXPECT_EQ(sockets_open(), before + 10) << "accepted past the budget";
+    std::this_thread::sleep_for(50ms);
+    for (Fd& fd : held) EXPECT_FALSE(closed_now(fd.get())) << "closed before its grace";
+    for (Fd& fd : waiting) EXPECT_FALSE(closed_now(fd.get())) << "a newcomer was closed";
+    std::this_thread::sleep_for(kSocketBudgetGrace);
+    // Each call closes one past its grace while the budget is full and takes one that waits.
+    for (int i = 0; i < 3; ++i) accept_some();
+    std::this_thread::sleep_for(50ms);
+    const auto closed =
+        std::count_if(held.begin(), held.end(), [](const Fd& fd) { return closed_now(fd.get()); });
+    EXPECT_GE(closed, 3) << "silent past the grace, still held";
+    for (Fd& fd : waiting) EXPECT_FALSE(closed_now(fd.get())) << "a newcomer was closed";
+    EXPECT_EQ(sockets_open(), before + 10 - static_cast<uint64_t>(closed) + waiting.size())
+        << "the waiting ones were not all taken";
+    EXPECT_LE(sockets_open(), before + 10);
+    set_socket_budget_for_testing(0);
+    ASSERT_NO_FATAL_FAILURE(expect_serves(net->get(), &handle, listen, std::chrono::seconds(10)));
+    (void)(*net)->close_listen(listen);
+}
+
 TEST_F(NetFaultTest, SilentStraysDoNotDelayRealConnections) {
     std::vector<Fd> strays;
     for (int i = 0; i < 50; ++i) strays.push_back(raw_connect(handle_));

@@ -1,8 +1,11 @@
 #include "common/socket.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sanitizer/asan_interface.h>  // (its poisoning macros do nothing outside ASan)
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <thread>
 #include <vector>
@@ -161,6 +164,166 @@ TEST(Sockets, ConnectRefusedIsUnavailable) {
     auto fd = connect_blocking(*bound, 2000);
     ASSERT_FALSE(fd.ok());
     EXPECT_EQ(fd.status().code(), StatusCode::kUnavailable) << fd.status().to_string();
+}
+
+// A plain TCP connection to `addr`, outside the socket budget (a stranger's); -1 on failure.
+int stranger_connect(const SocketAddress& addr) {
+    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, addr.get(), addr.size()) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Whether the other end closed `fd` within a second (EOF or reset).
+bool closed_by_other_end(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) return false;
+    char c;
+    return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+// Sets a test budget and puts the environment's back at the end of the test.
+struct TestBudget {
+    explicit TestBudget(uint64_t budget) { set_socket_budget_for_testing(budget); }
+    ~TestBudget() { set_socket_budget_for_testing(0); }
+};
+
+TEST(SocketBudget, EverySocketOpenedCountsOnceUntilItCloses) {
+    const uint64_t base = sockets_open();
+    auto listener = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_TRUE(listener.ok());
+    EXPECT_EQ(sockets_open(), base + 1);
+    const SocketAddress bound = *local_address(listener->get());
+    auto client = connect_blocking(bound, 5000);
+    ASSERT_TRUE(client.ok()) << client.status().to_string();
+    EXPECT_EQ(sockets_open(), base + 2);
+    Fd server;
+    for (int i = 0; i < 1000 && !server.valid(); ++i) {
+        auto s = accept_tcp(listener->get(), nullptr);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        if (s->valid()) server = std::move(s).value();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(server.valid());
+    EXPECT_EQ(sockets_open(), base + 3);
+    // Moves carry the place; only the last holder gives it back.
+    Fd moved = std::move(server);
+    EXPECT_FALSE(server.valid());
+    Fd assigned;
+    assigned = std::move(moved);
+    EXPECT_EQ(sockets_open(), base + 3);
+    // Released: the caller's, out of the budget.
+    const int raw = assigned.release();
+    EXPECT_EQ(sockets_open(), base + 2);
+    ::close(raw);
+    // Reset: closed, and an fd held afterwards is not counted.
+    client->reset(::dup(STDERR_FILENO));
+    EXPECT_EQ(sockets_open(), base + 1);
+    client->reset();
+    EXPECT_EQ(sockets_open(), base + 1);
+    listener->reset();
+    EXPECT_EQ(sockets_open(), base);
+    // Nothing opened through a socket call that failed is counted.
+    auto refused = listen_tcp(*SocketAddress::parse("192.0.2.1", 0), 16);  // not ours: bind fails
+    EXPECT_FALSE(refused.ok());
+    EXPECT_EQ(sockets_open(), base);
+}
+
+TEST(SocketBudget, PastTheBudgetNothingOpensAndAcceptedConnectionsAreClosed) {
+    const uint64_t base = sockets_open();
+    TestBudget budget(base + 2);
+    auto listener = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_TRUE(listener.ok());
+    const SocketAddress bound = *local_address(listener->get());
+    auto client = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);  // another socket held
+    ASSERT_TRUE(client.ok());
+    EXPECT_TRUE(socket_budget_full());
+    // Full: a connect and a listener are refused with the bound named.
+    auto more = start_connect(bound);
+    ASSERT_FALSE(more.ok());
+    EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(more.status().message().find("TCP sockets open"), std::string::npos)
+        << more.status().to_string();
+    auto other = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_FALSE(other.ok());
+    EXPECT_EQ(other.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(sockets_open(), base + 2);
+    // A connection that arrives is taken off the queue and closed at once.
+    const int stranger = stranger_connect(bound);
+    ASSERT_GE(stranger, 0);
+    StatusOr<Fd> accepted = Fd();
+    for (int i = 0; i < 1000; ++i) {
+        accepted = accept_tcp(listener->get(), nullptr);
+        if (!accepted.ok() || accepted->valid()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_FALSE(accepted.ok());
+    EXPECT_EQ(accepted.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_TRUE(closed_by_other_end(stranger));
+    ::close(stranger);
+    EXPECT_FALSE(connection_waiting(listener->get()));
+    EXPECT_EQ(sockets_open(), base + 2);
+    // A place given back is a place to take.
+    client->reset();
+    EXPECT_FALSE(socket_budget_full());
+    const int next = stranger_connect(bound);
+    ASSERT_GE(next, 0);
+    for (int i = 0; i < 1000 && !connection_waiting(listener->get()); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(connection_waiting(listener->get()));
+    auto taken = accept_tcp(listener->get(), nullptr);
+    ASSERT_TRUE(taken.ok()) << taken.status().to_string();
+    EXPECT_TRUE(taken->valid());
+    EXPECT_EQ(sockets_open(), base + 2);
+    ::close(next);
+}
+
+TEST(SocketBudget, AutomaticIsThreeQuartersOfTheOpenFilesLimitReadAtEachCheck) {
+    if (std::getenv("TCPX_P2P_MAX_SOCKETS") != nullptr) {
+        GTEST_SKIP() << "TCPX_P2P_MAX_SOCKETS is set in the environment";
+    }
+    rlimit saved{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+    if (saved.rlim_cur != RLIM_INFINITY && saved.rlim_cur < 1000) {
+        GTEST_SKIP() << "the open-files limit is " << saved.rlim_cur;
+    }
+    rlimit lower = saved;
+    lower.rlim_cur = 1000;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lower), 0);
+    EXPECT_EQ(socket_budget(), 750u);
+    lower.rlim_cur = 400;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lower), 0);
+    EXPECT_EQ(socket_budget(), 300u);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+    {
+        auto held = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+        ASSERT_TRUE(held.ok());
+        TestBudget budget(sockets_open());
+        auto refused = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_NE(refused.status().message().find("a test's budget"), std::string::npos)
+            << refused.status().to_string();
+    }
+    if (sockets_open() < 300) {
+        lower.rlim_cur = 400;
+        ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lower), 0);
+        // Filled up to the automatic bound: the error says what to raise.
+        std::vector<Fd> held;
+        StatusOr<Fd> next = Fd();
+        while ((next = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 1)).ok()) {
+            held.push_back(std::move(next).value());
+        }
+        EXPECT_EQ(sockets_open(), 300u);
+        EXPECT_EQ(next.status().code(), StatusCode::kResourceExhausted);
+        EXPECT_NE(next.status().message().find("ulimit -n"), std::string::npos)
+            << next.status().to_string();
+        held.clear();
+        ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+    }
 }
 
 }  // namespace

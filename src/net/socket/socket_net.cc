@@ -130,6 +130,17 @@ void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::mil
         }
         p.got += *n;
         if (p.got < sizeof(p.hello)) {
+            if (now - p.since > kSocketBudgetGrace && socket_budget_full()) {
+                if (may_log_stranger_event()) {
+                    TCPX_WARN(
+                        "closing connection from %s: no handshake after %lld ms, and the "
+                        "process's TCP sockets are at their bound (TCPX_P2P_MAX_SOCKETS)",
+                        p.peer.to_string().c_str(),
+                        static_cast<long long>(kSocketBudgetGrace.count()));
+                }
+                drop();
+                continue;
+            }
             if (now - p.since > timeout) {
                 if (may_log_stranger_event()) {
                     TCPX_WARN(
@@ -536,9 +547,43 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
         advance_handshakes(l, now, handshake_timeout);
     }
+    // The newcomer takes the place of the oldest connection that has not sent its hello: a real
+    // connector sends it at once, so connections that never do cannot keep it out. Grouped
+    // sockets are never closed for a newcomer (their hello named this listener's nonce, which
+    // only the holder of its handle knows).
+    auto make_room = [&](const char* full) {
+        auto oldest =
+            std::min_element(l->pending.begin(), l->pending.end(),
+                             [](const Pending& a, const Pending& b) { return a.since < b.since; });
+        if (may_log_stranger_event()) {
+            TCPX_WARN(
+                "closing connection from %s after %lld ms without a handshake, for a newer "
+                "one: %s on %s",
+                oldest->peer.to_string().c_str(),
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since)
+                        .count()),
+                full, l->addr.to_string().c_str());
+        }
+        std::iter_swap(oldest, l->pending.end() - 1);
+        l->pending.pop_back();
+    };
     for (int i = 0; i < kAcceptsPerCall; ++i) {
+        // At the process's socket budget (MAX_SOCKETS) new connections wait in the kernel's
+        // queue. None of this listener's own is closed for them: those just accepted have not
+        // been read yet, and a real connector's socket closed would leave its comm incomplete
+        // for good; those that do not send their hello soon are closed (advance_handshakes).
+        if (socket_budget_full()) break;
         SocketAddress peer;
         auto fd = accept_tcp(l->fd.get(), &peer);
+        if (!fd.ok() && fd.status().code() == StatusCode::kResourceExhausted) {
+            // Past the socket budget: that connection was closed; the next may find room.
+            if (may_log_stranger_event()) {
+                TCPX_WARN("accept on %s: %s", l->addr.to_string().c_str(),
+                          fd.status().to_string().c_str());
+            }
+            continue;
+        }
         if (!fd.ok()) {
             // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection
             // waits in the kernel's queue for a later call, and the handshakes in progress still
@@ -552,25 +597,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
         }
         if (!fd->valid()) break;
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking && !l->pending.empty()) {
-            // The newcomer takes the place of the oldest connection that has not sent its hello:
-            // a real connector sends it at once, so connections that never do cannot keep it
-            // out. Grouped sockets are never closed for a newcomer (their hello named this
-            // listener's nonce, which only the holder of its handle knows).
-            auto oldest = std::min_element(
-                l->pending.begin(), l->pending.end(),
-                [](const Pending& a, const Pending& b) { return a.since < b.since; });
-            if (may_log_stranger_event()) {
-                TCPX_WARN(
-                    "closing connection from %s after %lld ms without a handshake, for a newer "
-                    "one: %zu connections in handshake on %s",
-                    oldest->peer.to_string().c_str(),
-                    static_cast<long long>(
-                        std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since)
-                            .count()),
-                    kMaxHandshaking, l->addr.to_string().c_str());
-            }
-            std::iter_swap(oldest, l->pending.end() - 1);
-            l->pending.pop_back();
+            make_room(strformat("%zu connections in handshake", kMaxHandshaking).c_str());
         }
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
             if (may_log_stranger_event()) {
