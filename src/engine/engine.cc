@@ -201,6 +201,7 @@ Status Endpoint::Impl::init(const Config& requested, std::string name) {
         TCPX_ASSIGN_OR_RETURN(net_, net::make_fault_net(std::move(net_), config.fault));
     }
     TCPX_RETURN_IF_ERROR(net_->get_properties(dev_, &props_));
+    plugin_places_bytes_ = props_.places_bytes;  // else learnt (note_placed_bytes)
     window_ = static_cast<int>(std::min<int64_t>(config.window, props_.max_requests));
     chunk_ = config.xfer_chunk_size;
     staging_slots_ = static_cast<int>(config.staging_slots);

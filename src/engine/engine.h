@@ -994,10 +994,11 @@ class Endpoint::Impl {
     std::atomic<int> api_waiting_{0};  // API calls waiting for mu_
     bool own_progress_thread_ = false;
     bool stage_times_ = false;  // STAGE_TIMES=on
-    // The transport plugin has placed bytes of a devmem receive in the receive's buffer itself,
-    // leaving them out of its entries (Google's does with data the NIC left in host memory):
-    // receives are no longer posted to be unpacked straight into their pieces with no room of
-    // their own for such bytes (send_queued's `direct`).
+    // The transport plugin places bytes of a devmem receive in the receive's buffer itself,
+    // leaving them out of its entries (Google's does with data the NIC left in host memory): its
+    // properties say so (PLUGIN_PLACES_BYTES), or it has been seen doing it. Receives are then
+    // not posted to be unpacked straight into their pieces with no room of their own for such
+    // bytes (send_queued's `direct`).
     bool plugin_places_bytes_ = false;
     void note_placed_bytes(uint64_t bytes);
     // A devmem receive's description (its unpack queue slot on GPU `gpu`), copied into

@@ -88,6 +88,12 @@ struct Properties {
     // dereg_mr(nullptr, mhandle). Google's TCPX plugin: its close releases none (each CUDA
     // registration keeps a dma-buf fd and its export) and its deregMr reads only the handle.
     bool dereg_after_close = false;
+    // Not in v7: whether a devmem receive's unpack list may leave out bytes the plugin placed in
+    // the receive's buffer itself (Google's TCPX plugin does with data the NIC left in host
+    // memory, SCM_DEVMEM_HEADER). The engine then gives every receive it unpacks into several
+    // pieces room of its own for them from the start, instead of learning it from a receive
+    // that had to fail (PLUGIN_PLACES_BYTES).
+    bool places_bytes = false;
 };
 
 // One segment of a message sent or received with isendv()/irecvv().

@@ -1015,16 +1015,72 @@ TEST_P(EngineDevice, ADeregWaitsForALocalCopyHoweverLong) {
 
 // Google's plugin copies data the NIC left in host memory (no header split, a flow not yet
 // steered to the GPU's queues) straight to its place in the buffer a receive was posted with,
-// and lists only the rest (FAKETCPX_LINEAR=3 here: a third of every receive's pieces). A receive
-// posted with its destination (one contiguous piece) lands whole. One posted to be unpacked
-// straight into several pieces has no buffer of its own, so the first such receive with placed
-// bytes fails its peer, naming them; from then on the endpoint gives every such receive room of
-// its own in the gather buffer, and they land whole. Every byte checked; nothing else written.
-TEST_P(EngineDevice, BytesThePluginPlacesItselfLand) {
+// and lists only the rest (FAKETCPX_LINEAR=3 here: a third of every receive's pieces). Known
+// of Google's plugin (PLUGIN_PLACES_BYTES=auto), every receive unpacked into several pieces
+// has room of its own for such bytes from the start: the first vector lands whole. (Before,
+// the endpoint learnt it from the first such receive, which failed its peer: on A3 hardware,
+// the first KV-cache transfer of an endpoint.)
+TEST_P(EngineDevice, BytesThePluginPlacesItselfLandFromTheFirstReceive) {
     if (GetParam() == Transport::kSocket) GTEST_SKIP() << "a TCPX plugin's behaviour";
     ::setenv("FAKETCPX_LINEAR", "3", 1);
     Pair pair;
     connected_pair(a_config_, "linear", &pair);
+    ::unsetenv("FAKETCPX_LINEAR");
+    ASSERT_NE(pair.a, nullptr);
+    std::vector<Reg> abufs, bbufs;
+    add(pair.a.get(), device_buffer(kSize, 0, emulation()), &abufs);
+    add(pair.b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
+    std::mt19937_64 rng(12);
+    std::vector<IoVec> iov;
+    std::vector<uint64_t> seeds;
+    uint64_t local = 0, remote = 0;
+    for (int k = 0; k < 200; ++k) {
+        const uint64_t len = 1 + rng() % 6000;
+        iov.push_back(IoVec{abufs[0].mem, local, bbufs[0].desc, remote, len});
+        seeds.push_back(rng());
+        fill(abufs[0].buf.get(), local, len, seeds.back());
+        local += len + rng() % 9;
+        remote += len + rng() % 9;
+    }
+    for (int round = 0; round < 2; ++round) {  // WRITE, then READ back new contents
+        if (round == 1) {
+            for (size_t k = 0; k < iov.size(); ++k) {
+                fill(bbufs[0].buf.get(), iov[k].remote_offset, iov[k].len, ~seeds[k]);
+            }
+        }
+        auto x = round == 0 ? pair.a->writev(pair.link.a_to_b, iov)
+                            : pair.a->readv(pair.link.a_to_b, iov);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        const Status done = pair.a->wait(*x, 30s);
+        ASSERT_TRUE(done.ok()) << done.to_string();
+        for (size_t k = 0; k < iov.size(); ++k) {
+            ASSERT_EQ(round == 0
+                          ? mismatch(bbufs[0].buf.get(), iov[k].remote_offset, iov[k].len, seeds[k])
+                          : mismatch(abufs[0].buf.get(), iov[k].offset, iov[k].len, ~seeds[k]),
+                      -1)
+                << "round " << round << " piece " << k;
+        }
+    }
+    for (auto* bufs : {&abufs, &bbufs}) {
+        for (auto& reg : *bufs) EXPECT_TRUE(reg.buf->canaries_intact());
+    }
+    pair.a.reset();
+    pair.b.reset();
+}
+
+// The same with a plugin not known to place bytes (PLUGIN_PLACES_BYTES=off, as for a plugin
+// of an unknown layout): a receive posted to be unpacked straight into several pieces has no
+// buffer of its own, so the first such receive with placed bytes fails its peer, naming them;
+// from then on the endpoint gives every such receive room of its own in the gather buffer, and
+// they land whole. A receive posted with its destination (one contiguous piece) lands whole
+// either way. Every byte checked; nothing else written.
+TEST_P(EngineDevice, BytesAnUnknownPluginPlacesItselfAreLearntFromAFailedReceive) {
+    if (GetParam() == Transport::kSocket) GTEST_SKIP() << "a TCPX plugin's behaviour";
+    ::setenv("FAKETCPX_LINEAR", "3", 1);
+    Pair pair;
+    Config unknown = a_config_;
+    unknown.plugin_places_bytes = "off";
+    connected_pair(unknown, "linear", &pair);
     ::unsetenv("FAKETCPX_LINEAR");
     ASSERT_NE(pair.a, nullptr);
     std::vector<Reg> abufs, bbufs;

@@ -215,7 +215,15 @@ TEST(PluginLoader, EmulatedTcpxLooksLikeTcpx) {
     EXPECT_EQ(props.max_recvs, 1);
     EXPECT_EQ(props.max_requests, 16);
     EXPECT_FALSE(props.reports_sizes);
+    // Google's places bytes of GPU receives in their buffers itself (PLUGIN_PLACES_BYTES=auto).
+    EXPECT_TRUE(props.places_bytes);
     EXPECT_NE(net::tcpx_env_defaults().find("NCCL_DYNAMIC_CHUNK_SIZE=524288"), std::string::npos);
+    setenv("TCPX_P2P_PLUGIN_PLACES_BYTES", "off", 1);
+    auto off = load_fake();
+    unsetenv("TCPX_P2P_PLUGIN_PLACES_BYTES");
+    ASSERT_NE(off, nullptr);
+    ASSERT_TRUE(off->get_properties(0, &props).ok());
+    EXPECT_FALSE(props.places_bytes);
 }
 
 TEST(PluginLoader, TheEmulationEnforcesTcpxRules) {

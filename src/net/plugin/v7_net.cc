@@ -296,6 +296,9 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     const size_t reg_limit = table_->max_reg_bytes();
     props->max_reg_size = reg_limit == SIZE_MAX ? 0 : reg_limit & ~size_t{4095};
     props->dereg_after_close = dereg_after_close_;
+    const std::string& places = options_.settings.plugin_places_bytes;
+    props->places_bytes =
+        places == "on" || (places == "auto" && handle_kind_ == HandleKind::kGoogleTcpx);
     return Status();
 }
 
