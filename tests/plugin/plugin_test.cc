@@ -3,7 +3,12 @@
 // running over it.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -224,6 +229,39 @@ TEST(PluginLoader, EmulatedTcpxLooksLikeTcpx) {
     ASSERT_NE(off, nullptr);
     ASSERT_TRUE(off->get_properties(0, &props).ok());
     EXPECT_FALSE(props.places_bytes);
+}
+
+// Google's plugin sends without MSG_NOSIGNAL: a send on a connection its peer reset raises
+// SIGPIPE, whose default action ends the process (a peer that crashes mid-transfer, a stranger
+// that connects to its listener and goes). Loading a plugin sets a default SIGPIPE to ignored, and
+// leaves an application's own handler alone.
+TEST(PluginLoader, LoadingAPluginKeepsSigpipeFromEndingTheProcess) {
+    struct sigaction saved {};
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &saved), 0);
+    ::signal(SIGPIPE, SIG_DFL);
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    struct sigaction now {};
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+    ASSERT_EQ(now.sa_handler, SIG_IGN) << "SIGPIPE keeps its default action";
+    // A send as the plugin makes it, on a connection whose peer is gone: EPIPE, not the end.
+    int pair[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+    ::close(pair[1]);
+    const char byte = 0;
+    EXPECT_EQ(::send(pair[0], &byte, 1, 0), -1);
+    EXPECT_EQ(errno, EPIPE);
+    ::close(pair[0]);
+    // The application's own handler stays.
+    static std::atomic<int> caught{0};
+    ::signal(
+        SIGPIPE, +[](int) { caught.fetch_add(1); });
+    auto again = load_fake();
+    ASSERT_NE(again, nullptr);
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+    EXPECT_NE(now.sa_handler, SIG_IGN);
+    EXPECT_NE(now.sa_handler, SIG_DFL);
+    ASSERT_EQ(::sigaction(SIGPIPE, &saved, nullptr), 0);
 }
 
 TEST(PluginLoader, TheEmulationEnforcesTcpxRules) {

@@ -1,6 +1,7 @@
 #include "net/plugin/plugin_loader.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -107,6 +108,26 @@ std::unordered_map<std::string, void*>& loaded() {
     return *m;
 }
 
+// A plugin's own sockets: Google's TCPX plugin sends without MSG_NOSIGNAL (its connection
+// setup and its data path alike), so a send on a connection the peer has reset (a peer that
+// crashed mid-transfer, or a stranger that connects to its listener and goes) raises SIGPIPE,
+// whose default action ends the process. Where the process still has that default, it is set
+// to ignore the signal (the send then fails with EPIPE, which the plugin reports as an error);
+// a handler or disposition the application chose is left alone. CPython ignores SIGPIPE itself.
+void ignore_default_sigpipe() {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    if (::sigaction(SIGPIPE, &ignore, nullptr) == 0) {
+        TCPX_INFO(
+            "SIGPIPE is ignored from now on (it had its default action, which ends the "
+            "process): an ncclNet plugin's sends on a connection its peer reset raise it");
+    }
+}
+
 }  // namespace
 
 std::string tcpx_env_defaults() {
@@ -144,6 +165,7 @@ StatusOr<std::unique_ptr<Net>> load_net_plugin(const std::string& path, const Se
         }
     }
     TCPX_ASSIGN_OR_RETURN(NcclNetTable * table, find_net_table(lib, path));
+    ignore_default_sigpipe();  // before its init, which may start its threads
     apply_tcpx_env_defaults(*table);
     TCPX_RETURN_IF_ERROR(check_rxdm_running(
         table->name(), env_get("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX").value_or("").c_str()));
