@@ -484,6 +484,9 @@ StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
         // of the queue (an empty Fd would tell the caller nothing is left): the next one is
         // taken. Each such error took one connection off the queue, so this ends.
         if (errno == ECONNABORTED || errno == EPROTO) continue;
+        // Not (or no longer) listening: shut down (V7Net::end_parked_accept does so to the
+        // emulated plugin's listener). The listener's end, not a passing shortage.
+        if (errno == EINVAL) return failed_precondition("accept: the socket is not listening");
         return errno_status(errno, "accept");
     }
     if (peer != nullptr) {

@@ -154,7 +154,8 @@ StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms);
 
 // Accepts one pending connection as a non-blocking, close-on-exec fd; an invalid Fd when none is
 // pending. `peer` may be null. Past the socket budget the connection is closed at once (a reset)
-// and the result is RESOURCE_EXHAUSTED: the caller may call again for the next one.
+// and the result is RESOURCE_EXHAUSTED: the caller may call again for the next one. A socket that
+// is not listening (shut down) is FAILED_PRECONDITION.
 StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer);
 // Whether a connection waits in `listen_fd`'s queue (poll, no wait).
 bool connection_waiting(int listen_fd);

@@ -3,6 +3,7 @@
 // running over it.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -17,9 +18,11 @@
 #include <set>
 #include <thread>
 
+#include "common/socket.h"
 #include "cuda/unpack.h"
 #include "cuda/unpack_defs.h"
 #include "net/plugin/plugin_loader.h"
+#include "net/plugin/tcpx_layout.h"
 #include "net/plugin/v7_net.h"
 #include "net/v7_common.h"
 #include "tests/plugin/plugin_test_util.h"
@@ -85,14 +88,60 @@ void connect_until_unparked(net::Net* net, net::V7Net* v7, net::Handle* handle,
     }
 }
 
-// Google's plugin accepts in a thread that uses the listen comm its closeListen frees. A listener
-// closed during an accept is kept until the accept ends (the emulation refuses closeListen
-// before, with a warning), then closed with the connection it yielded.
+// Google's plugin accepts in a thread that blocks in accept() and recv() on the listener's sockets
+// and uses the listen comm its closeListen frees. A listener closed during an accept is parked,
+// and the accept ended at once: every socket bound to the listener's addresses is shut down (the
+// listening ones and a stranger's connection, silent, that the accept was waiting on), the
+// accept fails, and the listener is closed after it (the emulation refuses closeListen before,
+// with a warning). Before, a peer that sent its HELLO and never connected kept the plugin's
+// thread, listen comm and sockets for good. Nothing of it stays open.
+TEST(PluginLoader, ClosingAListenerDuringAnAcceptEndsTheAccept) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    auto* v7 = dynamic_cast<net::V7Net*>(net.get());
+    ASSERT_NE(v7, nullptr);
+    LogCapture capture(LogLevel::kWarn);
+    const int fds_before = count_open_fds();
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    net::google_tcpx::Handle h;
+    std::memcpy(&h, handle.bytes.data(), sizeof(h));
+    const auto to = SocketAddress::from_sockaddr(&h.connect_addr.sa, sizeof(sockaddr_in));
+    ASSERT_TRUE(to.ok()) << to.status().to_string();
+    Fd stranger(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(::connect(stranger.get(), to->get(), to->size()), 0);
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    for (int i = 0; i < 20; ++i) {  // the stranger's connection taken, waiting for its hello
+        ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+        ASSERT_EQ(recv, nullptr);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(net->close_listen(listen).ok());
+    EXPECT_EQ(v7->parked_listeners(), 0u) << "the parked accept did not end";
+    pollfd p{stranger.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 2000), 1);
+    char c;
+    EXPECT_LE(::recv(stranger.get(), &c, 1, 0), 0) << "the stranger's connection is still open";
+    stranger.reset();
+    Fd late(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    EXPECT_NE(::connect(late.get(), to->get(), to->size()), 0) << "the listener still listens";
+    late.reset();
+    EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
+    EXPECT_TRUE(eventually([&] { return count_open_fds() <= fds_before; }, std::chrono::seconds(5)))
+        << count_open_fds() << " descriptors open, " << fds_before << " before";
+}
+
+// With the accept left to end by itself (a listener whose accept cannot be ended: another
+// layout than Google's, or one that handed out a comm), it is kept until then, then closed with
+// the connection it yielded.
 TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
     auto net = load_fake();
     ASSERT_NE(net, nullptr);
     auto* v7 = dynamic_cast<net::V7Net*>(net.get());
     ASSERT_NE(v7, nullptr);
+    v7->set_end_parked_accepts(false);
     LogCapture capture(LogLevel::kWarn);
     net::Handle handle;
     net::ListenComm* listen = nullptr;
@@ -166,6 +215,7 @@ TEST(PluginLoader, AParkedAcceptThatFailsWithACommClosesIt) {
     ASSERT_NE(net, nullptr);
     auto* v7 = dynamic_cast<net::V7Net*>(net.get());
     ASSERT_NE(v7, nullptr);
+    v7->set_end_parked_accepts(false);  // (the accept ends by itself, with a peer)
     void* lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW | RTLD_NOLOAD);
     ASSERT_NE(lib, nullptr);
     auto open_comms = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_comms"));

@@ -1,5 +1,10 @@
 #include "net/plugin/v7_net.h"
 
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
@@ -166,6 +171,13 @@ struct V7Net::ListenWrap {
     // may be using the listen comm (Google's does, in a thread).
     bool accepting = false;
     std::mutex mu;
+    // Google's layout: the addresses its listening sockets are bound to (the handle's
+    // connect_addr and ctrl_addr), so that a parked accept can be ended (end_parked_accept).
+    std::vector<SocketAddress> bound;
+    bool yielded = false;  // an accept of it has handed out a comm
+    // The sockets end_parked_accept shut down: descriptor and inode, to close those the ended
+    // accept leaves open (Google's leaks them on its error paths).
+    std::vector<std::pair<int, ino_t>> shut;
 };
 
 struct V7Net::RequestWrap {
@@ -311,6 +323,16 @@ Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     auto w = std::make_unique<ListenWrap>();
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
+    if (handle_kind_ == HandleKind::kGoogleTcpx) {
+        google_tcpx::Handle h;
+        std::memcpy(&h, handle->bytes.data(), sizeof(h));
+        for (const google_tcpx::SocketAddress* a : {&h.connect_addr, &h.ctrl_addr}) {
+            const socklen_t len =
+                a->sa.sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+            auto addr = SocketAddress::from_sockaddr(&a->sa, len);
+            if (addr.ok() && addr->port() != 0) w->bound.push_back(*addr);
+        }
+    }
     *listen_comm = reinterpret_cast<ListenComm*>(w.release());
     return Status();
 }
@@ -389,6 +411,7 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
         return st;
     }
     if (w->comm == nullptr) return Status();
+    l->yielded = true;
     if (dev_handle != nullptr) {
         *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
     }
@@ -593,6 +616,7 @@ Status V7Net::close_listen(ListenComm* comm) {
         return close_listen_now(l);
     }
     l->magic = kParkedListen;  // no longer the caller's: any use of it is refused
+    end_parked_accept(l);
     {
         std::lock_guard<std::mutex> lock(mu_);
         parked_.push_back(l);
@@ -625,9 +649,50 @@ void V7Net::reap_parked() {
         }
     }
     for (ListenWrap* l : done) {
+        const std::vector<std::pair<int, ino_t>> shut = std::move(l->shut);
         Status st = close_listen_now(l);
         if (!st.ok()) TCPX_DEBUG("%s", st.to_string().c_str());
+        // What the ended accept left open of the sockets shut down for it: still the same socket
+        // (its inode), so no descriptor reused since is touched.
+        for (const auto& [fd, ino] : shut) {
+            struct stat st_now {};
+            if (::fstat(fd, &st_now) == 0 && S_ISSOCK(st_now.st_mode) && st_now.st_ino == ino) {
+                ::close(fd);
+            }
+        }
     }
+}
+
+void V7Net::end_parked_accept(ListenWrap* l) {
+    // Google's accept runs in a thread of its own that blocks in accept() and recv() on the
+    // listener's sockets: a peer that never connects (a stranger that sent a HELLO and went)
+    // keeps it, its listen comm and its sockets for good. Shutting down every socket bound to
+    // the listener's addresses (the listening ones and those it accepted; no other socket can
+    // have their ports while they listen) makes those calls fail, so the thread ends with an
+    // error that reap_parked() collects. Only for a listener that never handed out a comm: one
+    // that did would have that comm's sockets on the same ports.
+    if (l->bound.empty() || l->yielded || !end_parked_accepts_) return;
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return;
+    while (const dirent* e = ::readdir(dir)) {
+        char* end = nullptr;
+        const long fd = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+        struct stat st {};
+        if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        auto local = local_address(static_cast<int>(fd));
+        if (!local.ok()) continue;
+        for (const SocketAddress& b : l->bound) {
+            if (local->port() == b.port() && local->same_host(b)) {
+                ::shutdown(static_cast<int>(fd), SHUT_RDWR);
+                l->shut.emplace_back(static_cast<int>(fd), st.st_ino);
+                break;
+            }
+        }
+    }
+    ::closedir(dir);
+    TCPX_DEBUG("%s: ended a parked accept: %zu sockets of its listener shut down", name_.c_str(),
+               l->shut.size());
 }
 
 size_t V7Net::parked_listeners() const {

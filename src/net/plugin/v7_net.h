@@ -3,6 +3,7 @@
 // of later versions (v8 to v12) come through the same code, adapted by NcclNetTable.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,12 +100,17 @@ class V7Net final : public Net {
     Status close_listen(ListenComm* comm) override;
     // Listeners parked by close_listen, not yet closed.
     size_t parked_listeners() const;
+    // Tests: whether a listener parked during an accept has that accept ended at once
+    // (end_parked_accept; the default) or waits for it to end by itself.
+    void set_end_parked_accepts(bool on) { end_parked_accepts_ = on; }
 
  private:
     struct CommWrap;
     struct ListenWrap;
     struct RequestWrap;
 
+    // Ends the plugin's accept of a listener parked during it (Google's layout only).
+    void end_parked_accept(ListenWrap* l);
     V7Net(const NcclNetTable* table, V7Options options, int ndev);
     static void* unwrap_comm(void* comm);
     static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
@@ -119,7 +125,8 @@ class V7Net final : public Net {
     const HandleKind handle_kind_;
     const bool dereg_after_close_;  // Properties::dereg_after_close
     const size_t max_transfer_;     // one isend/irecv buffer, on any device
-    bool reports_sizes_ = false;    // of device 0
+    std::atomic<bool> end_parked_accepts_{true};
+    bool reports_sizes_ = false;  // of device 0
 
     mutable std::mutex mu_;
     // connect() in progress, by the caller's handle: its device-handle storage must stay put

@@ -584,6 +584,9 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
             }
             continue;
         }
+        if (!fd.ok() && fd.status().code() == StatusCode::kFailedPrecondition) {
+            return fd.status();  // the listening socket was shut down: it takes nothing more
+        }
         if (!fd.ok()) {
             // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the connection
             // waits in the kernel's queue for a later call, and the handshakes in progress still
