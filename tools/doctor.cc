@@ -143,8 +143,10 @@ void check_limits(Report& r, const Config& c) {
         }
         // What the library may hold of them (security.md: the socket budget).
         const uint64_t budget = socket_budget();
+        const char* set = std::getenv("TCPX_P2P_MAX_SOCKETS");
+        const bool explicit_budget = set != nullptr && std::strtoll(set, nullptr, 10) > 0;
         const std::string budget_text =
-            std::to_string(budget) + (std::getenv("TCPX_P2P_MAX_SOCKETS") != nullptr
+            std::to_string(budget) + (explicit_budget
                                           ? " (TCPX_P2P_MAX_SOCKETS)"
                                           : " (automatic: 3/4 of the open-files limit)");
         if (budget < want) {

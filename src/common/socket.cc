@@ -97,6 +97,16 @@ uint64_t socket_budget() {
 
 void set_socket_budget_for_testing(uint64_t budget) { g_budget_for_testing.store(budget); }
 
+Status socket_budget_room(uint64_t count, const char* what) {
+    const uint64_t open = sockets_open();
+    if (open + count <= socket_budget()) return Status();
+    return resource_exhausted(
+        strformat("%s: %llu TCP sockets needed, %llu open, the most this "
+                  "process gives tcpx-p2p (%s)",
+                  what, static_cast<unsigned long long>(count),
+                  static_cast<unsigned long long>(open), budget_words().c_str()));
+}
+
 struct SocketBudgetAccess {
     // A place in the budget for one socket, taken before it exists.
     static Status take(const char* what) {
@@ -471,6 +481,9 @@ StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms) {
 }
 
 StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
+    // The place is taken before the connection: one taken off the kernel's queue is never
+    // closed for want of room (it may be a real peer's, whose comm would stay incomplete).
+    TCPX_RETURN_IF_ERROR(SocketBudgetAccess::take("accept"));
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
     int fd = -1;
@@ -479,27 +492,23 @@ StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
         fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len,
                        SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) break;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Fd();
-        // A connection that was reset while queued is not an error of the listener, nor the end
-        // of the queue (an empty Fd would tell the caller nothing is left): the next one is
-        // taken. Each such error took one connection off the queue, so this ends.
-        if (errno == ECONNABORTED || errno == EPROTO) continue;
+        const int err = errno;
+        if (err == ECONNABORTED || err == EPROTO) {
+            // A connection that was reset while queued is not an error of the listener, nor the
+            // end of the queue (an empty Fd would tell the caller nothing is left): the next one
+            // is taken. Each such error took one connection off the queue, so this ends.
+            continue;
+        }
+        SocketBudgetAccess::give_back();
+        if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return Fd();
         // Not (or no longer) listening: shut down (V7Net::end_parked_accept does so to the
         // emulated plugin's listener). The listener's end, not a passing shortage.
-        if (errno == EINVAL) return failed_precondition("accept: the socket is not listening");
-        return errno_status(errno, "accept");
+        if (err == EINVAL) return failed_precondition("accept: the socket is not listening");
+        return errno_status(err, "accept");
     }
     if (peer != nullptr) {
         auto addr = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), len);
         if (addr.ok()) *peer = *addr;
-    }
-    // Taken off the kernel's queue either way (left there, it would keep the listener readable);
-    // past the budget closed at once, with a reset, so that the connector knows without waiting.
-    if (Status place = SocketBudgetAccess::take("accept"); !place.ok()) {
-        const linger reset{1, 0};
-        ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
-        ::close(fd);
-        return place;
     }
     return SocketBudgetAccess::counted(fd);
 }

@@ -59,9 +59,9 @@ class Fd {
 // own transport's and its control connections, not those an external ncclNet plugin opens)
 // counts, process-wide, against one bound, so that peers (strangers, where the port is open to
 // them) cannot take the descriptors the application needs for its own files. Past it, opening
-// a socket fails with RESOURCE_EXHAUSTED and an accepted connection is closed at once (with a
-// reset). The bound is TCPX_P2P_MAX_SOCKETS, read from the environment at first use; 0 (the
-// default) is three quarters of the open-files limit (RLIMIT_NOFILE's soft value, read at each
+// a socket fails with RESOURCE_EXHAUSTED and a connection is not accepted (it stays in the
+// kernel's queue). The bound is TCPX_P2P_MAX_SOCKETS, read from the environment at first use; 0
+// (the default) is three quarters of the open-files limit (RLIMIT_NOFILE's soft value, read at each
 // check, so that an application raising it raises the bound).
 uint64_t sockets_open();
 uint64_t socket_budget();
@@ -71,7 +71,19 @@ uint64_t socket_budget();
 // their owners: connections that never finish a handshake cannot keep the budget full for
 // long, where a real peer's finish in a few round trips.
 inline bool socket_budget_full() { return sockets_open() >= socket_budget(); }
+// Whether fewer than `headroom` places are left: an endpoint's listener takes no newcomer past
+// that, so that a peer setting up its data channels finds its sockets' places.
+inline bool socket_budget_pressed(uint64_t headroom) {
+    return sockets_open() + headroom >= socket_budget();
+}
+// OK when `count` more sockets fit now (a comm opens its sockets all at once), else
+// RESOURCE_EXHAUSTED naming `what`, the bound and where it came from.
+Status socket_budget_room(uint64_t count, const char* what);
 inline constexpr std::chrono::milliseconds kSocketBudgetGrace{2000};
+// A connection younger than this is not closed to make room: it has had no time to prove itself
+// (a real peer's first message takes a round trip and a pass), and a flood of newcomers would
+// otherwise push it out before it is read. Newcomers wait in the kernel's queue meanwhile.
+inline constexpr std::chrono::milliseconds kSocketBudgetMinAge{200};
 // Tests: a bound in place of MAX_SOCKETS (0: back to the environment's, or automatic).
 void set_socket_budget_for_testing(uint64_t budget);
 
@@ -153,9 +165,9 @@ Status finish_connect(int fd, const SocketAddress& addr, bool* done);
 StatusOr<Fd> connect_blocking(const SocketAddress& addr, int timeout_ms);
 
 // Accepts one pending connection as a non-blocking, close-on-exec fd; an invalid Fd when none is
-// pending. `peer` may be null. Past the socket budget the connection is closed at once (a reset)
-// and the result is RESOURCE_EXHAUSTED: the caller may call again for the next one. A socket that
-// is not listening (shut down) is FAILED_PRECONDITION.
+// pending. `peer` may be null. At the socket budget nothing is accepted (the connection stays in
+// the kernel's queue) and the result is RESOURCE_EXHAUSTED. A socket that is not listening (shut
+// down) is FAILED_PRECONDITION.
 StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer);
 // Whether a connection waits in `listen_fd`'s queue (poll, no wait).
 bool connection_waiting(int listen_fd);

@@ -1168,11 +1168,14 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     bool did = false;
     const auto now = Clock::now();
     if (in_handshake(p) && tick && now > p.deadline) {
-        fail_peer(p, timeout_error("handshake not done in time"));
+        // (Its data channels may have waited for room in the socket budget all along.)
+        fail_peer(p, p.no_room.ok()
+                         ? timeout_error("handshake not done in time")
+                         : timeout_error("handshake not done in time: " + p.no_room.to_string()));
         return true;
     }
-    if (in_handshake(p) && tick && !p.outbound && !p.authenticated &&
-        now - p.started > kSocketBudgetGrace && socket_budget_full()) {
+    if (before_hello(p) && tick && !p.outbound && !p.authenticated &&
+        now - p.started > kSocketBudgetGrace && socket_budget_pressed(channel_sockets() + 1)) {
         // Sockets are what the process has run short of: one that has not proved itself in
         // this long makes way (security.md, the socket budget).
         fail_peer(p, resource_exhausted(strformat(

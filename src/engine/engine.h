@@ -366,7 +366,8 @@ struct Peer {
         kFailed,
     };
     PeerId id = 0;
-    std::string name;             // the peer's own name, from its HELLO (until then, its address)
+    std::string name;  // the peer's own name, from its HELLO (until then, its address)
+    Status no_room;    // its last data-channel connect that found no room in the socket budget
     std::string expected_name;    // outbound: the name its metadata gave
     uint64_t expected_nonce = 0;  // outbound: the endpoint's nonce its metadata gave (0: none)
     bool outbound = false;
@@ -600,8 +601,29 @@ class Endpoint::Impl {
     void resume_listener_when_due(Clock::time_point now);
     // Closes the oldest inbound handshake of a peer that has not authenticated; false when none.
     // `limit` names the bound reached (the log line and the closed peer's error say it);
-    // `except` (the peer the room is for) is never the one closed.
-    bool evict_stalest_handshake(const char* limit, const Peer* except = nullptr);
+    // `except` (the peer the room is for) is never the one closed; `before_hello` only closes
+    // connections that have not sent their HELLO (those setting up channels have spoken the
+    // protocol: without a secret, as much as any peer proves).
+    bool evict_stalest_handshake(const char* limit, const Peer* except = nullptr,
+                                 bool before_hello = false);
+    // At the socket budget (MAX_SOCKETS): the oldest connection that has not sent its HELLO
+    // makes way (for a newcomer, or for `except`'s sockets), if it has had kSocketBudgetMinAge
+    // to send it.
+    bool evict_for_sockets(const Peer* except = nullptr) {
+        return evict_stalest_handshake("MAX_SOCKETS", except, /*before_hello=*/true);
+    }
+    // Places of the socket budget the endpoint's listener leaves free for newcomers: what one
+    // peer's data channels take (a comm of NSOCKS + 1 sockets per channel and direction, and a
+    // listener per channel while they connect).
+    uint64_t channel_sockets() const {
+        return static_cast<uint64_t>(config_.channels) *
+               (2 * (static_cast<uint64_t>(config_.nsocks) + 1) + 1);
+    }
+    // Connections that have not sent their HELLO (or proved the secret) yet.
+    static bool before_hello(const Peer& p) {
+        return p.state == Peer::State::kAuthInit || p.state == Peer::State::kAuthProof ||
+               p.state == Peer::State::kHello;
+    }
     void run_progress_thread();
     // Logs the exception being handled that a progress pass let out (never throws).
     void report_progress_exception() noexcept;

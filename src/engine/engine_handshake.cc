@@ -74,7 +74,8 @@ StatusOr<Endpoint::Impl::Peer*> Endpoint::Impl::add_peer(Fd fd, bool outbound,
     return raw;
 }
 
-bool Endpoint::Impl::evict_stalest_handshake(const char* limit, const Peer* except) {
+bool Endpoint::Impl::evict_stalest_handshake(const char* limit, const Peer* except,
+                                             bool before_hello_only) {
     // The oldest inbound connection still in its handshake that has not proved the shared secret
     // (without a secret: the oldest of them all). A real peer finishes its handshake in a few
     // round trips, so under a flood of connections that never finish the oldest is one of the
@@ -84,6 +85,10 @@ bool Endpoint::Impl::evict_stalest_handshake(const char* limit, const Peer* exce
     Peer* stalest = nullptr;
     for (const auto& [id, p] : peers_) {
         if (p->outbound || p->authenticated || !in_handshake(*p) || p.get() == except) continue;
+        if (before_hello_only &&
+            (!before_hello(*p) || Clock::now() - p->started < kSocketBudgetMinAge)) {
+            continue;
+        }
         if (stalest == nullptr ||
             std::pair(p->state == State::kChannels, p->started) <
                 std::pair(stalest->state == State::kChannels, stalest->started)) {
@@ -118,17 +123,18 @@ void Endpoint::Impl::accept_inbound() {
     for (const auto& [id, p] : peers_) handshakes += !p->outbound && in_handshake(*p);
     size_t live = live_peers();  // counted once a pass: each peer accepted below adds one
     for (int i = 0; i < 64; ++i) {
-        // At the process's socket budget (MAX_SOCKETS), a connection waiting takes the place of
-        // the oldest unproved handshake, as at MAX_HANDSHAKES; with none it is closed (below).
-        if (socket_budget_full()) {
+        // At the process's socket budget (MAX_SOCKETS), less the room one peer's data channels
+        // take (so that a peer setting them up finds its places however strangers keep
+        // connecting), a connection waiting takes the place of the oldest one that has not sent
+        // its HELLO, as at MAX_HANDSHAKES; with none it waits in the kernel's queue.
+        if (socket_budget_pressed(channel_sockets() + 1)) {
             if (!connection_waiting(listen_fd_.get())) return;
-            if (!evict_stalest_handshake("MAX_SOCKETS")) {
-                // None to close: the connection waits in the kernel's queue until a socket
-                // closes (connections that do not prove themselves soon are closed, step_peer).
+            if (!evict_for_sockets()) {
+                // Connections that do not prove themselves soon are closed (step_peer).
                 if (may_log_stranger_event()) {
                     TCPX_WARN(
                         "endpoint '%s': new connections wait: %llu TCP sockets open, the "
-                        "process's budget (TCPX_P2P_MAX_SOCKETS)",
+                        "process's budget (TCPX_P2P_MAX_SOCKETS) less a peer's channels",
                         name_.c_str(), static_cast<unsigned long long>(sockets_open()));
                 }
                 pause_listener();
@@ -140,12 +146,8 @@ void Endpoint::Impl::accept_inbound() {
         SocketAddress from;
         auto fd = accept_tcp(listen_fd_.get(), &from);
         if (!fd.ok() && fd.status().code() == StatusCode::kResourceExhausted) {
-            // Past the socket budget: that connection was closed; the next may find room.
-            if (may_log_stranger_event()) {
-                TCPX_WARN("endpoint '%s': connection closed: %s", name_.c_str(),
-                          fd.status().to_string().c_str());
-            }
-            continue;
+            pause_listener();  // the budget filled since the check: the connection stays queued
+            return;
         }
         if (!fd.ok()) {
             if (may_log_stranger_event()) {
@@ -202,7 +204,7 @@ StatusOr<PeerId> Endpoint::Impl::connect_async(std::string_view metadata) {
             return resource_exhausted(
                 strformat("connect: %zu peers already (TCPX_P2P_MAX_PEERS)", live));
         }
-        if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS");
+        if (socket_budget_full()) (void)evict_for_sockets();
         TCPX_ASSIGN_OR_RETURN(Fd fd, start_connect(addr.address));
         TCPX_ASSIGN_OR_RETURN(Peer * p, add_peer(std::move(fd), true, addr.address));
         id = p->id;
@@ -444,7 +446,7 @@ Status Endpoint::Impl::start_channels(Peer& p, int channels) {
         net::Handle handle;
         net::ListenComm* listen = nullptr;
         // At the process's socket budget, a stranger still in its handshake makes way.
-        if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS", &p);
+        if (socket_budget_full()) (void)evict_for_sockets(&p);
         TCPX_RETURN_IF_ERROR(net_->listen(rail(i), &handle, &listen));
         p.listens.push_back(listen);
         p.listen_handles.push_back(handle);
@@ -583,11 +585,11 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
     bool all = true;
     std::optional<cuda::ScopedGpu> gpu;  // as in start_channels: connect and accept allocate too
     serve_gpu(&gpu);
-    // At the process's socket budget, strangers still in their handshake make way for this
-    // peer's sockets, one a pass; a connect that finds no room is tried again on the next pass
-    // (until the handshake's deadline), and the listeners leave the peer's sockets in the
-    // kernel's queue until there is.
-    if (socket_budget_full()) (void)evict_stalest_handshake("MAX_SOCKETS", &p);
+    // At the process's socket budget, connections that have not sent their HELLO make way for
+    // this peer's sockets; a connect that finds no room (it opens all its sockets or none) is
+    // tried again on a later pass until the handshake's deadline, which then says why, and the
+    // listeners leave the peer's sockets in the kernel's queue until there is.
+    if (socket_budget_full()) (void)evict_for_sockets(&p);
     for (int i = 0; i < p.channels; ++i) {
         Channel& tx = p.tx[static_cast<size_t>(i)];
         Channel& rx = p.rx[static_cast<size_t>(i)];
@@ -595,9 +597,8 @@ bool Endpoint::Impl::progress_handshake(Peer& p) {
             Status st = net_->connect(rail(i), &p.remote_handles[static_cast<size_t>(i)], &tx.send,
                                       nullptr);
             if (st.code() == StatusCode::kResourceExhausted) {
-                // No room for all its sockets yet (the ones it had are closed again): one more
-                // stranger makes way, and the connect is tried again on the next pass.
-                (void)evict_stalest_handshake("MAX_SOCKETS", &p);
+                p.no_room = st;
+                (void)evict_for_sockets(&p);
                 st = Status();
             }
             if (!st.ok()) {

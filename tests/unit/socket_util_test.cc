@@ -251,35 +251,49 @@ TEST(SocketBudget, PastTheBudgetNothingOpensAndAcceptedConnectionsAreClosed) {
     ASSERT_FALSE(other.ok());
     EXPECT_EQ(other.status().code(), StatusCode::kResourceExhausted);
     EXPECT_EQ(sockets_open(), base + 2);
-    // A connection that arrives is taken off the queue and closed at once.
+    // A connection that arrives is not taken: it waits in the kernel's queue, open.
     const int stranger = stranger_connect(bound);
     ASSERT_GE(stranger, 0);
-    StatusOr<Fd> accepted = Fd();
-    for (int i = 0; i < 1000; ++i) {
-        accepted = accept_tcp(listener->get(), nullptr);
-        if (!accepted.ok() || accepted->valid()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    ASSERT_FALSE(accepted.ok());
-    EXPECT_EQ(accepted.status().code(), StatusCode::kResourceExhausted);
-    EXPECT_TRUE(closed_by_other_end(stranger));
-    ::close(stranger);
-    EXPECT_FALSE(connection_waiting(listener->get()));
-    EXPECT_EQ(sockets_open(), base + 2);
-    // A place given back is a place to take.
-    client->reset();
-    EXPECT_FALSE(socket_budget_full());
-    const int next = stranger_connect(bound);
-    ASSERT_GE(next, 0);
     for (int i = 0; i < 1000 && !connection_waiting(listener->get()); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    ASSERT_TRUE(connection_waiting(listener->get()));
+    auto refused_accept = accept_tcp(listener->get(), nullptr);
+    ASSERT_FALSE(refused_accept.ok());
+    EXPECT_EQ(refused_accept.status().code(), StatusCode::kResourceExhausted);
     EXPECT_TRUE(connection_waiting(listener->get()));
+    EXPECT_FALSE(closed_by_other_end(stranger));
+    EXPECT_EQ(sockets_open(), base + 2);
+    // Room for several at once, or not.
+    EXPECT_EQ(socket_budget_room(1, "test").code(), StatusCode::kResourceExhausted);
+    // A place given back is a place to take: the same connection.
+    client->reset();
+    EXPECT_FALSE(socket_budget_full());
+    EXPECT_TRUE(socket_budget_room(1, "test").ok());
+    EXPECT_FALSE(socket_budget_room(2, "test").ok());
     auto taken = accept_tcp(listener->get(), nullptr);
     ASSERT_TRUE(taken.ok()) << taken.status().to_string();
-    EXPECT_TRUE(taken->valid());
+    ASSERT_TRUE(taken->valid());
     EXPECT_EQ(sockets_open(), base + 2);
-    ::close(next);
+    const char byte = 7;
+    ASSERT_EQ(::send(stranger, &byte, 1, MSG_NOSIGNAL), 1);
+    char got = 0;
+    bool eof = false;
+    for (int i = 0; i < 1000 && got == 0; ++i) {
+        auto n = recv_some(taken->get(), &got, 1, &eof);
+        ASSERT_TRUE(n.ok());
+        if (*n == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(got, 7);
+    ::close(stranger);
+    // Nothing waiting: no place is held for it.
+    auto none = accept_tcp(listener->get(), nullptr);
+    ASSERT_FALSE(none.ok());  // (full again: the accepted one holds the place)
+    taken->reset();
+    none = accept_tcp(listener->get(), nullptr);
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->valid());
+    EXPECT_EQ(sockets_open(), base + 1);
 }
 
 TEST(SocketBudget, AutomaticIsThreeQuartersOfTheOpenFilesLimitReadAtEachCheck) {

@@ -453,6 +453,9 @@ Status SocketNet::connect(int dev, Handle* handle, SendComm** send_comm, DeviceH
         // From the device's own address: each comm of a peer striped over several NICs leaves
         // through its own (routing picks the interface of the source's subnet).
         const SocketAddress& source = devices_[static_cast<size_t>(dev)].address;
+        // All of its sockets or none: a connect that cannot open them all would reach the
+        // listener with some and close them again.
+        TCPX_RETURN_IF_ERROR(socket_budget_room(static_cast<uint64_t>(nsocks) + 1, "connect"));
         for (int i = 0; i <= nsocks; ++i) {
             ConnectState::Sock sock;
             auto fd = start_connect(state->addr, &source);
@@ -577,12 +580,7 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
         SocketAddress peer;
         auto fd = accept_tcp(l->fd.get(), &peer);
         if (!fd.ok() && fd.status().code() == StatusCode::kResourceExhausted) {
-            // Past the socket budget: that connection was closed; the next may find room.
-            if (may_log_stranger_event()) {
-                TCPX_WARN("accept on %s: %s", l->addr.to_string().c_str(),
-                          fd.status().to_string().c_str());
-            }
-            continue;
+            break;  // the budget filled since the check: the connection stays queued
         }
         if (!fd.ok() && fd.status().code() == StatusCode::kFailedPrecondition) {
             return fd.status();  // the listening socket was shut down: it takes nothing more
