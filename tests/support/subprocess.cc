@@ -56,7 +56,17 @@ bool Subprocess::start(const std::vector<std::string>& argv,
     for (auto& a : args) argp.push_back(a.data());
     argp.push_back(nullptr);
 
-    const int rc = ::posix_spawn(&pid_, argp[0], &actions, nullptr, argp.data(), envp.data());
+    // SIGPIPE's default action in the child, whatever the test process has (a loaded plugin
+    // ignores it here).
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t sigdefault;
+    sigemptyset(&sigdefault);
+    sigaddset(&sigdefault, SIGPIPE);
+    posix_spawnattr_setsigdefault(&attr, &sigdefault);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+    const int rc = ::posix_spawn(&pid_, argp[0], &actions, &attr, argp.data(), envp.data());
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     ::close(fds[1]);
     ::close(in[0]);

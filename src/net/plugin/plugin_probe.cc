@@ -146,13 +146,23 @@ StatusOr<std::string> run_plugin_probe(const std::string& probe, const std::stri
     std::string probe_arg = probe;
     std::string plugin_arg = plugin;
     char* argv[] = {probe_arg.data(), plugin_arg.data(), nullptr};
+    // The child starts with SIGPIPE's default action, whatever this process chose (loading a
+    // plugin ignores it here: plugin_loader.cc), as a program expects to.
+    posix_spawnattr_t attr;
+    if (::posix_spawnattr_init(&attr) != 0) return internal_error("plugin probe: spawn attributes");
+    sigset_t sigdefault;
+    sigemptyset(&sigdefault);
+    sigaddset(&sigdefault, SIGPIPE);
+    ::posix_spawnattr_setsigdefault(&attr, &sigdefault);
+    ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
     pid_t pid = -1;
     int rc = 0;
     {
         // (environ handed over under the lock: no variable of ours moves it meanwhile)
         const auto env_lock = lock_env();
-        rc = ::posix_spawn(&pid, probe.c_str(), actions.get(), nullptr, argv, environ);
+        rc = ::posix_spawn(&pid, probe.c_str(), actions.get(), &attr, argv, environ);
     }
+    ::posix_spawnattr_destroy(&attr);
     if (rc != 0) {
         return errno_status(rc, "plugin probe: starting " + probe);
     }

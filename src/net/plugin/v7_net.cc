@@ -663,34 +663,71 @@ void V7Net::reap_parked() {
     }
 }
 
+namespace {
+
+// The sockets of the process bound to one of `bound` that are listening or connected (a socket
+// shut down earlier, whose port another may have taken since, is neither), as descriptor and
+// inode; none whose inode is in `skip`.
+std::vector<std::pair<int, ino_t>> sockets_bound_to(const std::vector<SocketAddress>& bound,
+                                                    const std::unordered_set<ino_t>& skip) {
+    std::vector<std::pair<int, ino_t>> found;
+    DIR* dir = ::opendir("/proc/self/fd");
+    if (dir == nullptr) return found;
+    while (const dirent* e = ::readdir(dir)) {
+        char* end = nullptr;
+        const long parsed = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || parsed == ::dirfd(dir)) continue;
+        const int fd = static_cast<int>(parsed);
+        struct stat st {};
+        if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || skip.count(st.st_ino) != 0) continue;
+        auto local = local_address(fd);
+        if (!local.ok()) continue;
+        const bool ours = std::any_of(bound.begin(), bound.end(), [&](const SocketAddress& b) {
+            return local->port() == b.port() && local->same_host(b);
+        });
+        if (!ours) continue;
+        int listening = 0;
+        socklen_t len = sizeof(listening);
+        const bool listens =
+            ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0;
+        if (!listens && !peer_address(fd).ok()) continue;
+        found.emplace_back(fd, st.st_ino);
+    }
+    ::closedir(dir);
+    return found;
+}
+
+}  // namespace
+
 void V7Net::end_parked_accept(ListenWrap* l) {
     // Google's accept runs in a thread of its own that blocks in accept() and recv() on the
     // listener's sockets: a peer that never connects (a stranger that sent a HELLO and went)
     // keeps it, its listen comm and its sockets for good. Shutting down every socket bound to
-    // the listener's addresses (the listening ones and those it accepted; no other socket can
-    // have their ports while they listen) makes those calls fail, so the thread ends with an
-    // error that reap_parked() collects. Only for a listener that never handed out a comm: one
-    // that did would have that comm's sockets on the same ports.
+    // the listener's addresses (the listening ones and those it accepted; its ports are its own:
+    // it binds port 0 and no other socket can take them while it listens) makes those calls
+    // fail, so the thread ends with an error that reap_parked() collects. Only for a listener
+    // that never handed out a comm: one that did would have that comm's sockets on the same
+    // ports.
     if (l->bound.empty() || l->yielded || !end_parked_accepts_) return;
-    DIR* dir = ::opendir("/proc/self/fd");
-    if (dir == nullptr) return;
-    while (const dirent* e = ::readdir(dir)) {
-        char* end = nullptr;
-        const long fd = std::strtol(e->d_name, &end, 10);
-        if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
-        struct stat st {};
-        if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-        auto local = local_address(static_cast<int>(fd));
-        if (!local.ok()) continue;
-        for (const SocketAddress& b : l->bound) {
-            if (local->port() == b.port() && local->same_host(b)) {
-                ::shutdown(static_cast<int>(fd), SHUT_RDWR);
-                l->shut.emplace_back(static_cast<int>(fd), st.st_ino);
-                break;
-            }
+    std::unordered_set<ino_t> skip;  // other parked listeners' sockets, shut down already
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const ListenWrap* other : parked_) {
+            for (const auto& [fd, ino] : other->shut) skip.insert(ino);
         }
     }
-    ::closedir(dir);
+    // Collected first, then shut down; again until nothing new turns up (a connection the
+    // plugin's thread accepted while the first pass ran): once the listening sockets are shut
+    // down nothing more can be accepted.
+    for (int pass = 0; pass < 4; ++pass) {
+        const auto found = sockets_bound_to(l->bound, skip);
+        if (found.empty()) break;
+        for (const auto& [fd, ino] : found) {
+            ::shutdown(fd, SHUT_RDWR);
+            l->shut.emplace_back(fd, ino);
+            skip.insert(ino);
+        }
+    }
     TCPX_DEBUG("%s: ended a parked accept: %zu sockets of its listener shut down", name_.c_str(),
                l->shut.size());
 }
