@@ -111,9 +111,15 @@ TEST(EngineProcesses, ARealPeerGetsThroughATargetWhoseSocketBudgetStrangersHold)
     fill_pattern(src.data(), src.size(), 23);
     MemId s = *ep->reg(src.data(), src.size());
     MemId b = *ep->reg(back.data(), back.size());
-    auto w = ep->write(*id, s, 0, target.mem, 0, src.size());
+    // With a notification: the target's main thread takes it before it checks its memory (an
+    // order inside the target, which ThreadSanitizer sees; the one through this process it
+    // would not).
+    auto w = ep->write(*id, s, 0, target.mem, 0, src.size(), std::string_view("in", 2));
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     ASSERT_TRUE(ep->wait(*w, 20s).ok());
+    std::string line;
+    ASSERT_TRUE(target.proc.read_line(&line, 10s));
+    EXPECT_EQ(line, "notif " + to_hex("in", 2));
     EXPECT_EQ(target.check(0, src.size(), 23), "ok");
     auto r = ep->read(*id, b, 0, target.mem, 0, back.size());
     ASSERT_TRUE(r.ok()) << r.status().to_string();
