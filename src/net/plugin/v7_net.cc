@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -620,6 +621,7 @@ Status V7Net::close_listen(ListenComm* comm) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         parked_.push_back(l);
+        parked_count_.store(parked_.size(), std::memory_order_relaxed);
     }
     TCPX_DEBUG("%s: listener closed during an accept: closed once the accept ends", name_.c_str());
     reap_parked();
@@ -646,6 +648,7 @@ void V7Net::reap_parked() {
             w->comm = nullptr;
             done.push_back(l);
             it = parked_.erase(it);
+            parked_count_.store(parked_.size(), std::memory_order_relaxed);
         }
     }
     for (ListenWrap* l : done) {
@@ -730,6 +733,19 @@ void V7Net::end_parked_accept(ListenWrap* l) {
     }
     TCPX_DEBUG("%s: ended a parked accept: %zu sockets of its listener shut down", name_.c_str(),
                l->shut.size());
+}
+
+bool V7Net::progress() {
+    if (parked_count_.load(std::memory_order_relaxed) == 0) return false;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t next = next_reap_ns_.load(std::memory_order_relaxed);
+    if (now < next || !next_reap_ns_.compare_exchange_strong(next, now + 100'000'000)) {
+        return false;
+    }
+    reap_parked();
+    return false;  // (housekeeping: no request of the caller's moved)
 }
 
 size_t V7Net::parked_listeners() const {

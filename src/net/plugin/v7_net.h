@@ -100,6 +100,9 @@ class V7Net final : public Net {
     Status close_listen(ListenComm* comm) override;
     // Listeners parked by close_listen, not yet closed.
     size_t parked_listeners() const;
+    // Collects parked listeners whose accept has ended (at most every 100 ms), so that they go
+    // even when no listen, connect or accept follows: the engine calls it on every pass.
+    bool progress() override;
     // Tests: whether a listener parked during an accept has that accept ended at once
     // (end_parked_accept; the default) or waits for it to end by itself.
     void set_end_parked_accepts(bool on) { end_parked_accepts_ = on; }
@@ -136,6 +139,8 @@ class V7Net final : public Net {
     std::vector<std::unique_ptr<CommWrap>> abandoned_;
     // Listeners closed during an accept, until the accept ends (close_listen).
     std::vector<ListenWrap*> parked_;
+    std::atomic<size_t> parked_count_{0};   // parked_.size(), read without mu_
+    std::atomic<int64_t> next_reap_ns_{0};  // progress(): when it next reaps
 
     // Tries the accept of each parked listener once; closes those whose accept ended. Takes mu_.
     void reap_parked();
