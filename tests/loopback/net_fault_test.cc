@@ -398,6 +398,40 @@ bool closed_now(int fd) {
     return n == 0 || (n < 0 && errno == ECONNRESET);
 }
 
+// A listener's handle goes to one peer, which sets up one comm through it (the engine and NCCL
+// accept one per listen). A peer that knows the nonce and starts comm after comm without
+// finishing them is refused past four ("busy"), so that it cannot hold the listener's 1024
+// places with grouped sockets, never closed for a newcomer (the whole socket budget of a process
+// with the common open-files limit). The comms in setup still complete, and once they are gone
+// (here: abandoned at the handshake timeout) a real comm gets through.
+TEST_F(NetFaultTest, APeerCannotSetUpMoreThanFourCommsAtOnceThroughOneListener) {
+    std::vector<Fd> held;
+    for (uint64_t nonce : {11, 12, 16, 17}) {
+        Fd c = raw_connect(handle_);
+        const wire::Hello h = valid_hello(handle_, wire::Role::kControl, 0, nonce);
+        ASSERT_TRUE(send_all(c.get(), &h, sizeof(h)).ok());
+        held.push_back(std::move(c));
+    }
+    // A data socket of a comm in setup is still taken into its group (not refused).
+    Fd data = raw_connect(handle_);
+    const wire::Hello d = valid_hello(handle_, wire::Role::kData, 0, 11);
+    ASSERT_TRUE(send_all(data.get(), &d, sizeof(d)).ok());
+    EXPECT_EQ(accept_for(50ms), nullptr);
+    EXPECT_FALSE(closed_now(data.get())) << "a socket of a comm in setup was refused";
+    for (uint64_t nonce : {13, 14, 15}) {
+        Fd extra = raw_connect(handle_);
+        const wire::Hello h = valid_hello(handle_, wire::Role::kData, 0, nonce);
+        ASSERT_TRUE(send_all(extra.get(), &h, sizeof(h)).ok());
+        EXPECT_EQ(accept_for(20ms), nullptr);
+        wire::HelloReply r;
+        ASSERT_NO_FATAL_FAILURE(read_refusal(extra.get(), &r));
+        EXPECT_EQ(r.status, static_cast<uint16_t>(wire::ReplyStatus::kBusy)) << nonce;
+    }
+    EXPECT_EQ(accept_for(500ms), nullptr);  // the two are abandoned at the handshake timeout
+    EXPECT_TRUE(closed_by_peer(held[0].get(), std::chrono::seconds(2)));
+    expect_listener_serves();
+}
+
 TEST(NetHandshakeLimit, AtTheLimitTheOldestHandshakeMakesWayForANewcomer) {
     // A listener holds at most 1024 connections that have not finished their handshake. At that
     // limit a newcomer takes the place of the oldest that has not sent its hello, so connections

@@ -133,6 +133,51 @@ TEST(PluginLoader, ClosingAListenerDuringAnAcceptEndsTheAccept) {
         << count_open_fds() << " descriptors open, " << fds_before << " before";
 }
 
+// Strangers can park listeners as fast as they send HELLOs, and each ending scans the process's
+// descriptors: one scan serves every listener parked meanwhile, at most once a second. Five
+// parked at once all end within a couple of seconds of progress() calls, every stranger's
+// connection closed.
+TEST(PluginLoader, ListenersParkedTogetherEndTogether) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    auto* v7 = dynamic_cast<net::V7Net*>(net.get());
+    ASSERT_NE(v7, nullptr);
+    std::vector<Fd> strangers;
+    for (int k = 0; k < 5; ++k) {
+        net::Handle handle;
+        net::ListenComm* listen = nullptr;
+        ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+        net::google_tcpx::Handle h;
+        std::memcpy(&h, handle.bytes.data(), sizeof(h));
+        const auto to = SocketAddress::from_sockaddr(&h.connect_addr.sa, sizeof(sockaddr_in));
+        ASSERT_TRUE(to.ok());
+        Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        ASSERT_EQ(::connect(s.get(), to->get(), to->size()), 0);
+        strangers.push_back(std::move(s));
+        net::RecvComm* recv = nullptr;
+        net::DeviceHandle dev;
+        for (int i = 0; i < 10; ++i) {
+            ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+            ASSERT_EQ(recv, nullptr);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        ASSERT_TRUE(net->close_listen(listen).ok());
+    }
+    EXPECT_TRUE(eventually(
+        [&] {
+            (void)net->progress();
+            return v7->parked_listeners() == 0;
+        },
+        std::chrono::seconds(5)))
+        << v7->parked_listeners() << " listeners still parked";
+    for (Fd& s : strangers) {
+        pollfd p{s.get(), POLLIN, 0};
+        ASSERT_EQ(::poll(&p, 1, 2000), 1);
+        char c;
+        EXPECT_LE(::recv(s.get(), &c, 1, 0), 0) << "a stranger's connection is still open";
+    }
+}
+
 // With the accept left to end by itself (a listener whose accept cannot be ended: another
 // layout than Google's, or one that handed out a comm), it is kept until then, then closed with
 // the connection it yielded.

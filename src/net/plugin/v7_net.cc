@@ -173,11 +173,13 @@ struct V7Net::ListenWrap {
     bool accepting = false;
     std::mutex mu;
     // Google's layout: the addresses its listening sockets are bound to (the handle's
-    // connect_addr and ctrl_addr), so that a parked accept can be ended (end_parked_accept).
+    // connect_addr and ctrl_addr), so that a parked accept can be ended
+    // (end_parked_accepts_locked).
     std::vector<SocketAddress> bound;
     bool yielded = false;  // an accept of it has handed out a comm
-    // The sockets end_parked_accept shut down: descriptor and inode, to close those the ended
-    // accept leaves open (Google's leaks them on its error paths).
+    bool to_end = false;   // parked, its accept to be ended (end_parked_accepts_locked)
+    // The sockets end_parked_accepts_locked shut down: descriptor and inode, to close those the
+    // ended accept leaves open (Google's leaks them on its error paths).
     std::vector<std::pair<int, ino_t>> shut;
 };
 
@@ -617,7 +619,7 @@ Status V7Net::close_listen(ListenComm* comm) {
         return close_listen_now(l);
     }
     l->magic = kParkedListen;  // no longer the caller's: any use of it is refused
-    end_parked_accept(l);
+    l->to_end = !l->bound.empty() && !l->yielded;
     {
         std::lock_guard<std::mutex> lock(mu_);
         parked_.push_back(l);
@@ -633,6 +635,7 @@ void V7Net::reap_parked() {
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (parked_.empty()) return;
+        end_parked_accepts_locked();
         for (auto it = parked_.begin(); it != parked_.end();) {
             ListenWrap* l = *it;
             CommWrap* w = l->next.get();
@@ -702,37 +705,63 @@ std::vector<std::pair<int, ino_t>> sockets_bound_to(const std::vector<SocketAddr
 
 }  // namespace
 
-void V7Net::end_parked_accept(ListenWrap* l) {
+void V7Net::end_parked_accepts_locked() {
     // Google's accept runs in a thread of its own that blocks in accept() and recv() on the
     // listener's sockets: a peer that never connects (a stranger that sent a HELLO and went)
     // keeps it, its listen comm and its sockets for good. Shutting down every socket bound to
     // the listener's addresses (the listening ones and those it accepted; its ports are its own:
     // it binds port 0 and no other socket can take them while it listens) makes those calls
-    // fail, so the thread ends with an error that reap_parked() collects. Only for a listener
+    // fail, so the thread ends with an error that reap_parked() collects. Only for listeners
     // that never handed out a comm: one that did would have that comm's sockets on the same
-    // ports.
-    if (l->bound.empty() || l->yielded || !end_parked_accepts_) return;
-    std::unordered_set<ino_t> skip;  // other parked listeners' sockets, shut down already
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (const ListenWrap* other : parked_) {
-            for (const auto& [fd, ino] : other->shut) skip.insert(ino);
-        }
+    // ports. One scan of the process's descriptors serves every listener parked meanwhile, at
+    // most once a second: each costs a few system calls per descriptor, and strangers can park
+    // listeners as fast as they send HELLOs.
+    if (!end_parked_accepts_) return;
+    std::vector<ListenWrap*> ending;
+    for (ListenWrap* l : parked_) {
+        if (l->to_end) ending.push_back(l);
     }
-    // Collected first, then shut down; again until nothing new turns up (a connection the
-    // plugin's thread accepted while the first pass ran): once the listening sockets are shut
-    // down nothing more can be accepted.
+    if (ending.empty()) return;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    if (now < next_end_ns_) return;
+    next_end_ns_ = now + 1'000'000'000;
+    std::unordered_set<ino_t> skip;  // other parked listeners' sockets, shut down already
+    for (const ListenWrap* l : parked_) {
+        for (const auto& [fd, ino] : l->shut) skip.insert(ino);
+    }
+    std::vector<SocketAddress> bound;
+    for (const ListenWrap* l : ending) bound.insert(bound.end(), l->bound.begin(), l->bound.end());
+    // Collected first, then shut down; again until nothing new turns up (a connection a plugin
+    // thread accepted while the first pass ran): once the listening sockets are shut down
+    // nothing more can be accepted.
+    size_t count = 0;
     for (int pass = 0; pass < 4; ++pass) {
-        const auto found = sockets_bound_to(l->bound, skip);
+        const auto found = sockets_bound_to(bound, skip);
         if (found.empty()) break;
         for (const auto& [fd, ino] : found) {
             ::shutdown(fd, SHUT_RDWR);
-            l->shut.emplace_back(fd, ino);
             skip.insert(ino);
+            ++count;
+            // Kept by the listener whose address it has, to be closed after its accept ends.
+            auto local = local_address(fd);
+            for (ListenWrap* l : ending) {
+                const bool mine =
+                    local.ok() &&
+                    std::any_of(l->bound.begin(), l->bound.end(), [&](const SocketAddress& b) {
+                        return local->port() == b.port() && local->same_host(b);
+                    });
+                if (mine) {
+                    l->shut.emplace_back(fd, ino);
+                    break;
+                }
+            }
         }
     }
-    TCPX_DEBUG("%s: ended a parked accept: %zu sockets of its listener shut down", name_.c_str(),
-               l->shut.size());
+    for (ListenWrap* l : ending) l->to_end = false;
+    TCPX_DEBUG("%s: ended %zu parked accepts: %zu sockets of their listeners shut down",
+               name_.c_str(), ending.size(), count);
 }
 
 bool V7Net::progress() {

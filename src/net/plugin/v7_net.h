@@ -104,7 +104,7 @@ class V7Net final : public Net {
     // even when no listen, connect or accept follows: the engine calls it on every pass.
     bool progress() override;
     // Tests: whether a listener parked during an accept has that accept ended at once
-    // (end_parked_accept; the default) or waits for it to end by itself.
+    // (end_parked_accepts_locked; the default) or waits for it to end by itself.
     void set_end_parked_accepts(bool on) { end_parked_accepts_ = on; }
 
  private:
@@ -112,8 +112,9 @@ class V7Net final : public Net {
     struct ListenWrap;
     struct RequestWrap;
 
-    // Ends the plugin's accept of a listener parked during it (Google's layout only).
-    void end_parked_accept(ListenWrap* l);
+    // Under mu_: ends the plugin's accepts of listeners parked during one (Google's layout
+    // only), at most once a second.
+    void end_parked_accepts_locked();
     V7Net(const NcclNetTable* table, V7Options options, int ndev);
     static void* unwrap_comm(void* comm);
     static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
@@ -141,6 +142,7 @@ class V7Net final : public Net {
     std::vector<ListenWrap*> parked_;
     std::atomic<size_t> parked_count_{0};   // parked_.size(), read without mu_
     std::atomic<int64_t> next_reap_ns_{0};  // progress(): when it next reaps
+    int64_t next_end_ns_ = 0;               // under mu_: end_parked_accepts_locked
 
     // Tries the accept of each parked listener once; closes those whose accept ended. Takes mu_.
     void reap_parked();

@@ -97,8 +97,10 @@ void Comm::fail_locked(Status why) {
     error_ = std::move(error);
     // A peer closing an idle connection is ordinary (fail_pending_locked() warns when requests
     // are lost); a peer breaking the protocol is not.
+    // (Limited to a few a second with the other lines a stranger's connections cause: a peer
+    // can break the protocol of comm after comm.)
     if (error_.code() == StatusCode::kProtocol) {
-        TCPX_WARN("%s", error_.to_string().c_str());
+        if (may_log_stranger_event()) TCPX_WARN("%s", error_.to_string().c_str());
     } else {
         TCPX_DEBUG("%s", error_.to_string().c_str());
     }
@@ -1210,6 +1212,8 @@ const char* reply_status_text(ReplyStatus status) {
             return "the handle belongs to another listener";
         case ReplyStatus::kBadHello:
             return "malformed handshake";
+        case ReplyStatus::kBusy:
+            return "the listener is setting up as many connections as it takes";
     }
     return "unknown reason";
 }

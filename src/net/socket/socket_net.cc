@@ -36,6 +36,9 @@ constexpr int kMaxSocketsPerComm = 64;
 constexpr int kListenBacklog = 1024;
 // Inbound sockets in handshake (pending or grouped) per listener; more are closed at once.
 constexpr size_t kMaxHandshaking = 1024;
+// Comms being set up through one listener at once (each of up to kMaxSocketsPerComm + 1
+// sockets): see advance_handshakes.
+constexpr size_t kMaxGroupsInProgress = 4;
 // Connections accepted per accept() call, so one call stays short under a connection storm.
 constexpr int kAcceptsPerCall = 64;
 
@@ -167,6 +170,14 @@ void advance_handshakes(SocketListen* l, Clock::time_point now, std::chrono::mil
         }
         wire::ReplyStatus refuse = *verdict;
         Group* group = nullptr;
+        if (refuse == wire::ReplyStatus::kAccepted && l->groups.count(h.comm_nonce) == 0 &&
+            l->groups.size() >= kMaxGroupsInProgress) {
+            // A listener's handle goes to one peer, which sets up one comm through it (the
+            // engine and NCCL accept one per listen): a peer that knows the nonce and starts
+            // comm after comm without finishing them would otherwise hold up to 1024 sockets
+            // here, grouped and never closed for a newcomer, the whole socket budget.
+            refuse = wire::ReplyStatus::kBusy;
+        }
         if (refuse == wire::ReplyStatus::kAccepted) {
             auto [it, fresh] = l->groups.try_emplace(h.comm_nonce);
             group = &it->second;

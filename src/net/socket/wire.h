@@ -72,6 +72,7 @@ enum class ReplyStatus : uint16_t {
     kVersionMismatch = 1,
     kWrongListener = 2,  // the handle's listen nonce is not this listener's (stale handle)
     kBadHello = 3,       // role, index or socket count not acceptable
+    kBusy = 4,           // the listener has as many comms being set up as it takes
 };
 
 struct HelloReply {
