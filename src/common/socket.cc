@@ -501,8 +501,8 @@ StatusOr<Fd> accept_tcp(int listen_fd, SocketAddress* peer) {
         }
         SocketBudgetAccess::give_back();
         if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return Fd();
-        // Not (or no longer) listening: shut down (V7Net::end_parked_accept does so to the
-        // emulated plugin's listener). The listener's end, not a passing shortage.
+        // Not (or no longer) listening: shut down (V7Net::end_parked_accepts_locked does so to
+        // the emulated plugin's listener). The listener's end, not a passing shortage.
         if (err == EINVAL) return failed_precondition("accept: the socket is not listening");
         return errno_status(err, "accept");
     }

@@ -148,6 +148,35 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
         ASSERT_NE(out->link.a_to_b, 0u);
     }
 
+    // Two endpoints over the emulated plugin copying every third piece of each CUDA receive to
+    // its place itself (FAKETCPX_LINEAR=3, as Google's does with data the NIC left in host
+    // memory), with a device buffer each.
+    void linear_pair(const Config& config, Pair* pair, std::vector<Reg>* abufs,
+                     std::vector<Reg>* bbufs) {
+        ::setenv("FAKETCPX_LINEAR", "3", 1);
+        connected_pair(config, "linear", pair);
+        ::unsetenv("FAKETCPX_LINEAR");
+        ASSERT_NE(pair->a, nullptr);
+        add(pair->a.get(), device_buffer(kSize, 0, emulation()), abufs);
+        add(pair->b.get(), device_buffer(kSize, gpus_ - 1, emulation()), bbufs);
+    }
+
+    // 200 small pieces (1 B to 6000 B, several to a 64 KiB chunk, unaligned gaps) from `from` to
+    // `to`, `from`'s filled with a pattern of the piece's seed.
+    void small_pieces(uint64_t seed, const Reg& from, const Reg& to, std::vector<IoVec>* iov,
+                      std::vector<uint64_t>* seeds) {
+        std::mt19937_64 rng(seed);
+        uint64_t local = 0, remote = 0;
+        for (int k = 0; k < 200; ++k) {
+            const uint64_t len = 1 + rng() % 6000;
+            iov->push_back(IoVec{from.mem, local, to.desc, remote, len});
+            seeds->push_back(rng());
+            fill(from.buf.get(), local, len, seeds->back());
+            local += len + rng() % 9;
+            remote += len + rng() % 9;
+        }
+    }
+
     void fill(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
         std::vector<uint8_t> v(len);
         fill_pattern(v.data(), len, seed);
@@ -1022,26 +1051,12 @@ TEST_P(EngineDevice, ADeregWaitsForALocalCopyHoweverLong) {
 // the first KV-cache transfer of an endpoint.)
 TEST_P(EngineDevice, BytesThePluginPlacesItselfLandFromTheFirstReceive) {
     if (GetParam() == Transport::kSocket) GTEST_SKIP() << "a TCPX plugin's behaviour";
-    ::setenv("FAKETCPX_LINEAR", "3", 1);
     Pair pair;
-    connected_pair(a_config_, "linear", &pair);
-    ::unsetenv("FAKETCPX_LINEAR");
-    ASSERT_NE(pair.a, nullptr);
     std::vector<Reg> abufs, bbufs;
-    add(pair.a.get(), device_buffer(kSize, 0, emulation()), &abufs);
-    add(pair.b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
-    std::mt19937_64 rng(12);
+    ASSERT_NO_FATAL_FAILURE(linear_pair(a_config_, &pair, &abufs, &bbufs));
     std::vector<IoVec> iov;
     std::vector<uint64_t> seeds;
-    uint64_t local = 0, remote = 0;
-    for (int k = 0; k < 200; ++k) {
-        const uint64_t len = 1 + rng() % 6000;
-        iov.push_back(IoVec{abufs[0].mem, local, bbufs[0].desc, remote, len});
-        seeds.push_back(rng());
-        fill(abufs[0].buf.get(), local, len, seeds.back());
-        local += len + rng() % 9;
-        remote += len + rng() % 9;
-    }
+    small_pieces(12, abufs[0], bbufs[0], &iov, &seeds);
     for (int round = 0; round < 2; ++round) {  // WRITE, then READ back new contents
         if (round == 1) {
             for (size_t k = 0; k < iov.size(); ++k) {
@@ -1076,31 +1091,16 @@ TEST_P(EngineDevice, BytesThePluginPlacesItselfLandFromTheFirstReceive) {
 // either way. Every byte checked; nothing else written.
 TEST_P(EngineDevice, BytesAnUnknownPluginPlacesItselfAreLearntFromAFailedReceive) {
     if (GetParam() == Transport::kSocket) GTEST_SKIP() << "a TCPX plugin's behaviour";
-    ::setenv("FAKETCPX_LINEAR", "3", 1);
     Pair pair;
     Config unknown = a_config_;
     unknown.plugin_places_bytes = "off";
-    connected_pair(unknown, "linear", &pair);
-    ::unsetenv("FAKETCPX_LINEAR");
-    ASSERT_NE(pair.a, nullptr);
     std::vector<Reg> abufs, bbufs;
-    add(pair.a.get(), device_buffer(kSize, 0, emulation()), &abufs);
-    add(pair.b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
+    ASSERT_NO_FATAL_FAILURE(linear_pair(unknown, &pair, &abufs, &bbufs));
     const Reg& from = abufs[0];
     const Reg& to = bbufs[0];
-    // Small GPU pieces, several to a 64 KiB chunk.
-    std::mt19937_64 rng(11);
     std::vector<IoVec> iov;
     std::vector<uint64_t> seeds;
-    uint64_t local = 0, remote = 0;
-    for (int k = 0; k < 200; ++k) {
-        const uint64_t len = 1 + rng() % 6000;
-        iov.push_back(IoVec{from.mem, local, to.desc, remote, len});
-        seeds.push_back(rng());
-        fill(from.buf.get(), local, len, seeds.back());
-        local += len + rng() % 9;
-        remote += len + rng() % 9;
-    }
+    small_pieces(11, from, to, &iov, &seeds);
     auto w = pair.a->writev(pair.link.a_to_b, iov);
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     const Status first = pair.a->wait(*w, 30s);

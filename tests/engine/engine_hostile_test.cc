@@ -48,15 +48,7 @@ SocketAddress address_of(const Endpoint& ep) {
 }
 
 // A blocking TCP connection to `addr`; -1 on failure.
-int raw_connect(const SocketAddress& addr) {
-    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (::connect(fd, addr.get(), addr.size()) != 0) {
-        ::close(fd);
-        return -1;
-    }
-    return fd;
-}
+int raw_connect(const SocketAddress& addr) { return plain_connect(addr); }
 
 void send_all(int fd, std::string_view bytes) {
     while (!bytes.empty()) {
@@ -318,15 +310,7 @@ TEST(EngineHostile, AtMaxPeersTheOldestHandshakeMakesWayForANewcomer) {
 
 // A non-blocking TCP connection to `addr` that says nothing, outside the socket budget (a
 // stranger's); -1 on failure.
-int silent_stranger(const SocketAddress& addr) {
-    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (::connect(fd, addr.get(), addr.size()) != 0 && errno != EINPROGRESS) {
-        ::close(fd);
-        return -1;
-    }
-    return fd;
-}
+int silent_stranger(const SocketAddress& addr) { return plain_connect(addr, true); }
 
 // Whether the endpoint has closed `fd` by now (EOF or reset; no waiting).
 bool stranger_closed(int fd) {

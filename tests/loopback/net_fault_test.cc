@@ -432,6 +432,16 @@ TEST_F(NetFaultTest, APeerCannotSetUpMoreThanFourCommsAtOnceThroughOneListener) 
     expect_listener_serves();
 }
 
+// Five accept() calls 2 ms apart (each reads the handshakes in progress), none yielding a comm.
+void accept_none(net::Net* net, net::ListenComm* listen) {
+    net::RecvComm* comm = nullptr;
+    for (int i = 0; i < 5; ++i) {
+        EXPECT_TRUE(net->accept(listen, &comm, nullptr).ok());
+        EXPECT_EQ(comm, nullptr);
+        std::this_thread::sleep_for(2ms);
+    }
+}
+
 TEST(NetHandshakeLimit, AtTheLimitTheOldestHandshakeMakesWayForANewcomer) {
     // A listener holds at most 1024 connections that have not finished their handshake. At that
     // limit a newcomer takes the place of the oldest that has not sent its hello, so connections
@@ -456,14 +466,7 @@ TEST(NetHandshakeLimit, AtTheLimitTheOldestHandshakeMakesWayForANewcomer) {
     net::Handle handle;
     net::ListenComm* listen = nullptr;
     ASSERT_TRUE((*net)->listen(0, &handle, &listen).ok());
-    auto accept_some = [&] {
-        net::RecvComm* comm = nullptr;
-        for (int i = 0; i < 5; ++i) {
-            EXPECT_TRUE((*net)->accept(listen, &comm, nullptr).ok());
-            EXPECT_EQ(comm, nullptr);
-            std::this_thread::sleep_for(2ms);
-        }
-    };
+    auto accept_some = [&] { accept_none(net->get(), listen); };
     std::vector<Fd> held;
     for (int i = 0; i < kLimit; ++i) {
         held.push_back(raw_connect(handle));
@@ -507,14 +510,7 @@ TEST(NetHandshakeLimit, AtTheSocketBudgetSilentConnectionsMakeWayAfterTheGrace) 
         EXPECT_EQ(::connect(fd.get(), to.get(), to.size()), 0);
         return fd;
     };
-    auto accept_some = [&] {
-        net::RecvComm* comm = nullptr;
-        for (int i = 0; i < 5; ++i) {
-            EXPECT_TRUE((*net)->accept(listen, &comm, nullptr).ok());
-            EXPECT_EQ(comm, nullptr);
-            std::this_thread::sleep_for(2ms);
-        }
-    };
+    auto accept_some = [&] { accept_none(net->get(), listen); };
     const uint64_t before = sockets_open();
     std::vector<Fd> held;
     for (int i = 0; i < 10; ++i) held.push_back(stranger());

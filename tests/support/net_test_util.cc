@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -228,6 +230,17 @@ int count_dir_entries(const char* path) {
 }
 
 }  // namespace
+
+int plain_connect(const SocketAddress& addr, bool nonblocking) {
+    const int fd =
+        ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, addr.get(), addr.size()) != 0 && !(nonblocking && errno == EINPROGRESS)) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 int count_open_fds() { return count_dir_entries("/proc/self/fd") - 1; /* the DIR's own fd */ }
 

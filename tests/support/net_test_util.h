@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/params.h"
+#include "common/socket.h"
 #include "net/net.h"
 
 namespace tcpx::testing {
@@ -63,6 +64,10 @@ Status post_recv(net::Net* net, net::RecvComm* comm, void* data, size_t size, in
 void fill_pattern(void* data, size_t size, uint64_t seed);
 // Index of the first byte that differs from the pattern, or -1.
 int64_t find_pattern_mismatch(const void* data, size_t size, uint64_t seed);
+
+// A plain TCP connection to `addr`, as another process (a stranger) would open it: outside
+// the socket budget; with `nonblocking`, the connect is only started. -1 on failure.
+int plain_connect(const SocketAddress& addr, bool nonblocking = false);
 
 int count_open_fds();
 // Threads of this process named tcpx-io-* (the transports' I/O threads).

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/net_test_util.h"
 #include "tests/support/sanitizers.h"
 
 namespace tcpx {
@@ -166,17 +167,6 @@ TEST(Sockets, ConnectRefusedIsUnavailable) {
     EXPECT_EQ(fd.status().code(), StatusCode::kUnavailable) << fd.status().to_string();
 }
 
-// A plain TCP connection to `addr`, outside the socket budget (a stranger's); -1 on failure.
-int stranger_connect(const SocketAddress& addr) {
-    const int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (::connect(fd, addr.get(), addr.size()) != 0) {
-        ::close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 // Whether the other end closed `fd` within a second (EOF or reset).
 bool closed_by_other_end(int fd) {
     pollfd p{fd, POLLIN, 0};
@@ -252,7 +242,7 @@ TEST(SocketBudget, PastTheBudgetNothingOpensAndAcceptedConnectionsAreClosed) {
     EXPECT_EQ(other.status().code(), StatusCode::kResourceExhausted);
     EXPECT_EQ(sockets_open(), base + 2);
     // A connection that arrives is not taken: it waits in the kernel's queue, open.
-    const int stranger = stranger_connect(bound);
+    const int stranger = testing::plain_connect(bound);
     ASSERT_GE(stranger, 0);
     for (int i = 0; i < 1000 && !connection_waiting(listener->get()); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

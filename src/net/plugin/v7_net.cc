@@ -671,12 +671,25 @@ void V7Net::reap_parked() {
 
 namespace {
 
+int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// A socket of the process bound to one of the addresses asked for, and which.
+struct BoundSocket {
+    int fd;
+    ino_t ino;
+    size_t which;  // index into `bound`
+};
+
 // The sockets of the process bound to one of `bound` that are listening or connected (a socket
-// shut down earlier, whose port another may have taken since, is neither), as descriptor and
-// inode; none whose inode is in `skip`.
-std::vector<std::pair<int, ino_t>> sockets_bound_to(const std::vector<SocketAddress>& bound,
-                                                    const std::unordered_set<ino_t>& skip) {
-    std::vector<std::pair<int, ino_t>> found;
+// shut down earlier, whose port another may have taken since, is neither); none whose inode is
+// in `skip`.
+std::vector<BoundSocket> sockets_bound_to(const std::vector<SocketAddress>& bound,
+                                          const std::unordered_set<ino_t>& skip) {
+    std::vector<BoundSocket> found;
     DIR* dir = ::opendir("/proc/self/fd");
     if (dir == nullptr) return found;
     while (const dirent* e = ::readdir(dir)) {
@@ -688,16 +701,16 @@ std::vector<std::pair<int, ino_t>> sockets_bound_to(const std::vector<SocketAddr
         if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || skip.count(st.st_ino) != 0) continue;
         auto local = local_address(fd);
         if (!local.ok()) continue;
-        const bool ours = std::any_of(bound.begin(), bound.end(), [&](const SocketAddress& b) {
+        const auto match = std::find_if(bound.begin(), bound.end(), [&](const SocketAddress& b) {
             return local->port() == b.port() && local->same_host(b);
         });
-        if (!ours) continue;
+        if (match == bound.end()) continue;
         int listening = 0;
         socklen_t len = sizeof(listening);
         const bool listens =
             ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0;
         if (!listens && !peer_address(fd).ok()) continue;
-        found.emplace_back(fd, st.st_ino);
+        found.push_back(BoundSocket{fd, st.st_ino, static_cast<size_t>(match - bound.begin())});
     }
     ::closedir(dir);
     return found;
@@ -717,58 +730,44 @@ void V7Net::end_parked_accepts_locked() {
     // most once a second: each costs a few system calls per descriptor, and strangers can park
     // listeners as fast as they send HELLOs.
     if (!end_parked_accepts_) return;
-    std::vector<ListenWrap*> ending;
+    std::vector<SocketAddress> bound;  // of the listeners to end, each address with its owner
+    std::vector<ListenWrap*> owner;
     for (ListenWrap* l : parked_) {
-        if (l->to_end) ending.push_back(l);
+        if (!l->to_end) continue;
+        bound.insert(bound.end(), l->bound.begin(), l->bound.end());
+        owner.insert(owner.end(), l->bound.size(), l);
     }
-    if (ending.empty()) return;
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+    if (bound.empty()) return;
+    const int64_t now = steady_ns();
     if (now < next_end_ns_) return;
     next_end_ns_ = now + 1'000'000'000;
     std::unordered_set<ino_t> skip;  // other parked listeners' sockets, shut down already
     for (const ListenWrap* l : parked_) {
         for (const auto& [fd, ino] : l->shut) skip.insert(ino);
     }
-    std::vector<SocketAddress> bound;
-    for (const ListenWrap* l : ending) bound.insert(bound.end(), l->bound.begin(), l->bound.end());
     // Collected first, then shut down; again until nothing new turns up (a connection a plugin
     // thread accepted while the first pass ran): once the listening sockets are shut down
-    // nothing more can be accepted.
+    // nothing more can be accepted. Each is kept by its listener, to be closed after its accept
+    // ends.
     size_t count = 0;
     for (int pass = 0; pass < 4; ++pass) {
         const auto found = sockets_bound_to(bound, skip);
         if (found.empty()) break;
-        for (const auto& [fd, ino] : found) {
-            ::shutdown(fd, SHUT_RDWR);
-            skip.insert(ino);
+        for (const BoundSocket& b : found) {
+            ::shutdown(b.fd, SHUT_RDWR);
+            skip.insert(b.ino);
+            owner[b.which]->shut.emplace_back(b.fd, b.ino);
             ++count;
-            // Kept by the listener whose address it has, to be closed after its accept ends.
-            auto local = local_address(fd);
-            for (ListenWrap* l : ending) {
-                const bool mine =
-                    local.ok() &&
-                    std::any_of(l->bound.begin(), l->bound.end(), [&](const SocketAddress& b) {
-                        return local->port() == b.port() && local->same_host(b);
-                    });
-                if (mine) {
-                    l->shut.emplace_back(fd, ino);
-                    break;
-                }
-            }
         }
     }
-    for (ListenWrap* l : ending) l->to_end = false;
-    TCPX_DEBUG("%s: ended %zu parked accepts: %zu sockets of their listeners shut down",
-               name_.c_str(), ending.size(), count);
+    for (ListenWrap* l : owner) l->to_end = false;
+    TCPX_DEBUG("%s: ended parked accepts: %zu sockets of their listeners shut down", name_.c_str(),
+               count);
 }
 
 bool V7Net::progress() {
     if (parked_count_.load(std::memory_order_relaxed) == 0) return false;
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+    const int64_t now = steady_ns();
     int64_t next = next_reap_ns_.load(std::memory_order_relaxed);
     if (now < next || !next_reap_ns_.compare_exchange_strong(next, now + 100'000'000)) {
         return false;

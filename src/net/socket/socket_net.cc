@@ -561,27 +561,6 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
     if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
         advance_handshakes(l, now, handshake_timeout);
     }
-    // The newcomer takes the place of the oldest connection that has not sent its hello: a real
-    // connector sends it at once, so connections that never do cannot keep it out. Grouped
-    // sockets are never closed for a newcomer (their hello named this listener's nonce, which
-    // only the holder of its handle knows).
-    auto make_room = [&](const char* full) {
-        auto oldest =
-            std::min_element(l->pending.begin(), l->pending.end(),
-                             [](const Pending& a, const Pending& b) { return a.since < b.since; });
-        if (may_log_stranger_event()) {
-            TCPX_WARN(
-                "closing connection from %s after %lld ms without a handshake, for a newer "
-                "one: %s on %s",
-                oldest->peer.to_string().c_str(),
-                static_cast<long long>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since)
-                        .count()),
-                full, l->addr.to_string().c_str());
-        }
-        std::iter_swap(oldest, l->pending.end() - 1);
-        l->pending.pop_back();
-    };
     for (int i = 0; i < kAcceptsPerCall; ++i) {
         // At the process's socket budget (MAX_SOCKETS) new connections wait in the kernel's
         // queue. None of this listener's own is closed for them: those just accepted have not
@@ -609,7 +588,25 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
         }
         if (!fd->valid()) break;
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking && !l->pending.empty()) {
-            make_room(strformat("%zu connections in handshake", kMaxHandshaking).c_str());
+            // The newcomer takes the place of the oldest connection that has not sent its hello:
+            // a real connector sends it at once, so connections that never do cannot keep it
+            // out. Grouped sockets are never closed for a newcomer (their hello named this
+            // listener's nonce, which only the holder of its handle knows).
+            auto oldest = std::min_element(
+                l->pending.begin(), l->pending.end(),
+                [](const Pending& a, const Pending& b) { return a.since < b.since; });
+            if (may_log_stranger_event()) {
+                TCPX_WARN(
+                    "closing connection from %s after %lld ms without a handshake, for a newer "
+                    "one: %zu connections in handshake on %s",
+                    oldest->peer.to_string().c_str(),
+                    static_cast<long long>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(now - oldest->since)
+                            .count()),
+                    kMaxHandshaking, l->addr.to_string().c_str());
+            }
+            std::iter_swap(oldest, l->pending.end() - 1);
+            l->pending.pop_back();
         }
         if (l->pending.size() + l->grouped_sockets >= kMaxHandshaking) {
             if (may_log_stranger_event()) {
