@@ -44,7 +44,9 @@ inline constexpr uint64_t Stats::*kStatFields[] = {&Stats::bytes_sent,
                                                    &Stats::requests_served,
                                                    &Stats::errors,
                                                    &Stats::retries,
-                                                   &Stats::window_blocked_ns};
+                                                   &Stats::window_blocked_ns,
+                                                   &Stats::staging_waits,
+                                                   &Stats::staging_peak_bytes};
 inline constexpr const char* kStatNames[] = {"bytes_sent",
                                              "bytes_received",
                                              "transfers_started",
@@ -53,7 +55,9 @@ inline constexpr const char* kStatNames[] = {"bytes_sent",
                                              "requests_served",
                                              "errors",
                                              "retries",
-                                             "window_blocked_ns"};
+                                             "window_blocked_ns",
+                                             "staging_waits",
+                                             "staging_peak_bytes"};
 
 Stats sum_stats(const std::vector<std::unique_ptr<Endpoint>>& eps);
 

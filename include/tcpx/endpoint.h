@@ -108,7 +108,8 @@ struct TCPX_API XferStatus {
 };
 
 // Counters of an endpoint (all its peers, past and present, since it was created) or of one peer
-// (since it connected). Monotonic; read with Endpoint::stats() and peer_stats().
+// (since it connected). Monotonic but for staging_bytes (held now); read with Endpoint::stats()
+// and peer_stats().
 struct TCPX_API Stats {
     uint64_t bytes_sent = 0;      // bytes of completed transfers that left this endpoint's memory
     uint64_t bytes_received = 0;  // bytes of completed transfers that landed in its memory
@@ -119,6 +120,12 @@ struct TCPX_API Stats {
     uint64_t errors = 0;               // peers failed: connection lost, protocol errors, timeouts
     uint64_t retries = 0;  // transport requests the transport had no room for yet (posted later)
     uint64_t window_blocked_ns = 0;  // time data channels had chunks waiting on a full window
+    // Chunks that waited for staging memory (MAX_STAGING_BYTES_TOTAL), each wait counted once.
+    uint64_t staging_waits = 0;
+    // Staging memory held now (the endpoint's: all peers', with what is still being freed; a
+    // peer's: its channels'), and the most the endpoint has held (0 for a peer).
+    uint64_t staging_bytes = 0;
+    uint64_t staging_peak_bytes = 0;
 };
 
 class TcpxSession;

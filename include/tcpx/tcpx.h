@@ -188,7 +188,8 @@ TCPX_C_API tcpx_status_t tcpx_peer_matches(const tcpx_endpoint_t* ep, uint64_t p
                                            size_t len);
 
 /* Counters of an endpoint (all its peers, gone ones included, since it was created) or of one
- * peer (since it connected); monotonic. As tcpx::Stats in tcpx/endpoint.h. */
+ * peer (since it connected); monotonic but for staging_bytes (held now). As tcpx::Stats in
+ * tcpx/endpoint.h. */
 typedef struct tcpx_stats_t {
     uint64_t bytes_sent;          /* bytes of completed transfers that left our memory */
     uint64_t bytes_received;      /* bytes of completed transfers that landed in our memory */
@@ -199,6 +200,9 @@ typedef struct tcpx_stats_t {
     uint64_t errors;              /* peers failed */
     uint64_t retries;             /* transport requests posted later for lack of room */
     uint64_t window_blocked_ns;   /* time data channels had chunks waiting on a full window */
+    uint64_t staging_waits;       /* chunks that waited for staging memory (its total) */
+    uint64_t staging_bytes;       /* staging memory held now */
+    uint64_t staging_peak_bytes;  /* the most the endpoint held (0 for a peer) */
 } tcpx_stats_t;
 
 /* The endpoint's counters. */

@@ -383,7 +383,10 @@ void to_c(const Stats& s, tcpx_stats_t* out) {
                         s.requests_served,
                         s.errors,
                         s.retries,
-                        s.window_blocked_ns};
+                        s.window_blocked_ns,
+                        s.staging_waits,
+                        s.staging_bytes,
+                        s.staging_peak_bytes};
 }
 }  // namespace
 

@@ -319,6 +319,10 @@ Endpoint::Impl::~Impl() {
         TCPX_WARN("endpoint '%s': %llu bytes of scratch still counted at close (an engine bug)",
                   name_.c_str(), static_cast<unsigned long long>(scratch_bytes_));
     }
+    if (staging_bytes_ != 0) {  // (and for the channels' staging)
+        TCPX_WARN("endpoint '%s': %llu bytes of staging still counted at close (an engine bug)",
+                  name_.c_str(), static_cast<unsigned long long>(staging_bytes_));
+    }
     peers_.clear();
     if (epfd_ >= 0) ::close(epfd_);
 }
@@ -383,6 +387,9 @@ bool Endpoint::Impl::progress_once(bool sleeper) {
 }
 
 bool Endpoint::Impl::progress_pass(bool sleeper) {
+    ++passes_;
+    oldest_wait_prev_ = oldest_wait_cur_;  // (take_staging)
+    oldest_wait_cur_ = Clock::time_point::max();
     // A transport without threads of its own moves bytes only here.
     bool did = net_->progress();
     // Every control socket with something for us, in one call: the buffer has room for every
@@ -491,6 +498,8 @@ bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
     };
     for (const auto* side : {&p.tx, &p.rx}) {
         for (const Channel& ch : *side) {
+            // Staging others free signals nothing either.
+            if (ch.staging_wait && ch.busy()) return false;
             for (const engine::Op& op : ch.queued) {
                 if (!host(op)) return false;
             }
@@ -851,7 +860,10 @@ Status Endpoint::Impl::peer_matches(PeerId peer, std::string_view metadata) {
 
 Stats Endpoint::Impl::stats() {
     auto lock = api_lock();
-    return totals_;
+    Stats s = totals_;
+    s.staging_bytes = staging_in_use();
+    s.staging_peak_bytes = staging_peak_;
+    return s;
 }
 
 StatusOr<Stats> Endpoint::Impl::peer_stats(PeerId peer) {
@@ -860,7 +872,13 @@ StatusOr<Stats> Endpoint::Impl::peer_stats(PeerId peer) {
     if (it == peers_.end()) {
         return not_found(strformat("no peer %llu", static_cast<unsigned long long>(peer)));
     }
-    return it->second->stats;
+    Stats s = it->second->stats;
+    for (bool tx : {true, false}) {
+        for (const Channel& ch : tx ? it->second->tx : it->second->rx) {
+            s.staging_bytes += ch.held.total();
+        }
+    }
+    return s;
 }
 
 Status Endpoint::Impl::peer_status(PeerId peer) {
@@ -1167,6 +1185,10 @@ void Endpoint::Impl::fail_peer_for_exception(Peer& p, const char* where) noexcep
 bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     bool did = false;
     const auto now = Clock::now();
+    if (!p.evict.ok()) {  // (take_staging)
+        fail_peer(p, p.evict);
+        return true;
+    }
     if (in_handshake(p) && tick && now > p.deadline) {
         // (Its data channels may have waited for room in the socket budget all along.)
         fail_peer(p, p.no_room.ok()
@@ -1486,9 +1508,14 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
             ch.inflight.clear();
             ch.finishing.clear();
             ch.staged_ahead = 0;
-            reaper_.put(std::move(ch.ring));  // freed off the lock and the progress thread
-            reaper_.put(std::move(ch.gring));
+            // (freed off the lock and the progress thread, counted until they are)
+            reaper_.put(std::move(ch.ring), ch.held.ring);
+            reaper_.put(std::move(ch.gring), ch.held.gather);
             ch.hslots.reset();
+            staging_bytes_ -= ch.held.total();
+            ch.held = {};
+            ch.twin_counted = false;
+            ch.staging_wait = false;
         }
     }
     if (abandoned > 0) {

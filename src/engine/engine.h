@@ -313,9 +313,25 @@ struct Channel {
     // Since when chunks have waited with the window full (the epoch when they are not).
     Clock::time_point blocked_since{};
 
+    // Staging it holds, by part, counted in Impl::staging_bytes_ (MAX_STAGING_BYTES_TOTAL): the
+    // staging ring, the gather ring (with its GPU twin once that is counted), the host slots.
+    struct Held {
+        uint64_t ring = 0;
+        uint64_t gather = 0;
+        uint64_t host = 0;
+        uint64_t total() const { return ring + gather + host; }
+    } held;
+    bool twin_counted = false;               // the gather ring's GPU twin is in held.gather
+    bool staging_wait = false;               // its next chunk waits for room in the staging total
+    Clock::time_point staging_wait_since{};  // since when (while staging_wait)
+    Clock::time_point held_since{};          // when it last took staging
+
     // Whether anything waits for this channel's progress.
     bool busy() const { return !queued.empty() || !inflight.empty() || !finishing.empty(); }
 };
+
+// The parts of a channel's staging, each made on first need and freed together.
+enum class StagingPart { kRing, kGather, kHost };
 
 // A transfer whose chunk requests are not all made yet: chunks are cut from its pieces
 // (packer.h) as the channels' windows take them, so memory per transfer grows with the window,
@@ -348,6 +364,11 @@ inline constexpr uint64_t kMinReplyRoomTotal = 8 << 20;
 // How long the listener rests after an accept that failed (out of descriptors or memory): the
 // connection waits in the kernel's queue meanwhile.
 inline constexpr std::chrono::milliseconds kListenPause{100};
+// While chunks wait for staging (MAX_STAGING_BYTES_TOTAL), a channel that has held its staging
+// this long, with the longest waiting chunk waiting as long, takes no new chunks onto it: what it
+// has in flight finishes, and the staging goes to the waiting ones (a time slice, not a chunk:
+// making staging costs an allocation and a registration).
+inline constexpr std::chrono::milliseconds kStagingQuantum{20};
 
 // A peer's life (engine_handshake.cc drives all but the last two):
 //   outbound: kConnecting -> [kAuthChallenge] -> kHello -> kChannels -> kReady
@@ -368,6 +389,9 @@ struct Peer {
     PeerId id = 0;
     std::string name;  // the peer's own name, from its HELLO (until then, its address)
     Status no_room;    // its last data-channel connect that found no room in the socket budget
+    // Set by another peer's wait for staging this one holds and moves nothing with (a stalled
+    // channel, under contention): failed with it at its next step.
+    Status evict;
     std::string expected_name;    // outbound: the name its metadata gave
     uint64_t expected_nonce = 0;  // outbound: the endpoint's nonce its metadata gave (0: none)
     bool outbound = false;
@@ -759,12 +783,17 @@ class Endpoint::Impl {
     std::span<const net::IoSeg> io_segments(const engine::Op& op);
     // A chunk of several host pieces: gathered into, or scattered from, a host slot.
     void copy_host_segments(const engine::Op& op, uint8_t* slot, bool gather);
-    // The channel's host slots or gather ring, made (and registered) on first need.
-    Status ensure_host_slots(Channel& ch, bool tx);
-    Status ensure_gather_ring(Channel& ch, bool tx, const engine::Op& op);
+    // The channel's host slots or gather ring, made (and registered) on first need. The
+    // ensure_* of staging say false, with nothing made, while the staging total has no room for
+    // it (take_staging): the chunk waits.
+    StatusOr<bool> ensure_host_slots(Peer& p, Channel& ch, bool tx);
+    StatusOr<bool> ensure_gather_ring(Peer& p, Channel& ch, bool tx, const engine::Op& op);
     // The gather ring with its GPU twin registered (kDeviceGather), and for receives on an
     // UNPACK comm the plugin's unpack queue read.
-    Status ensure_gather_twin(Channel& ch, bool tx, const engine::Op& op);
+    StatusOr<bool> ensure_gather_twin(Peer& p, Channel& ch, bool tx, const engine::Op& op);
+    // (ensure_gather_ring's check of the path, and the ring made: its bytes are counted)
+    Status check_gather_path(const engine::Op& op) const;
+    Status make_gather_ring(Channel& ch, bool tx, const engine::Op& op);
     // The staging an op's path uses (made already): its GPU ring, its slots (host or ring), and
     // whether the work on the slot the op holds is done.
     cuda::CopyRing& ring_for(Channel& ch, const engine::Op& op);
@@ -773,7 +802,7 @@ class Endpoint::Impl {
     StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
                                      uint64_t scratch_len);
     // The channel's copy ring for `op` (a GPU op), made on first need.
-    Status ensure_ring(Channel& ch, bool tx, const engine::Op& op);
+    StatusOr<bool> ensure_ring(Peer& p, Channel& ch, bool tx, const engine::Op& op);
     // A receive came in: enqueue its GPU work (copy out of staging, unpack), if any.
     Status start_finishing(Channel& ch, Channel::InFlight& f);
     // Copies between a region and host memory, whatever memory the region is.
@@ -894,6 +923,33 @@ class Endpoint::Impl {
     // its pieces and kServedRecordWeight, each send waiting for its receive (Peer::unexpected)
     // one. Each peer's own bounds alone would multiply with MAX_PEERS.
     uint64_t served_weight_ = 0;
+    // Staging held by all peers' channels (Channel::held), against MAX_STAGING_BYTES_TOTAL
+    // with what the reaper still frees: at the defaults a peer's channels could make some 200
+    // MiB of pinned and GPU memory each, MAX_PEERS times, kept until the peer went.
+    uint64_t staging_bytes_ = 0;
+    uint64_t staging_peak_ = 0;                  // the most staging_in_use() has been
+    uint64_t passes_ = 0;                        // progress passes so far
+    uint64_t staging_scan_pass_ = ~uint64_t{0};  // the last pass that looked for unused staging
+    bool staging_warned_ = false;
+    // When the longest waiting chunk began to wait, among those that waited in the last pass
+    // (max: none did) and in this pass so far: while chunks wait, room goes to the longest
+    // waiting first, and channels that have held theirs for a while take no new chunks onto it
+    // (staging_yields), so that a busy peer cannot keep its staging while others wait.
+    Clock::time_point oldest_wait_prev_ = Clock::time_point::max();
+    Clock::time_point oldest_wait_cur_ = Clock::time_point::max();
+    // Whether `ch`, holding staging, leaves it to chunks that wait (see above).
+    bool staging_yields(const Channel& ch, Clock::time_point now) const;
+    uint64_t staging_in_use() const { return staging_bytes_ + reaper_.pending(); }
+    // One staging ring's (or host slots') bytes, and a gather ring's GPU twin's.
+    uint64_t staging_ring_bytes() const;
+    uint64_t staging_twin_bytes() const;
+    // Room for `bytes` more of `part` on `ch` within the total: taken (true) when they fit,
+    // after freeing staging no request uses (other channels' first, at most one look a pass;
+    // then ch's own other parts); false: the chunk waits (counted the first time).
+    bool take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part, uint64_t bytes);
+    // Frees `part` of ch's staging when no request holds a slot of it and its GPU work is done
+    // (its registration first; rings through the reaper); the bytes it held.
+    uint64_t free_unused_staging(Channel& ch, bool tx, engine::StagingPart part);
     // Bytes of drain scratch buffers held by all peers' channels (MAX_SCRATCH_BYTES_TOTAL).
     uint64_t scratch_bytes_ = 0;
     // Frees `ch`'s scratch buffer (its registration first) once no drain of its needs it.

@@ -185,28 +185,31 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
     // chunk overlaps the sending of the previous ones.
     while (tx && ch.staged_ahead < ch.queued.size()) {
         Op& op = ch.queued[ch.staged_ahead];
+        // (Each ensure_* says false while the staging total has no room for what it would
+        // make: the chunk waits, and the ones behind it.)
         if (op.path == OpPath::kStaged) {
-            Status st = ensure_ring(ch, tx, op);
-            if (!st.ok()) return failed(st);
-            if (!ch.ring->has_free(op.len)) break;
+            auto made = ensure_ring(p, ch, tx, op);
+            if (!made.ok()) return failed(made.status());
+            if (!*made || !ch.ring->has_free(op.len)) break;
             op.slot = ch.ring->acquire(op.len);
-            st = ch.ring->copy_in(op.slot, op.ptr, op.len);
+            Status st = ch.ring->copy_in(op.slot, op.ptr, op.len);
             if (!st.ok()) return failed(st);
             did = true;
         } else if (op.path == OpPath::kGather && !props_.segments) {
-            Status st = ensure_host_slots(ch, tx);
-            if (!st.ok()) return failed(st);
-            if (!ch.hslots->has_free(op.len)) break;
+            auto made = ensure_host_slots(p, ch, tx);
+            if (!made.ok()) return failed(made.status());
+            if (!*made || !ch.hslots->has_free(op.len)) break;
             op.slot = ch.hslots->acquire(op.len);
             copy_host_segments(op, ch.hslots->slot(op.slot), /*gather=*/true);
             did = true;
         } else if (op.path == OpPath::kStagedGather || op.path == OpPath::kDeviceGather) {
             const bool twin = op.path == OpPath::kDeviceGather;
-            Status st = twin ? ensure_gather_twin(ch, tx, op) : ensure_gather_ring(ch, tx, op);
-            if (!st.ok()) return failed(st);
-            if (!ch.gring->has_free(op.len)) break;
+            auto made =
+                twin ? ensure_gather_twin(p, ch, tx, op) : ensure_gather_ring(p, ch, tx, op);
+            if (!made.ok()) return failed(made.status());
+            if (!*made || !ch.gring->has_free(op.len)) break;
             op.slot = ch.gring->acquire(op.len);
-            st = ch.gring->gather(op.slot, segments(op), twin);
+            Status st = ch.gring->gather(op.slot, segments(op), twin);
             if (!st.ok()) return failed(st);
             did = true;
         }
@@ -233,10 +236,11 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 if (!*ready) break;  // the copy into the slot is still running
                 if (stage_times_ && op.ready_ns == 0) op.ready_ns = engine::stage_clock_ns();
             } else {
-                Status st = twin     ? ensure_gather_twin(ch, tx, op)
-                            : gather ? ensure_gather_ring(ch, tx, op)
-                                     : ensure_ring(ch, tx, op);
-                if (!st.ok()) return failed(st);
+                auto made = twin     ? ensure_gather_twin(p, ch, tx, op)
+                            : gather ? ensure_gather_ring(p, ch, tx, op)
+                                     : ensure_ring(p, ch, tx, op);
+                if (!made.ok()) return failed(made.status());
+                if (!*made) break;  // no room in the staging total yet
             }
             cuda::CopyRing& ring = ring_for(ch, op);
             // A devmem receive that the unpack takes straight into its pieces leaves the twin
@@ -262,9 +266,9 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             // (no memory handle: the transport needs none for segment lists)
         } else if (op.path == OpPath::kGather) {
             if (!tx) {
-                Status st = ensure_host_slots(ch, tx);
-                if (!st.ok()) return failed(st);
-                if (!ch.hslots->has_free(op.len)) break;
+                auto made = ensure_host_slots(p, ch, tx);
+                if (!made.ok()) return failed(made.status());
+                if (!*made || !ch.hslots->has_free(op.len)) break;
                 rx_slot = ch.hslots->next();
             }
             ptr = tx ? ch.hslots->slot(op.slot) : ch.hslots->next_slot(op.len);
@@ -287,9 +291,9 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
                 ptr = ch.scratch.get();
             }
             if (op.path == OpPath::kUnpack) {
-                // Read the plugin's unpack queue before the first receive needs it.
-                Status st = ensure_ring(ch, tx, op);
-                if (!st.ok()) return failed(st);
+                // Read the plugin's unpack queue before the first receive needs it (no staging).
+                auto made = ensure_ring(p, ch, tx, op);
+                if (!made.ok()) return failed(made.status());
             }
             auto mr = mr_for(ch, tx, op, p.chunk);
             if (!mr.ok()) {
@@ -479,15 +483,16 @@ void Endpoint::Impl::copy_host_segments(const Op& op, uint8_t* slot, bool gather
     }
 }
 
-Status Endpoint::Impl::ensure_host_slots(Channel& ch, bool tx) {
-    if (ch.hslots) return Status();
+StatusOr<bool> Endpoint::Impl::ensure_host_slots(Peer& p, Channel& ch, bool tx) {
+    if (ch.hslots) return !staging_yields(ch, Clock::now());
+    if (!take_staging(p, ch, tx, engine::StagingPart::kHost, staging_ring_bytes())) return false;
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     auto slots = std::make_unique<engine::HostSlots>(chunk_, staging_slots_);
     TCPX_RETURN_IF_ERROR(
         net_->reg_mr(comm, slots->mem.get(), slots->bytes(), net::MemType::kHost, &ch.hslots_mr)
             .with_context("registering the host staging slots"));
     ch.hslots = std::move(slots);
-    return Status();
+    return true;
 }
 
 void Endpoint::Impl::release_scratch(Channel& ch, bool tx) {
@@ -518,15 +523,23 @@ void Endpoint::Impl::note_placed_bytes(uint64_t bytes) {
         name_.c_str(), static_cast<unsigned long long>(bytes));
 }
 
-Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
+StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx, const Op& op) {
     using engine::OpPath;
-    if (ch.gtwin_mr != nullptr) return Status();
+    if (ch.gtwin_mr != nullptr) return !staging_yields(ch, Clock::now());
     if (!tx && ch.dev_handle.type == net::DeviceType::kUnpack) {
-        Op probe = op;  // reads the plugin's unpack queue (and checks its GPU)
+        Op probe = op;  // reads the plugin's unpack queue (and checks its GPU); takes no staging
         probe.path = OpPath::kUnpack;
-        TCPX_RETURN_IF_ERROR(ensure_ring(ch, tx, probe));
+        TCPX_ASSIGN_OR_RETURN(const bool made, ensure_ring(p, ch, tx, probe));
+        if (!made) return false;
     }
-    TCPX_RETURN_IF_ERROR(ensure_gather_ring(ch, tx, op));
+    TCPX_RETURN_IF_ERROR(check_gather_path(op));
+    // The ring and its twin are taken together: a channel holding one while it waited for the
+    // other could wait for good, each of two such channels for the other's.
+    const uint64_t need =
+        (ch.gring ? 0 : staging_ring_bytes()) + (ch.twin_counted ? 0 : staging_twin_bytes());
+    if (need > 0 && !take_staging(p, ch, tx, engine::StagingPart::kGather, need)) return false;
+    ch.twin_counted = true;
+    if (!ch.gring) TCPX_RETURN_IF_ERROR(make_gather_ring(ch, tx, op));
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
@@ -535,10 +548,10 @@ Status Endpoint::Impl::ensure_gather_twin(Channel& ch, bool tx, const Op& op) {
         net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr)
             .with_context("registering the GPU gather buffer"));
     ch.gtwin = twin;
-    return Status();
+    return true;
 }
 
-Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
+Status Endpoint::Impl::check_gather_path(const Op& op) const {
     // Checked for every such chunk, not only the first: the ring may have been made for chunks
     // of GPU pieces only (kDeviceGather), with its pinned buffer left unregistered.
     const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
@@ -547,7 +560,21 @@ Status Endpoint::Impl::ensure_gather_ring(Channel& ch, bool tx, const Op& op) {
             "chunks of several pieces mixing host and GPU memory are staged through host memory, "
             "which this transport does not take");
     }
-    if (ch.gring) return Status();
+    return Status();
+}
+
+StatusOr<bool> Endpoint::Impl::ensure_gather_ring(Peer& p, Channel& ch, bool tx, const Op& op) {
+    TCPX_RETURN_IF_ERROR(check_gather_path(op));
+    if (ch.gring) return !staging_yields(ch, Clock::now());
+    if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_ring_bytes())) {
+        return false;
+    }
+    TCPX_RETURN_IF_ERROR(make_gather_ring(ch, tx, op));
+    return true;
+}
+
+Status Endpoint::Impl::make_gather_ring(Channel& ch, bool tx, const Op& op) {
+    const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
     // On the GPU of the chunk's first GPU piece (others are copied piece by piece).
     int device = 0;
     for (uint32_t i = op.first; i < op.end; ++i) {
@@ -593,7 +620,7 @@ StatusOr<bool> Endpoint::Impl::slot_ready(Channel& ch, const Op& op) {
     return ring_for(ch, op).ready(op.slot);
 }
 
-Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
+StatusOr<bool> Endpoint::Impl::ensure_ring(Peer& p, Channel& ch, bool tx, const Op& op) {
     using engine::OpPath;
     const int device = op.region->device;
     if (ch.ring) {
@@ -603,10 +630,14 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
                 "memory of the GPU the endpoint serves",
                 device, ch.ring->device()));
         }
-        return Status();
+        // (an UNPACK comm's ring holds no staging)
+        return ch.held.ring == 0 || !staging_yields(ch, Clock::now());
     }
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.path == OpPath::kStaged) {
+        if (!take_staging(p, ch, tx, engine::StagingPart::kRing, staging_ring_bytes())) {
+            return false;
+        }
         TCPX_ASSIGN_OR_RETURN(
             ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_,
                                               staging_slots_ * engine::kStagingRecordsPerSlot));
@@ -617,8 +648,11 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
             return st.with_context("registering the staging slots");
         }
         // Received chunks are copied into the GPU next.
-        if (!tx) return net_->hint_device_reads(comm, ch.ring_mr).with_context("staging slots");
-        return Status();
+        if (!tx) {
+            TCPX_RETURN_IF_ERROR(
+                net_->hint_device_reads(comm, ch.ring_mr).with_context("staging slots"));
+        }
+        return true;
     }
     // UNPACK: the device handle points to the plugin's unpack queue descriptor, in GPU memory.
     const net::DeviceHandle& h = ch.dev_handle;
@@ -649,7 +683,154 @@ Status Endpoint::Impl::ensure_ring(Channel& ch, bool tx, const Op& op) {
                         ? cuda::device().mapped_bytes(ch.unpack.bounce_buf, kReach)
                         : kReach;
     TCPX_ASSIGN_OR_RETURN(ch.ring, cuda::device().make_ring(device, 0, window_));
-    return Status();
+    return true;
+}
+
+uint64_t Endpoint::Impl::staging_ring_bytes() const {
+    return chunk_ * static_cast<uint64_t>(staging_slots_);
+}
+
+uint64_t Endpoint::Impl::staging_twin_bytes() const {
+    // (CopyRing::twin_bytes: the slots and one slot's landing area, each in whole pages)
+    const auto pages = [](uint64_t n) { return (n + 4095) & ~uint64_t{4095}; };
+    return pages(staging_ring_bytes()) + pages(chunk_);
+}
+
+bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part,
+                                  uint64_t bytes) {
+    using engine::StagingPart;
+    const uint64_t limit = config_.max_staging_bytes_total;
+    const auto now = Clock::now();
+    // What channels hold: what the reaper frees is on its way out already, and freeing more
+    // for it would empty channels for nothing.
+    const auto short_of_room = [&] { return staging_bytes_ + bytes > limit; };
+    if (short_of_room() && staging_scan_pass_ != passes_) {
+        // Staging no request uses, wherever it is: the channels of a peer that moved data
+        // once keep theirs while there is room, and give it up when another needs it. A look
+        // visits every channel, so at most one a pass (a waiting chunk asks again each pass).
+        // A peer whose channel holds staging and has moved nothing for half the peer timeout
+        // (a receive its sender never fills, a send never taken) is failed: left, it would
+        // hold the staging for the whole timeout, and the waiting chunks' senders, whose own
+        // sends wait meanwhile, could time out first.
+        staging_scan_pass_ = passes_;
+        const auto stalled = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
+        for (auto& [id, q] : peers_) {
+            if (q->state != Peer::State::kReady) continue;
+            for (bool qtx : {true, false}) {
+                for (Channel& c : qtx ? q->tx : q->rx) {
+                    if (&c == &ch || c.held.total() == 0) continue;
+                    for (StagingPart any :
+                         {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
+                        free_unused_staging(c, qtx, any);
+                    }
+                    if (c.held.total() > 0 && q.get() != &p && q->evict.ok() &&
+                        (!c.inflight.empty() || !c.finishing.empty()) &&
+                        now - c.last_progress > stalled) {
+                        q->evict = timeout_error(strformat(
+                            "a data channel %s holding staging memory others wait for "
+                            "(TCPX_P2P_MAX_STAGING_BYTES_TOTAL) made no progress for %lld ms",
+                            qtx ? "send" : "receive",
+                            static_cast<long long>(config_.peer_timeout_ms / 2)));
+                    }
+                }
+            }
+        }
+    }
+    // The channel's own other parts last (a channel whose chunks switch paths, alone under the
+    // bound, would otherwise wait for itself).
+    for (StagingPart other : {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
+        if (!short_of_room()) break;
+        if (other != part) free_unused_staging(ch, tx, other);
+    }
+    // While chunks wait, the one that has waited longest takes first (one that came later
+    // waits behind it even where its own need would fit: a large need is not passed over for
+    // good).
+    const Clock::time_point since = ch.staging_wait ? ch.staging_wait_since : now;
+    const bool behind = oldest_wait_prev_ != Clock::time_point::max() && since > oldest_wait_prev_;
+    if (behind || staging_in_use() + bytes > limit) {
+        if (!ch.staging_wait) {
+            ch.staging_wait = true;
+            ch.staging_wait_since = now;
+            count(p, &Stats::staging_waits);
+            if (!staging_warned_) {
+                staging_warned_ = true;
+                TCPX_WARN(
+                    "endpoint '%s': staging memory at its bound (TCPX_P2P_MAX_STAGING_BYTES_TOTAL, "
+                    "%s): chunks wait for staging other channels free once no request uses it "
+                    "(said once; Stats::staging_waits counts them)",
+                    name_.c_str(), format_bytes(limit).c_str());
+            }
+        }
+        oldest_wait_cur_ = std::min(oldest_wait_cur_, ch.staging_wait_since);
+        return false;
+    }
+    ch.staging_wait = false;
+    ch.held_since = now;
+    staging_bytes_ += bytes;
+    switch (part) {
+        case StagingPart::kRing:
+            ch.held.ring += bytes;
+            break;
+        case StagingPart::kGather:
+            ch.held.gather += bytes;
+            break;
+        case StagingPart::kHost:
+            ch.held.host += bytes;
+            break;
+    }
+    staging_peak_ = std::max(staging_peak_, staging_in_use());
+    return true;
+}
+
+bool Endpoint::Impl::staging_yields(const Channel& ch, Clock::time_point now) const {
+    return oldest_wait_prev_ != Clock::time_point::max() &&
+           now - oldest_wait_prev_ > engine::kStagingQuantum &&
+           now - ch.held_since > engine::kStagingQuantum;
+}
+
+uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::StagingPart part) {
+    using engine::StagingPart;
+    void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+    if (comm == nullptr) return 0;
+    // Every request that uses a part's memory holds one of its slots (a receive the unpack takes
+    // straight into its pieces, a record of the gather ring), from its staging copy or its
+    // posting until its bytes are sent or landed: none held and the GPU work done, nothing of
+    // ours or the transport's touches it.
+    const auto unused = [](cuda::CopyRing& r) { return r.in_use() == 0 && r.idle(); };
+    uint64_t freed = 0;
+    switch (part) {
+        case StagingPart::kRing:
+            // (a ring of an UNPACK comm holds no staging: never freed here)
+            if (!ch.ring || ch.held.ring == 0 || !unused(*ch.ring)) return 0;
+            if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
+            ch.ring_mr = nullptr;
+            freed = ch.held.ring;
+            reaper_.put(std::move(ch.ring), freed);
+            ch.held.ring = 0;
+            break;
+        case StagingPart::kGather:
+            if (!ch.gring || ch.held.gather == 0 || !unused(*ch.gring)) return 0;
+            if (ch.gring_mr != nullptr) (void)net_->dereg_mr(comm, ch.gring_mr);
+            if (ch.gtwin_mr != nullptr) (void)net_->dereg_mr(comm, ch.gtwin_mr);
+            ch.gring_mr = nullptr;
+            ch.gtwin_mr = nullptr;
+            ch.gtwin = nullptr;
+            ch.twin_counted = false;
+            freed = ch.held.gather;
+            reaper_.put(std::move(ch.gring), freed);
+            ch.held.gather = 0;
+            break;
+        case StagingPart::kHost:
+            if (!ch.hslots || ch.hslots->in_use() != 0) return 0;
+            if (ch.hslots_mr != nullptr) (void)net_->dereg_mr(comm, ch.hslots_mr);
+            ch.hslots_mr = nullptr;
+            ch.hslots.reset();
+            freed = ch.held.host;
+            ch.held.host = 0;
+            break;
+    }
+    staging_bytes_ -= freed;
+    return freed;
 }
 
 StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op,

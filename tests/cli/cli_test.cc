@@ -287,7 +287,7 @@ TEST(BenchEngineCli, StatsPrintBothSidesCountersThatAgree) {
             uint64_t a = 0, b = 0;
             if (f >> name >> a >> b) c[name] = {a, b};
         }
-        ASSERT_EQ(c.size(), 9u) << r.output;
+        ASSERT_EQ(c.size(), 11u) << r.output;
         EXPECT_GT(c["bytes_sent"].first, 0u);
         EXPECT_EQ(c["bytes_sent"].first, c["bytes_received"].second);
         EXPECT_EQ(c["bytes_received"].first, c["bytes_sent"].second);

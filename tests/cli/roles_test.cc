@@ -248,7 +248,7 @@ TEST(BenchEngineRoles, MalformedRepliesEndTheRunWithAProtocolError) {
     };
     const Case cases[] = {
         {"stats",
-         "stats 99999999999999999999 0 0 0 0 0 0 0 0",
+         "stats 99999999999999999999 0 0 0 0 0 0 0 0 0 0",
          {"--stats", "--no-baseline"},
          "a counter that is not a number: 99999999999999999999"},
         {"xfer", "secs x", {"--bidir", "--no-baseline"}, "peer: secs x"},

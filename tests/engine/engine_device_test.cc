@@ -810,6 +810,307 @@ TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
     EXPECT_EQ(mismatch(host.buf.get(), 5 << 20, 1 << 20, 71), -1);
 }
 
+// Staging memory of all peers together stays within MAX_STAGING_BYTES_TOTAL: three peers move GPU
+// memory to and from one endpoint at once, single pieces (its staging ring, over the socket
+// transport) and vectors of small pieces (its gather ring and GPU twin), where the total holds one
+// channel's gather ring and twin and no more. Unbounded, each peer's channels kept theirs until
+// the peer went (some 200 MiB a peer at the defaults, MAX_PEERS times). Chunks wait for staging
+// that others' channels free once no request uses it; every byte lands, and the endpoint never
+// held more than the total. On the emulation its ring work is held at first, so that the first
+// channels keep theirs in use and the others wait for certain.
+TEST_P(EngineDevice, StagingOfAllPeersTogetherStaysWithinItsTotal) {
+    Config config = a_config_;
+    config.gpu_index = gpus_ - 1;
+    const uint64_t total =
+        (2 * static_cast<uint64_t>(config.staging_slots) + 1) * config.xfer_chunk_size + 8192;
+    config.max_staging_bytes_total = total;
+    auto server = make_endpoint("staging-server", config);
+    ASSERT_NE(server, nullptr);
+    std::vector<Reg> sbufs;
+    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    constexpr int kPeers = 3;
+    constexpr uint64_t kSlice = kSize / kPeers;  // each peer's part of the server's buffer
+    constexpr uint64_t kOne = 1 << 20;           // a single piece, then the pieces after it
+    struct Client {
+        std::unique_ptr<Endpoint> ep;
+        PeerId to = 0;
+        std::vector<Reg> bufs;
+        std::vector<IoVec> iov;  // [0]: one piece of kOne; then small pieces
+        std::vector<uint64_t> seeds;
+    };
+    std::vector<Client> clients(kPeers);
+    std::mt19937_64 rng(41);
+    for (int i = 0; i < kPeers; ++i) {
+        Client& c = clients[static_cast<size_t>(i)];
+        c.ep = make_endpoint("staging-client-" + std::to_string(i), a_config_);
+        ASSERT_NE(c.ep, nullptr);
+        auto peer = c.ep->connect(server->metadata());
+        ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+        c.to = *peer;
+        add(c.ep.get(), device_buffer(kSize, 0, emulation()), &c.bufs);
+        add(c.ep.get(), device_buffer(kSize, 0, emulation()), &c.bufs);
+        const uint64_t base = kSlice * static_cast<uint64_t>(i);
+        c.iov.push_back(IoVec{c.bufs[0].mem, base, sbufs[0].desc, base, kOne});
+        uint64_t at = base + kOne;
+        while (true) {
+            const uint64_t len = 1 + rng() % 6000;
+            if (at + len > base + kSlice) break;
+            c.iov.push_back(IoVec{c.bufs[0].mem, at, sbufs[0].desc, at, len});
+            at += len + rng() % 9;
+        }
+        for (const IoVec& v : c.iov) {
+            c.seeds.push_back(rng());
+            fill(c.bufs[0].buf.get(), v.offset, v.len, c.seeds.back());
+        }
+    }
+    // Until every peer has a transfer queued at the server's channels.
+    const auto waits_seen = [&] {
+        for (int tries = 0; tries < 1000; ++tries) {
+            if (server->stats().staging_waits > 0) return true;
+            std::this_thread::sleep_for(5ms);
+        }
+        return false;
+    };
+    for (bool reading : {false, true}) {
+        SCOPED_TRACE(reading ? "readv" : "writev");
+        const uint64_t waits_before = server->stats().staging_waits;
+        if (emulation() != nullptr) emulation()->hold_ring_work(true);
+        std::vector<XferId> xs;
+        for (Client& c : clients) {
+            std::vector<IoVec> iov = c.iov;
+            if (reading) {
+                for (IoVec& v : iov) v.mem = c.bufs[1].mem;  // back into its second buffer
+            }
+            // The single piece on its own (the staging ring), the small ones together.
+            auto one = reading ? c.ep->readv(c.to, std::span<const IoVec>(iov.data(), 1))
+                               : c.ep->writev(c.to, std::span<const IoVec>(iov.data(), 1));
+            ASSERT_TRUE(one.ok()) << one.status().to_string();
+            xs.push_back(*one);
+            auto rest =
+                reading
+                    ? c.ep->readv(c.to, std::span<const IoVec>(iov.data() + 1, iov.size() - 1))
+                    : c.ep->writev(c.to, std::span<const IoVec>(iov.data() + 1, iov.size() - 1));
+            ASSERT_TRUE(rest.ok()) << rest.status().to_string();
+            xs.push_back(*rest);
+        }
+        if (emulation() != nullptr) {
+            EXPECT_TRUE(waits_seen() || server->stats().staging_waits > waits_before)
+                << "no chunk waited for staging: the total was not in the way";
+            emulation()->hold_ring_work(false);
+        }
+        for (size_t k = 0; k < xs.size(); ++k) {
+            Endpoint* ep = clients[k / 2].ep.get();
+            const Status st = ep->wait(xs[k], 60s);
+            ASSERT_TRUE(st.ok()) << k << ": " << st.to_string();
+        }
+        for (const Client& c : clients) {
+            for (size_t k = 0; k < c.iov.size(); ++k) {
+                const IoVec& v = c.iov[k];
+                if (!reading) {
+                    ASSERT_EQ(mismatch(sbufs[0].buf.get(), v.remote_offset, v.len, c.seeds[k]), -1)
+                        << k;
+                } else {
+                    ASSERT_EQ(mismatch(c.bufs[1].buf.get(), v.offset, v.len, c.seeds[k]), -1) << k;
+                }
+            }
+        }
+    }
+    const Stats s = server->stats();
+    EXPECT_GT(s.staging_peak_bytes, 0u);
+    EXPECT_LE(s.staging_peak_bytes, total) << "the staging total was exceeded";
+    EXPECT_LE(s.staging_bytes, total);
+    if (emulation() != nullptr) {
+        EXPECT_GT(s.staging_waits, 0u);
+    }
+    for (Client& c : clients) c.ep.reset();
+}
+
+// A peer that stops sending in the middle of a write holds the staging its chunks were given only
+// until it is failed for moving nothing while others wait for it (half PEER_TIMEOUT_MS): stalled
+// peers (each one's only data message dropped on its way) hold so much of the total that another
+// peer's vector waits (over the socket transport two of them, each holding a gather ring; over
+// the emulated plugin one, whose gather ring and GPU twin are all of it). The vector lands whole
+// once they are failed, before its sender's own channel would have timed out waiting (the full
+// PEER_TIMEOUT_MS), and the total was never exceeded.
+TEST_P(EngineDevice, StagingAStalledPeerHoldsIsFreedWhenItIsFailed) {
+    Config config = a_config_;
+    config.gpu_index = gpus_ - 1;
+    const uint64_t total =
+        (2 * static_cast<uint64_t>(config.staging_slots) + 1) * config.xfer_chunk_size + 8192;
+    config.max_staging_bytes_total = total;
+    config.peer_timeout_ms = 700;
+    auto server = make_endpoint("staging-server", config);
+    ASSERT_NE(server, nullptr);
+    std::vector<Reg> sbufs;
+    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    struct Client {
+        std::unique_ptr<Endpoint> ep;
+        Link link;
+        std::vector<Reg> bufs;
+        std::vector<IoVec> iov;  // ten pieces of 4000 bytes: one chunk
+        std::vector<uint64_t> seeds;
+        XferId x = 0;
+    };
+    const size_t stalled = GetParam() == Transport::kSocket ? 2 : 1;
+    std::vector<Client> clients(stalled + 1);  // the last one waits for the others
+    Client& waiter = clients.back();
+    for (size_t i = 0; i < clients.size(); ++i) {
+        Client& c = clients[i];
+        Config cc = a_config_;
+        cc.peer_timeout_ms = config.peer_timeout_ms;  // (heartbeats: a quarter of it)
+        if (i < stalled) cc.fault = "drop:isend:1";
+        c.ep = make_endpoint("staging-client-" + std::to_string(i), cc);
+        ASSERT_NE(c.ep, nullptr);
+        c.link = link(c.ep.get(), server.get());
+        ASSERT_NE(c.link.a_to_b, 0u);
+        add(c.ep.get(), device_buffer(kSize, 0, emulation()), &c.bufs);
+        const uint64_t base = (1 << 20) * i;
+        for (uint64_t k = 0; k < 10; ++k) {
+            c.iov.push_back(
+                IoVec{c.bufs[0].mem, base + k * 5000, sbufs[0].desc, base + k * 5000, 4000});
+            c.seeds.push_back(1000 * i + k);
+            fill(c.bufs[0].buf.get(), base + k * 5000, 4000, c.seeds.back());
+        }
+    }
+    for (size_t i = 0; i < stalled; ++i) {
+        auto x = clients[i].ep->writev(clients[i].link.a_to_b, clients[i].iov);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        clients[i].x = *x;
+    }
+    // Until each holds staging at the server.
+    bool settled = false;
+    for (int tries = 0; tries < 400 && !settled; ++tries) {
+        settled = true;
+        for (size_t i = 0; i < stalled; ++i) {
+            auto s = server->peer_stats(clients[i].link.b_to_a);
+            settled = settled && s.ok() && s->staging_bytes > 0;
+        }
+        if (!settled) std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_TRUE(settled) << "the stalled peers' chunks never took staging";
+    EXPECT_EQ(server->stats().staging_waits, 0u);
+    auto y = waiter.ep->writev(waiter.link.a_to_b, waiter.iov);
+    ASSERT_TRUE(y.ok()) << y.status().to_string();
+    const Status landed = waiter.ep->wait(*y, 30s);
+    ASSERT_TRUE(landed.ok()) << landed.to_string();
+    for (size_t k = 0; k < waiter.iov.size(); ++k) {
+        const IoVec& v = waiter.iov[k];
+        EXPECT_EQ(mismatch(sbufs[0].buf.get(), v.remote_offset, v.len, waiter.seeds[k]), -1) << k;
+    }
+    for (size_t i = 0; i < stalled; ++i) {
+        const Status st = clients[i].ep->wait(clients[i].x, 30s);
+        EXPECT_FALSE(st.ok()) << "stalled peer " << i << "'s write completed";
+    }
+    const Stats s = server->stats();
+    EXPECT_GT(s.staging_waits, 0u) << "the last peer's vector never waited";
+    EXPECT_LE(s.staging_peak_bytes, total);
+    EXPECT_EQ(s.errors, stalled) << "the stalled peers were not failed, or more were";
+    for (Client& c : clients) c.ep.reset();
+}
+
+// A peer that keeps its channels busy does not keep its staging while another waits: past a time
+// slice it takes no new chunks onto it, and the waiting peer's vector lands while the busy one
+// still streams (without the slice it waited until the stream ended). Both peers' bytes checked.
+TEST_P(EngineDevice, StagingABusyPeerGivesItsStagingToAWaitingOne) {
+    Config config = a_config_;
+    config.gpu_index = gpus_ - 1;
+    config.max_staging_bytes_total =
+        (2 * static_cast<uint64_t>(config.staging_slots) + 1) * config.xfer_chunk_size + 8192;
+    auto server = make_endpoint("staging-server", config);
+    ASSERT_NE(server, nullptr);
+    std::vector<Reg> sbufs;
+    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    // Over the socket transport a chunk of GPU pieces takes a gather ring of a third of the total:
+    // the busy peer's two channels hold two. Over the emulated plugin it takes a gather ring and
+    // its twin, all of the total: the busy peer gets one channel (with two, its transfers waited
+    // on its own other channel, its stream held itself back, and the slice went untested).
+    Config one_channel = a_config_;
+    if (GetParam() != Transport::kSocket) one_channel.channels = 1;
+    std::unique_ptr<Endpoint> busy = make_endpoint("staging-busy", one_channel);
+    std::unique_ptr<Endpoint> late = make_endpoint("staging-late", a_config_);
+    ASSERT_TRUE(busy && late);
+    const Link to_busy = link(busy.get(), server.get());
+    const Link to_late = link(late.get(), server.get());
+    ASSERT_TRUE(to_busy.a_to_b != 0 && to_late.a_to_b != 0);
+    std::vector<Reg> busy_bufs, late_bufs;
+    add(busy.get(), device_buffer(kSize, 0, emulation()), &busy_bufs);
+    add(late.get(), device_buffer(kSize, 0, emulation()), &late_bufs);
+    // `n` pieces of 4000 bytes from `from` at `base` to the server's buffer there.
+    const auto pieces = [&](const Reg& from, uint64_t base, uint64_t seed, uint64_t n) {
+        std::vector<IoVec> iov;
+        for (uint64_t k = 0; k < n; ++k) {
+            iov.push_back(IoVec{from.mem, base + k * 5000, sbufs[0].desc, base + k * 5000, 4000});
+            fill(from.buf.get(), base + k * 5000, 4000, seed + k);
+        }
+        return iov;
+    };
+    // The busy peer: eight vectors of 60 pieces (four chunks each) in flight at all times, each
+    // to its own place, so that the server's channels always have its chunks queued: their
+    // staging is never unused for long enough to be taken away, only left (the slice).
+    std::vector<std::vector<IoVec>> streams;
+    for (uint64_t j = 0; j < 8; ++j) {
+        streams.push_back(pieces(busy_bufs[0], j * (512 << 10), 100 * j, 60));
+    }
+    const std::vector<IoVec> late_iov = pieces(late_bufs[0], 5 << 20, 7000, 10);
+    std::atomic<bool> stop{false};
+    std::atomic<bool> late_done{false};
+    std::atomic<bool> done_while_busy{false};
+    Status stream_status;
+    std::thread streamer([&] {
+        std::vector<XferId> inflight(streams.size(), 0);
+        const auto until = std::chrono::steady_clock::now() + 5s;
+        while (!stop.load() && std::chrono::steady_clock::now() < until) {
+            for (size_t j = 0; j < streams.size(); ++j) {
+                if (inflight[j] != 0) {
+                    const Status st = busy->wait(inflight[j], 30s);
+                    if (!st.ok()) {
+                        stream_status = st;
+                        return;
+                    }
+                }
+                auto x = busy->writev(to_busy.a_to_b, streams[j]);
+                if (!x.ok()) {
+                    stream_status = x.status();
+                    return;
+                }
+                inflight[j] = *x;
+                if (late_done.load()) done_while_busy = true;
+            }
+        }
+        for (XferId x : inflight) {
+            if (x == 0) continue;
+            const Status st = busy->wait(x, 30s);
+            if (!st.ok()) stream_status = st;
+        }
+    });
+    std::this_thread::sleep_for(100ms);
+    auto x = late->writev(to_late.a_to_b, late_iov);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    const Status landed = late->wait(*x, 15s);  // (landing after the stream ended: a failure)
+    late_done = true;
+    // The stream goes on a little, so that it is seen going on after the late one landed.
+    std::this_thread::sleep_for(50ms);
+    stop = true;
+    streamer.join();
+    ASSERT_TRUE(landed.ok()) << landed.to_string();
+    ASSERT_TRUE(stream_status.ok()) << stream_status.to_string();
+    EXPECT_TRUE(done_while_busy.load())
+        << "the busy peer's stream had ended when the vector landed";
+    for (uint64_t k = 0; k < 10; ++k) {
+        EXPECT_EQ(mismatch(sbufs[0].buf.get(), (5 << 20) + k * 5000, 4000, 7000 + k), -1) << k;
+    }
+    for (uint64_t j = 0; j < streams.size(); ++j) {
+        for (uint64_t k = 0; k < 60; ++k) {
+            EXPECT_EQ(mismatch(sbufs[0].buf.get(), j * (512 << 10) + k * 5000, 4000, 100 * j + k),
+                      -1);
+        }
+    }
+    const Stats s = server->stats();
+    EXPECT_GT(s.staging_waits, 0u) << "nothing waited: the two peers' staging fit together";
+    EXPECT_LE(s.staging_peak_bytes, config.max_staging_bytes_total);
+    EXPECT_EQ(s.errors, 0u);
+}
+
 #if TCPX_TEST_REAL_GPU
 // Small transfers (inline: the bytes ride in the control message) are copied into and out of GPU
 // memory on a stream of the engine's own, which does not wait for the application's work on the

@@ -90,6 +90,24 @@ TEST(Reaper, ItsDestructorDestroysEverythingHandedOver) {
     opener.join();
 }
 
+TEST(Reaper, WhatIsHandedOverCountsAsPendingUntilItIsDestroyed) {
+    // The engine counts staging still being freed against its total: a weight must stay counted
+    // while its destructor runs, and only until then.
+    Gate gate;
+    std::atomic<int> destroyed{0};
+    Reaper<Blocker> reaper;
+    EXPECT_EQ(reaper.pending(), 0u);
+    reaper.put(std::make_unique<Blocker>(&gate, &destroyed), 1000);
+    ASSERT_TRUE(gate.wait_entered(1));
+    reaper.put(std::make_unique<Blocker>(nullptr, &destroyed), 24);
+    reaper.put(std::make_unique<Blocker>(nullptr, &destroyed));  // no weight
+    EXPECT_EQ(reaper.pending(), 1024u) << "the blocked destructor's weight left early";
+    gate.let_go();
+    reaper.drain();
+    EXPECT_EQ(destroyed.load(), 3);
+    EXPECT_EQ(reaper.pending(), 0u);
+}
+
 TEST(Reaper, NothingHandedOverStartsNoThreadAndDrainsAtOnce) {
     Reaper<Blocker> reaper;
     reaper.put(nullptr);
