@@ -56,6 +56,10 @@ constexpr auto kWatchOutputAfter = std::chrono::milliseconds(5);
 // Parts of a peer's control stream (CtrlConn::read: 256 KiB or one message each) one call of
 // read_control handles at most.
 constexpr int kControlReadRounds = 16;
+// And at most this many synchronous copies of GPU memory (inline data of small requests, about
+// 10 us each under the engine's lock) per call: a peer streaming small requests for GPU memory
+// kept the thread from every other peer for a whole buffer of them (thousands of copies).
+constexpr uint64_t kSyncCopiesPerRead = 64;
 // How long a failed peer's transport requests get to end before their comm is closed with them
 // (over transports whose close does not release registrations: fail_peer).
 constexpr auto kTeardownGrace = std::chrono::milliseconds(100);
@@ -476,6 +480,7 @@ bool Endpoint::Impl::needs_polling(const Peer& p) const {
     if (p.state == Peer::State::kChannels)
         return Clock::now() - p.channels_since < kChannelsPolledFor;
     if (p.ctrl_broken) return !p.ctrl_paused;  // (step_peer)
+    if (p.ctrl_backlog && !p.ctrl_paused) return true;
     // Output the socket has not taken: polled, unless it has waited long enough for epoll to
     // watch for room (watch_output).
     if (p.ctrl.has_output() && !(p.state == Peer::State::kReady && p.watch_out)) return true;
@@ -492,6 +497,7 @@ bool Endpoint::Impl::needs_polling(const Peer& p) const {
 
 bool Endpoint::Impl::waits_on_transport_only(const Peer& p) const {
     if (p.state != Peer::State::kReady || (p.ctrl.has_output() && !p.watch_out)) return false;
+    if (p.ctrl_backlog) return false;  // messages read and not yet handled
     // GPU work (staging copies, kernels) finishes on the GPU, which signals nothing: polled.
     const auto host = [](const engine::Op& op) {
         return op.path == engine::OpPath::kHost || op.path == engine::OpPath::kGather;
@@ -944,6 +950,8 @@ void Endpoint::Impl::send_reply(Peer& p, std::string msg, std::string tail) {
 
 bool Endpoint::Impl::read_control(Peer& p) {
     bool did = false;
+    const uint64_t copies_at_start = sync_copies_;
+    p.ctrl_backlog = false;
     // What has arrived is read a little at a time (CtrlConn::read), each part handled before
     // the next is read: a few rounds per call, so that a peer streaming at us does not keep
     // this thread from the others (the socket stays readable: the next pass comes back).
@@ -994,6 +1002,11 @@ bool Endpoint::Impl::read_control(Peer& p) {
                                      static_cast<unsigned long long>(reply_room_.used))));
                     return true;
                 }
+            }
+            if (p.state != Peer::State::kFailed && read_status.ok() && !eof &&
+                sync_copies_ - copies_at_start >= kSyncCopiesPerRead) {
+                p.ctrl_backlog = true;  // the rest next pass
+                return true;
             }
         }
         if (p.state == Peer::State::kFailed) return true;
@@ -1220,7 +1233,9 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
         // handled and its error ends it (read_control may stop after a part of it).
         ready = true;
     }
-    if (ready && p.state != Peer::State::kConnecting) did |= read_control(p);
+    if ((ready || p.ctrl_backlog) && p.state != Peer::State::kConnecting) {
+        did |= read_control(p);
+    }
     if (p.state == Peer::State::kChannels) did |= progress_handshake(p);
     if (p.state == Peer::State::kReady) {
         refill(p, false);

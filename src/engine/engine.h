@@ -478,6 +478,11 @@ struct Peer {
     // reported on every pass); the whole messages already read are still handled as room
     // comes, and the connection fails once they are.
     bool ctrl_broken = false;
+    // Messages already read wait to be handled: its last read_control() stopped after as many
+    // copies between GPU memory and our buffers as one call may make (kSyncCopiesPerRead,
+    // each a synchronous copy under the engine's lock), and the next pass goes on with them
+    // (its socket may have nothing new to say so).
+    bool ctrl_backlog = false;
     // A ready peer's control socket is watched for room to write (EPOLLOUT) once what we queued
     // for it has waited for the socket kWatchOutputAfter (a peer that reads slowly, or stopped
     // reading us while our notes wait for room at its end): the progress thread sleeps until
@@ -923,6 +928,9 @@ class Endpoint::Impl {
     // its pieces and kServedRecordWeight, each send waiting for its receive (Peer::unexpected)
     // one. Each peer's own bounds alone would multiply with MAX_PEERS.
     uint64_t served_weight_ = 0;
+    // Synchronous copies between GPU memory and host memory made so far (read_region,
+    // write_region: inline data of GPU memory), which read_control() bounds per call.
+    uint64_t sync_copies_ = 0;
     // Staging held by all peers' channels (Channel::held), against MAX_STAGING_BYTES_TOTAL
     // with what the reaper still frees: at the defaults a peer's channels could make some 200
     // MiB of pinned and GPU memory each, MAX_PEERS times, kept until the peer went.

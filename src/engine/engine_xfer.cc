@@ -273,16 +273,20 @@ engine::OpPath Endpoint::Impl::path_for(const Channel& ch, bool tx, const Region
 
 Status Endpoint::Impl::read_region(const Region* r, uint64_t offset, uint64_t len, void* out) {
     if (len == 0) return Status();
-    if (r->kind == MemKind::kCuda)
+    if (r->kind == MemKind::kCuda) {
+        ++sync_copies_;
         return cuda::device().copy(r->device, out, r->base + offset, len);
+    }
     std::memcpy(out, r->base + offset, len);
     return Status();
 }
 
 Status Endpoint::Impl::write_region(Region* r, uint64_t offset, const void* src, uint64_t len) {
     if (len == 0) return Status();
-    if (r->kind == MemKind::kCuda)
+    if (r->kind == MemKind::kCuda) {
+        ++sync_copies_;
         return cuda::device().copy(r->device, r->base + offset, src, len);
+    }
     std::memcpy(r->base + offset, src, len);
     return Status();
 }

@@ -1343,6 +1343,52 @@ TEST_P(EngineDevice, ADeregWaitsForALocalCopyHoweverLong) {
     ep.reset();
 }
 
+// Small requests for GPU memory are served inline, each a synchronous copy under the engine's
+// lock; a peer streaming them had a whole buffer of them (thousands) served before any other
+// peer was looked at. Now one peer's turn makes at most 64 such copies: another peer's write,
+// sent while a flood of 2000 one-byte reads of GPU memory (each copy 200 us here) is being
+// served, is answered long before the flood is over. Counted in copies, not timed.
+TEST_P(EngineDevice, AStreamOfSmallGpuRequestsDoesNotKeepOtherPeersWaiting) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the control path is every transport's";
+    if (emulation() == nullptr) GTEST_SKIP() << "counts and slows copies through the emulation";
+    auto c = make_endpoint("gamma", a_config_);
+    ASSERT_TRUE(c);
+    const Link to_c = link(c.get(), b_.get());
+    ASSERT_NE(to_c.a_to_b, 0u);
+    std::vector<Reg> c_bufs;
+    add(c.get(), host_buffer(4096), &c_bufs);
+    fill(c_bufs[0].buf.get(), 0, 64, 9);
+    constexpr int kReads = 2000;
+    fill(b_bufs_[1].buf.get(), 0, kReads, 3);
+    std::atomic<uint64_t> copies{0};
+    emulation()->set_copy_hook([&] {
+        copies.fetch_add(1);
+        std::this_thread::sleep_for(200us);
+    });
+    std::vector<XferId> reads;
+    for (int i = 0; i < kReads; ++i) {
+        auto x = a_->read(link_.a_to_b, a_bufs_[0].mem, static_cast<uint64_t>(i), b_bufs_[1].desc,
+                          static_cast<uint64_t>(i), 1);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        reads.push_back(*x);
+    }
+    std::this_thread::sleep_for(30ms);  // (their requests at the target, and being served)
+    auto w = c->write(to_c.a_to_b, c_bufs[0].mem, 0, b_bufs_[0].desc, 0, 64);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    const Status written = c->wait(*w, 30s);
+    const uint64_t copies_then = copies.load();
+    for (XferId x : reads) ASSERT_TRUE(a_->wait(x, 30s).ok());
+    emulation()->set_copy_hook(nullptr);
+    ASSERT_TRUE(written.ok()) << written.to_string();
+    EXPECT_EQ(mismatch(b_bufs_[0].buf.get(), 0, 64, 9), -1);
+    EXPECT_EQ(mismatch(a_bufs_[0].buf.get(), 0, kReads, 3), -1);
+    EXPECT_GE(copies.load(), static_cast<uint64_t>(kReads));
+    EXPECT_LT(copies_then, static_cast<uint64_t>(kReads) * 3 / 4)
+        << "the other peer's write was answered only after " << copies_then
+        << " of the flood's copies";
+    c.reset();
+}
+
 // Google's plugin copies data the NIC left in host memory (no header split, a flow not yet
 // steered to the GPU's queues) straight to its place in the buffer a receive was posted with,
 // and lists only the rest (FAKETCPX_LINEAR=3 here: a third of every receive's pieces). Known

@@ -107,6 +107,33 @@ TEST_F(CtrlConnLimits, PastTheAllowanceWithTheFlagIsRefused) {
     EXPECT_EQ(r.status().code(), StatusCode::kProtocol) << r.status().to_string();
 }
 
+// A message that grew the buffer within the connection's own 1 MiB (an inline write of 700 KiB)
+// leaves it at one read's worth once handled: kept, every peer that ever sent one held about
+// 1 MiB for good, MAX_PEERS times. Small messages after it keep what they use.
+TEST_F(CtrlConnLimits, ABufferGrownForOneMessageShrinksOnceItIsHandled) {
+    constexpr size_t kRead = 256 * 1024;
+    conn_.set_max_message(64 * 1024, wire::kMaxInlineData);
+    size_t got = 0;
+    auto r = deliver(message(wire::MsgType::kWriteReq, wire::kFlagInline, 700 * 1024), &got);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_TRUE(*r);
+    EXPECT_EQ(got, 700u * 1024);
+    EXPECT_GT(conn_.buffer_capacity(), 700u * 1024);  // (it held the message whole)
+    EXPECT_LE(conn_.room_held(), 0u);                 // within the own buffer
+    wire::Header h;
+    std::string_view body;
+    auto more = conn_.next_message(&h, &body);  // all handled
+    ASSERT_TRUE(more.ok());
+    EXPECT_FALSE(*more);
+    EXPECT_LE(conn_.buffer_capacity(), kRead);
+    for (int i = 0; i < 3; ++i) {
+        r = deliver(message(wire::MsgType::kNotif, 0, 100), &got);
+        ASSERT_TRUE(r.ok() && *r);
+        EXPECT_EQ(got, 100u);
+        EXPECT_LE(conn_.buffer_capacity(), kRead);
+    }
+}
+
 // A peer that sends faster than we handle cannot make us buffer more than one maximal message
 // and one read (256 KiB) of its stream, whatever it has sent: here three maximal messages are
 // waiting in the socket. (Before: two maximal messages read ahead, and the vector's own doubling
