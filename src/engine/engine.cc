@@ -323,6 +323,7 @@ Endpoint::Impl::~Impl() {
         TCPX_WARN("endpoint '%s': %llu bytes of scratch still counted at close (an engine bug)",
                   name_.c_str(), static_cast<unsigned long long>(scratch_bytes_));
     }
+    drop_pooled();              // (rings channels gave up, not taken again)
     if (staging_bytes_ != 0) {  // (and for the channels' staging)
         TCPX_WARN("endpoint '%s': %llu bytes of staging still counted at close (an engine bug)",
                   name_.c_str(), static_cast<unsigned long long>(staging_bytes_));
@@ -431,6 +432,10 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
     const bool tick = now >= next_tick_;
     if (tick) next_tick_ = now + kTick;
     if (tick) resume_listener_when_due(now);
+    if (tick && !staging_pool_.empty() && oldest_wait_prev_ == Clock::time_point::max() &&
+        now - staging_pool_changed_ > std::chrono::seconds(1)) {
+        drop_pooled();  // nothing waited for staging this last second: the spare rings go
+    }
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) {
             if (p->teardown == Peer::Teardown::kDraining) {

@@ -796,9 +796,11 @@ class Endpoint::Impl {
     // The gather ring with its GPU twin registered (kDeviceGather), and for receives on an
     // UNPACK comm the plugin's unpack queue read.
     StatusOr<bool> ensure_gather_twin(Peer& p, Channel& ch, bool tx, const engine::Op& op);
-    // (ensure_gather_ring's check of the path, and the ring made: its bytes are counted)
+    // (ensure_gather_ring's check of the path; the GPU a gather ring for `op` is made on; the
+    // channel's gather ring registered with its comm)
     Status check_gather_path(const engine::Op& op) const;
-    Status make_gather_ring(Channel& ch, bool tx, const engine::Op& op);
+    int gather_device(const engine::Op& op) const;
+    Status register_gather_ring(Channel& ch, bool tx);
     // The staging an op's path uses (made already): its GPU ring, its slots (host or ring), and
     // whether the work on the slot the op holds is done.
     cuda::CopyRing& ring_for(Channel& ch, const engine::Op& op);
@@ -954,10 +956,37 @@ class Endpoint::Impl {
     // Room for `bytes` more of `part` on `ch` within the total: taken (true) when they fit,
     // after freeing staging no request uses (other channels' first, at most one look a pass;
     // then ch's own other parts); false: the chunk waits (counted the first time).
-    bool take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part, uint64_t bytes);
-    // Frees `part` of ch's staging when no request holds a slot of it and its GPU work is done
-    // (its registration first; rings through the reaper); the bytes it held.
+    // For a ring part, `want` says which ring would do (its GPU; whether it needs its GPU
+    // twin counted): a ring in the pool that does is handed over in want->ring (its bytes
+    // counted already, and now the channel's) rather than room for a new one.
+    struct RingWant {
+        RingWant(int d, bool t) : device(d), twin(t) {}
+        int device;
+        bool twin;
+        std::unique_ptr<cuda::CopyRing> ring;  // out: from the pool (null: make one)
+        bool had_twin = false;                 // out: its twin is counted with it
+    };
+    bool take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part, uint64_t bytes,
+                      RingWant* want = nullptr);
+    // Takes a pooled ring that does for `want` (true), its bytes into ch's `part`.
+    bool take_pooled(Channel& ch, engine::StagingPart part, RingWant* want);
+    // Gives `part` of ch's staging up when no request holds a slot of it and its GPU work is
+    // done (its registration first): a ring to the pool, host slots freed. The bytes it held.
     uint64_t free_unused_staging(Channel& ch, bool tx, engine::StagingPart part);
+    // Frees pooled rings (through the reaper) until `bytes` more fit, or all of them.
+    void drop_pooled(uint64_t bytes = ~uint64_t{0});
+    // Rings channels gave up while others waited, still made (counted in staging_bytes_): a
+    // waiting channel takes one rather than make its own (making and freeing a ring of pinned
+    // and GPU memory costs milliseconds, and freeing waits for the device; with a ring made
+    // and freed at every hand-over, eight peers sharing half the staging they wanted moved a
+    // tenth of what they did without a bound). Freed when nothing waited for a second, or when
+    // room is needed for something they do not fit.
+    struct PooledRing {
+        std::unique_ptr<cuda::CopyRing> ring;
+        uint64_t bytes = 0;  // counted: its buffer, and its twin where that was counted
+    };
+    std::vector<PooledRing> staging_pool_;
+    Clock::time_point staging_pool_changed_{};
     // Bytes of drain scratch buffers held by all peers' channels (MAX_SCRATCH_BYTES_TOTAL).
     uint64_t scratch_bytes_ = 0;
     // Frees `ch`'s scratch buffer (its registration first) once no drain of its needs it.

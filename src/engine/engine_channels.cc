@@ -535,11 +535,27 @@ StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx,
     TCPX_RETURN_IF_ERROR(check_gather_path(op));
     // The ring and its twin are taken together: a channel holding one while it waited for the
     // other could wait for good, each of two such channels for the other's.
-    const uint64_t need =
-        (ch.gring ? 0 : staging_ring_bytes()) + (ch.twin_counted ? 0 : staging_twin_bytes());
-    if (need > 0 && !take_staging(p, ch, tx, engine::StagingPart::kGather, need)) return false;
-    ch.twin_counted = true;
-    if (!ch.gring) TCPX_RETURN_IF_ERROR(make_gather_ring(ch, tx, op));
+    if (!ch.gring) {
+        RingWant want{gather_device(op), /*twin=*/true};
+        if (!take_staging(p, ch, tx, engine::StagingPart::kGather,
+                          staging_ring_bytes() + staging_twin_bytes(), &want)) {
+            return false;
+        }
+        ch.twin_counted = true;
+        if (want.ring) {
+            ch.gring = std::move(want.ring);
+        } else {
+            TCPX_ASSIGN_OR_RETURN(ch.gring, cuda::device().make_ring(
+                                                want.device, chunk_, staging_slots_,
+                                                staging_slots_ * engine::kStagingRecordsPerSlot));
+        }
+        TCPX_RETURN_IF_ERROR(register_gather_ring(ch, tx));
+    } else if (!ch.twin_counted) {
+        if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_twin_bytes())) {
+            return false;
+        }
+        ch.twin_counted = true;
+    }
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
@@ -566,41 +582,40 @@ Status Endpoint::Impl::check_gather_path(const Op& op) const {
 StatusOr<bool> Endpoint::Impl::ensure_gather_ring(Peer& p, Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(check_gather_path(op));
     if (ch.gring) return !staging_yields(ch, Clock::now());
-    if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_ring_bytes())) {
+    RingWant want{gather_device(op), /*twin=*/false};
+    if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_ring_bytes(), &want)) {
         return false;
     }
-    TCPX_RETURN_IF_ERROR(make_gather_ring(ch, tx, op));
+    if (want.ring) {
+        ch.gring = std::move(want.ring);
+        ch.twin_counted = want.had_twin;
+    } else {
+        TCPX_ASSIGN_OR_RETURN(
+            ch.gring, cuda::device().make_ring(want.device, chunk_, staging_slots_,
+                                               staging_slots_ * engine::kStagingRecordsPerSlot));
+    }
+    TCPX_RETURN_IF_ERROR(register_gather_ring(ch, tx));
     return true;
 }
 
-Status Endpoint::Impl::make_gather_ring(Channel& ch, bool tx, const Op& op) {
-    const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
+int Endpoint::Impl::gather_device(const Op& op) const {
     // On the GPU of the chunk's first GPU piece (others are copied piece by piece).
-    int device = 0;
     for (uint32_t i = op.first; i < op.end; ++i) {
         const Xfer::Piece& piece = op.xfer->pieces[i];
-        if (piece.len > 0 && piece.region->kind == MemKind::kCuda) {
-            device = piece.region->device;
-            break;
-        }
+        if (piece.len > 0 && piece.region->kind == MemKind::kCuda) return piece.region->device;
     }
+    return 0;
+}
+
+Status Endpoint::Impl::register_gather_ring(Channel& ch, bool tx) {
+    const bool takes_host = (props_.ptr_support & static_cast<int>(net::MemType::kHost)) != 0;
+    if (!takes_host) return Status();
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    TCPX_ASSIGN_OR_RETURN(
-        auto ring, cuda::device().make_ring(device, chunk_, staging_slots_,
-                                            staging_slots_ * engine::kStagingRecordsPerSlot));
-    if (takes_host) {
-        Status st =
-            net_->reg_mr(comm, ring->base(), ring->bytes(), net::MemType::kHost, &ch.gring_mr);
-        if (!st.ok()) {
-            reaper_.put(std::move(ring));  // (as in ensure_ring)
-            return st.with_context("registering the gather slots");
-        }
-    }
-    ch.gring = std::move(ring);
+    TCPX_RETURN_IF_ERROR(
+        net_->reg_mr(comm, ch.gring->base(), ch.gring->bytes(), net::MemType::kHost, &ch.gring_mr)
+            .with_context("registering the gather slots"));
     // Received chunks are scattered into their GPU pieces next.
-    if (takes_host && !tx) {
-        return net_->hint_device_reads(comm, ch.gring_mr).with_context("gather slots");
-    }
+    if (!tx) return net_->hint_device_reads(comm, ch.gring_mr).with_context("gather slots");
     return Status();
 }
 
@@ -635,18 +650,21 @@ StatusOr<bool> Endpoint::Impl::ensure_ring(Peer& p, Channel& ch, bool tx, const 
     }
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.path == OpPath::kStaged) {
-        if (!take_staging(p, ch, tx, engine::StagingPart::kRing, staging_ring_bytes())) {
+        RingWant want{device, /*twin=*/false};
+        if (!take_staging(p, ch, tx, engine::StagingPart::kRing, staging_ring_bytes(), &want)) {
             return false;
         }
-        TCPX_ASSIGN_OR_RETURN(
-            ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_,
-                                              staging_slots_ * engine::kStagingRecordsPerSlot));
-        Status st =
-            net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr);
-        if (!st.ok()) {
-            reaper_.put(std::move(ch.ring));  // its cudaFreeHost waits for the device: off the lock
-            return st.with_context("registering the staging slots");
+        if (want.ring) {
+            ch.ring = std::move(want.ring);
+        } else {
+            TCPX_ASSIGN_OR_RETURN(
+                ch.ring, cuda::device().make_ring(device, chunk_, staging_slots_,
+                                                  staging_slots_ * engine::kStagingRecordsPerSlot));
         }
+        // (A failure fails the peer: its teardown frees the ring, off the lock.)
+        TCPX_RETURN_IF_ERROR(
+            net_->reg_mr(comm, ch.ring->base(), ch.ring->bytes(), net::MemType::kHost, &ch.ring_mr)
+                .with_context("registering the staging slots"));
         // Received chunks are copied into the GPU next.
         if (!tx) {
             TCPX_RETURN_IF_ERROR(
@@ -697,56 +715,68 @@ uint64_t Endpoint::Impl::staging_twin_bytes() const {
 }
 
 bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part,
-                                  uint64_t bytes) {
+                                  uint64_t bytes, RingWant* want) {
     using engine::StagingPart;
     const uint64_t limit = config_.max_staging_bytes_total;
     const auto now = Clock::now();
-    // What channels hold: what the reaper frees is on its way out already, and freeing more
-    // for it would empty channels for nothing.
-    const auto short_of_room = [&] { return staging_bytes_ + bytes > limit; };
-    if (short_of_room() && staging_scan_pass_ != passes_) {
-        // Staging no request uses, wherever it is: the channels of a peer that moved data
-        // once keep theirs while there is room, and give it up when another needs it. A look
-        // visits every channel, so at most one a pass (a waiting chunk asks again each pass).
-        // A peer whose channel holds staging and has moved nothing for half the peer timeout
-        // (a receive its sender never fills, a send never taken) is failed: left, it would
-        // hold the staging for the whole timeout, and the waiting chunks' senders, whose own
-        // sends wait meanwhile, could time out first.
-        staging_scan_pass_ = passes_;
-        const auto stalled = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
-        for (auto& [id, q] : peers_) {
-            if (q->state != Peer::State::kReady) continue;
-            for (bool qtx : {true, false}) {
-                for (Channel& c : qtx ? q->tx : q->rx) {
-                    if (&c == &ch || c.held.total() == 0) continue;
-                    for (StagingPart any :
-                         {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
-                        free_unused_staging(c, qtx, any);
-                    }
-                    if (c.held.total() > 0 && q.get() != &p && q->evict.ok() &&
-                        (!c.inflight.empty() || !c.finishing.empty()) &&
-                        now - c.last_progress > stalled) {
-                        q->evict = timeout_error(strformat(
-                            "a data channel %s holding staging memory others wait for "
-                            "(TCPX_P2P_MAX_STAGING_BYTES_TOTAL) made no progress for %lld ms",
-                            qtx ? "send" : "receive",
-                            static_cast<long long>(config_.peer_timeout_ms / 2)));
-                    }
-                }
-            }
-        }
-    }
-    // The channel's own other parts last (a channel whose chunks switch paths, alone under the
-    // bound, would otherwise wait for itself).
-    for (StagingPart other : {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
-        if (!short_of_room()) break;
-        if (other != part) free_unused_staging(ch, tx, other);
-    }
+    const auto taken = [&](uint64_t more) {
+        ch.staging_wait = false;
+        ch.held_since = now;
+        staging_bytes_ += more;
+        staging_peak_ = std::max(staging_peak_, staging_in_use());
+        return true;
+    };
     // While chunks wait, the one that has waited longest takes first (one that came later
     // waits behind it even where its own need would fit: a large need is not passed over for
     // good).
     const Clock::time_point since = ch.staging_wait ? ch.staging_wait_since : now;
     const bool behind = oldest_wait_prev_ != Clock::time_point::max() && since > oldest_wait_prev_;
+    if (!behind && want != nullptr && take_pooled(ch, part, want)) return taken(0);
+    // What channels and the pool hold: what the reaper frees is on its way out already, and
+    // freeing more for it would empty channels for nothing.
+    const auto short_of_room = [&] { return staging_bytes_ + bytes > limit; };
+    if (!behind && short_of_room()) {
+        drop_pooled(bytes);  // (none of them does for this need)
+        if (short_of_room() && staging_scan_pass_ != passes_) {
+            // Staging no request uses, wherever it is: the channels of a peer that moved data
+            // once keep theirs while there is room, and give it up when another needs it. A
+            // look visits every channel, so at most one a pass (a waiting chunk asks again each
+            // pass). A peer whose channel holds staging and has moved nothing for half the peer
+            // timeout (a receive its sender never fills, a send never taken) is failed: left,
+            // it would hold the staging for the whole timeout, and the waiting chunks'
+            // senders, whose own sends wait meanwhile, could time out first.
+            staging_scan_pass_ = passes_;
+            const auto stalled = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
+            for (auto& [id, q] : peers_) {
+                if (q->state != Peer::State::kReady) continue;
+                for (bool qtx : {true, false}) {
+                    for (Channel& c : qtx ? q->tx : q->rx) {
+                        if (&c == &ch || c.held.total() == 0) continue;
+                        for (StagingPart any :
+                             {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
+                            free_unused_staging(c, qtx, any);
+                        }
+                        if (c.held.total() > 0 && q.get() != &p && q->evict.ok() &&
+                            (!c.inflight.empty() || !c.finishing.empty()) &&
+                            now - c.last_progress > stalled) {
+                            q->evict = timeout_error(strformat(
+                                "a data channel %s holding staging memory others wait for "
+                                "(TCPX_P2P_MAX_STAGING_BYTES_TOTAL) made no progress for %lld ms",
+                                qtx ? "send" : "receive",
+                                static_cast<long long>(config_.peer_timeout_ms / 2)));
+                        }
+                    }
+                }
+            }
+        }
+        // The channel's own other parts last (a channel whose chunks switch paths, alone under
+        // the bound, would otherwise wait for itself).
+        for (StagingPart other : {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
+            if (other != part) free_unused_staging(ch, tx, other);
+        }
+        if (want != nullptr && take_pooled(ch, part, want)) return taken(0);
+        drop_pooled(bytes);
+    }
     if (behind || staging_in_use() + bytes > limit) {
         if (!ch.staging_wait) {
             ch.staging_wait = true;
@@ -764,9 +794,6 @@ bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::Staging
         oldest_wait_cur_ = std::min(oldest_wait_cur_, ch.staging_wait_since);
         return false;
     }
-    ch.staging_wait = false;
-    ch.held_since = now;
-    staging_bytes_ += bytes;
     switch (part) {
         case StagingPart::kRing:
             ch.held.ring += bytes;
@@ -778,8 +805,33 @@ bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::Staging
             ch.held.host += bytes;
             break;
     }
-    staging_peak_ = std::max(staging_peak_, staging_in_use());
-    return true;
+    return taken(bytes);
+}
+
+bool Endpoint::Impl::take_pooled(Channel& ch, engine::StagingPart part, RingWant* want) {
+    for (size_t i = 0; i < staging_pool_.size(); ++i) {
+        PooledRing& e = staging_pool_[i];
+        const bool has_twin = e.bytes > e.ring->bytes();
+        if (e.ring->device() != want->device || (want->twin && !has_twin)) continue;
+        want->ring = std::move(e.ring);
+        want->had_twin = has_twin;
+        (part == engine::StagingPart::kRing ? ch.held.ring : ch.held.gather) += e.bytes;
+        staging_pool_.erase(staging_pool_.begin() + static_cast<std::ptrdiff_t>(i));
+        staging_pool_changed_ = Clock::now();
+        return true;
+    }
+    return false;
+}
+
+void Endpoint::Impl::drop_pooled(uint64_t bytes) {
+    const uint64_t limit = config_.max_staging_bytes_total;
+    while (!staging_pool_.empty() && (bytes == ~uint64_t{0} || staging_bytes_ + bytes > limit)) {
+        PooledRing& e = staging_pool_.back();
+        staging_bytes_ -= e.bytes;
+        reaper_.put(std::move(e.ring), e.bytes);  // (counted until freed)
+        staging_pool_.pop_back();
+        staging_pool_changed_ = Clock::now();
+    }
 }
 
 bool Endpoint::Impl::staging_yields(const Channel& ch, Clock::time_point now) const {
@@ -800,12 +852,12 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
     uint64_t freed = 0;
     switch (part) {
         case StagingPart::kRing:
-            // (a ring of an UNPACK comm holds no staging: never freed here)
+            // (a ring of an UNPACK comm holds no staging: never given up here)
             if (!ch.ring || ch.held.ring == 0 || !unused(*ch.ring)) return 0;
             if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
             ch.ring_mr = nullptr;
             freed = ch.held.ring;
-            reaper_.put(std::move(ch.ring), freed);
+            staging_pool_.push_back(PooledRing{std::move(ch.ring), freed});
             ch.held.ring = 0;
             break;
         case StagingPart::kGather:
@@ -817,7 +869,7 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
             ch.gtwin = nullptr;
             ch.twin_counted = false;
             freed = ch.held.gather;
-            reaper_.put(std::move(ch.gring), freed);
+            staging_pool_.push_back(PooledRing{std::move(ch.gring), freed});
             ch.held.gather = 0;
             break;
         case StagingPart::kHost:
@@ -827,9 +879,10 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
             ch.hslots.reset();
             freed = ch.held.host;
             ch.held.host = 0;
+            staging_bytes_ -= freed;  // (freed now; rings stay counted in the pool)
             break;
     }
-    staging_bytes_ -= freed;
+    if (part != StagingPart::kHost) staging_pool_changed_ = Clock::now();
     return freed;
 }
 
