@@ -279,16 +279,16 @@ Status Settings::validate() const {
             "refused write's chunk could never be drained; raise the first or lower the second",
             format_bytes(max_scratch_bytes_total).c_str(), format_bytes(xfer_chunk_size).c_str()));
     }
-    // The most one channel takes at once (a gather buffer and its GPU twin, each page-rounded)
-    // must fit, or its chunk would wait for good.
+    // The most one channel takes at once (a gather ring and its GPU twin, each page-rounded)
+    // must fit twice: once for a send, and once more for a receive (sends leave that much).
     const uint64_t one_channel =
-        (2 * static_cast<uint64_t>(staging_slots) + 1) * xfer_chunk_size + 8192;
-    if (max_staging_bytes_total < one_channel) {
+        (2 * static_cast<uint64_t>(staging_slots) + 1) * xfer_chunk_size + 16384;
+    if (max_staging_bytes_total < 2 * one_channel) {
         return invalid_argument(strformat(
-            "TCPX_P2P_MAX_STAGING_BYTES_TOTAL (%s) is below what one channel's staging may take at "
-            "once, (2 x TCPX_P2P_STAGING_SLOTS + 1) x TCPX_P2P_XFER_CHUNK_SIZE + 8 KiB (%s): "
-            "raise it or lower the others",
-            format_bytes(max_staging_bytes_total).c_str(), format_bytes(one_channel).c_str()));
+            "TCPX_P2P_MAX_STAGING_BYTES_TOTAL (%s) is below what a send's and a receive's staging "
+            "may take at once, 2 x ((2 x TCPX_P2P_STAGING_SLOTS + 1) x TCPX_P2P_XFER_CHUNK_SIZE "
+            "+ 16 KiB) (%s): raise it or lower the others",
+            format_bytes(max_staging_bytes_total).c_str(), format_bytes(2 * one_channel).c_str()));
     }
     for (const auto& [name, bound] :
          {std::pair{"MAX_QUEUED_NOTIFICATION_BYTES", max_queued_notification_bytes},

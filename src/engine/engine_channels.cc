@@ -214,6 +214,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             did = true;
         }
         ++ch.staged_ahead;
+        ch.staging_wait = false;  // (its chunk went ahead: one cancelled may not have asked)
     }
     while (!ch.queued.empty() &&
            ch.inflight.size() + ch.finishing.size() < static_cast<size_t>(window_)) {
@@ -337,6 +338,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (was_idle) ch.last_progress = Clock::now();
         ch.inflight.back() = Channel::InFlight{op, req};
         ch.queued.pop_front();
+        ch.staging_wait = false;  // (as in the staging loop above)
         if (tx) --ch.staged_ahead;
         did = true;
     }
@@ -582,13 +584,16 @@ Status Endpoint::Impl::check_gather_path(const Op& op) const {
 StatusOr<bool> Endpoint::Impl::ensure_gather_ring(Peer& p, Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(check_gather_path(op));
     if (ch.gring) return !staging_yields(ch, Clock::now());
-    RingWant want{gather_device(op), /*twin=*/false};
-    if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_ring_bytes(), &want)) {
+    // With its twin counted: over CUDA a gather of several pieces on the ring's GPU goes through
+    // the twin (one kernel, then one copy), which the ring makes on first need.
+    RingWant want{gather_device(op), /*twin=*/true};
+    if (!take_staging(p, ch, tx, engine::StagingPart::kGather,
+                      staging_ring_bytes() + staging_twin_bytes(), &want)) {
         return false;
     }
+    ch.twin_counted = true;
     if (want.ring) {
         ch.gring = std::move(want.ring);
-        ch.twin_counted = want.had_twin;
     } else {
         TCPX_ASSIGN_OR_RETURN(
             ch.gring, cuda::device().make_ring(want.device, chunk_, staging_slots_,
@@ -709,15 +714,21 @@ uint64_t Endpoint::Impl::staging_ring_bytes() const {
 }
 
 uint64_t Endpoint::Impl::staging_twin_bytes() const {
-    // (CopyRing::twin_bytes: the slots and one slot's landing area, each in whole pages)
+    // (CopyRing::twin_bytes: the slots and one slot's landing area, each in whole pages; CUDA's
+    // ring allocates a page more to start it on one)
     const auto pages = [](uint64_t n) { return (n + 4095) & ~uint64_t{4095}; };
-    return pages(staging_ring_bytes()) + pages(chunk_);
+    return pages(staging_ring_bytes()) + pages(chunk_) + 4096;
 }
 
 bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part,
                                   uint64_t bytes, RingWant* want) {
     using engine::StagingPart;
-    const uint64_t limit = config_.max_staging_bytes_total;
+    // A send's staging leaves room for a receive's: with both ends of a pair bounded, sends
+    // holding all of each end's staging, each waiting for the other end's receives, which
+    // wait for staging, would wait for each other until the channels' stall timeout.
+    const uint64_t reserve = tx ? staging_ring_bytes() + staging_twin_bytes() : 0;
+    const uint64_t limit = config_.max_staging_bytes_total;  // (at least twice the reserve)
+    const uint64_t need = bytes + reserve;
     const auto now = Clock::now();
     const auto taken = [&](uint64_t more) {
         ch.staging_wait = false;
@@ -734,9 +745,9 @@ bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::Staging
     if (!behind && want != nullptr && take_pooled(ch, part, want)) return taken(0);
     // What channels and the pool hold: what the reaper frees is on its way out already, and
     // freeing more for it would empty channels for nothing.
-    const auto short_of_room = [&] { return staging_bytes_ + bytes > limit; };
+    const auto short_of_room = [&] { return staging_bytes_ + need > limit; };
     if (!behind && short_of_room()) {
-        drop_pooled(bytes);  // (none of them does for this need)
+        drop_pooled(need);  // (none of them does for this need)
         if (short_of_room() && staging_scan_pass_ != passes_) {
             // Staging no request uses, wherever it is: the channels of a peer that moved data
             // once keep theirs while there is room, and give it up when another needs it. A
@@ -756,7 +767,7 @@ bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::Staging
                              {StagingPart::kRing, StagingPart::kGather, StagingPart::kHost}) {
                             free_unused_staging(c, qtx, any);
                         }
-                        if (c.held.total() > 0 && q.get() != &p && q->evict.ok() &&
+                        if (c.held.total() > 0 && q->evict.ok() &&
                             (!c.inflight.empty() || !c.finishing.empty()) &&
                             now - c.last_progress > stalled) {
                             q->evict = timeout_error(strformat(
@@ -775,9 +786,9 @@ bool Endpoint::Impl::take_staging(Peer& p, Channel& ch, bool tx, engine::Staging
             if (other != part) free_unused_staging(ch, tx, other);
         }
         if (want != nullptr && take_pooled(ch, part, want)) return taken(0);
-        drop_pooled(bytes);
+        drop_pooled(need);
     }
-    if (behind || staging_in_use() + bytes > limit) {
+    if (behind || staging_in_use() + need > limit) {
         if (!ch.staging_wait) {
             ch.staging_wait = true;
             ch.staging_wait_since = now;
@@ -857,6 +868,7 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
             if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
             ch.ring_mr = nullptr;
             freed = ch.held.ring;
+            staging_pool_.reserve(staging_pool_.size() + 1);  // (the ring stays ours if it throws)
             staging_pool_.push_back(PooledRing{std::move(ch.ring), freed});
             ch.held.ring = 0;
             break;
@@ -869,6 +881,7 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
             ch.gtwin = nullptr;
             ch.twin_counted = false;
             freed = ch.held.gather;
+            staging_pool_.reserve(staging_pool_.size() + 1);
             staging_pool_.push_back(PooledRing{std::move(ch.gring), freed});
             ch.held.gather = 0;
             break;

@@ -338,25 +338,25 @@ TEST(Params, ACtrlBufferTotalThatCannotHoldOneMaximalMessageIsRefused) {
     EXPECT_FALSE(s.set("MAX_CTRL_BUFFER_TOTAL", "1M").ok());  // below the table's range
 }
 
-// The staging total must hold what one channel may take at once (a gather ring and its GPU twin),
-// or that channel's chunk would wait for good.
+// The staging total must hold what one channel may take at once (a gather ring and its GPU twin)
+// twice, for a send and a receive, or a chunk could wait for good.
 TEST(Params, AStagingTotalBelowOneChannelsNeedIsRefused) {
     Settings s;
-    // Defaults: 4 slots of 4 MiB: (2 x 4 + 1) x 4 MiB + 8 KiB.
-    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", "36M").ok());
+    // Defaults: 4 slots of 4 MiB: 2 x ((2 x 4 + 1) x 4 MiB + 16 KiB).
+    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", "72M").ok());
     const Status st = s.validate();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("MAX_STAGING_BYTES_TOTAL"), std::string::npos) << st.to_string();
-    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(36 * 1024 * 1024 + 8192)).ok());
+    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(72 * 1024 * 1024 + 32768)).ok());
     EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
     // More slots or larger chunks need more.
     ASSERT_TRUE(s.set("STAGING_SLOTS", "8").ok());
     EXPECT_EQ(s.validate().code(), StatusCode::kInvalidArgument);
     ASSERT_TRUE(s.set("STAGING_SLOTS", "2").ok());
     ASSERT_TRUE(s.set("XFER_CHUNK_SIZE", "64K").ok());
-    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(5 * 65536 + 8192)).ok());
+    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(2 * (5 * 65536 + 16384))).ok());
     EXPECT_TRUE(s.validate().ok()) << s.validate().to_string();
-    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(5 * 65536 + 8191)).ok());
+    ASSERT_TRUE(s.set("MAX_STAGING_BYTES_TOTAL", std::to_string(2 * (5 * 65536 + 16384) - 1)).ok());
     EXPECT_EQ(s.validate().code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(s.set("MAX_STAGING_BYTES_TOTAL", "32K").ok());  // below the table's range
 }
