@@ -932,9 +932,10 @@ TEST_P(EngineDevice, StagingOfAllPeersTogetherStaysWithinItsTotal) {
 
 // A peer that stops sending in the middle of a write holds the staging its chunks were given only
 // until it is failed for moving nothing while others wait for it (half PEER_TIMEOUT_MS, named in
-// its error; the channels' own stall check would take the whole timeout): two stalled peers (each
+// its error; the channels' own stall check would take the whole timeout, and the waiting
+// vector's sender, its send waiting meanwhile, could time out first): two stalled peers (each
 // one's only data message dropped on its way) hold the whole total with their gather rings and
-// twins, and another peer's vector waits. It lands whole once they are failed, and the total was
+// twins, and another peer's vector waits. It lands whole once one is failed, and the total was
 // never exceeded.
 TEST_P(EngineDevice, StagingAStalledPeerHoldsIsFreedWhenItIsFailed) {
     Config config = a_config_;
@@ -1000,12 +1001,15 @@ TEST_P(EngineDevice, StagingAStalledPeerHoldsIsFreedWhenItIsFailed) {
         const IoVec& v = waiter.iov[k];
         EXPECT_EQ(mismatch(sbufs[0].buf.get(), v.remote_offset, v.len, waiter.seeds[k]), -1) << k;
     }
+    // At least one failed by the staging rule (its error names it); once the waiting vector has
+    // its staging, nothing waits, and another may end by the channels' own stall check instead.
+    size_t by_staging_rule = 0;
     for (size_t i = 0; i < stalled; ++i) {
         const Status st = clients[i].ep->wait(clients[i].x, 30s);
         EXPECT_FALSE(st.ok()) << "stalled peer " << i << "'s write completed";
-        EXPECT_NE(st.message().find("holding staging memory"), std::string::npos)
-            << "stalled peer " << i << " failed for another reason: " << st.to_string();
+        if (st.message().find("holding staging memory") != std::string::npos) ++by_staging_rule;
     }
+    EXPECT_GE(by_staging_rule, 1u) << "no stalled peer was failed for the staging it held";
     const Stats s = server->stats();
     EXPECT_GT(s.staging_waits, 0u) << "the last peer's vector never waited";
     EXPECT_LE(s.staging_peak_bytes, total);
