@@ -12,8 +12,6 @@ namespace tcpx::engine {
 
 namespace {
 constexpr size_t kReadChunk = 256 * 1024;
-// The least a read goes on with, in what is left of the buffer, before the buffer grows.
-constexpr size_t kMinRead = 16 * 1024;
 constexpr int kMaxIov = 64;
 }  // namespace
 
@@ -57,13 +55,17 @@ void CtrlConn::release_room() {
 }
 
 void CtrlConn::shrink_buffer() {
-    // A large message (up to MAX_CTRL_MESSAGE), or messages that came faster than they were
-    // handled (the own buffer, up to 1 MiB), grew the buffer past one read's worth: give it back
-    // once all of it is handled, or every peer that ever sent so much would keep it for good
-    // (MAX_PEERS times 1 MiB). One read's worth stays: freed and made again for every read, it
-    // would cost the small messages of the fast path a mapping each.
-    if (in_.capacity() > kReadChunk) std::vector<char>().swap(in_);
+    // A large message (up to MAX_CTRL_MESSAGE) grew the buffer: give it back once it is
+    // handled, or every peer that ever sent one would keep that much for good.
+    if (in_.capacity() > kOwnBuffer) std::vector<char>().swap(in_);
     release_room();
+}
+
+void CtrlConn::trim() {
+    // (A message handed out and not yet dropped keeps it too: its body points into it.)
+    if (begin_ != end_ || consumed_ != 0 || reserved_ > 0 || in_.capacity() <= kReadChunk) return;
+    std::vector<char>().swap(in_);
+    begin_ = end_ = consumed_ = 0;
 }
 
 void CtrlConn::queue(std::string msg, std::string tail) {
@@ -178,13 +180,8 @@ Status CtrlConn::read(bool* eof, bool* more) {
                 end_ -= begin_;
                 begin_ = 0;
             }
-            // Bytes here already, and room for what the message in front lacks and a part more:
-            // read into what is left rather than grow (growing for every read that found a few
-            // bytes waiting doubled every peer's buffer to 1 MiB).
-            const size_t left = in_.size() - end_;
-            const bool fits = end_ > 0 && left >= kMinRead && front_lacks() <= left;
             const size_t want = end_ + kReadChunk;
-            if (!fits && in_.size() < want) {
+            if (in_.size() < want) {
                 if (want > in_.capacity()) {
                     // Doubling up to the own buffer. A message larger than that (its header is
                     // here: the front is at 0 now) gets room for itself whole and a read past it
@@ -221,7 +218,7 @@ StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* bo
         // All handled: a buffer grown for a large message, and its room, go back now rather
         // than at the next read (which a quiet peer may not bring for a long time).
         begin_ = end_ = 0;
-        if (reserved_ > 0 || in_.capacity() > kReadChunk) shrink_buffer();
+        if (reserved_ > 0) shrink_buffer();
         return false;
     }
     if (end_ - begin_ < sizeof(wire::Header)) return false;

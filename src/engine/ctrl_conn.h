@@ -117,6 +117,12 @@ class CtrlConn {
     size_t buffered() const { return end_ - begin_; }
     // Memory held for what the peer sends: at most one maximal message and one read (256 KiB).
     size_t buffer_capacity() const { return in_.capacity(); }
+    // With nothing buffered, gives back a buffer grown past one read's worth (up to the
+    // connection's own 1 MiB while messages came faster than they were handled): the engine
+    // calls it on its timer tick, so that a peer that once sent a burst does not keep 1 MiB for
+    // good (MAX_PEERS times), while a busy connection keeps its buffer between reads (freed and
+    // made again for every read, it halved 64 KiB reads on two cores).
+    void trim();
 
  private:
     // The largest body accepted for a message with these flags (max_message_, and the inline

@@ -1266,6 +1266,7 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
     }
     if (p.state == Peer::State::kReady && !p.ctrl_broken) watch_output(p, now);
     if (!tick || p.state != Peer::State::kReady) return did;
+    p.ctrl.trim();  // (a read buffer a burst grew, once it is empty)
     // Liveness: heartbeats when quiet, a deadline on hearing from the peer, and one on every
     // channel with requests in flight (heartbeats say nothing of a lost chunk).
     const auto timeout = std::chrono::milliseconds(config_.peer_timeout_ms);

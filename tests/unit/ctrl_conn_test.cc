@@ -108,9 +108,10 @@ TEST_F(CtrlConnLimits, PastTheAllowanceWithTheFlagIsRefused) {
 }
 
 // A message that grew the buffer within the connection's own 1 MiB (an inline write of 700 KiB)
-// leaves it at one read's worth once handled: kept, every peer that ever sent one held about
-// 1 MiB for good, MAX_PEERS times. Small messages after it keep what they use.
-TEST_F(CtrlConnLimits, ABufferGrownForOneMessageShrinksOnceItIsHandled) {
+// leaves it at one read's worth once trim() finds it empty (the engine's tick): kept, every peer
+// that ever sent one held about 1 MiB for good, MAX_PEERS times. trim() never drops bytes not yet
+// handed out: a message half here when it runs arrives whole after it.
+TEST_F(CtrlConnLimits, ABufferGrownForOneMessageIsTrimmedOnceEmpty) {
     constexpr size_t kRead = 256 * 1024;
     conn_.set_max_message(64 * 1024, wire::kMaxInlineData);
     size_t got = 0;
@@ -120,18 +121,38 @@ TEST_F(CtrlConnLimits, ABufferGrownForOneMessageShrinksOnceItIsHandled) {
     EXPECT_EQ(got, 700u * 1024);
     EXPECT_GT(conn_.buffer_capacity(), 700u * 1024);  // (it held the message whole)
     EXPECT_LE(conn_.room_held(), 0u);                 // within the own buffer
+    conn_.trim();  // the message was handed out, not yet dropped (next_message does): kept
+    EXPECT_GT(conn_.buffer_capacity(), 700u * 1024);
     wire::Header h;
     std::string_view body;
     auto more = conn_.next_message(&h, &body);  // all handled
     ASSERT_TRUE(more.ok());
     EXPECT_FALSE(*more);
+    conn_.trim();
     EXPECT_LE(conn_.buffer_capacity(), kRead);
-    for (int i = 0; i < 3; ++i) {
-        r = deliver(message(wire::MsgType::kNotif, 0, 100), &got);
-        ASSERT_TRUE(r.ok() && *r);
-        EXPECT_EQ(got, 100u);
-        EXPECT_LE(conn_.buffer_capacity(), kRead);
+    // Half a message here: trim() keeps it.
+    const std::string half_sent = message(wire::MsgType::kWriteReq, wire::kFlagInline, 600 * 1024);
+    const size_t half = half_sent.size() / 2;
+    size_t sent = 0;
+    while (sent < half) {
+        const ssize_t n = ::send(peer_.get(), half_sent.data() + sent, half - sent, 0);
+        ASSERT_GT(n, 0);
+        sent += static_cast<size_t>(n);
     }
+    for (int i = 0; i < 50 && conn_.buffered() < half; ++i) {
+        bool eof = false;
+        ASSERT_TRUE(conn_.read(&eof).ok());
+        more = conn_.next_message(&h, &body);
+        ASSERT_TRUE(more.ok());
+        ASSERT_FALSE(*more);
+    }
+    ASSERT_EQ(conn_.buffered(), half);
+    conn_.trim();
+    EXPECT_EQ(conn_.buffered(), half);
+    r = deliver(half_sent.substr(half), &got);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_TRUE(*r);
+    EXPECT_EQ(got, 600u * 1024);
 }
 
 // A peer that sends faster than we handle cannot make us buffer more than one maximal message
