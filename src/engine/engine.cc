@@ -1535,7 +1535,6 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
             ch.hslots.reset();
             staging_bytes_ -= ch.held.total();
             ch.held = {};
-            ch.twin_counted = false;
             ch.staging_wait = false;
         }
     }

@@ -321,7 +321,6 @@ struct Channel {
         uint64_t host = 0;
         uint64_t total() const { return ring + gather + host; }
     } held;
-    bool twin_counted = false;               // the gather ring's GPU twin is in held.gather
     bool staging_wait = false;               // its next chunk waits for room in the staging total
     Clock::time_point staging_wait_since{};  // since when (while staging_wait)
     Clock::time_point held_since{};          // when it last took staging
@@ -948,7 +947,7 @@ class Endpoint::Impl {
     Clock::time_point oldest_wait_prev_ = Clock::time_point::max();
     Clock::time_point oldest_wait_cur_ = Clock::time_point::max();
     // Whether `ch`, holding staging, leaves it to chunks that wait (see above).
-    bool staging_yields(const Channel& ch, Clock::time_point now) const;
+    bool staging_yields(const Channel& ch) const;
     uint64_t staging_in_use() const { return staging_bytes_ + reaper_.pending(); }
     // One staging ring's (or host slots') bytes, and a gather ring's GPU twin's.
     uint64_t staging_ring_bytes() const;
@@ -964,7 +963,6 @@ class Endpoint::Impl {
         int device;
         bool twin;
         std::unique_ptr<cuda::CopyRing> ring;  // out: from the pool (null: make one)
-        bool had_twin = false;                 // out: its twin is counted with it
     };
     bool take_staging(Peer& p, Channel& ch, bool tx, engine::StagingPart part, uint64_t bytes,
                       RingWant* want = nullptr);

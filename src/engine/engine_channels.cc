@@ -486,7 +486,7 @@ void Endpoint::Impl::copy_host_segments(const Op& op, uint8_t* slot, bool gather
 }
 
 StatusOr<bool> Endpoint::Impl::ensure_host_slots(Peer& p, Channel& ch, bool tx) {
-    if (ch.hslots) return !staging_yields(ch, Clock::now());
+    if (ch.hslots) return !staging_yields(ch);
     if (!take_staging(p, ch, tx, engine::StagingPart::kHost, staging_ring_bytes())) return false;
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     auto slots = std::make_unique<engine::HostSlots>(chunk_, staging_slots_);
@@ -527,37 +527,16 @@ void Endpoint::Impl::note_placed_bytes(uint64_t bytes) {
 
 StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx, const Op& op) {
     using engine::OpPath;
-    if (ch.gtwin_mr != nullptr) return !staging_yields(ch, Clock::now());
+    if (ch.gtwin_mr != nullptr) return !staging_yields(ch);
     if (!tx && ch.dev_handle.type == net::DeviceType::kUnpack) {
         Op probe = op;  // reads the plugin's unpack queue (and checks its GPU); takes no staging
         probe.path = OpPath::kUnpack;
         TCPX_ASSIGN_OR_RETURN(const bool made, ensure_ring(p, ch, tx, probe));
         if (!made) return false;
     }
-    TCPX_RETURN_IF_ERROR(check_gather_path(op));
-    // The ring and its twin are taken together: a channel holding one while it waited for the
-    // other could wait for good, each of two such channels for the other's.
-    if (!ch.gring) {
-        RingWant want{gather_device(op), /*twin=*/true};
-        if (!take_staging(p, ch, tx, engine::StagingPart::kGather,
-                          staging_ring_bytes() + staging_twin_bytes(), &want)) {
-            return false;
-        }
-        ch.twin_counted = true;
-        if (want.ring) {
-            ch.gring = std::move(want.ring);
-        } else {
-            TCPX_ASSIGN_OR_RETURN(ch.gring, cuda::device().make_ring(
-                                                want.device, chunk_, staging_slots_,
-                                                staging_slots_ * engine::kStagingRecordsPerSlot));
-        }
-        TCPX_RETURN_IF_ERROR(register_gather_ring(ch, tx));
-    } else if (!ch.twin_counted) {
-        if (!take_staging(p, ch, tx, engine::StagingPart::kGather, staging_twin_bytes())) {
-            return false;
-        }
-        ch.twin_counted = true;
-    }
+    // (The ring's staging counts its twin already.)
+    TCPX_ASSIGN_OR_RETURN(const bool made, ensure_gather_ring(p, ch, tx, op));
+    if (!made) return false;
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
@@ -583,15 +562,17 @@ Status Endpoint::Impl::check_gather_path(const Op& op) const {
 
 StatusOr<bool> Endpoint::Impl::ensure_gather_ring(Peer& p, Channel& ch, bool tx, const Op& op) {
     TCPX_RETURN_IF_ERROR(check_gather_path(op));
-    if (ch.gring) return !staging_yields(ch, Clock::now());
-    // With its twin counted: over CUDA a gather of several pieces on the ring's GPU goes through
-    // the twin (one kernel, then one copy), which the ring makes on first need.
+    if (ch.gring) return !staging_yields(ch);
+    // With its twin counted, taken together: over CUDA a gather of several pieces on the ring's
+    // GPU goes through the twin (one kernel, then one copy), which the ring makes on first need,
+    // and the twin is what a transport taking GPU memory sends from (ensure_gather_twin). (A
+    // channel holding the ring while it waited for the twin could wait for good, each of two such
+    // channels for the other's.)
     RingWant want{gather_device(op), /*twin=*/true};
     if (!take_staging(p, ch, tx, engine::StagingPart::kGather,
                       staging_ring_bytes() + staging_twin_bytes(), &want)) {
         return false;
     }
-    ch.twin_counted = true;
     if (want.ring) {
         ch.gring = std::move(want.ring);
     } else {
@@ -651,7 +632,7 @@ StatusOr<bool> Endpoint::Impl::ensure_ring(Peer& p, Channel& ch, bool tx, const 
                 device, ch.ring->device()));
         }
         // (an UNPACK comm's ring holds no staging)
-        return ch.held.ring == 0 || !staging_yields(ch, Clock::now());
+        return ch.held.ring == 0 || !staging_yields(ch);
     }
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.path == OpPath::kStaged) {
@@ -825,7 +806,6 @@ bool Endpoint::Impl::take_pooled(Channel& ch, engine::StagingPart part, RingWant
         const bool has_twin = e.bytes > e.ring->bytes();
         if (e.ring->device() != want->device || (want->twin && !has_twin)) continue;
         want->ring = std::move(e.ring);
-        want->had_twin = has_twin;
         (part == engine::StagingPart::kRing ? ch.held.ring : ch.held.gather) += e.bytes;
         staging_pool_.erase(staging_pool_.begin() + static_cast<std::ptrdiff_t>(i));
         staging_pool_changed_ = Clock::now();
@@ -845,9 +825,10 @@ void Endpoint::Impl::drop_pooled(uint64_t bytes) {
     }
 }
 
-bool Endpoint::Impl::staging_yields(const Channel& ch, Clock::time_point now) const {
-    return oldest_wait_prev_ != Clock::time_point::max() &&
-           now - oldest_wait_prev_ > engine::kStagingQuantum &&
+bool Endpoint::Impl::staging_yields(const Channel& ch) const {
+    if (oldest_wait_prev_ == Clock::time_point::max()) return false;  // (no clock read per chunk)
+    const auto now = Clock::now();
+    return now - oldest_wait_prev_ > engine::kStagingQuantum &&
            now - ch.held_since > engine::kStagingQuantum;
 }
 
@@ -879,7 +860,6 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
             ch.gring_mr = nullptr;
             ch.gtwin_mr = nullptr;
             ch.gtwin = nullptr;
-            ch.twin_counted = false;
             freed = ch.held.gather;
             staging_pool_.reserve(staging_pool_.size() + 1);
             staging_pool_.push_back(PooledRing{std::move(ch.gring), freed});

@@ -182,6 +182,20 @@ class EngineDevice : public ::testing::TestWithParam<Transport> {
     static uint64_t least_staging(const Config& c) {
         return 2 * ((2 * static_cast<uint64_t>(c.staging_slots) + 1) * c.xfer_chunk_size + 16384);
     }
+    // The staging tests' server: alpha's settings with the least staging total, serving the last
+    // GPU, its device buffer of kSize in `bufs`.
+    Config staging_config() const {
+        Config c = a_config_;
+        c.gpu_index = gpus_ - 1;
+        c.max_staging_bytes_total = least_staging(c);
+        return c;
+    }
+    void staging_server(const Config& config, std::unique_ptr<Endpoint>* server,
+                        std::vector<Reg>* bufs) {
+        *server = make_endpoint("staging-server", config);
+        ASSERT_NE(*server, nullptr);
+        add(server->get(), device_buffer(kSize, gpus_ - 1, emulation()), bufs);
+    }
 
     void fill(TestBuffer* b, uint64_t off, size_t len, uint64_t seed) {
         std::vector<uint8_t> v(len);
@@ -825,14 +839,11 @@ TEST_P(EngineDevice, LocalCopiesBetweenKinds) {
 // the endpoint never held more than the total. On the emulation its ring work is held at first, so
 // that the first channels keep theirs in use and the others wait for certain.
 TEST_P(EngineDevice, StagingOfAllPeersTogetherStaysWithinItsTotal) {
-    Config config = a_config_;
-    config.gpu_index = gpus_ - 1;
-    const uint64_t total = least_staging(config);
-    config.max_staging_bytes_total = total;
-    auto server = make_endpoint("staging-server", config);
-    ASSERT_NE(server, nullptr);
+    const Config config = staging_config();
+    const uint64_t total = config.max_staging_bytes_total;
+    std::unique_ptr<Endpoint> server;
     std::vector<Reg> sbufs;
-    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    ASSERT_NO_FATAL_FAILURE(staging_server(config, &server, &sbufs));
     constexpr int kPeers = 3;
     constexpr uint64_t kSlice = kSize / kPeers;  // each peer's part of the server's buffer
     constexpr uint64_t kOne = 1 << 20;           // a single piece, then the pieces after it
@@ -938,15 +949,12 @@ TEST_P(EngineDevice, StagingOfAllPeersTogetherStaysWithinItsTotal) {
 // twins, and another peer's vector waits. It lands whole once one is failed, and the total was
 // never exceeded.
 TEST_P(EngineDevice, StagingAStalledPeerHoldsIsFreedWhenItIsFailed) {
-    Config config = a_config_;
-    config.gpu_index = gpus_ - 1;
-    const uint64_t total = least_staging(config);
-    config.max_staging_bytes_total = total;
+    Config config = staging_config();
+    const uint64_t total = config.max_staging_bytes_total;
     config.peer_timeout_ms = 1000;  // (stalled peers failed after 500 ms while others wait)
-    auto server = make_endpoint("staging-server", config);
-    ASSERT_NE(server, nullptr);
+    std::unique_ptr<Endpoint> server;
     std::vector<Reg> sbufs;
-    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    ASSERT_NO_FATAL_FAILURE(staging_server(config, &server, &sbufs));
     struct Client {
         std::unique_ptr<Endpoint> ep;
         Link link;
@@ -1024,13 +1032,10 @@ TEST_P(EngineDevice, StagingAStalledPeerHoldsIsFreedWhenItIsFailed) {
 // vector landed after 1-635 ms in a few runs, with it after 1-20 ms; the slice is what bounds it
 // where a stream never pauses, and this test does not isolate it.)
 TEST_P(EngineDevice, StagingABusyPeerGivesItsStagingToAWaitingOne) {
-    Config config = a_config_;
-    config.gpu_index = gpus_ - 1;
-    config.max_staging_bytes_total = least_staging(config);
-    auto server = make_endpoint("staging-server", config);
-    ASSERT_NE(server, nullptr);
+    const Config config = staging_config();
+    std::unique_ptr<Endpoint> server;
     std::vector<Reg> sbufs;
-    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    ASSERT_NO_FATAL_FAILURE(staging_server(config, &server, &sbufs));
     // Two busy peers of one channel each hold all of the total, a gather ring and twin each
     // (one channel: a peer's transfers then never wait on a channel of its own that waits for
     // staging, which held a stream of two channels back by itself).
@@ -1164,13 +1169,10 @@ TEST_P(EngineDevice, StagingABusyPeerGivesItsStagingToAWaitingOne) {
 // rings once each peer has been served once.
 TEST_P(EngineDevice, StagingHandedOverIsReusedNotMadeAgain) {
     if (emulation() == nullptr) GTEST_SKIP() << "counts the rings the emulation makes";
-    Config config = a_config_;
-    config.gpu_index = gpus_ - 1;
-    config.max_staging_bytes_total = least_staging(config);
-    auto server = make_endpoint("staging-server", config);
-    ASSERT_NE(server, nullptr);
+    const Config config = staging_config();
+    std::unique_ptr<Endpoint> server;
     std::vector<Reg> sbufs;
-    add(server.get(), device_buffer(kSize, gpus_ - 1, emulation()), &sbufs);
+    ASSERT_NO_FATAL_FAILURE(staging_server(config, &server, &sbufs));
     constexpr int kPeers = 4;
     constexpr int kRounds = 10;
     Config one_channel = a_config_;

@@ -88,6 +88,20 @@ void connect_until_unparked(net::Net* net, net::V7Net* v7, net::Handle* handle,
     }
 }
 
+// A listener with an accept started (no peer yet: in progress), then closed: parked in `v7`;
+// *handle is what a peer connects to.
+void park_listener(net::Net* net, net::V7Net* v7, net::Handle* handle) {
+    const size_t parked = v7->parked_listeners();
+    net::ListenComm* listen = nullptr;
+    ASSERT_TRUE(net->listen(0, handle, &listen).ok());
+    net::RecvComm* recv = nullptr;
+    net::DeviceHandle dev;
+    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
+    ASSERT_EQ(recv, nullptr);  // started, in progress
+    ASSERT_TRUE(net->close_listen(listen).ok());
+    ASSERT_EQ(v7->parked_listeners(), parked + 1);
+}
+
 // A listener of the emulated plugin with a stranger's silent connection on it and an accept in
 // progress waiting for that connection's hello (as a stranger that sent its HELLO and never
 // connected its data sockets leaves one); *to is the listener's data address.
@@ -188,14 +202,7 @@ TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
     v7->set_end_parked_accepts(false);
     LogCapture capture(LogLevel::kWarn);
     net::Handle handle;
-    net::ListenComm* listen = nullptr;
-    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
-    net::RecvComm* recv = nullptr;
-    net::DeviceHandle dev;
-    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
-    ASSERT_EQ(recv, nullptr);  // started, in progress
-    ASSERT_TRUE(net->close_listen(listen).ok());
-    EXPECT_EQ(v7->parked_listeners(), 1u);
+    ASSERT_NO_FATAL_FAILURE(park_listener(net.get(), v7, &handle));
     // A peer connects after all: the accept ends, its connection and the listener are closed.
     net::SendComm* send = nullptr;
     ASSERT_NO_FATAL_FAILURE(connect_until_unparked(net.get(), v7, &handle, &send));
@@ -206,10 +213,7 @@ TEST(PluginLoader, ClosingAListenerDuringAnAcceptWaitsForTheAccept) {
     EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
     // No peer ever comes: the listener stays parked, and the net goes away cleanly.
     net::Handle lonely;
-    ASSERT_TRUE(net->listen(0, &lonely, &listen).ok());
-    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
-    ASSERT_TRUE(net->close_listen(listen).ok());
-    EXPECT_EQ(v7->parked_listeners(), 1u);
+    ASSERT_NO_FATAL_FAILURE(park_listener(net.get(), v7, &lonely));
     net.reset();
     EXPECT_FALSE(capture.contains("closeListen while an accept")) << capture.all();
 }
@@ -226,14 +230,7 @@ TEST(PluginLoader, AParkedListenerIsCollectedByProgress) {
     ASSERT_NE(v7, nullptr);
     v7->set_end_parked_accepts(false);  // (the accept ends by itself, with a peer)
     net::Handle handle;
-    net::ListenComm* listen = nullptr;
-    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
-    net::RecvComm* recv = nullptr;
-    net::DeviceHandle dev;
-    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
-    ASSERT_EQ(recv, nullptr);
-    ASSERT_TRUE(net->close_listen(listen).ok());
-    ASSERT_EQ(v7->parked_listeners(), 1u);
+    ASSERT_NO_FATAL_FAILURE(park_listener(net.get(), v7, &handle));
     net::SendComm* send = nullptr;
     bool connecting = true;
     for (int i = 0; i < 5000 && v7->parked_listeners() != 0; ++i) {
@@ -301,14 +298,7 @@ TEST(PluginLoader, AParkedAcceptThatFailsWithACommClosesIt) {
     ASSERT_NE(open_comms, nullptr);
     const int before = open_comms();
     net::Handle handle;
-    net::ListenComm* listen = nullptr;
-    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
-    net::RecvComm* recv = nullptr;
-    net::DeviceHandle dev;
-    ASSERT_TRUE(net->accept(listen, &recv, &dev).ok());
-    ASSERT_EQ(recv, nullptr);  // started, in progress
-    ASSERT_TRUE(net->close_listen(listen).ok());
-    ASSERT_EQ(v7->parked_listeners(), 1u);
+    ASSERT_NO_FATAL_FAILURE(park_listener(net.get(), v7, &handle));
     setenv("FAKETCPX_ACCEPT_FAILS", "1", 1);
     // The parked accept ends with the error once the peer is in.
     net::SendComm* send = nullptr;
