@@ -31,6 +31,7 @@ namespace tcpx {
 namespace {
 
 std::atomic<uint64_t> g_sockets_open{0};
+std::atomic<uint64_t> g_registrations{0};  // registrations holding a descriptor (socket.h)
 std::atomic<uint64_t> g_budget_for_testing{0};
 constexpr int64_t kBudgetUnread = -1;
 std::atomic<int64_t> g_max_sockets_env{kBudgetUnread};
@@ -84,7 +85,19 @@ std::string budget_words() {
 
 }  // namespace
 
+std::string budget_use_words() {
+    std::string out =
+        strformat("%llu TCP sockets open", static_cast<unsigned long long>(sockets_open()));
+    if (const uint64_t regs = g_registrations.load(std::memory_order_relaxed); regs > 0) {
+        out += strformat(" and %llu GPU registrations of the ncclNet plugin (a descriptor each)",
+                         static_cast<unsigned long long>(regs));
+    }
+    return out;
+}
+
 uint64_t sockets_open() { return g_sockets_open.load(std::memory_order_relaxed); }
+
+uint64_t registrations_held() { return g_registrations.load(std::memory_order_relaxed); }
 
 uint64_t socket_budget() {
     if (const uint64_t testing = g_budget_for_testing.load(std::memory_order_relaxed);
@@ -98,14 +111,28 @@ uint64_t socket_budget() {
 void set_socket_budget_for_testing(uint64_t budget) { g_budget_for_testing.store(budget); }
 
 Status socket_budget_room(uint64_t count, const char* what) {
-    const uint64_t open = sockets_open();
-    if (open + count <= socket_budget()) return Status();
+    if (budget_used() + count <= socket_budget()) return Status();
     return resource_exhausted(
-        strformat("%s: %llu TCP sockets needed, %llu open, the most this "
+        strformat("%s: %llu TCP sockets needed, %s, the most this "
                   "process gives tcpx-p2p (%s)",
-                  what, static_cast<unsigned long long>(count),
-                  static_cast<unsigned long long>(open), budget_words().c_str()));
+                  what, static_cast<unsigned long long>(count), budget_use_words().c_str(),
+                  budget_words().c_str()));
 }
+
+Status take_registration_place(const char* what) {
+    const uint64_t budget = socket_budget();
+    uint64_t regs = g_registrations.load(std::memory_order_relaxed);
+    do {
+        if (sockets_open() + regs >= budget) {
+            return resource_exhausted(
+                strformat("%s: %s, the most descriptors this process gives tcpx-p2p (%s)", what,
+                          budget_use_words().c_str(), budget_words().c_str()));
+        }
+    } while (!g_registrations.compare_exchange_weak(regs, regs + 1, std::memory_order_relaxed));
+    return Status();
+}
+
+void give_back_registration_place() { g_registrations.fetch_sub(1, std::memory_order_relaxed); }
 
 struct SocketBudgetAccess {
     // A place in the budget for one socket, taken before it exists.
@@ -113,11 +140,10 @@ struct SocketBudgetAccess {
         const uint64_t budget = socket_budget();
         uint64_t open = g_sockets_open.load(std::memory_order_relaxed);
         do {
-            if (open >= budget) {
+            if (open + registrations_held() >= budget) {
                 return resource_exhausted(
-                    strformat("%s: %llu TCP sockets open, the most this process gives tcpx-p2p "
-                              "(%s)",
-                              what, static_cast<unsigned long long>(open), budget_words().c_str()));
+                    strformat("%s: %s, the most this process gives tcpx-p2p (%s)", what,
+                              budget_use_words().c_str(), budget_words().c_str()));
             }
         } while (!g_sockets_open.compare_exchange_weak(open, open + 1, std::memory_order_relaxed));
         return Status();

@@ -65,16 +65,31 @@ class Fd {
 // check, so that an application raising it raises the bound).
 uint64_t sockets_open();
 uint64_t socket_budget();
+// Registrations that hold a descriptor of their own count against the same bound: an external
+// ncclNet plugin's GPU registrations (Google's TCPX plugin keeps a dma-buf fd for each, per comm
+// and registration window, so that peers naming more windows, or more peers, meant more
+// descriptors with nothing bounding them). The plugin adapter takes a place before its regMr and
+// gives it back at deregMr; past the budget the registration is refused (RESOURCE_EXHAUSTED),
+// and the engine gives up registrations no request uses to make room.
+uint64_t registrations_held();
+// What the bound is checked against: sockets and such registrations together.
+inline uint64_t budget_used() { return sockets_open() + registrations_held(); }
+// "N TCP sockets open" and, where there are any, the registrations counted with them.
+std::string budget_use_words();
+// A place for one registration (RESOURCE_EXHAUSTED naming `what` and the bound when none is
+// left), and giving one back.
+Status take_registration_place(const char* what);
+void give_back_registration_place();
 // Whether opening one more socket would be refused now. Listeners then leave new connections in
 // the kernel's queue unless one of their own connections that has not proved itself can make
 // way, and connections that have not proved themselves after kSocketBudgetGrace are closed by
 // their owners: connections that never finish a handshake cannot keep the budget full for
 // long, where a real peer's finish in a few round trips.
-inline bool socket_budget_full() { return sockets_open() >= socket_budget(); }
+inline bool socket_budget_full() { return budget_used() >= socket_budget(); }
 // Whether fewer than `headroom` places are left: an endpoint's listener takes no newcomer past
 // that, so that a peer setting up its data channels finds its sockets' places.
 inline bool socket_budget_pressed(uint64_t headroom) {
-    return sockets_open() + headroom >= socket_budget();
+    return budget_used() + headroom >= socket_budget();
 }
 // OK when `count` more sockets fit now (a comm opens its sockets all at once), else
 // RESOURCE_EXHAUSTED naming `what`, the bound and where it came from.

@@ -267,6 +267,7 @@ struct Channel {
     struct InFlight {
         Op op;
         net::Request* req;
+        net::MemHandle* mh = nullptr;  // the registration it was posted with (mrs), if any
         // rx: its copy or unpack was enqueued (start_finishing returned). One on the finishing
         // list without it was cut short by an exception, and its bytes never moved.
         bool started = false;
@@ -282,7 +283,15 @@ struct Channel {
     // The transport's registrations of our regions with this channel's comm (ncclNet registers
     // memory per comm; Google's TCPX needs one for every buffer it moves), made on first use: by
     // region, then by window (reg_windows.h) where a region exceeds what one registration holds.
-    std::unordered_map<Region*, std::map<size_t, net::MemHandle*>> mrs;
+    // GPU registrations of a transport whose each holds a descriptor (gpu_regs_counted) count
+    // against the process's budget of them: those no request uses are given up, least recently
+    // used first, to make room (give_up_idle_registrations).
+    struct Mr {
+        net::MemHandle* mh = nullptr;
+        uint64_t used = 0;     // Impl::mr_uses_ when it was last asked for
+        bool counted = false;  // a GPU registration, counted (gpu_regs_counted)
+    };
+    std::unordered_map<Region*, std::map<size_t, Mr>> mrs;
     net::MemHandle* scratch_mr = nullptr;
     // Made on the first GPU op: staging slots (kStaged) or unpack completions (kUnpack).
     std::unique_ptr<cuda::CopyRing> ring;
@@ -321,6 +330,9 @@ struct Channel {
         uint64_t host = 0;
         uint64_t total() const { return ring + gather + host; }
     } held;
+    // Since when its next chunk has waited for a place for its registration with none of this
+    // endpoint's in use (mr_for); the epoch when it does not.
+    Clock::time_point reg_wait_since{};
     bool staging_wait = false;               // its next chunk waits for room in the staging total
     Clock::time_point staging_wait_since{};  // since when (while staging_wait)
     Clock::time_point held_since{};          // when it last took staging
@@ -805,8 +817,18 @@ class Endpoint::Impl {
     cuda::CopyRing& ring_for(Channel& ch, const engine::Op& op);
     SlotFifo& slots_for(Channel& ch, const engine::Op& op);
     StatusOr<bool> slot_ready(Channel& ch, const engine::Op& op);
+    // The registration a direct op is posted with, made on first use; null: none can be made
+    // now (the descriptor budget is full and every counted registration of ours is in use),
+    // the op waits for one of them to be done.
     StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
                                      uint64_t scratch_len);
+    // Deregisters up to `want` counted registrations (Channel::Mr) no request in flight uses,
+    // least recently used first; how many went. `*in_use` (if given): whether some counted
+    // registration is in use (it will be free once its requests end).
+    size_t give_up_idle_registrations(size_t want, bool* in_use = nullptr);
+    // A counted registration for ch was refused at the budget (`refused`): OK to wait for a
+    // place (later passes try again), or the error once waiting has no end in sight.
+    Status wait_for_registration_place(Channel& ch, Status refused);
     // The channel's copy ring for `op` (a GPU op), made on first need.
     StatusOr<bool> ensure_ring(Peer& p, Channel& ch, bool tx, const engine::Op& op);
     // A receive came in: enqueue its GPU work (copy out of staging, unpack), if any.
@@ -987,6 +1009,7 @@ class Endpoint::Impl {
     Clock::time_point staging_pool_changed_{};
     // Bytes of drain scratch buffers held by all peers' channels (MAX_SCRATCH_BYTES_TOTAL).
     uint64_t scratch_bytes_ = 0;
+    uint64_t mr_uses_ = 0;  // registrations asked for (mr_for), the clock of Channel::Mr::used
     // Frees `ch`'s scratch buffer (its registration first) once no drain of its needs it.
     void release_scratch(Channel& ch, bool tx);
     // The buffer itself, and its count (nothing may write it any more).

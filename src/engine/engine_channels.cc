@@ -300,13 +300,14 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             if (!mr.ok()) {
                 return failed(Status(mr.status()).with_context("registering memory"));
             }
+            if (*mr == nullptr) break;  // no registration can be made yet: later
             mh = *mr;
         }
         // Room in the list first: once the transport holds the request nothing may fail before
         // it is tracked (an untracked request would be closed without its grace, its buffers
         // released under it). Filled in below, or taken out again.
         const bool was_idle = ch.inflight.empty();
-        ch.inflight.push_back(Channel::InFlight{op, nullptr});
+        ch.inflight.push_back(Channel::InFlight{op, nullptr, mh});
         net::Request* req = nullptr;
         Status st;
         try {
@@ -336,7 +337,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (stage_times_) op.posted_ns = engine::stage_clock_ns();
         if (op.region == nullptr) ch.scratch_busy = true;
         if (was_idle) ch.last_progress = Clock::now();
-        ch.inflight.back() = Channel::InFlight{op, req};
+        ch.inflight.back() = Channel::InFlight{op, req, mh};
         ch.queued.pop_front();
         ch.staging_wait = false;  // (as in the staging loop above)
         if (tx) --ch.staged_ahead;
@@ -541,9 +542,20 @@ StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx,
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
     TCPX_RETURN_IF_ERROR(Status(gpu.status()).with_context("registering the GPU gather buffer"));
-    TCPX_RETURN_IF_ERROR(
-        net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr)
-            .with_context("registering the GPU gather buffer"));
+    // A GPU registration: at the descriptor budget as mr_for's (an idle one makes way, or the
+    // chunk waits for one).
+    if (props_.gpu_regs_counted && socket_budget_full()) (void)give_up_idle_registrations(1);
+    Status st = net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr);
+    if (!st.ok()) {
+        ch.gtwin_mr = nullptr;
+        if (props_.gpu_regs_counted && st.code() == StatusCode::kResourceExhausted) {
+            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, std::move(st))
+                                     .with_context("registering the GPU gather buffer"));
+            return false;
+        }
+        return st.with_context("registering the GPU gather buffer");
+    }
+    ch.reg_wait_since = {};
     ch.gtwin = twin;
     return true;
 }
@@ -899,9 +911,16 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
                                  props_.max_reg_size, chunk_, page_cover));
     TCPX_ASSIGN_OR_RETURN(const size_t index,
                           windows.find(reinterpret_cast<uintptr_t>(op.ptr), op.len));
-    auto& by_window = ch.mrs[op.region];
-    auto it = by_window.find(index);
-    if (it != by_window.end()) return it->second;
+    {
+        auto found = ch.mrs.find(op.region);
+        if (found != ch.mrs.end()) {
+            auto it = found->second.find(index);
+            if (it != found->second.end()) {
+                it->second.used = ++mr_uses_;
+                return it->second.mh;
+            }
+        }
+    }
     // Google's TCPX registers GPU memory by whole 4 KiB pages from an aligned pointer: GPU windows
     // are cut from the page-aligned cover of the region (inside the same allocation, whose
     // granularity is coarser). Only the region's own bytes are ever sent or received.
@@ -915,9 +934,18 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
         gpu.emplace(op.region->device);
         TCPX_RETURN_IF_ERROR(Status(gpu->status()).with_context("registering GPU memory"));
     }
+    // A GPU registration of a transport whose each holds a descriptor takes a place in the
+    // process's budget of them (the transport's reg_mr refuses it past the budget): at the
+    // budget, one no request uses goes first (before this one's place below is made: giving
+    // up may empty and erase any region's list). Past it still (all ours in use, or the
+    // budget held by sockets and other endpoints), the op waits while ours in use will be
+    // free once their requests end; with none of ours in use it fails.
+    const bool counted = props_.gpu_regs_counted && type == net::MemType::kCuda;
+    if (counted && socket_budget_full()) (void)give_up_idle_registrations(1);
     // Its place first: once the transport holds a registration nothing may fail before it is
     // recorded (unrecorded, it would never be deregistered: with Google's plugin a dma-buf fd).
-    it = by_window.emplace(index, nullptr).first;
+    auto& by_window = ch.mrs[op.region];
+    auto it = by_window.emplace(index, Channel::Mr{}).first;
     Status st;
     try {
         st = net_->reg_mr(comm, reinterpret_cast<void*>(w.base), w.len, type, &mh);
@@ -929,10 +957,90 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     if (!st.ok()) {
         by_window.erase(it);
         if (by_window.empty()) ch.mrs.erase(op.region);
+        if (counted && st.code() == StatusCode::kResourceExhausted) {
+            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, std::move(st)));
+            return nullptr;  // later
+        }
         return st;
     }
-    it->second = mh;
+    it->second = Channel::Mr{mh, ++mr_uses_, counted};
+    ch.reg_wait_since = {};
     return mh;
+}
+
+Status Endpoint::Impl::wait_for_registration_place(Channel& ch, Status refused) {
+    // Ours in use are free once their requests end (or their peers fail, stalled). With none,
+    // the places are other endpoints' or sockets: they may go too (a pair of endpoints in one
+    // process, one's sends waiting for the other's receives), but not for sure: the wait ends
+    // after half the peer timeout.
+    bool ours_in_use = false;
+    (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
+    const auto now = Clock::now();
+    if (ours_in_use) {
+        ch.reg_wait_since = {};
+        return Status();
+    }
+    if (ch.reg_wait_since == Clock::time_point{}) ch.reg_wait_since = now;
+    const auto most = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
+    if (now - ch.reg_wait_since <= most) return Status();
+    ch.reg_wait_since = {};
+    return refused.with_context(
+        strformat("no GPU registration of this endpoint could make way for %lld ms (none in use "
+                  "here)",
+                  static_cast<long long>(most.count())));
+}
+
+size_t Endpoint::Impl::give_up_idle_registrations(size_t want, bool* in_use) {
+    struct Idle {
+        uint64_t used;
+        Channel* ch;
+        bool tx;
+        Region* region;
+        size_t index;
+    };
+    std::vector<Idle> idle;
+    bool busy = false;
+    for (auto& [id, p] : peers_) {
+        for (bool tx : {true, false}) {
+            for (Channel& ch : tx ? p->tx : p->rx) {
+                void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+                if (comm == nullptr) continue;
+                for (auto& [region, by_window] : ch.mrs) {
+                    for (auto& [index, mr] : by_window) {
+                        if (!mr.counted || mr.mh == nullptr) continue;
+                        // In use while a request posted with it is in the transport or
+                        // finishing (a receive is handed back to the transport only then).
+                        auto uses = [&](const Channel::InFlight& f) { return f.mh == mr.mh; };
+                        if (std::any_of(ch.inflight.begin(), ch.inflight.end(), uses) ||
+                            std::any_of(ch.finishing.begin(), ch.finishing.end(), uses)) {
+                            busy = true;
+                            continue;
+                        }
+                        if (want > 0) idle.push_back(Idle{mr.used, &ch, tx, region, index});
+                    }
+                }
+            }
+        }
+    }
+    if (in_use != nullptr) *in_use = busy;
+    const size_t n = std::min(want, idle.size());
+    std::partial_sort(idle.begin(), idle.begin() + static_cast<ptrdiff_t>(n), idle.end(),
+                      [](const Idle& a, const Idle& b) { return a.used < b.used; });
+    for (size_t i = 0; i < n; ++i) {
+        const Idle& v = idle[i];
+        Channel& ch = *v.ch;
+        void* comm = v.tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
+        auto region_it = ch.mrs.find(v.region);
+        auto it = region_it->second.find(v.index);
+        (void)net_->dereg_mr(comm, it->second.mh);
+        region_it->second.erase(it);
+        if (region_it->second.empty()) ch.mrs.erase(region_it);
+    }
+    if (n > 0) {
+        TCPX_DEBUG("endpoint '%s': %zu GPU registrations no request used given up (%s)",
+                   name_.c_str(), n, "the process's descriptor budget, MAX_SOCKETS, is full");
+    }
+    return n;
 }
 
 void Endpoint::Impl::drop_mrs(Channel& ch, bool tx, bool after_close) {
@@ -941,7 +1049,7 @@ void Endpoint::Impl::drop_mrs(Channel& ch, bool tx, bool after_close) {
                              : static_cast<void*>(ch.recv);
     if (comm == nullptr && !after_close) return;
     for (auto& [region, by_window] : ch.mrs) {
-        for (auto& [index, mh] : by_window) (void)net_->dereg_mr(comm, mh);
+        for (auto& [index, mr] : by_window) (void)net_->dereg_mr(comm, mr.mh);
     }
     ch.mrs.clear();
     if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
@@ -966,7 +1074,7 @@ void Endpoint::Impl::forget_region(Region* r) {
                 if (it == ch.mrs.end()) continue;
                 void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
                 if (comm != nullptr) {
-                    for (auto& [index, mh] : it->second) (void)net_->dereg_mr(comm, mh);
+                    for (auto& [index, mr] : it->second) (void)net_->dereg_mr(comm, mr.mh);
                 }
                 ch.mrs.erase(it);
             }

@@ -133,9 +133,9 @@ void Endpoint::Impl::accept_inbound() {
                 // Connections that do not prove themselves soon are closed (step_peer).
                 if (may_log_stranger_event()) {
                     TCPX_WARN(
-                        "endpoint '%s': new connections wait: %llu TCP sockets open, the "
-                        "process's budget (TCPX_P2P_MAX_SOCKETS) less a peer's channels",
-                        name_.c_str(), static_cast<unsigned long long>(sockets_open()));
+                        "endpoint '%s': new connections wait: %s, the process's budget "
+                        "(TCPX_P2P_MAX_SOCKETS) less a peer's channels",
+                        name_.c_str(), budget_use_words().c_str());
                 }
                 pause_listener();
                 return;

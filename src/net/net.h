@@ -94,6 +94,11 @@ struct Properties {
     // pieces room of its own for them from the start, instead of learning it from a receive
     // that had to fail (PLUGIN_PLACES_BYTES).
     bool places_bytes = false;
+    // Not in v7: whether GPU registrations count against the process's descriptor budget
+    // (common/socket.h: an external plugin's each hold a descriptor, Google's a dma-buf fd),
+    // reg_mr() refusing one past it with RESOURCE_EXHAUSTED. The engine then gives up
+    // registrations no request uses to make room (least recently used first).
+    bool gpu_regs_counted = false;
 };
 
 // One segment of a message sent or received with isendv()/irecvv().

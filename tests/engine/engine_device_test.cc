@@ -5,6 +5,8 @@
 // (tests/support/host_device.h) in CI; tcpx_gpu_tests (TCPX_TEST_REAL_GPU) on real GPUs, skipping
 // where there is none. Each runs over the socket net (the staging path) and over the emulated TCPX
 // plugin (the unpack path).
+#include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/cache_lines.h"
+#include "common/socket.h"
 #include "cuda/device.h"
 #if TCPX_TEST_REAL_GPU
 #include <cuda_runtime_api.h>
@@ -1229,6 +1232,193 @@ TEST_P(EngineDevice, StagingHandedOverIsReusedNotMadeAgain) {
     EXPECT_LE(emulation()->rings_made() - made_before, 1)
         << "rings were made again at hand-overs (" << s.staging_waits - waits_before << " waits)";
     EXPECT_LE(s.staging_peak_bytes, config.max_staging_bytes_total);
+}
+
+// The emulated plugin's counts of its CUDA registrations (each holds a descriptor with
+// FAKETCPX_MR_FD=1, as each of Google's holds a dma-buf fd) and of its deregMr calls refused
+// because a request posted with the registration was not done.
+struct FakeMrCounts {
+    FakeMrCounts() {
+        lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW);
+        if (lib == nullptr) return;
+        open = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_cuda_mrs"));
+        peak = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_peak_cuda_mrs"));
+        reset_peak = reinterpret_cast<void (*)()>(::dlsym(lib, "faketcpx_reset_peak_cuda_mrs"));
+        busy_deregs = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_busy_deregs"));
+    }
+    ~FakeMrCounts() {
+        if (lib != nullptr) ::dlclose(lib);
+    }
+    bool ok() const { return open && peak && reset_peak && busy_deregs; }
+    void* lib = nullptr;
+    int (*open)() = nullptr;
+    int (*peak)() = nullptr;
+    void (*reset_peak)() = nullptr;
+    int (*busy_deregs)() = nullptr;
+};
+
+// Descriptors the process holds (/proc/self/fd).
+int open_fds() {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+        while (::readdir(d) != nullptr) ++n;
+        ::closedir(d);
+    }
+    return n;
+}
+
+struct BudgetForTest {
+    explicit BudgetForTest(uint64_t budget) { set_socket_budget_for_testing(budget); }
+    ~BudgetForTest() { set_socket_budget_for_testing(0); }
+};
+
+// With a plugin whose GPU registrations each hold a descriptor (Google's: a dma-buf fd per comm
+// and registration window), what peers can make the process hold is bounded by the descriptor
+// budget (MAX_SOCKETS) it shares with the sockets: here room for five registrations beyond the
+// sockets open, and ten GPU regions on each side, each written and read over two channels (forty
+// registrations without the bound). Those no request uses are given up, least recently used
+// first; none is given up under a request (the emulation refuses such a deregMr, counted), and
+// every byte lands. Over the socket transport nothing is counted.
+TEST_P(EngineDevice, GpuRegistrationsOfAPluginStayWithinTheDescriptorBudget) {
+    FakeMrCounts fake;
+    ASSERT_TRUE(fake.ok());
+    constexpr int kRegions = 10;
+    constexpr uint64_t kLen = 256 << 10;  // four chunks: both channels
+    constexpr uint64_t kRoom = 5;         // two channels' registrations a side, and one
+    ::setenv("FAKETCPX_MR_FD", "1", 1);
+    std::vector<Reg> mine, theirs;
+    for (int i = 0; i < kRegions; ++i) {
+        add(a_.get(), device_buffer(kLen, 0, emulation()), &mine);
+        add(b_.get(), device_buffer(kLen, gpus_ - 1, emulation()), &theirs);
+    }
+    const bool counted = GetParam() != Transport::kSocket;
+    LogCapture log(LogLevel::kDebug);
+    const int busy_before = fake.busy_deregs();
+    const int cuda_before = fake.open();
+    const int fds_before = open_fds();
+    fake.reset_peak();
+    {
+        BudgetForTest budget(budget_used() + kRoom);
+        for (int round = 0; round < 2; ++round) {
+            for (int i = 0; i < kRegions; ++i) {
+                const auto k = static_cast<size_t>(i);
+                fill(mine[k].buf.get(), 0, kLen, 100 * round + i);
+                ASSERT_TRUE(write(mine[k], 0, theirs[k], 0, kLen).ok()) << round << " " << i;
+                ASSERT_EQ(mismatch(theirs[k].buf.get(), 0, kLen, 100 * round + i), -1) << i;
+                fill(theirs[k].buf.get(), 0, kLen, 100 * round + i + 50);
+                ASSERT_TRUE(read(mine[k], 0, theirs[k], 0, kLen).ok()) << round << " " << i;
+                ASSERT_EQ(mismatch(mine[k].buf.get(), 0, kLen, 100 * round + i + 50), -1) << i;
+                EXPECT_LE(registrations_held(), kRoom) << round << " " << i;
+            }
+        }
+        // The budget's places: what the plugin holds, and its descriptors.
+        EXPECT_LE(fake.peak() - cuda_before, static_cast<int>(kRoom));
+        EXPECT_LE(open_fds() - fds_before, static_cast<int>(kRoom));
+    }
+    EXPECT_EQ(fake.busy_deregs(), busy_before) << "a registration went under a request";
+    if (counted) {
+        EXPECT_TRUE(log.contains("GPU registrations no request used given up")) << log.all();
+        EXPECT_GT(registrations_held(), 0u);
+    } else {
+        EXPECT_EQ(registrations_held(), 0u);
+    }
+    // Unbounded again, every region's registrations stay (the bound was what held them down).
+    for (int i = 0; i < kRegions; ++i) {
+        const auto k = static_cast<size_t>(i);
+        ASSERT_TRUE(write(mine[k], 0, theirs[k], 0, kLen).ok()) << i;
+    }
+    if (counted) {
+        EXPECT_GT(registrations_held(), kRoom);
+    }
+    for (auto* regs : {&mine, &theirs}) {
+        for (Reg& r : *regs) {
+            EXPECT_TRUE((regs == &mine ? a_ : b_)->dereg(r.mem).ok());
+            EXPECT_TRUE(r.buf->canaries_intact());
+        }
+    }
+    EXPECT_EQ(registrations_held(), 0u) << "places not given back at deregistration";
+    EXPECT_EQ(fake.open(), cuda_before);
+    ::unsetenv("FAKETCPX_MR_FD");
+}
+
+// Registrations no request uses make way for a newcomer's sockets too: an endpoint whose
+// listener finds the budget pressed (what one peer's channels take is not left) takes no one,
+// and idle registrations held that room. They are given up on the engine's tick, and the
+// newcomer connects and moves its bytes.
+TEST_P(EngineDevice, IdleGpuRegistrationsMakeWayForANewPeersSockets) {
+    if (GetParam() == Transport::kSocket) GTEST_SKIP() << "no registration is counted";
+    constexpr int kRegions = 4;
+    constexpr uint64_t kLen = 256 << 10;
+    std::vector<Reg> mine, theirs;
+    for (int i = 0; i < kRegions; ++i) {
+        add(a_.get(), device_buffer(kLen, 0, emulation()), &mine);
+        add(b_.get(), device_buffer(kLen, gpus_ - 1, emulation()), &theirs);
+        const auto k = static_cast<size_t>(i);
+        ASSERT_TRUE(write(mine[k], 0, theirs[k], 0, kLen).ok()) << i;
+    }
+    const uint64_t held = registrations_held();
+    ASSERT_GE(held, 2u * kRegions);  // a's sends and b's receives, each region
+    // Room for the newcomer's sockets only once the registrations go: b's listener leaves what
+    // one peer's channels take (2 channels x (2 x (2 + 1) + 1)) free.
+    const uint64_t channel_room = 2 * (2 * (2 + 1) + 1);
+    BudgetForTest budget(sockets_open() + channel_room + 6);
+    ASSERT_TRUE(socket_budget_pressed(channel_room + 1));
+    Config config = a_config_;
+    config.connect_timeout_ms = 3000;
+    auto c = make_endpoint("newcomer", config);
+    ASSERT_NE(c, nullptr);
+    const Link l = link(c.get(), b_.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    EXPECT_LT(registrations_held(), held);
+    std::vector<Reg> cbufs;
+    add(c.get(), host_buffer(kLen), &cbufs);
+    fill(cbufs[0].buf.get(), 0, kLen, 77);
+    auto x = c->write(l.a_to_b, cbufs[0].mem, 0, theirs[0].desc, 0, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_TRUE(c->wait(*x, 30s).ok());
+    EXPECT_EQ(mismatch(theirs[0].buf.get(), 0, kLen, 77), -1);
+}
+
+// At the descriptor budget with no registration of the endpoint to give up (the places held by
+// sockets), a GPU transfer waits for half the peer timeout, then fails with the bound named; the
+// endpoint serves on once there is room again.
+TEST_P(EngineDevice, AGpuRegistrationWithNoPlaceFailsNamingTheBound) {
+    if (GetParam() == Transport::kSocket) GTEST_SKIP() << "no registration is counted";
+    FakeMrCounts fake;
+    ASSERT_TRUE(fake.ok());
+    constexpr uint64_t kLen = 256 << 10;
+    Config config = a_config_;
+    config.peer_timeout_ms = 1000;
+    Pair pair;
+    ASSERT_NO_FATAL_FAILURE(connected_pair(config, "full", &pair));
+    std::vector<Reg> abufs, bbufs;
+    add(pair.a.get(), device_buffer(kLen, 0, emulation()), &abufs);
+    add(pair.b.get(), device_buffer(kLen, gpus_ - 1, emulation()), &bbufs);
+    fill(abufs[0].buf.get(), 0, kLen, 7);
+    {
+        BudgetForTest budget(budget_used());
+        const auto start = std::chrono::steady_clock::now();
+        auto x = pair.a->write(pair.link.a_to_b, abufs[0].mem, 0, bbufs[0].desc, 0, kLen);
+        ASSERT_TRUE(x.ok()) << x.status().to_string();
+        const Status st = pair.a->wait(*x, 30s);
+        EXPECT_FALSE(st.ok());
+        EXPECT_GE(std::chrono::steady_clock::now() - start, 400ms) << st.to_string();
+        // Whichever side needed a place first failed the peer with the bound in its error.
+        const Status a_side = pair.a->peer_status(pair.link.a_to_b);
+        const Status b_side = pair.b->peer_status(pair.link.b_to_a);
+        const bool named =
+            a_side.message().find("descriptors this process gives") != std::string::npos ||
+            b_side.message().find("descriptors this process gives") != std::string::npos;
+        EXPECT_TRUE(named) << a_side.to_string() << " / " << b_side.to_string();
+    }
+    EXPECT_EQ(registrations_held(), 0u);
+    // Room again: a new connection moves the bytes.
+    const Link again = link(pair.a.get(), pair.b.get());
+    ASSERT_NE(again.a_to_b, 0u);
+    auto x = pair.a->write(again.a_to_b, abufs[0].mem, 0, bbufs[0].desc, 0, kLen);
+    ASSERT_TRUE(x.ok()) << x.status().to_string();
+    ASSERT_TRUE(pair.a->wait(*x, 30s).ok());
+    EXPECT_EQ(mismatch(bbufs[0].buf.get(), 0, kLen, 7), -1);
 }
 
 #if TCPX_TEST_REAL_GPU

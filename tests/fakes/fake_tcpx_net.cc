@@ -68,9 +68,17 @@
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
+//   FAKETCPX_MR_FD=1 (read by regMr): every CUDA registration holds a descriptor (an eventfd)
+//     until deregistered, as the real plugin's each holds a dma-buf fd.
 // For tests, faketcpx_open_comms() and faketcpx_open_mrs() (exported) count the comms made and
 // not yet closed, and the registrations made and not yet deregistered (a close releases none,
-// as in the real plugin).
+// as in the real plugin); faketcpx_open_cuda_mrs() and faketcpx_peak_cuda_mrs() the CUDA ones
+// now and at most at once; faketcpx_busy_deregs() the deregMr calls refused because a request
+// posted with the registration was not done yet (the real plugin's pages and descriptor would
+// go from under it).
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -245,10 +253,17 @@ bool mem_copy(void* dst, const void* src, size_t len) {
 struct FakeComm;
 
 std::atomic<int> g_open_mrs{0};
+std::atomic<int> g_open_cuda_mrs{0};
+std::atomic<int> g_peak_cuda_mrs{0};
+std::atomic<int> g_busy_deregs{0};
 
 struct FakeMr {
     FakeMr() { ++g_open_mrs; }
-    ~FakeMr() { --g_open_mrs; }
+    ~FakeMr() {
+        --g_open_mrs;
+        if (type == TCPX_NCCL_PTR_CUDA) --g_open_cuda_mrs;
+        if (fd >= 0) ::close(fd);
+    }
     FakeMr(const FakeMr&) = delete;
     FakeMr& operator=(const FakeMr&) = delete;
     uint32_t magic = kMrMagic;
@@ -259,6 +274,8 @@ struct FakeMr {
     int type = 0;
     uintptr_t base = 0;  // what was registered
     size_t size = 0;
+    int fd = -1;                // FAKETCPX_MR_FD
+    std::atomic<int> users{0};  // requests posted with it that test() has not reported done
 };
 // Registrations whose comm closed (kept reachable: a caller's leak shows in the count, not as
 // the process's).
@@ -284,6 +301,7 @@ struct FakeReq {
     FakeComm* comm = nullptr;
     bool recv = false;
     bool cuda = false;                // the caller's buffer is CUDA memory
+    FakeMr* mr = nullptr;             // its registration, a user of it until reported done
     void* data = nullptr;             // the caller's buffer
     size_t size = 0;                  // posted size (receives) or size sent
     std::atomic<bool> landed{false};  // the bytes are where the caller will find them
@@ -307,6 +325,15 @@ struct FakeReq {
     FakeReq& operator=(const FakeReq&) = delete;
     ~FakeReq();
 };
+
+// A posted request uses its registration until test() reports it done.
+void use_mr(FakeReq* r) {
+    if (r->mr != nullptr) ++r->mr->users;
+}
+void done_with_mr(FakeReq* r) {
+    if (r->mr != nullptr) --r->mr->users;
+    r->mr = nullptr;
+}
 
 // The in-process pipe between a no-wire send comm and its receive comm.
 struct Link {
@@ -813,6 +840,7 @@ bool match(Link* link) {
 tcpx_ncclResult_t post_in_process(FakeComm* comm, std::unique_ptr<FakeReq> r,
                                   std::unique_lock<std::mutex> lock, void** request) {
     FakeReq* raw = r.release();
+    use_mr(raw);
     comm->queue.push_back(raw);
     lock.unlock();
     std::lock_guard<std::mutex> link_lock(comm->link->mu);
@@ -1185,6 +1213,21 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
     auto* mr = new FakeMr;
     mr->comm = as_comm(comm);
     mr->type = type;
+    if (type == TCPX_NCCL_PTR_CUDA) {
+        const int open = ++g_open_cuda_mrs;
+        int peak = g_peak_cuda_mrs.load();
+        while (open > peak && !g_peak_cuda_mrs.compare_exchange_weak(peak, open)) {
+        }
+        if (const char* v = std::getenv("FAKETCPX_MR_FD"); v != nullptr && v[0] == '1') {
+            mr->fd = ::eventfd(0, EFD_CLOEXEC);
+            if (mr->fd < 0) {
+                const int err = errno;
+                delete mr;
+                FAKE_WARN("regMr: no descriptor for the registration: %s", std::strerror(err));
+                return tcpx_ncclSystemError;
+            }
+        }
+    }
     mr->base = reinterpret_cast<uintptr_t>(data);
     mr->size = static_cast<size_t>(size);
     {
@@ -1198,6 +1241,12 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
 tcpx_ncclResult_t fake_dereg_mr(void* /*comm*/, void* mhandle) {
     if (!valid_mr(mhandle)) return tcpx_ncclInternalError;
     auto* mr = static_cast<FakeMr*>(mhandle);
+    if (mr->users.load() > 0) {
+        ++g_busy_deregs;
+        FAKE_WARN("deregMr of a registration %d requests posted with are not done",
+                  mr->users.load());
+        return tcpx_ncclInternalError;
+    }
     if (mr->comm != nullptr) {
         std::lock_guard<std::mutex> lock(mr->comm->mu);
         mr->comm->mrs.erase(mr);
@@ -1224,6 +1273,7 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
     auto r = std::make_unique<FakeReq>();
     r->comm = comm;
     r->cuda = is_cuda_mr(mhandle);
+    r->mr = static_cast<FakeMr*>(mhandle);
     r->data = data;
     r->size = static_cast<size_t>(size);
     r->g.comm = comm;
@@ -1243,6 +1293,7 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
     if (!st.ok()) return fail(st, "isend");
     if (r->inner == nullptr) return tcpx_ncclSuccess;
     *request = r.get();
+    use_mr(r.get());
     comm->queue.push_back(r.release());
     return tcpx_ncclSuccess;
 }
@@ -1267,6 +1318,7 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
     r->comm = comm;
     r->recv = true;
     r->cuda = is_cuda_mr(mhandles[0]);
+    r->mr = static_cast<FakeMr*>(mhandles[0]);
     r->data = data[0];
     r->size = static_cast<size_t>(sizes[0]);
     r->g.comm = comm;
@@ -1308,6 +1360,7 @@ tcpx_ncclResult_t fake_irecv(void* recv_comm, int n, void** data, int* sizes, in
         return tcpx_ncclSuccess;
     }
     *request = r.get();
+    use_mr(r.get());
     comm->queue.push_back(r.release());
     return tcpx_ncclSuccess;
 }
@@ -1391,10 +1444,20 @@ void misbehave(const std::string& how, FakeReq* r) {
     }
 }
 
+tcpx_ncclResult_t test_request(FakeReq* r, int* done);
+
 tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never written*/) {
     *done = 0;
     auto* r = static_cast<FakeReq*>(request);
     if (r == nullptr || r->magic != kReqMagic) return tcpx_ncclInternalError;
+    const tcpx_ncclResult_t res = test_request(r, done);
+    // A request whose test failed is over for its caller (its comm is broken): its
+    // registration may go.
+    if (res != tcpx_ncclSuccess) done_with_mr(r);
+    return res;
+}
+
+tcpx_ncclResult_t test_request(FakeReq* r, int* done) {
     FakeComm* comm = r->comm;
     if (comm->link) {
         std::lock_guard<std::mutex> link_lock(comm->link->mu);
@@ -1429,6 +1492,7 @@ tcpx_ncclResult_t fake_test(void* request, int* done, int* /*sizes: never writte
         FAKE_WARN("host receive %p of %zu bytes completed", static_cast<void*>(r), r->size);
     }
     r->done = true;
+    done_with_mr(r);
     if (r->recv && r->cuda) {
         *r->g.unpack_slot.cnt = r->entries;
         misbehave(comm->misbehave, r);
@@ -1477,7 +1541,10 @@ tcpx_ncclResult_t close_comm(void* c) {
     } else {
         st = comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
     }
-    for (FakeReq* r : comm->queue) delete r;
+    for (FakeReq* r : comm->queue) {
+        if (!r->done) done_with_mr(r);
+        delete r;
+    }
     {
         std::lock_guard<std::mutex> lock(g_orphan_mu);
         for (FakeMr* mr : comm->mrs) {
@@ -1524,6 +1591,22 @@ extern "C" __attribute__((visibility("default"))) int faketcpx_open_comms() {
 
 extern "C" __attribute__((visibility("default"))) int faketcpx_open_mrs() {
     return g_open_mrs.load();
+}
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_open_cuda_mrs() {
+    return g_open_cuda_mrs.load();
+}
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_peak_cuda_mrs() {
+    return g_peak_cuda_mrs.load();
+}
+
+extern "C" __attribute__((visibility("default"))) void faketcpx_reset_peak_cuda_mrs() {
+    g_peak_cuda_mrs.store(g_open_cuda_mrs.load());
+}
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_busy_deregs() {
+    return g_busy_deregs.load();
 }
 
 extern "C" __attribute__((visibility("default"))) const tcpx_ncclNet_v7_t ncclNetPlugin_v7 = {

@@ -451,11 +451,71 @@ TEST(PluginLoader, TheEmulationEnforcesTcpxRules) {
     ASSERT_TRUE(net->irecv(p.recv, 1, &d, &n, &tag, &rmr, &extra).ok());
     EXPECT_NE(extra, nullptr);
     EXPECT_EQ(find_pattern_mismatch(dst.data(), 2048, 5), -1);
-    // Teardown with requests pending is allowed.
-    (void)net->dereg_mr(p.send, smr);
-    (void)net->dereg_mr(p.recv, rmr);
+    // Teardown with requests pending is allowed: the comms are closed with them, and their
+    // registrations deregistered after (before, with requests still posted with them, deregMr
+    // is refused: the real plugin's pages and descriptor would go from under the requests).
+    EXPECT_FALSE(net->dereg_mr(p.send, smr).ok());
+    EXPECT_FALSE(net->dereg_mr(p.recv, rmr).ok());
     EXPECT_TRUE(net->close_send(p.send).ok());
     EXPECT_TRUE(net->close_recv(p.recv).ok());
+    EXPECT_TRUE(net->dereg_mr(nullptr, smr).ok());
+    EXPECT_TRUE(net->dereg_mr(nullptr, rmr).ok());
+}
+
+// GPU registrations of an external plugin each take a place in the process's descriptor
+// budget (MAX_SOCKETS, shared with the sockets: Google's plugin holds a dma-buf fd for each),
+// host ones none; past it regMr is not called and the registration is refused
+// (RESOURCE_EXHAUSTED); deregMr gives the place back, and so does a deregMr after the comm's
+// close (Google's close releases no registration, so they stay counted until then).
+TEST(PluginLoader, GpuRegistrationsTakePlacesInTheDescriptorBudget) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    net::Properties props;
+    ASSERT_TRUE(net->get_properties(0, &props).ok());
+    EXPECT_TRUE(props.gpu_regs_counted);
+    void* lib = ::dlopen(TCPX_FAKE_TCPX_PATH, RTLD_NOW);
+    ASSERT_NE(lib, nullptr);
+    auto open_cuda = reinterpret_cast<int (*)()>(::dlsym(lib, "faketcpx_open_cuda_mrs"));
+    ASSERT_NE(open_cuda, nullptr);
+    Pair p = connect_fake(net.get());
+    ASSERT_TRUE(p.send && p.recv);
+    constexpr size_t kLen = 64 << 10;
+    void* buf = std::aligned_alloc(4096, kLen);
+    ASSERT_NE(buf, nullptr);
+    const uint64_t held = registrations_held();
+    const int cuda_before = open_cuda();
+    net::MemHandle* host = nullptr;
+    net::MemHandle* a = nullptr;
+    net::MemHandle* b = nullptr;
+    net::MemHandle* c = nullptr;
+    ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kHost, &host).ok());
+    EXPECT_EQ(registrations_held(), held);
+    set_socket_budget_for_testing(budget_used() + 2);
+    ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &a).ok());
+    ASSERT_TRUE(net->reg_mr(p.recv, buf, kLen, net::MemType::kCuda, &b).ok());
+    EXPECT_EQ(registrations_held(), held + 2);
+    const Status full = net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &c);
+    EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.to_string();
+    EXPECT_NE(full.message().find("GPU registrations of the ncclNet plugin"), std::string::npos)
+        << full.to_string();
+    EXPECT_EQ(open_cuda(), cuda_before + 2) << "regMr called past the budget";
+    // No socket either (one budget).
+    EXPECT_EQ(socket_budget_room(1, "test").code(), StatusCode::kResourceExhausted);
+    ASSERT_TRUE(net->dereg_mr(p.send, a).ok());
+    EXPECT_EQ(registrations_held(), held + 1);
+    ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &c).ok());
+    set_socket_budget_for_testing(0);
+    // Closed with the comms: still counted (the plugin still holds them) until deregistered.
+    EXPECT_TRUE(net->dereg_mr(p.send, host).ok());
+    EXPECT_TRUE(net->close_send(p.send).ok());
+    EXPECT_TRUE(net->close_recv(p.recv).ok());
+    EXPECT_EQ(registrations_held(), held + 2);
+    EXPECT_TRUE(net->dereg_mr(nullptr, b).ok());
+    EXPECT_TRUE(net->dereg_mr(nullptr, c).ok());
+    EXPECT_EQ(registrations_held(), held);
+    EXPECT_EQ(open_cuda(), cuda_before);
+    std::free(buf);
+    ::dlclose(lib);
 }
 
 // A receive into CUDA memory arrives as devmem TCP delivers it: scattered pages of the comm's

@@ -222,6 +222,34 @@ TEST(SocketBudget, EverySocketOpenedCountsOnceUntilItCloses) {
     EXPECT_EQ(sockets_open(), base);
 }
 
+// Registrations that hold a descriptor (an external plugin's GPU ones) share the budget with
+// the sockets: a place taken for one is a socket fewer, and the other way round.
+TEST(SocketBudget, RegistrationPlacesShareTheBudgetWithSockets) {
+    const uint64_t base = budget_used();
+    TestBudget budget(base + 2);
+    ASSERT_TRUE(take_registration_place("test").ok());
+    EXPECT_EQ(budget_used(), base + 1);
+    auto listener = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_TRUE(listener.ok());
+    EXPECT_TRUE(socket_budget_full());
+    const Status no_place = take_registration_place("registering");
+    EXPECT_EQ(no_place.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(no_place.message().find("1 GPU registrations"), std::string::npos)
+        << no_place.to_string();
+    auto refused = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("TCP sockets open and 1 GPU registrations"),
+              std::string::npos)
+        << refused.status().to_string();
+    give_back_registration_place();
+    EXPECT_FALSE(socket_budget_full());
+    auto another = listen_tcp(*SocketAddress::parse("127.0.0.1", 0), 16);
+    EXPECT_TRUE(another.ok());
+    another->reset();
+    listener->reset();
+    EXPECT_EQ(budget_used(), base);
+}
+
 TEST(SocketBudget, PastTheBudgetNothingOpensAndAcceptedConnectionsAreClosed) {
     const uint64_t base = sockets_open();
     TestBudget budget(base + 2);

@@ -16,6 +16,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "common/socket.h"
 #include "common/status_util.h"
 #include "common/strings.h"
 #include "net/plugin/log_limiter.h"
@@ -311,6 +312,7 @@ Status V7Net::get_properties(int dev, Properties* props) const {
     const size_t reg_limit = table_->max_reg_bytes();
     props->max_reg_size = reg_limit == SIZE_MAX ? 0 : reg_limit & ~size_t{4095};
     props->dereg_after_close = dereg_after_close_;
+    props->gpu_regs_counted = true;  // (reg_mr)
     const std::string& places = options_.settings.plugin_places_bytes;
     props->places_bytes =
         places == "on" || (places == "auto" && handle_kind_ == HandleKind::kGoogleTcpx);
@@ -426,20 +428,61 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
     void* c = unwrap_comm(comm);
     if (c == nullptr || mhandle == nullptr) return invalid_argument("reg_mr: not a comm");
     TCPX_RETURN_IF_ERROR(check_size(size, table_->max_reg_bytes(), *table_, "reg_mr"));
+    // GPU registrations hold a descriptor of the plugin's (Google's: a dma-buf fd), one per
+    // comm and registration: each takes a place in the process's descriptor budget first.
+    const bool counted = type != MemType::kHost;
+    if (counted) TCPX_RETURN_IF_ERROR(take_registration_place("registering GPU memory"));
     void* mh = nullptr;
-    TCPX_RETURN_IF_ERROR(from_nccl_result(
-        table_->reg_mr(c, data, size, static_cast<int>(type), &mh), name_ + ": regMr"));
+    Status st = from_nccl_result(table_->reg_mr(c, data, size, static_cast<int>(type), &mh),
+                                 name_ + ": regMr");
+    if (counted && st.ok()) {
+        try {
+            std::lock_guard<std::mutex> lock(mu_);
+            counted_mrs_.emplace(mh, comm);
+        } catch (...) {
+            (void)table_->dereg_mr(c, mh);
+            st = Status(StatusCode::kResourceExhausted, "reg_mr: out of memory");
+        }
+    }
+    if (!st.ok()) {
+        if (counted) give_back_registration_place();
+        return st;
+    }
     *mhandle = static_cast<MemHandle*>(mh);
     return Status();
 }
 
+void V7Net::forget_counted_mr(void* mhandle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (counted_mrs_.erase(mhandle) > 0) give_back_registration_place();
+}
+
+void V7Net::forget_counted_mrs_of(void* comm) {
+    // Where the plugin's close releases what was registered with the comm (ncclNet v7 asks for
+    // deregMr first, so this is what a close without it is taken to do); Google's releases
+    // nothing (dereg_after_close_), and its registrations stay counted until deregistered.
+    if (dereg_after_close_) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = counted_mrs_.begin(); it != counted_mrs_.end();) {
+        if (it->second == comm) {
+            give_back_registration_place();
+            it = counted_mrs_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
 Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
     if (comm == nullptr && dereg_after_close_) {
+        // (its place given back whatever the plugin says: the handle is not used again)
+        forget_counted_mr(mhandle);
         return from_nccl_result(table_->dereg_mr(nullptr, mhandle),
                                 name_ + ": deregMr (after its comm's close)");
     }
     void* c = unwrap_comm(comm);
     if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
+    forget_counted_mr(mhandle);
     return from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
 }
 
@@ -573,6 +616,7 @@ Status V7Net::close_send(SendComm* comm) {
     if (w == nullptr) return Status();
     if (w->magic != kSendWrap) return invalid_argument("close_send: not a send comm");
     Status st = from_nccl_result(table_->close_send(w->comm), name_ + ": closeSend");
+    forget_counted_mrs_of(w);
     release_all(w);
     w->magic = 0;
     delete w;
@@ -584,6 +628,7 @@ Status V7Net::close_recv(RecvComm* comm) {
     if (w == nullptr) return Status();
     if (w->magic != kRecvWrap) return invalid_argument("close_recv: not a receive comm");
     Status st = from_nccl_result(table_->close_recv(w->comm), name_ + ": closeRecv");
+    forget_counted_mrs_of(w);
     release_all(w);
     w->magic = 0;
     delete w;
