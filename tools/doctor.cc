@@ -129,9 +129,16 @@ void check_limits(Report& r, const Config& c) {
         const std::string value =
             limit_text(lim.rlim_cur) + " (hard " + limit_text(lim.rlim_max) + ")";
         // A peer costs a control socket and, per channel and direction, a comm of NSOCKS + 1
-        // sockets: 64 peers at the defaults need about 64 x (1 + 2 x 9) = 1216.
-        const uint64_t per_peer =
-            1 + 2 * static_cast<uint64_t>(c.channels) * (static_cast<uint64_t>(c.nsocks) + 1);
+        // sockets: 64 peers at the defaults need about 64 x (1 + 2 x 9) = 1216. Over an
+        // external plugin (Google's), per channel and direction at least two GPU
+        // registrations more, each a dma-buf descriptor: a window of the memory moved and a
+        // gather buffer's GPU twin (more with more regions or windows: security.md).
+        // The plugin's sockets are not the library's (MAX_SOCKETS counts the registrations).
+        const bool plugin = !c.net_plugin.empty();
+        const uint64_t sockets = static_cast<uint64_t>(c.nsocks) + 1;
+        const uint64_t comms = 2 * static_cast<uint64_t>(c.channels);
+        const uint64_t per_peer = 1 + comms * (sockets + (plugin ? 2 : 0));
+        const uint64_t budget_want = 64 * (1 + comms * (plugin ? 2 : sockets));
         const uint64_t want = 64 * per_peer;
         if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < want) {
             r.problem("limits", "open files (nofile)", value,
@@ -149,10 +156,10 @@ void check_limits(Report& r, const Config& c) {
             std::to_string(budget) + (explicit_budget
                                           ? " (TCPX_P2P_MAX_SOCKETS)"
                                           : " (automatic: 3/4 of the open-files limit)");
-        if (budget < want) {
+        if (budget < budget_want) {
             r.problem("limits", "sockets for tcpx-p2p (MAX_SOCKETS)", budget_text,
-                      strformat("fewer than the %llu sockets 64 peers take at these settings",
-                                static_cast<unsigned long long>(want)),
+                      strformat("fewer than the %llu descriptors 64 peers take at these settings",
+                                static_cast<unsigned long long>(budget_want)),
                       "raise the open-files limit, or TCPX_P2P_MAX_SOCKETS", false);
         } else {
             r.add("limits", "sockets for tcpx-p2p (MAX_SOCKETS)", budget_text);

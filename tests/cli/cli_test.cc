@@ -1,6 +1,7 @@
 // The tcpx-p2p command-line tool, run as a user runs it: `bench engine` options that must be
 // refused with a clear message and exit code (never a crash), and short runs that must still work.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -416,6 +417,33 @@ TEST(DoctorCli, ReportsTheMachineAndExitsZeroWhenNothingStopsARun) {
                    "plugin", "the built-in socket transport", "doctor: nothing would stop a run"}))
         << r.output;
     EXPECT_FALSE(contains(r.output, "PROBLEM")) << r.output;
+}
+
+// The open-files limit against what 64 peers take: a control socket each and, per channel and
+// direction, a comm's sockets; over an external plugin two GPU registrations more per comm
+// (Google's hold a dma-buf descriptor each), of which MAX_SOCKETS counts those and the control
+// sockets. One channel of two sockets: 448 descriptors, 704 over a plugin (320 of them the
+// library's). Under a soft limit of 600 (the child inherits it) only the plugin's run warns.
+TEST(DoctorCli, TheOpenFilesLimitCountsAPluginsGpuRegistrations) {
+    rlimit saved{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+    if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 600) GTEST_SKIP() << "hard limit";
+    rlimit low = saved;
+    low.rlim_cur = 600;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    const std::map<std::string, std::string> shape = {{"TCPX_P2P_CHANNELS", "1"},
+                                                      {"TCPX_P2P_NSOCKS", "2"}};
+    const CliResult socket = run_cli({"doctor"}, shape);
+    std::map<std::string, std::string> over_plugin = shape;
+    over_plugin["TCPX_P2P_NET_PLUGIN"] = TCPX_FAKE_TCPX_PATH;
+    over_plugin["TCPX_P2P_PLUGIN_PROBE_PATH"] = TCPX_PROBE_PATH;
+    const CliResult plugin = run_cli({"doctor"}, over_plugin);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+    EXPECT_FALSE(contains(socket.output, "descriptors 64 peers take")) << socket.output;
+    EXPECT_TRUE(contains(plugin.output, "fewer than the 704 descriptors 64 peers take"))
+        << plugin.output;
+    // The library's share (450 of 600) holds the 320 it counts.
+    EXPECT_FALSE(contains(plugin.output, "fewer than the 320")) << plugin.output;
 }
 
 // The emulated TCPX plugin is probed in a child process and its device listed; the secret in the
