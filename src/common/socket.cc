@@ -134,6 +134,22 @@ Status take_registration_place(const char* what) {
 
 void give_back_registration_place() { g_registrations.fetch_sub(1, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int64_t> g_room_wanted_ns{0};  // steady clock, when a listener last wanted room
+int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
+
+void note_room_wanted() { g_room_wanted_ns.store(steady_ns(), std::memory_order_relaxed); }
+
+bool room_wanted() {
+    const int64_t at = g_room_wanted_ns.load(std::memory_order_relaxed);
+    return at != 0 && steady_ns() - at < 1'000'000'000;
+}
+
 struct SocketBudgetAccess {
     // A place in the budget for one socket, taken before it exists.
     static Status take(const char* what) {

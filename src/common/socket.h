@@ -76,6 +76,12 @@ uint64_t registrations_held();
 inline uint64_t budget_used() { return sockets_open() + registrations_held(); }
 // "N TCP sockets open" and, where there are any, the registrations counted with them.
 std::string budget_use_words();
+// A listener that leaves a connection waiting for room in the budget says so
+// (note_room_wanted); endpoints that hold registrations no request uses give them up on their
+// next tick while room was wanted within the last second (room_wanted), whichever endpoint's
+// listener it was.
+void note_room_wanted();
+bool room_wanted();
 // A place for one registration (RESOURCE_EXHAUSTED naming `what` and the bound when none is
 // left), and giving one back.
 Status take_registration_place(const char* what);

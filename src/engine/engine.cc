@@ -436,12 +436,13 @@ bool Endpoint::Impl::progress_pass(bool sleeper) {
         now - staging_pool_changed_ > std::chrono::seconds(1)) {
         drop_pooled();  // nothing waited for staging this last second: the spare rings go
     }
-    // GPU registrations no request uses make way for newcomers' sockets (the listener takes
-    // none while what one peer's channels need is not left) and for other registrations.
-    if (tick && props_.gpu_regs_counted && registrations_held() > 0 &&
-        socket_budget_pressed(channel_sockets() + 1)) {
-        const uint64_t want = budget_used() + channel_sockets() + 2 - socket_budget();
-        (void)give_up_idle_registrations(static_cast<size_t>(want));
+    // GPU registrations no request uses make way for a newcomer's sockets, while a listener of
+    // the process (any endpoint's: the budget is the process's) leaves one waiting for room.
+    if (tick && props_.gpu_regs_counted && registrations_held() > 0 && room_wanted()) {
+        const uint64_t used = budget_used() + channel_sockets() + 1;
+        const uint64_t budget = socket_budget();
+        if (used >= budget)
+            (void)give_up_idle_registrations(static_cast<size_t>(used - budget + 1));
     }
     for (auto& [id, p] : peers_) {
         if (p->state == Peer::State::kFailed) {

@@ -264,10 +264,11 @@ struct Channel {
     std::deque<Op> queued;
     // tx: how many queued ops, from the front, have their staging copy enqueued (or need none).
     size_t staged_ahead = 0;
+    struct Mr;
     struct InFlight {
         Op op;
         net::Request* req;
-        net::MemHandle* mh = nullptr;  // the registration it was posted with (mrs), if any
+        const Mr* reg = nullptr;  // the registration of `mrs` it was posted with, if any
         // rx: its copy or unpack was enqueued (start_finishing returned). One on the finishing
         // list without it was cut short by an exception, and its bytes never moved.
         bool started = false;
@@ -817,18 +818,23 @@ class Endpoint::Impl {
     cuda::CopyRing& ring_for(Channel& ch, const engine::Op& op);
     SlotFifo& slots_for(Channel& ch, const engine::Op& op);
     StatusOr<bool> slot_ready(Channel& ch, const engine::Op& op);
-    // The registration a direct op is posted with, made on first use; null: none can be made
-    // now (the descriptor budget is full and every counted registration of ours is in use),
-    // the op waits for one of them to be done.
-    StatusOr<net::MemHandle*> mr_for(Channel& ch, bool tx, const engine::Op& op,
-                                     uint64_t scratch_len);
+    // The registration a direct op is posted with, made on first use; `later`: none can be
+    // made now (the descriptor budget is full and no registration of ours can make way), the op
+    // waits.
+    struct MrPick {
+        net::MemHandle* mh = nullptr;
+        const Channel::Mr* reg = nullptr;  // its entry in Channel::mrs (none for the scratch)
+        bool later = false;                // none can be made now: the op waits
+    };
+    StatusOr<MrPick> mr_for(Channel& ch, bool tx, const engine::Op& op, uint64_t scratch_len);
     // Deregisters up to `want` counted registrations (Channel::Mr) no request in flight uses,
     // least recently used first; how many went. `*in_use` (if given): whether some counted
     // registration is in use (it will be free once its requests end).
     size_t give_up_idle_registrations(size_t want, bool* in_use = nullptr);
-    // A counted registration for ch was refused at the budget (`refused`): OK to wait for a
-    // place (later passes try again), or the error once waiting has no end in sight.
-    Status wait_for_registration_place(Channel& ch, Status refused);
+    // No place for a counted registration of ch (`ours_in_use`: whether registrations of this
+    // endpoint are in use, free once their requests end): OK to wait (later passes try again),
+    // or the budget's error once waiting has no end in sight.
+    Status wait_for_registration_place(Channel& ch, bool ours_in_use);
     // The channel's copy ring for `op` (a GPU op), made on first need.
     StatusOr<bool> ensure_ring(Peer& p, Channel& ch, bool tx, const engine::Op& op);
     // A receive came in: enqueue its GPU work (copy out of staging, unpack), if any.

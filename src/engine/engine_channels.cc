@@ -221,6 +221,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         Op& op = ch.queued.front();
         uint8_t* ptr = op.ptr;
         net::MemHandle* mh = nullptr;
+        const Channel::Mr* reg = nullptr;  // (mr_for's entry)
         int rx_slot = -1;
         uint64_t rx_hold = op.len;  // bytes of its staging ring a receive holds
         // Several host pieces to a transport that takes segment lists: straight from and into
@@ -300,14 +301,15 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
             if (!mr.ok()) {
                 return failed(Status(mr.status()).with_context("registering memory"));
             }
-            if (*mr == nullptr) break;  // no registration can be made yet: later
-            mh = *mr;
+            if (mr->later) break;  // no registration can be made yet
+            mh = mr->mh;
+            reg = mr->reg;
         }
         // Room in the list first: once the transport holds the request nothing may fail before
         // it is tracked (an untracked request would be closed without its grace, its buffers
         // released under it). Filled in below, or taken out again.
         const bool was_idle = ch.inflight.empty();
-        ch.inflight.push_back(Channel::InFlight{op, nullptr, mh});
+        ch.inflight.push_back(Channel::InFlight{op, nullptr, reg});
         net::Request* req = nullptr;
         Status st;
         try {
@@ -337,7 +339,7 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (stage_times_) op.posted_ns = engine::stage_clock_ns();
         if (op.region == nullptr) ch.scratch_busy = true;
         if (was_idle) ch.last_progress = Clock::now();
-        ch.inflight.back() = Channel::InFlight{op, req, mh};
+        ch.inflight.back() = Channel::InFlight{op, req, reg};
         ch.queued.pop_front();
         ch.staging_wait = false;  // (as in the staging loop above)
         if (tx) --ch.staged_ahead;
@@ -540,16 +542,23 @@ StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx,
     if (!made) return false;
     TCPX_ASSIGN_OR_RETURN(uint8_t * twin, ch.gring->twin());
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
-    const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
-    TCPX_RETURN_IF_ERROR(Status(gpu.status()).with_context("registering the GPU gather buffer"));
     // A GPU registration: at the descriptor budget as mr_for's (an idle one makes way, or the
     // chunk waits for one).
-    if (props_.gpu_regs_counted && socket_budget_full()) (void)give_up_idle_registrations(1);
+    bool ours_in_use = false;
+    if (props_.gpu_regs_counted && socket_budget_full() &&
+        give_up_idle_registrations(1, &ours_in_use) == 0 && socket_budget_full()) {
+        TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use)
+                                 .with_context("registering the GPU gather buffer"));
+        return false;
+    }
+    const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
+    TCPX_RETURN_IF_ERROR(Status(gpu.status()).with_context("registering the GPU gather buffer"));
     Status st = net_->reg_mr(comm, twin, ch.gring->twin_bytes(), net::MemType::kCuda, &ch.gtwin_mr);
     if (!st.ok()) {
         ch.gtwin_mr = nullptr;
         if (props_.gpu_regs_counted && st.code() == StatusCode::kResourceExhausted) {
-            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, std::move(st))
+            (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
+            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use)
                                      .with_context("registering the GPU gather buffer"));
             return false;
         }
@@ -891,8 +900,8 @@ uint64_t Endpoint::Impl::free_unused_staging(Channel& ch, bool tx, engine::Stagi
     return freed;
 }
 
-StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op,
-                                                 uint64_t scratch_len) {
+StatusOr<Endpoint::Impl::MrPick> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op& op,
+                                                        uint64_t scratch_len) {
     using engine::OpPath;
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.region == nullptr) {
@@ -900,7 +909,7 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
             TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), scratch_len,
                                               net::MemType::kHost, &ch.scratch_mr));
         }
-        return ch.scratch_mr;
+        return MrPick{ch.scratch_mr};
     }
     // A region larger than the transport registers at once is registered in windows, each on
     // first use; the one chosen holds all of this request's bytes, so the handle covers them.
@@ -917,7 +926,7 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
             auto it = found->second.find(index);
             if (it != found->second.end()) {
                 it->second.used = ++mr_uses_;
-                return it->second.mh;
+                return MrPick{it->second.mh, &it->second};
             }
         }
     }
@@ -927,6 +936,19 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
     const engine::RegWindows::Window w = windows.window(index);
     const net::MemType type = page_cover ? net::MemType::kCuda : net::MemType::kHost;
     net::MemHandle* mh = nullptr;
+    // A GPU registration of a transport whose each holds a descriptor takes a place in the
+    // process's budget of them (the transport's reg_mr refuses it past the budget): at the
+    // budget, one no request uses goes first (before this one's place below is made: giving
+    // up may empty and erase any region's list). With none to give up (all ours in use, or
+    // the budget held by sockets and other endpoints) the op waits (wait_for_registration_place).
+    const bool counted = props_.gpu_regs_counted && type == net::MemType::kCuda;
+    if (counted && socket_budget_full()) {
+        bool ours_in_use = false;
+        if (give_up_idle_registrations(1, &ours_in_use) == 0 && socket_budget_full()) {
+            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use));
+            return MrPick{nullptr, nullptr, /*later=*/true};
+        }
+    }
     // Google's regMr takes the GPU of the memory from the caller's current one (cudaGetDevice):
     // the memory's, for this call (the progress thread's may be any).
     std::optional<cuda::ScopedGpu> gpu;
@@ -934,14 +956,6 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
         gpu.emplace(op.region->device);
         TCPX_RETURN_IF_ERROR(Status(gpu->status()).with_context("registering GPU memory"));
     }
-    // A GPU registration of a transport whose each holds a descriptor takes a place in the
-    // process's budget of them (the transport's reg_mr refuses it past the budget): at the
-    // budget, one no request uses goes first (before this one's place below is made: giving
-    // up may empty and erase any region's list). Past it still (all ours in use, or the
-    // budget held by sockets and other endpoints), the op waits while ours in use will be
-    // free once their requests end; with none of ours in use it fails.
-    const bool counted = props_.gpu_regs_counted && type == net::MemType::kCuda;
-    if (counted && socket_budget_full()) (void)give_up_idle_registrations(1);
     // Its place first: once the transport holds a registration nothing may fail before it is
     // recorded (unrecorded, it would never be deregistered: with Google's plugin a dma-buf fd).
     auto& by_window = ch.mrs[op.region];
@@ -958,23 +972,24 @@ StatusOr<net::MemHandle*> Endpoint::Impl::mr_for(Channel& ch, bool tx, const Op&
         by_window.erase(it);
         if (by_window.empty()) ch.mrs.erase(op.region);
         if (counted && st.code() == StatusCode::kResourceExhausted) {
-            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, std::move(st)));
-            return nullptr;  // later
+            // (the places went meanwhile: other endpoints' sockets or registrations)
+            bool ours_in_use = false;
+            (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
+            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use));
+            return MrPick{nullptr, nullptr, /*later=*/true};
         }
         return st;
     }
     it->second = Channel::Mr{mh, ++mr_uses_, counted};
     ch.reg_wait_since = {};
-    return mh;
+    return MrPick{mh, &it->second};
 }
 
-Status Endpoint::Impl::wait_for_registration_place(Channel& ch, Status refused) {
+Status Endpoint::Impl::wait_for_registration_place(Channel& ch, bool ours_in_use) {
     // Ours in use are free once their requests end (or their peers fail, stalled). With none,
     // the places are other endpoints' or sockets: they may go too (a pair of endpoints in one
     // process, one's sends waiting for the other's receives), but not for sure: the wait ends
     // after half the peer timeout.
-    bool ours_in_use = false;
-    (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
     const auto now = Clock::now();
     if (ours_in_use) {
         ch.reg_wait_since = {};
@@ -983,6 +998,12 @@ Status Endpoint::Impl::wait_for_registration_place(Channel& ch, Status refused) 
     if (ch.reg_wait_since == Clock::time_point{}) ch.reg_wait_since = now;
     const auto most = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
     if (now - ch.reg_wait_since <= most) return Status();
+    // The budget's own words (a place may have come free just now: then the next pass has it).
+    Status refused = take_registration_place("registering GPU memory");
+    if (refused.ok()) {
+        give_back_registration_place();
+        return Status();
+    }
     ch.reg_wait_since = {};
     return refused.with_context(
         strformat("no GPU registration of this endpoint could make way for %lld ms (none in use "
@@ -1007,10 +1028,12 @@ size_t Endpoint::Impl::give_up_idle_registrations(size_t want, bool* in_use) {
                 if (comm == nullptr) continue;
                 for (auto& [region, by_window] : ch.mrs) {
                     for (auto& [index, mr] : by_window) {
-                        if (!mr.counted || mr.mh == nullptr) continue;
+                        if (!mr.counted) continue;
                         // In use while a request posted with it is in the transport or
                         // finishing (a receive is handed back to the transport only then).
-                        auto uses = [&](const Channel::InFlight& f) { return f.mh == mr.mh; };
+                        // (a pointer: clang before 16 takes no structured binding into a lambda)
+                        const Channel::Mr* entry = &mr;
+                        auto uses = [entry](const Channel::InFlight& f) { return f.reg == entry; };
                         if (std::any_of(ch.inflight.begin(), ch.inflight.end(), uses) ||
                             std::any_of(ch.finishing.begin(), ch.finishing.end(), uses)) {
                             busy = true;

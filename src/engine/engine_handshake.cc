@@ -130,6 +130,7 @@ void Endpoint::Impl::accept_inbound() {
         if (socket_budget_pressed(channel_sockets() + 1)) {
             if (!connection_waiting(listen_fd_.get())) return;
             if (!evict_for_sockets()) {
+                note_room_wanted();  // (idle GPU registrations make way: progress_pass)
                 // Connections that do not prove themselves soon are closed (step_peer).
                 if (may_log_stranger_event()) {
                     TCPX_WARN(

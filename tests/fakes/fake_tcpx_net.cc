@@ -74,8 +74,9 @@
 // not yet closed, and the registrations made and not yet deregistered (a close releases none,
 // as in the real plugin); faketcpx_open_cuda_mrs() and faketcpx_peak_cuda_mrs() the CUDA ones
 // now and at most at once; faketcpx_busy_deregs() the deregMr calls refused because a request
-// posted with the registration was not done yet (the real plugin's pages and descriptor would
-// go from under it).
+// posted with the registration was not reported done yet (the real plugin's pages and
+// descriptor would go from under it);
+// faketcpx_cuda_regs_made() the CUDA registrations made so far.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -256,6 +257,7 @@ std::atomic<int> g_open_mrs{0};
 std::atomic<int> g_open_cuda_mrs{0};
 std::atomic<int> g_peak_cuda_mrs{0};
 std::atomic<int> g_busy_deregs{0};
+std::atomic<int> g_cuda_regs_made{0};
 
 struct FakeMr {
     FakeMr() { ++g_open_mrs; }
@@ -326,7 +328,8 @@ struct FakeReq {
     ~FakeReq();
 };
 
-// A posted request uses its registration until test() reports it done.
+// A posted request uses its registration until test() reports it done (the bytes are where
+// they go: a receive's unpack reads the comm's pages, not the registration) or fails.
 void use_mr(FakeReq* r) {
     if (r->mr != nullptr) ++r->mr->users;
 }
@@ -1214,6 +1217,7 @@ tcpx_ncclResult_t fake_reg_mr(void* comm, void* data, int size, int type, void**
     mr->comm = as_comm(comm);
     mr->type = type;
     if (type == TCPX_NCCL_PTR_CUDA) {
+        ++g_cuda_regs_made;
         const int open = ++g_open_cuda_mrs;
         int peak = g_peak_cuda_mrs.load();
         while (open > peak && !g_peak_cuda_mrs.compare_exchange_weak(peak, open)) {
@@ -1542,7 +1546,7 @@ tcpx_ncclResult_t close_comm(void* c) {
         st = comm->recv ? g_net->close_recv(comm->recv_comm) : g_net->close_send(comm->send_comm);
     }
     for (FakeReq* r : comm->queue) {
-        if (!r->done) done_with_mr(r);
+        done_with_mr(r);
         delete r;
     }
     {
@@ -1603,6 +1607,10 @@ extern "C" __attribute__((visibility("default"))) int faketcpx_peak_cuda_mrs() {
 
 extern "C" __attribute__((visibility("default"))) void faketcpx_reset_peak_cuda_mrs() {
     g_peak_cuda_mrs.store(g_open_cuda_mrs.load());
+}
+
+extern "C" __attribute__((visibility("default"))) int faketcpx_cuda_regs_made() {
+    return g_cuda_regs_made.load();
 }
 
 extern "C" __attribute__((visibility("default"))) int faketcpx_busy_deregs() {

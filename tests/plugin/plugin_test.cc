@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -490,7 +491,11 @@ TEST(PluginLoader, GpuRegistrationsTakePlacesInTheDescriptorBudget) {
     net::MemHandle* c = nullptr;
     ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kHost, &host).ok());
     EXPECT_EQ(registrations_held(), held);
-    set_socket_budget_for_testing(budget_used() + 2);
+    struct Budget {
+        explicit Budget(uint64_t b) { set_socket_budget_for_testing(b); }
+        ~Budget() { set_socket_budget_for_testing(0); }
+    };
+    std::optional<Budget> budget(std::in_place, budget_used() + 2);
     ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &a).ok());
     ASSERT_TRUE(net->reg_mr(p.recv, buf, kLen, net::MemType::kCuda, &b).ok());
     EXPECT_EQ(registrations_held(), held + 2);
@@ -504,7 +509,7 @@ TEST(PluginLoader, GpuRegistrationsTakePlacesInTheDescriptorBudget) {
     ASSERT_TRUE(net->dereg_mr(p.send, a).ok());
     EXPECT_EQ(registrations_held(), held + 1);
     ASSERT_TRUE(net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &c).ok());
-    set_socket_budget_for_testing(0);
+    budget.reset();
     // Closed with the comms: still counted (the plugin still holds them) until deregistered.
     EXPECT_TRUE(net->dereg_mr(p.send, host).ok());
     EXPECT_TRUE(net->close_send(p.send).ok());

@@ -438,7 +438,7 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
     if (counted && st.ok()) {
         try {
             std::lock_guard<std::mutex> lock(mu_);
-            counted_mrs_.emplace(mh, comm);
+            counted_mrs_.emplace(mh, comm);  // (a plugin may hand out one handle twice)
         } catch (...) {
             (void)table_->dereg_mr(c, mh);
             st = Status(StatusCode::kResourceExhausted, "reg_mr: out of memory");
@@ -452,9 +452,14 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
     return Status();
 }
 
-void V7Net::forget_counted_mr(void* mhandle) {
+void V7Net::forget_counted_mr(void* comm, void* mhandle) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (counted_mrs_.erase(mhandle) > 0) give_back_registration_place();
+    // The one made with `comm` (null after the close: any made with the handle, all alike).
+    auto [first, last] = counted_mrs_.equal_range(mhandle);
+    if (first == last) return;
+    auto it = std::find_if(first, last, [&](const auto& e) { return e.second == comm; });
+    counted_mrs_.erase(it != last ? it : first);
+    give_back_registration_place();
 }
 
 void V7Net::forget_counted_mrs_of(void* comm) {
@@ -474,16 +479,19 @@ void V7Net::forget_counted_mrs_of(void* comm) {
 }
 
 Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
+    // A counted registration's place goes back once the plugin has let go of it; one it refused
+    // to deregister stays counted (its descriptor may still be open).
     if (comm == nullptr && dereg_after_close_) {
-        // (its place given back whatever the plugin says: the handle is not used again)
-        forget_counted_mr(mhandle);
-        return from_nccl_result(table_->dereg_mr(nullptr, mhandle),
-                                name_ + ": deregMr (after its comm's close)");
+        Status st = from_nccl_result(table_->dereg_mr(nullptr, mhandle),
+                                     name_ + ": deregMr (after its comm's close)");
+        if (st.ok()) forget_counted_mr(nullptr, mhandle);
+        return st;
     }
     void* c = unwrap_comm(comm);
     if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
-    forget_counted_mr(mhandle);
-    return from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
+    Status st = from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
+    if (st.ok()) forget_counted_mr(comm, mhandle);
+    return st;
 }
 
 Status V7Net::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,

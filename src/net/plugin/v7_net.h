@@ -120,7 +120,7 @@ class V7Net final : public Net {
     static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
     static void release_request(RequestWrap* r);
     // A counted registration (reg_mr) deregistered: its place in the descriptor budget goes back.
-    void forget_counted_mr(void* mhandle);
+    void forget_counted_mr(void* comm, void* mhandle);
     // A comm closed: the places of its counted registrations go back where the close releases
     // them.
     void forget_counted_mrs_of(void* comm);
@@ -145,7 +145,7 @@ class V7Net final : public Net {
     std::vector<std::unique_ptr<CommWrap>> abandoned_;
     // GPU registrations holding a place in the descriptor budget (common/socket.h), by the
     // plugin's handle: the comm (our wrapper) they were made with.
-    std::unordered_map<void*, void*> counted_mrs_;
+    std::unordered_multimap<void*, void*> counted_mrs_;
     // Listeners closed during an accept, until the accept ends (close_listen).
     std::vector<ListenWrap*> parked_;
     std::atomic<size_t> parked_count_{0};   // parked_.size(), read without mu_

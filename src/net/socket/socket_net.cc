@@ -566,7 +566,10 @@ Status SocketNet::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHa
         // queue. None of this listener's own is closed for them: those just accepted have not
         // been read yet, and a real connector's socket closed would leave its comm incomplete
         // for good; those that do not send their hello soon are closed (advance_handshakes).
-        if (socket_budget_full()) break;
+        if (socket_budget_full()) {
+            if (connection_waiting(l->fd.get())) note_room_wanted();
+            break;
+        }
         SocketAddress peer;
         auto fd = accept_tcp(l->fd.get(), &peer);
         if (!fd.ok() && fd.status().code() == StatusCode::kResourceExhausted) {
