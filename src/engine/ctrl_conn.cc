@@ -61,11 +61,34 @@ void CtrlConn::shrink_buffer() {
     release_room();
 }
 
+bool CtrlConn::compact(size_t capacity) {
+    // (Only between messages: one handed out and not yet dropped points into the buffer.)
+    if (consumed_ != 0) return false;
+    const size_t left = end_ - begin_;
+    // What the message in front takes whole, where its header is here: it needs that anyway.
+    size_t whole = left;
+    if (left >= sizeof(wire::Header)) {
+        wire::Header h;
+        std::memcpy(&h, in_.data() + begin_, sizeof(h));
+        whole = std::max(left, sizeof(wire::Header) + size_t{h.length});
+    }
+    if (whole > capacity || in_.capacity() <= capacity) return false;
+    std::vector<char> fresh;
+    if (left > 0) {
+        fresh.reserve(capacity);
+        fresh.assign(in_.data() + begin_, in_.data() + end_);
+    }
+    in_.swap(fresh);
+    begin_ = 0;
+    end_ = left;
+    release_room();
+    return true;
+}
+
 void CtrlConn::trim() {
-    // (A message handed out and not yet dropped keeps it too: its body points into it.)
-    if (begin_ != end_ || consumed_ != 0 || reserved_ > 0 || in_.capacity() <= kReadChunk) return;
-    std::vector<char>().swap(in_);
-    begin_ = end_ = consumed_ = 0;
+    // What is left of a burst (nothing, or part of the next message, when a peer trickles its
+    // stream so that the buffer is never empty) goes into one read's worth.
+    if (reserved_ == 0) (void)compact(kReadChunk);
 }
 
 void CtrlConn::queue(std::string msg, std::string tail) {
@@ -165,6 +188,8 @@ Status CtrlConn::read(bool* eof, bool* more) {
         if (begin_ == end_) {
             begin_ = end_ = 0;
             shrink_buffer();
+        } else if (reserved_ > 0) {
+            (void)compact(kOwnBuffer - kReadChunk);  // (see next_message)
         }
         // A peer cannot make us buffer without bound: once a maximal message's bytes are here,
         // the message in front is whole, and is handled before more is read (TCP holds the rest
@@ -221,6 +246,11 @@ StatusOr<bool> CtrlConn::next_message(wire::Header* header, std::string_view* bo
         if (reserved_ > 0) shrink_buffer();
         return false;
     }
+    // A message that took shared room was handled, and what follows it fits the own buffer:
+    // that goes there and the room back now. Kept until the buffer emptied, a peer sending the
+    // next message a few bytes at a time (a heartbeat split so that a part of it is always
+    // here) held the room for as long as it liked.
+    if (reserved_ > 0) (void)compact(kOwnBuffer - kReadChunk);
     if (end_ - begin_ < sizeof(wire::Header)) return false;
     std::memcpy(header, in_.data() + begin_, sizeof(wire::Header));
     if (header->magic != wire::kMagic) {

@@ -117,11 +117,13 @@ class CtrlConn {
     size_t buffered() const { return end_ - begin_; }
     // Memory held for what the peer sends: at most one maximal message and one read (256 KiB).
     size_t buffer_capacity() const { return in_.capacity(); }
-    // With nothing buffered, gives back a buffer grown past one read's worth (up to the
-    // connection's own 1 MiB while messages came faster than they were handled): the engine
-    // calls it on its timer tick, so that a peer that once sent a burst does not keep 1 MiB for
-    // good (MAX_PEERS times), while a busy connection keeps its buffer between reads (freed and
-    // made again for every read, it halved 64 KiB reads on two cores).
+    // Gives back a buffer grown past one read's worth (up to the connection's own 1 MiB while
+    // messages came faster than they were handled), keeping what is buffered (nothing, or part
+    // of a message that fits one read's worth) in one of that size: the engine calls it on its
+    // timer tick, so that a peer that once sent a burst does not keep 1 MiB for good (MAX_PEERS
+    // times), even one that never lets the buffer empty, while a busy connection keeps its
+    // buffer between reads (freed and made again for every read, it halved 64 KiB reads on two
+    // cores).
     void trim();
 
  private:
@@ -134,6 +136,10 @@ class CtrlConn {
     bool take_room(size_t capacity);
     // Drops the read buffer past its own size, and the room it held.
     void shrink_buffer();
+    // Moves what is buffered, if the message in front fits `capacity` whole, into a buffer of
+    // that capacity and gives the shared room back; false when it does not (or a message handed
+    // out still points into the buffer, or the buffer is no larger).
+    bool compact(size_t capacity);
     void release_room();
     // What is queued will not go out: no longer counted.
     void release_replies();

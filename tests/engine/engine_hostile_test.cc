@@ -397,8 +397,16 @@ TEST(EngineHostile, AtTheSocketBudgetSilentConnectionsMakeWayAfterTheGraceNotPee
     hello.handles = {socket_handle("127.0.0.1", trap.port)};
     send_all(slow, wire::encode_hello(hello));
     ASSERT_TRUE(trap.connected_within(5s)) << "the endpoint did not start its channel";
-    std::this_thread::sleep_for(100ms);  // its connect's sockets all open
-    BudgetForTest budget(sockets_open() + channel_room(c) + 2);
+    // Its connect's sockets all open: the count stays put for 200 ms (a fixed 100 ms was too
+    // short once on a loaded two-core machine).
+    uint64_t open = sockets_open();
+    for (int steady = 0, i = 0; steady < 4 && i < 100; ++i) {
+        std::this_thread::sleep_for(50ms);
+        const uint64_t now = sockets_open();
+        steady = now == open ? steady + 1 : 0;
+        open = now;
+    }
+    BudgetForTest budget(open + channel_room(c) + 2);
     std::vector<int> fds;
     for (int i = 0; i < 2; ++i) {
         fds.push_back(silent_stranger(address_of(*ep)));

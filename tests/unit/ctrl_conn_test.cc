@@ -334,6 +334,36 @@ TEST(CtrlConnRoom, LargeMessagesWaitForTheSharedRoom) {
     EXPECT_EQ(room.used, 0u);
 }
 
+// The room a large message took goes back once it is handled even when the next message has
+// begun behind it: a peer that sends a 2 MiB message followed by part of a heartbeat, and the
+// heartbeat's rest with the next one's beginning a little later, and so on, never leaves the
+// buffer empty. Its part of a message moves to the own buffer, the room comes back at once, and
+// the heartbeat still arrives whole. trim() (the engine's tick) then leaves one read's worth.
+TEST(CtrlConnRoom, RoomIsGivenBackWithTheNextMessageBegunBehindTheLargeOne) {
+    CtrlRoom room;
+    RoomConn a(&room, 4 << 20);
+    const std::string big = message(wire::MsgType::kWriteReq, 0, 2 << 20);
+    const std::string ping = message(wire::MsgType::kPing, 0, 8);
+    a.send(big + ping.substr(0, 10));
+    EXPECT_EQ(a.next(), 2 << 20);
+    EXPECT_GT(room.used, 0u);  // (the large message is handed out, not yet dropped)
+    wire::Header h;
+    std::string_view body;
+    auto more = a.conn.next_message(&h, &body);  // dropped; the heartbeat's beginning is left
+    ASSERT_TRUE(more.ok());
+    EXPECT_FALSE(*more);
+    EXPECT_EQ(room.used, 0u);
+    EXPECT_EQ(a.conn.room_held(), 0u);
+    EXPECT_EQ(a.conn.buffered(), 10u);
+    EXPECT_LE(a.conn.buffer_capacity(), CtrlConn::kOwnBuffer);
+    a.conn.trim();
+    EXPECT_LE(a.conn.buffer_capacity(), 256u * 1024);
+    EXPECT_EQ(a.conn.buffered(), 10u);
+    a.send(std::string_view(ping).substr(10));
+    EXPECT_EQ(a.next(), 8);
+    EXPECT_EQ(room.used, 0u);
+}
+
 // A header whose length its limit refuses takes no room and no memory: next_message says why.
 TEST(CtrlConnRoom, AMessagePastItsLimitTakesNoRoom) {
     CtrlRoom room;
