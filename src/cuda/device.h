@@ -158,6 +158,10 @@ class Device {
     // The GPUs' address of host memory mapped into them (cudaHostAllocMapped, as a plugin's
     // unpack queue); 0 where `host` is no such memory.
     virtual uintptr_t mapped_host_address(const void* host) = 0;
+    // Whether what it calls device memory may be plain host memory (the tests' emulation, where
+    // a plugin's "device" handles are host memory too); false for the CUDA runtime, where
+    // anything a plugin says is on the GPU must be.
+    virtual bool host_only() const { return false; }
     // A synchronous copy of `len` bytes between any two of host and device memory; `device` is
     // the GPU of the device memory involved (of `dst` where both are). It runs on a stream of our
     // own that does not wait for the application's work (not the legacy default stream, nor a

@@ -1526,6 +1526,7 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
         for (Channel& ch : tx ? p.tx : p.rx) {
             ch.mrs.clear();
             ch.scratch_mr = nullptr;
+            ch.scratch_registered = false;
             free_scratch(ch);  // (the comm is closed: nothing writes it any more)
             ch.ring_mr = nullptr;
             ch.hslots_mr = nullptr;

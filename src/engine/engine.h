@@ -294,6 +294,7 @@ struct Channel {
     };
     std::unordered_map<Region*, std::map<size_t, Mr>> mrs;
     net::MemHandle* scratch_mr = nullptr;
+    bool scratch_registered = false;  // (a transport may hand out a null handle)
     // Made on the first GPU op: staging slots (kStaged) or unpack completions (kUnpack).
     std::unique_ptr<cuda::CopyRing> ring;
     net::MemHandle* ring_mr = nullptr;  // the staging slots' registration with the comm

@@ -508,6 +508,7 @@ void Endpoint::Impl::release_scratch(Channel& ch, bool tx) {
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (ch.scratch_mr != nullptr && comm != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
     ch.scratch_mr = nullptr;
+    ch.scratch_registered = false;
     free_scratch(ch);
 }
 
@@ -530,7 +531,7 @@ void Endpoint::Impl::note_placed_bytes(uint64_t bytes) {
 
 StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx, const Op& op) {
     using engine::OpPath;
-    if (ch.gtwin_mr != nullptr) return !staging_yields(ch);
+    if (ch.gtwin != nullptr) return !staging_yields(ch);  // (registered: its handle may be null)
     if (!tx && ch.dev_handle.type == net::DeviceType::kUnpack) {
         Op probe = op;  // reads the plugin's unpack queue (and checks its GPU); takes no staging
         probe.path = OpPath::kUnpack;
@@ -688,12 +689,27 @@ StatusOr<bool> Endpoint::Impl::ensure_ring(Peer& p, Channel& ch, bool tx, const 
             "tcpx-p2p reads version %d",
             h.version, h.handle, h.size, cuda::kUnpackVersion));
     }
+    // On the GPU, as the plugin says (a copy from whatever else it pointed at would read host
+    // memory CUDA does not know: a crash). The emulation's are host memory.
+    const bool host_only = cuda::device().host_only();
+    TCPX_ASSIGN_OR_RETURN(const cuda::PointerInfo handle_at,
+                          cuda::classify(h.handle, sizeof(cuda::UnpackHandle)));
+    if (handle_at.kind != MemKind::kCuda && !host_only) {
+        return protocol_error(strformat(
+            "the transport's unpack handle %p is not GPU memory (the plugin's device handle)",
+            h.handle));
+    }
     TCPX_RETURN_IF_ERROR(
         cuda::device().copy(device, &ch.unpack, h.handle, sizeof(cuda::UnpackHandle)));
     if (ch.unpack.meta == nullptr || ch.unpack.bounce_buf == nullptr) {
         return protocol_error("the transport's unpack queue has no metadata or bounce buffer");
     }
     TCPX_ASSIGN_OR_RETURN(const cuda::PointerInfo bounce, cuda::classify(ch.unpack.bounce_buf, 1));
+    if (bounce.kind != MemKind::kCuda && !host_only) {
+        // (the unpack kernel would read it: an illegal address ends every CUDA call)
+        return protocol_error(strformat("the transport's bounce buffer %p is not GPU memory",
+                                        static_cast<const void*>(ch.unpack.bounce_buf)));
+    }
     if (bounce.kind == MemKind::kCuda && bounce.device != device) {
         return failed_precondition(strformat(
             "receives land on GPU %d but the registration is on GPU %d: set GPU_INDEX to the "
@@ -905,9 +921,10 @@ StatusOr<Endpoint::Impl::MrPick> Endpoint::Impl::mr_for(Channel& ch, bool tx, co
     using engine::OpPath;
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     if (op.region == nullptr) {
-        if (ch.scratch_mr == nullptr) {
+        if (!ch.scratch_registered) {
             TCPX_RETURN_IF_ERROR(net_->reg_mr(comm, ch.scratch.get(), scratch_len,
                                               net::MemType::kHost, &ch.scratch_mr));
+            ch.scratch_registered = true;
         }
         return MrPick{ch.scratch_mr};
     }
@@ -1077,6 +1094,7 @@ void Endpoint::Impl::drop_mrs(Channel& ch, bool tx, bool after_close) {
     ch.mrs.clear();
     if (ch.scratch_mr != nullptr) (void)net_->dereg_mr(comm, ch.scratch_mr);
     ch.scratch_mr = nullptr;
+    ch.scratch_registered = false;
     if (ch.ring_mr != nullptr) (void)net_->dereg_mr(comm, ch.ring_mr);
     ch.ring_mr = nullptr;
     if (ch.hslots_mr != nullptr) (void)net_->dereg_mr(comm, ch.hslots_mr);

@@ -43,6 +43,7 @@ void plugin_vlog(int level, unsigned long /*flags*/, const char* file, int line,
     }
     if (!verdict.print) return;
     char buf[1024];
+    if (fmt == nullptr) fmt = "(a line without a format)";  // (vsnprintf would read address 0)
     std::vsnprintf(buf, sizeof(buf), fmt, args);
     log_message(ours, file, line, "net plugin: %s", buf);
 }

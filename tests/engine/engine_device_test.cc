@@ -2004,6 +2004,30 @@ TEST_P(EngineBrokenPlugin, ABrokenReceiveDescriptionFailsTheTransferAndWritesNot
               -1);
 }
 
+// A plugin whose unpack queue is not where it says: the device handle accept gave points at host
+// memory CUDA does not know (a copy from it would crash the process), or the queue it describes
+// names a bounce buffer in host memory (the unpack kernel would fault, ending every CUDA call
+// of the process). The first GPU receive fails its peer with the reason; nothing is written;
+// the endpoints serve on. Real GPUs only: the emulation's queues are host memory.
+class EngineBrokenUnpackQueue : public EngineBrokenPlugin {};
+
+TEST_P(EngineBrokenUnpackQueue, IsRefusedBeforeAnythingReadsIt) {
+    constexpr uint64_t kOff = 128 * 1024, kLen = 200 * 1024;
+    poison(b_buf_.get());
+    expect_fails_inside(a_->write(link_.a_to_b, a_mem_, 0, b_desc_, kOff, kLen), b_buf_.get(), kOff,
+                        kLen, "is not GPU memory");
+    link_ = link(a_.get(), b_.get());
+    ASSERT_NE(link_.a_to_b, 0u);
+    std::vector<uint8_t> pattern(4096);
+    fill_pattern(pattern.data(), pattern.size(), 6);
+    a_buf_->upload(0, pattern.data(), pattern.size());
+    auto x = a_->write(link_.a_to_b, a_mem_, 0, b_desc_, 0, pattern.size());
+    ASSERT_TRUE(x.ok());
+    ASSERT_TRUE(a_->wait(*x, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(b_buf_->download(0, pattern.size()).data(), pattern.size(), 6),
+              -1);
+}
+
 #if TCPX_TEST_REAL_GPU
 #define TCPX_ENGINE_DEVICE_SUITE Gpu
 #else
@@ -2021,6 +2045,12 @@ INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineDevice, ::testing::Valu
                          transport_name);
 // "src" (an entry read from past the end of the bounce buffer) only where that buffer is GPU
 // memory whose extent the engine can ask for: the emulation's is host memory.
+#if TCPX_TEST_REAL_GPU
+INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenUnpackQueue,
+                         ::testing::Values("handle", "bounce"));
+#else
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(EngineBrokenUnpackQueue);
+#endif
 INSTANTIATE_TEST_SUITE_P(TCPX_ENGINE_DEVICE_SUITE, EngineBrokenPlugin,
                          ::testing::Values("slot", "count", "dst", "cross", "overlap", "elsewhere",
                                            "otherqueue"

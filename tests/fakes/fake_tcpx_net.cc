@@ -61,6 +61,8 @@
 //     layout drifted would hand over), or every receive but the comm's first described whole
 //     in the same slot of another queue (otherqueue). For the tests of what a caller does with
 //     a plugin's garbage.
+//     handle|bounce (at accept, cuda mode): the device handle points at host memory, or the
+//     unpack handle it points at names a host bounce buffer.
 //   FAKETCPX_LINEAR=<k> (read by accept): of every CUDA receive of that comm, the first of each k
 //     pieces is not listed but copied straight to its place in the receive's buffer, as the real
 //     plugin does with data the NIC left in host memory (SCM_DEVMEM_HEADER: no header split, or
@@ -68,6 +70,7 @@
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
+//   FAKETCPX_THROW=regMr|closeSend: that call throws a C++ exception (a plugin with a bug).
 //   FAKETCPX_MR_FD=1 (read by regMr): every CUDA registration holds a descriptor (an eventfd)
 //     until deregistered, as the real plugin's each holds a dma-buf fd.
 // For tests, faketcpx_open_comms() and faketcpx_open_mrs() (exported) count the comms made and
@@ -90,6 +93,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -1175,9 +1179,19 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
         if (inner != nullptr) (void)g_net->close_recv(inner);
         return fail("accept: allocating the bounce buffer and unpack queue");
     }
-    **recv_dev_comm =
-        tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
-                                      comm->unpack->handle, sizeof(cu::UnpackHandle), 0};
+    void* handle = comm->unpack->handle;
+    if (comm->misbehave == "handle") {
+        // The device handle in host memory CUDA does not know (a copy from it crashes).
+        static uint64_t host_handle[8] = {};
+        handle = host_handle;
+    } else if (comm->misbehave == "bounce") {
+        // The unpack handle names a bounce buffer in host memory (the kernel would fault).
+        static uint8_t host_bounce[4096];
+        const cu::UnpackHandle h{comm->unpack->meta_dev, host_bounce, ~uint64_t{0}};
+        if (!mem_copy(comm->unpack->handle, &h, sizeof(h))) return fail("accept: misbehaving");
+    }
+    **recv_dev_comm = tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
+                                                    handle, sizeof(cu::UnpackHandle), 0};
     *recv_comm = comm.release();
     if (const char* f = std::getenv("FAKETCPX_ACCEPT_FAILS"); f != nullptr && f[0] == '1') {
         return fail("accept: setting up the device handle (FAKETCPX_ACCEPT_FAILS)");
@@ -1587,6 +1601,24 @@ tcpx_ncclResult_t fake_get_device_mr(void*, void*, void** dptr) {
     return tcpx_ncclSuccess;
 }
 
+// FAKETCPX_THROW=<call> (regMr or closeSend): that call lets a C++ exception out (a C++ plugin
+// with a bug), after doing its work (a closeSend's comm is closed).
+void throw_if(const char* call) {
+    const char* v = std::getenv("FAKETCPX_THROW");
+    if (v != nullptr && std::strcmp(v, call) == 0) throw std::runtime_error(call);
+}
+
+tcpx_ncclResult_t throwing_reg_mr(void* comm, void* data, int size, int type, void** mhandle) {
+    throw_if("regMr");
+    return fake_reg_mr(comm, data, size, type, mhandle);
+}
+
+tcpx_ncclResult_t throwing_close_send(void* comm) {
+    const tcpx_ncclResult_t rc = close_comm(comm);
+    throw_if("closeSend");
+    return rc;
+}
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) int faketcpx_open_comms() {
@@ -1625,14 +1657,14 @@ extern "C" __attribute__((visibility("default"))) const tcpx_ncclNet_v7_t ncclNe
     fake_listen,
     fake_connect,
     fake_accept,
-    fake_reg_mr,
+    throwing_reg_mr,
     nullptr,  // regMrDmaBuf, as the real plugin
     fake_dereg_mr,
     fake_isend,
     fake_irecv,
     fake_iflush,
     fake_test,
-    close_comm,
+    throwing_close_send,
     close_comm,
     fake_close_listen,
     fake_get_device_mr,

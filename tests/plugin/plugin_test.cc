@@ -523,6 +523,31 @@ TEST(PluginLoader, GpuRegistrationsTakePlacesInTheDescriptorBudget) {
     ::dlclose(lib);
 }
 
+// A plugin call that lets a C++ exception out is taken for an internal error: a registration
+// refused (its place in the descriptor budget given back), a close that still closes. Before,
+// the exception went through the caller's frames: out of the engine's teardown, which closes
+// comms and cannot throw, it ended the application.
+TEST(PluginLoader, AnExceptionOutOfThePluginIsAnError) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    Pair p = connect_fake(net.get());
+    ASSERT_TRUE(p.send && p.recv);
+    constexpr size_t kLen = 64 << 10;
+    void* buf = std::aligned_alloc(4096, kLen);
+    ASSERT_NE(buf, nullptr);
+    const uint64_t held = registrations_held();
+    ::setenv("FAKETCPX_THROW", "regMr", 1);
+    net::MemHandle* mh = nullptr;
+    const Status reg = net->reg_mr(p.send, buf, kLen, net::MemType::kCuda, &mh);
+    EXPECT_FALSE(reg.ok());
+    EXPECT_EQ(registrations_held(), held);
+    ::setenv("FAKETCPX_THROW", "closeSend", 1);
+    EXPECT_FALSE(net->close_send(p.send).ok());
+    ::unsetenv("FAKETCPX_THROW");
+    EXPECT_TRUE(net->close_recv(p.recv).ok());
+    std::free(buf);
+}
+
 // A receive into CUDA memory arrives as devmem TCP delivers it: scattered pages of the comm's
 // bounce buffer, described in the unpack queue slot the request names, counted at test(), the
 // pages recycled (and poisoned) at irecvConsumed.
@@ -969,6 +994,15 @@ TEST(PluginLoader, ThePluginsLoggerDropsALineItCannotAllocateFor) {
     EXPECT_GT(hits, 0) << "no allocation failed";
     logger(TCPX_NCCL_LOG_WARN, 0, "plugin_file_after.c", 10, "after the shortage");
     EXPECT_EQ(capture.count("after the shortage"), 1) << capture.all();
+}
+
+// A line without a format (a null fmt, and a null file) is logged as such, not read from
+// address 0.
+TEST(PluginLoader, ThePluginsLoggerTakesALineWithoutAFormat) {
+    const tcpx_ncclDebugLogger_t logger = net::nccl_logger_into_tcpx_log();
+    LogCapture capture(LogLevel::kWarn);
+    logger(TCPX_NCCL_LOG_WARN, 0, nullptr, 11, nullptr);
+    EXPECT_EQ(capture.count("(a line without a format)"), 1) << capture.all();
 }
 
 }  // namespace

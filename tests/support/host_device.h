@@ -34,6 +34,7 @@ class HostDevice final : public cuda::Device {
     StatusOr<cuda::PointerInfo> classify(const void* ptr, size_t len) override;
     uint64_t mapped_bytes(const void* ptr, uint64_t at_most) override;
     // Host memory is its own "mapped" address here (as under CUDA's unified addressing).
+    bool host_only() const override { return true; }
     uintptr_t mapped_host_address(const void* host) override {
         return reinterpret_cast<uintptr_t>(host);
     }

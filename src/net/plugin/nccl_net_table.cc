@@ -17,6 +17,19 @@
 namespace tcpx::net {
 namespace {
 
+// A plugin's call, with any C++ exception it lets out taken for an internal error: one thrown
+// through the caller's frames would end the application (the engine's teardown, which closes
+// comms, cannot throw) or leave a peer's teardown retrying the same call for ever.
+template <typename F>
+tcpx_ncclResult_t guarded(const char* call, F&& f) noexcept {
+    try {
+        return f();
+    } catch (...) {
+        TCPX_WARN("net plugin: %s threw an exception (taken for an internal error)", call);
+        return tcpx_ncclInternalError;
+    }
+}
+
 template <int V>
 struct Abi;
 template <>
@@ -112,7 +125,9 @@ class Adapter final : public NcclNetTable {
             for (int dev = 0; dev < ndev; ++dev) {
                 Props p{};
                 // NCCL refuses a plugin reporting 0; here it reads as "not stated".
-                if (nccl_call_ok(t_->getProperties(dev, &p)) && p.maxP2pBytes > 0) {
+                if (nccl_call_ok(
+                        guarded("getProperties", [&] { return t_->getProperties(dev, &p); })) &&
+                    p.maxP2pBytes > 0) {
                     limit = std::min(limit, p.maxP2pBytes);
                 }
             }
@@ -125,11 +140,13 @@ class Adapter final : public NcclNetTable {
             // v11 expects an init per NCCL communicator, and a commId naming it. There is none
             // here: one context serves the process and is never finalized (the plugin is never
             // unloaded).
-            return t_->init(&ctx_, /*commId=*/0, &config_, logger, &drop_profiler_event);
+            return guarded("init", [&] {
+                return t_->init(&ctx_, /*commId=*/0, &config_, logger, &drop_profiler_event);
+            });
         } else if constexpr (kProfiler) {
-            return t_->init(logger, &drop_profiler_event);
+            return guarded("init", [&] { return t_->init(logger, &drop_profiler_event); });
         } else {
-            return t_->init(logger);
+            return guarded("init", [&] { return t_->init(logger); });
         }
     }
 
@@ -137,10 +154,11 @@ class Adapter final : public NcclNetTable {
 
     tcpx_ncclResult_t get_properties(int dev, tcpx_ncclNetProperties_v7_t* out) const override {
         if constexpr (V == 7) {
-            return t_->getProperties(dev, out);
+            return guarded("getProperties", [&] { return t_->getProperties(dev, out); });
         } else {
             Props p{};
-            const tcpx_ncclResult_t rc = t_->getProperties(dev, &p);
+            const tcpx_ncclResult_t rc =
+                guarded("getProperties", [&] { return t_->getProperties(dev, &p); });
             if (!nccl_call_ok(rc)) return rc;
             *out = tcpx_ncclNetProperties_v7_t{};
             out->name = p.name;
@@ -172,45 +190,54 @@ class Adapter final : public NcclNetTable {
 
     tcpx_ncclResult_t listen(int dev, void* handle, void** listen_comm) const override {
         if constexpr (kContext) {
-            return t_->listen(ctx_, dev, handle, listen_comm);
+            return guarded("listen", [&] { return t_->listen(ctx_, dev, handle, listen_comm); });
         } else {
-            return t_->listen(dev, handle, listen_comm);
+            return guarded("listen", [&] { return t_->listen(dev, handle, listen_comm); });
         }
     }
 
     tcpx_ncclResult_t connect(int dev, void* handle, void** send_comm,
                               tcpx_ncclNetDeviceHandle_v7_t** dev_handle) const override {
         if constexpr (kContext) {
-            return t_->connect(ctx_, dev, handle, send_comm, dev_handle);
+            return guarded("connect",
+                           [&] { return t_->connect(ctx_, dev, handle, send_comm, dev_handle); });
         } else if constexpr (kProfiler) {  // v10: the config travels with each connect
-            return t_->connect(dev, &config_, handle, send_comm, dev_handle);
+            return guarded("connect", [&] {
+                return t_->connect(dev, &config_, handle, send_comm, dev_handle);
+            });
         } else {
-            return t_->connect(dev, handle, send_comm, dev_handle);
+            return guarded("connect",
+                           [&] { return t_->connect(dev, handle, send_comm, dev_handle); });
         }
     }
 
     tcpx_ncclResult_t accept(void* listen_comm, void** recv_comm,
                              tcpx_ncclNetDeviceHandle_v7_t** dev_handle) const override {
-        return t_->accept(listen_comm, recv_comm, dev_handle);
+        return guarded("accept", [&] { return t_->accept(listen_comm, recv_comm, dev_handle); });
     }
 
     tcpx_ncclResult_t reg_mr(void* comm, void* data, size_t size, int type,
                              void** mhandle) const override {
         using RegSize = std::conditional_t<kIntRegSize, int, size_t>;
-        return t_->regMr(comm, data, static_cast<RegSize>(size), type, mhandle);
+        return guarded("regMr", [&] {
+            return t_->regMr(comm, data, static_cast<RegSize>(size), type, mhandle);
+        });
     }
 
     tcpx_ncclResult_t dereg_mr(void* comm, void* mhandle) const override {
-        return t_->deregMr(comm, mhandle);
+        return guarded("deregMr", [&] { return t_->deregMr(comm, mhandle); });
     }
 
     tcpx_ncclResult_t isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                             void** request) const override {
         const auto sz = static_cast<TransferSize>(size);
         if constexpr (kProfiler) {
-            return t_->isend(send_comm, data, sz, tag, mhandle, /*phandle=*/nullptr, request);
+            return guarded("isend", [&] {
+                return t_->isend(send_comm, data, sz, tag, mhandle, /*phandle=*/nullptr, request);
+            });
         } else {
-            return t_->isend(send_comm, data, sz, tag, mhandle, request);
+            return guarded("isend",
+                           [&] { return t_->isend(send_comm, data, sz, tag, mhandle, request); });
         }
     }
 
@@ -221,26 +248,30 @@ class Adapter final : public NcclNetTable {
         if constexpr (kProfiler) {
             // NCCL passes one profiler handle per buffer; plugins index the array.
             void* phandles[kMaxRecvBuffers] = {};
-            return t_->irecv(recv_comm, n, data, sz, tags, mhandles, phandles, request);
+            return guarded("irecv", [&] {
+                return t_->irecv(recv_comm, n, data, sz, tags, mhandles, phandles, request);
+            });
         } else {
-            return t_->irecv(recv_comm, n, data, sz, tags, mhandles, request);
+            return guarded("irecv", [&] {
+                return t_->irecv(recv_comm, n, data, sz, tags, mhandles, request);
+            });
         }
     }
 
     tcpx_ncclResult_t test(void* request, int* done, int* sizes) const override {
-        return t_->test(request, done, sizes);
+        return guarded("test", [&] { return t_->test(request, done, sizes); });
     }
     tcpx_ncclResult_t irecv_consumed(void* recv_comm, int n, void* request) const override {
-        return t_->irecvConsumed(recv_comm, n, request);
+        return guarded("irecvConsumed", [&] { return t_->irecvConsumed(recv_comm, n, request); });
     }
     tcpx_ncclResult_t close_send(void* send_comm) const override {
-        return t_->closeSend(send_comm);
+        return guarded("closeSend", [&] { return t_->closeSend(send_comm); });
     }
     tcpx_ncclResult_t close_recv(void* recv_comm) const override {
-        return t_->closeRecv(recv_comm);
+        return guarded("closeRecv", [&] { return t_->closeRecv(recv_comm); });
     }
     tcpx_ncclResult_t close_listen(void* listen_comm) const override {
-        return t_->closeListen(listen_comm);
+        return guarded("closeListen", [&] { return t_->closeListen(listen_comm); });
     }
 
  private:

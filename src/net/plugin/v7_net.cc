@@ -432,22 +432,29 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
     // comm and registration: each takes a place in the process's descriptor budget first.
     const bool counted = type != MemType::kHost;
     if (counted) TCPX_RETURN_IF_ERROR(take_registration_place("registering GPU memory"));
+    // Given back on every way out but a registration recorded (an exception included).
+    struct Place {
+        bool held;
+        ~Place() {
+            if (held) give_back_registration_place();
+        }
+    } place{counted};
     void* mh = nullptr;
     Status st = from_nccl_result(table_->reg_mr(c, data, size, static_cast<int>(type), &mh),
                                  name_ + ": regMr");
-    if (counted && st.ok()) {
+    // A null handle is nothing to tell the registration by at deregMr: not counted (a plugin
+    // that keeps a descriptor for a registration hands out a handle for it).
+    if (counted && st.ok() && mh != nullptr) {
         try {
             std::lock_guard<std::mutex> lock(mu_);
             counted_mrs_.emplace(mh, comm);  // (a plugin may hand out one handle twice)
+            place.held = false;
         } catch (...) {
             (void)table_->dereg_mr(c, mh);
             st = Status(StatusCode::kResourceExhausted, "reg_mr: out of memory");
         }
     }
-    if (!st.ok()) {
-        if (counted) give_back_registration_place();
-        return st;
-    }
+    if (!st.ok()) return st;
     *mhandle = static_cast<MemHandle*>(mh);
     return Status();
 }
@@ -479,19 +486,18 @@ void V7Net::forget_counted_mrs_of(void* comm) {
 }
 
 Status V7Net::dereg_mr(void* comm, MemHandle* mhandle) {
-    // A counted registration's place goes back once the plugin has let go of it; one it refused
-    // to deregister stays counted (its descriptor may still be open).
+    // A counted registration's place goes back whatever the plugin says: the caller forgets
+    // the handle either way, and a plugin that fails every deregMr must not take the
+    // process's whole budget (its descriptors, if it keeps them, are its own leak).
     if (comm == nullptr && dereg_after_close_) {
-        Status st = from_nccl_result(table_->dereg_mr(nullptr, mhandle),
-                                     name_ + ": deregMr (after its comm's close)");
-        if (st.ok()) forget_counted_mr(nullptr, mhandle);
-        return st;
+        forget_counted_mr(nullptr, mhandle);
+        return from_nccl_result(table_->dereg_mr(nullptr, mhandle),
+                                name_ + ": deregMr (after its comm's close)");
     }
     void* c = unwrap_comm(comm);
     if (c == nullptr) return invalid_argument("dereg_mr: not a comm");
-    Status st = from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
-    if (st.ok()) forget_counted_mr(comm, mhandle);
-    return st;
+    forget_counted_mr(comm, mhandle);
+    return from_nccl_result(table_->dereg_mr(c, mhandle), name_ + ": deregMr");
 }
 
 Status V7Net::isend(SendComm* comm, const void* data, size_t size, int tag, MemHandle* mhandle,
@@ -607,7 +613,14 @@ StatusOr<UnpackSlot> V7Net::unpack_slot(RecvComm* comm, Request* request) {
             return invalid_argument("unpack_slot: not a completed, unconsumed receive of the comm");
         }
     }
-    // Only Google's layout is known (tcpx_layout.h); the version check at accept guarantees it.
+    // Only Google's request layout is known (tcpx_layout.h): another UNPACK plugin's request
+    // read as Google's would be read past its end.
+    if (handle_kind_ != HandleKind::kGoogleTcpx) {
+        return unimplemented(strformat(
+            "%s: hands CUDA receives over as UNPACK, but its requests are not known to have "
+            "Google's TCPX layout (TCPX_P2P_PLUGIN_HANDLE_LAYOUT=google-tcpx says they do)",
+            name_.c_str()));
+    }
     const auto* req = static_cast<const google_tcpx::Request*>(r->request);
     const google_tcpx::UnpackSlot& slot = req->unpack_slot;
     if (!slot.active || slot.idx >= static_cast<uint64_t>(google_tcpx::kQueueDepth) ||
