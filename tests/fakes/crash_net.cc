@@ -1,6 +1,7 @@
 // Plugins whose init takes the process down, as Google's TCPX plugin's does on many failure
 // paths: built once per TCPX_TEST_CRASH_MODE — 1 calls exit(1), 2 writes through a null pointer,
-// 3 never returns. Each logs a dozen numbered lines first, so a caller can show the last ones.
+// 3 never returns, 4 calls exit(0) (as if all were well). Each logs a dozen numbered lines first,
+// so a caller can show the last ones.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,6 +19,8 @@ tcpx_ncclResult_t crash_init(tcpx_ncclDebugLogger_t logger) {
     }
 #if TCPX_TEST_CRASH_MODE == 1
     std::exit(1);
+#elif TCPX_TEST_CRASH_MODE == 4
+    std::exit(0);
 #elif TCPX_TEST_CRASH_MODE == 2
     // A null pointer the compiler cannot see is one.
     volatile int* p = reinterpret_cast<volatile int*>(std::getenv("TCPX_TEST_NO_SUCH_VARIABLE"));

@@ -50,6 +50,18 @@ TEST(PluginProbe, InitThatExitsIsAnError) {
     EXPECT_EQ(again.status().to_string(), net.status().to_string());
 }
 
+// A plugin whose init calls exit(0), as if all were well: the probe never finished its checks
+// (its last line is missing), so the plugin is not loaded here (it would end the application).
+TEST(PluginProbe, InitThatExitsWithZeroIsAnError) {
+    const std::string path = test_net_path("crashexitzero");
+    auto net = net::load_net_plugin(path, probe_settings());
+    ASSERT_FALSE(net.ok());
+    EXPECT_EQ(net.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(net.status().message().find("before the probe was done"), std::string::npos)
+        << net.status().to_string();
+    expect_names_plugin_and_tail(net.status(), path);
+}
+
 TEST(PluginProbe, InitThatCrashesIsAnError) {
     const std::string path = test_net_path("crashsegv");
     auto net = net::load_net_plugin(path, probe_settings());

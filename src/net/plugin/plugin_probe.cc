@@ -214,7 +214,12 @@ StatusOr<std::string> run_plugin_probe(const std::string& probe, const std::stri
         return errno_status(errno, "plugin probe: waitpid");
     }
     if (output.size() > kMaxCapture) output.erase(0, output.size() - kMaxCapture);
-    if (!timed_out && WIFEXITED(wstatus) &&
+    // The probe's own last line, or the plugin ended it (exit() in its init, 0 or not).
+    const std::string marker = std::string(kProbeDoneMarker) + "\n";
+    const size_t at = output.rfind(marker);
+    const bool finished = at != std::string::npos;
+    if (finished) output.erase(at, marker.size());
+    if (!timed_out && finished && WIFEXITED(wstatus) &&
         (WEXITSTATUS(wstatus) == 0 || WEXITSTATUS(wstatus) == kProbeCleanRefusal)) {
         return output;
     }
@@ -224,6 +229,10 @@ StatusOr<std::string> run_plugin_probe(const std::string& probe, const std::stri
             "did not finish within %lld ms (TCPX_P2P_PLUGIN_PROBE_TIMEOUT_MS) and "
             "was killed",
             static_cast<long long>(timeout_ms));
+    } else if (WIFEXITED(wstatus) && !finished &&
+               (WEXITSTATUS(wstatus) == 0 || WEXITSTATUS(wstatus) == kProbeCleanRefusal)) {
+        how = strformat("ended the process (exit code %d) before the probe was done",
+                        WEXITSTATUS(wstatus));
     } else if (WIFEXITED(wstatus)) {
         how = strformat("exited with code %d", WEXITSTATUS(wstatus));
     } else if (WIFSIGNALED(wstatus)) {

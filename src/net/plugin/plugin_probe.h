@@ -19,6 +19,9 @@ namespace tcpx::net {
 // The probe's exit status when the plugin refused cleanly (not loadable, no table, init or
 // devices returned an error): loading it here is safe and reports the same error the usual way.
 inline constexpr int kProbeCleanRefusal = 3;
+// The probe's last line once its checks are over, whatever their verdict: a plugin that ends
+// the probe itself with a status of 0 or 3 (exit() in its init) has not let it be written.
+inline constexpr const char* kProbeDoneMarker = "tcpx-p2p-probe: done";
 
 // The probe executable: PLUGIN_PROBE_PATH when set, else tcpx-p2p-probe beside the module holding
 // this code (the library, a plugin or the program), then in ../libexec/ and ../../libexec/ from
