@@ -70,6 +70,8 @@
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
+//   FAKETCPX_NULL_LISTEN=1: listen succeeds without a listen comm. FAKETCPX_SAME_COMM=1 (read by
+//     accept): accept hands out the comm it accepted last, again.
 //   FAKETCPX_THROW=regMr|closeSend: that call throws a C++ exception (a plugin with a bug).
 //   FAKETCPX_MR_FD=1 (read by regMr): every CUDA registration holds a descriptor (an eventfd)
 //     until deregistered, as the real plugin's each holds a dma-buf fd.
@@ -935,6 +937,10 @@ void put_handle(const gt::Handle& h, void* handle) {
 }
 
 tcpx_ncclResult_t fake_listen(int dev, void* handle, void** listen_comm) {
+    if (const char* v = std::getenv("FAKETCPX_NULL_LISTEN"); v != nullptr && v[0] == '1') {
+        *listen_comm = nullptr;  // "success", and no comm
+        return tcpx_ncclSuccess;
+    }
     gt::Handle h{};
     h.num_threads = 1;
     h.redirect_ctrl = false;
@@ -1193,6 +1199,14 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     **recv_dev_comm = tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
                                                     handle, sizeof(cu::UnpackHandle), 0};
     *recv_comm = comm.release();
+    static void* last_accepted = nullptr;
+    if (const char* v = std::getenv("FAKETCPX_SAME_COMM");
+        v != nullptr && v[0] == '1' && last_accepted != nullptr) {
+        // The comm accepted before, handed out again (this one's left open: a leak in a test).
+        *recv_comm = last_accepted;
+        return tcpx_ncclSuccess;
+    }
+    last_accepted = *recv_comm;
     if (const char* f = std::getenv("FAKETCPX_ACCEPT_FAILS"); f != nullptr && f[0] == '1') {
         return fail("accept: setting up the device handle (FAKETCPX_ACCEPT_FAILS)");
     }

@@ -548,6 +548,43 @@ TEST(PluginLoader, AnExceptionOutOfThePluginIsAnError) {
     std::free(buf);
 }
 
+// A listen that succeeds without a comm, and an accept that hands out a comm open already, are
+// errors: the first would have accept and closeListen handed a null comm, the second the comm
+// closed twice.
+TEST(PluginLoader, ANullListenCommAndACommHandedOutTwiceAreRefused) {
+    auto net = load_fake();
+    ASSERT_NE(net, nullptr);
+    ::setenv("FAKETCPX_NULL_LISTEN", "1", 1);
+    net::Handle handle;
+    net::ListenComm* listen = nullptr;
+    const Status st = net->listen(0, &handle, &listen);
+    ::unsetenv("FAKETCPX_NULL_LISTEN");
+    EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+    EXPECT_EQ(listen, nullptr);
+    Pair first = connect_fake(net.get());
+    ASSERT_TRUE(first.send && first.recv);
+    ::setenv("FAKETCPX_SAME_COMM", "1", 1);
+    Pair second;
+    ASSERT_TRUE(net->listen(0, &handle, &listen).ok());
+    Status refused;
+    for (int i = 0; i < 1000000 && refused.ok() && second.recv == nullptr; ++i) {
+        if (second.send == nullptr) {
+            ASSERT_TRUE(net->connect(0, &handle, &second.send, nullptr).ok());
+        }
+        refused = net->accept(listen, &second.recv, &second.dev);
+    }
+    ::unsetenv("FAKETCPX_SAME_COMM");
+    EXPECT_EQ(refused.code(), StatusCode::kInternal) << refused.to_string();
+    EXPECT_NE(refused.message().find("open already"), std::string::npos) << refused.to_string();
+    EXPECT_EQ(second.recv, nullptr);
+    EXPECT_TRUE(net->close_listen(listen).ok());
+    EXPECT_TRUE(net->close_send(first.send).ok());
+    EXPECT_TRUE(net->close_recv(first.recv).ok());
+    if (second.send != nullptr) {
+        EXPECT_TRUE(net->close_send(second.send).ok());
+    }
+}
+
 // A receive into CUDA memory arrives as devmem TCP delivers it: scattered pages of the comm's
 // bounce buffer, described in the unpack queue slot the request names, counted at test(), the
 // pages recycled (and poisoned) at irecvConsumed.

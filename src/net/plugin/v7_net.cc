@@ -328,6 +328,10 @@ Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     auto w = std::make_unique<ListenWrap>();
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
+    if (w->comm == nullptr) {
+        // (accept and closeListen would be handed a null comm)
+        return internal_error(name_ + ": listen succeeded without a listen comm");
+    }
     if (handle_kind_ == HandleKind::kGoogleTcpx) {
         google_tcpx::Handle h;
         std::memcpy(&h, handle->bytes.data(), sizeof(h));
@@ -382,6 +386,7 @@ Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandl
         connecting_[handle] = std::move(w);
         return Status();
     }
+    TCPX_RETURN_IF_ERROR(note_live_comm(w->comm, "connect"));
     if (dev_handle != nullptr) {
         *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
     }
@@ -416,6 +421,10 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
         return st;
     }
     if (w->comm == nullptr) return Status();
+    if (Status live = note_live_comm(w->comm, "accept"); !live.ok()) {
+        w->comm = nullptr;  // (another wrapper's: not closed through this one)
+        return live;
+    }
     l->yielded = true;
     if (dev_handle != nullptr) {
         *dev_handle = w->dev_ptr != nullptr ? to_device_handle(*w->dev_ptr) : DeviceHandle{};
@@ -457,6 +466,22 @@ Status V7Net::reg_mr(void* comm, void* data, size_t size, MemType type, MemHandl
     if (!st.ok()) return st;
     *mhandle = static_cast<MemHandle*>(mh);
     return Status();
+}
+
+Status V7Net::note_live_comm(void* comm, const char* call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!live_comms_.insert(comm).second) {
+        return internal_error(strformat(
+            "%s: %s handed out comm %p, which is open already (closing it twice would be the "
+            "plugin's undoing)",
+            name_.c_str(), call, comm));
+    }
+    return Status();
+}
+
+void V7Net::forget_live_comm(void* comm) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_comms_.erase(comm);
 }
 
 void V7Net::forget_counted_mr(void* comm, void* mhandle) {
@@ -637,6 +662,7 @@ Status V7Net::close_send(SendComm* comm) {
     if (w == nullptr) return Status();
     if (w->magic != kSendWrap) return invalid_argument("close_send: not a send comm");
     Status st = from_nccl_result(table_->close_send(w->comm), name_ + ": closeSend");
+    forget_live_comm(w->comm);
     forget_counted_mrs_of(w);
     release_all(w);
     w->magic = 0;
@@ -649,6 +675,7 @@ Status V7Net::close_recv(RecvComm* comm) {
     if (w == nullptr) return Status();
     if (w->magic != kRecvWrap) return invalid_argument("close_recv: not a receive comm");
     Status st = from_nccl_result(table_->close_recv(w->comm), name_ + ": closeRecv");
+    forget_live_comm(w->comm);
     forget_counted_mrs_of(w);
     release_all(w);
     w->magic = 0;

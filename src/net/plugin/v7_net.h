@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/params.h"
@@ -119,6 +120,10 @@ class V7Net final : public Net {
     static void* unwrap_comm(void* comm);
     static RequestWrap* new_request(CommWrap* comm, void* request, bool is_recv, int n);
     static void release_request(RequestWrap* r);
+    // The plugin's send and receive comms open now: one handed out twice is refused (two
+    // wrappers would close it twice).
+    Status note_live_comm(void* comm, const char* call);
+    void forget_live_comm(void* comm);
     // A counted registration (reg_mr) deregistered: its place in the descriptor budget goes back.
     void forget_counted_mr(void* comm, void* mhandle);
     // A comm closed: the places of its counted registrations go back where the close releases
@@ -146,6 +151,7 @@ class V7Net final : public Net {
     // GPU registrations holding a place in the descriptor budget (common/socket.h), by the
     // plugin's handle: the comm (our wrapper) they were made with.
     std::unordered_multimap<void*, void*> counted_mrs_;
+    std::unordered_set<void*> live_comms_;  // (note_live_comm)
     // Listeners closed during an accept, until the accept ends (close_listen).
     std::vector<ListenWrap*> parked_;
     std::atomic<size_t> parked_count_{0};   // parked_.size(), read without mu_
