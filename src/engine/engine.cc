@@ -1364,6 +1364,15 @@ bool Endpoint::Impl::step_peer(Peer& p, bool ready, bool tick) {
                                                static_cast<long long>(config_.peer_timeout_ms))));
                 return true;
             }
+            if (ch.refused_since != Clock::time_point{} && ch.inflight.empty() &&
+                ch.finishing.empty() && !ch.queued.empty() && now - ch.refused_since > timeout) {
+                fail_peer(p, timeout_error(strformat(
+                                 "the transport took no %s request of a data channel for %lld "
+                                 "ms, none of ours in it",
+                                 tx ? "send" : "receive",
+                                 static_cast<long long>(config_.peer_timeout_ms))));
+                return true;
+            }
         }
     }
     return did;

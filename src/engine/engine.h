@@ -321,6 +321,9 @@ struct Channel {
     // flight that makes no progress for the peer timeout fails its peer (a lost chunk would
     // otherwise leave its transfer waiting forever while heartbeats keep the peer alive).
     Clock::time_point last_progress{};
+    // Since when the transport has taken no request of this channel with none of ours in it
+    // (the epoch when it took one): past the peer timeout the peer fails (step_peer).
+    Clock::time_point refused_since{};
     // Since when chunks have waited with the window full (the epoch when they are not).
     Clock::time_point blocked_since{};
 

@@ -332,8 +332,15 @@ bool Endpoint::Impl::progress_channel(Peer& p, Channel& ch, bool tx) {
         if (!st.ok()) return failed(st);
         if (req == nullptr) {  // the transport is full: later
             count(p, &Stats::retries);
+            // Full with none of ours in it: a transport that never takes one again would leave
+            // the chunk queued for good (the stall check below counts from here).
+            if (ch.inflight.empty() && ch.finishing.empty() &&
+                ch.refused_since == Clock::time_point{}) {
+                ch.refused_since = Clock::now();
+            }
             break;
         }
+        ch.refused_since = {};
         // (where next_offset() said: nothing was taken in between)
         if (rx_slot >= 0) op.slot = slots_for(ch, op).acquire(rx_hold);
         if (stage_times_) op.posted_ns = engine::stage_clock_ns();

@@ -70,6 +70,7 @@
 //   FAKETCPX_ACCEPT_FAILS=1 (read by accept): accept makes the receive comm, hands it out and
 //     then fails, as the real plugin's does when setting up the device handle fails after its
 //     connection setup gave it a comm.
+//   FAKETCPX_FULL_SENDS=1: isend takes no request, ever (success, no request: "full").
 //   FAKETCPX_NULL_LISTEN=1: listen succeeds without a listen comm. FAKETCPX_SAME_COMM=1 (read by
 //     accept): accept hands out the comm it accepted last, again.
 //   FAKETCPX_THROW=regMr|closeSend: that call throws a C++ exception (a plugin with a bug).
@@ -1297,6 +1298,9 @@ tcpx_ncclResult_t fake_isend(void* send_comm, void* data, int size, int tag, voi
     FakeComm* comm = as_comm(send_comm);
     if (comm == nullptr || comm->recv || size < 0) return tcpx_ncclInternalError;
     if (!valid_mr(mhandle)) return fail("isend without a memory handle (the real plugin crashes)");
+    if (const char* v = std::getenv("FAKETCPX_FULL_SENDS"); v != nullptr && v[0] == '1') {
+        return tcpx_ncclSuccess;  // "full", for ever
+    }
     if (!mr_holds(mhandle, data, static_cast<size_t>(size))) {
         return fail("isend of a buffer outside its memory handle's registration");
     }

@@ -780,6 +780,36 @@ TEST_F(EngineOverPlugin, RefusedWritesDrainThroughThePlugin) {
     EXPECT_EQ(find_pattern_mismatch(bbuf.data(), 4 << 20, 2), -1);
 }
 
+// A transport that takes no send request, ever, with none of ours in it ("full" for good): the
+// write fails after our peer timeout with the reason, not when (or if) the peer times out its
+// receive. Here the peer's timeout is a minute, ours 2.5 s.
+TEST(EngineOverPluginFailure, ATransportThatNeverTakesARequestFailsThePeerAfterTheTimeout) {
+    load_fake();
+    Config c = engine_test_config();
+    c.net_plugin = TCPX_FAKE_TCPX_PATH;
+    Config mine = c;
+    mine.peer_timeout_ms = 2500;  // (the peer's heartbeats come every second at most)
+    c.peer_timeout_ms = 60000;
+    auto a = make_endpoint("a", mine);
+    auto b = make_endpoint("b", c);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    constexpr size_t kSize = 1 << 20;  // past the inline limit: a data channel's
+    GuardedBuffer abuf(kSize), bbuf(kSize);
+    const MemId am = *a->reg(abuf.data(), kSize);
+    const MemId bm = *b->reg(bbuf.data(), kSize);
+    ::setenv("FAKETCPX_FULL_SENDS", "1", 1);
+    auto w = a->write(l.a_to_b, am, 0, *b->describe(bm), 0, kSize);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    const Status st = a->wait(*w, 10s);
+    ::unsetenv("FAKETCPX_FULL_SENDS");
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.to_string();
+    const Status peer = a->peer_status(l.a_to_b);
+    EXPECT_NE(peer.message().find("the transport took no send request"), std::string::npos)
+        << peer.to_string();
+}
+
 // A reader, a peer it reads from and a bystander it writes to, over the emulated plugin, each
 // with its own fault rules (TCPX_P2P_FAULT) and the given peer timeout.
 struct ReaderPeerBystander {
