@@ -155,6 +155,7 @@ Status check_tcpx_handle(Handle* handle, const SocketAddress& peer_address, int 
 struct V7Net::CommWrap {
     uint32_t magic;
     void* comm = nullptr;
+    bool reports_sizes = false;  // its device's (test() fills sizes only then)
     tcpx_ncclNetDeviceHandle_v7_t dev{};
     tcpx_ncclNetDeviceHandle_v7_t* dev_ptr = &dev;
     std::mutex mu;
@@ -167,6 +168,7 @@ struct V7Net::CommWrap {
 struct V7Net::ListenWrap {
     uint32_t magic = kListenWrap;
     void* comm = nullptr;
+    int dev = 0;
     // Storage for the next accepted comm, kept across accept() retries for the same reason.
     std::unique_ptr<CommWrap> next;
     // The plugin's accept() was called and has not yet yielded a comm or an error: the plugin
@@ -266,7 +268,10 @@ V7Net::V7Net(const NcclNetTable* table, V7Options options, int ndev)
       dereg_after_close_(name_.rfind("GPUDirectTCPX", 0) == 0),
       max_transfer_(table->max_transfer_bytes(ndev)) {
     Properties props;
-    reports_sizes_ = get_properties(0, &props).ok() && props.reports_sizes;
+    // Per device: a plugin's devices may differ (one UNPACK, another not).
+    for (int dev = 0; dev < ndev_; ++dev) {
+        reports_sizes_.push_back(get_properties(dev, &props).ok() && props.reports_sizes);
+    }
 }
 
 V7Net::~V7Net() {
@@ -326,6 +331,7 @@ Status V7Net::listen(int dev, Handle* handle, ListenComm** listen_comm) {
     *listen_comm = nullptr;
     reap_parked();
     auto w = std::make_unique<ListenWrap>();
+    w->dev = dev;
     TCPX_RETURN_IF_ERROR(
         from_nccl_result(table_->listen(dev, handle->bytes.data(), &w->comm), name_ + ": listen"));
     if (w->comm == nullptr) {
@@ -378,6 +384,7 @@ Status V7Net::connect(int dev, Handle* handle, SendComm** send_comm, DeviceHandl
         w = std::make_unique<CommWrap>();
         w->magic = kSendWrap;
     }
+    w->reports_sizes = reports_sizes_of(dev);
     Status st = from_nccl_result(table_->connect(dev, handle->bytes.data(), &w->comm, &w->dev_ptr),
                                  name_ + ": connect");
     if (!st.ok()) return st;
@@ -405,6 +412,7 @@ Status V7Net::accept(ListenComm* listen_comm, RecvComm** recv_comm, DeviceHandle
     if (!l->next) {
         l->next = std::make_unique<CommWrap>();
         l->next->magic = kRecvWrap;
+        l->next->reports_sizes = reports_sizes_of(l->dev);
     }
     CommWrap* w = l->next.get();
     Status st =
@@ -588,7 +596,7 @@ Status V7Net::test(Request* request, bool* done, size_t* sizes) {
     }
     if (!finished) return Status();
     *done = true;
-    if (sizes != nullptr && reports_sizes_) {
+    if (sizes != nullptr && r->comm->reports_sizes) {
         for (int i = 0; i < r->n; ++i) {
             sizes[i] = int_sizes[i] < 0 ? 0 : static_cast<size_t>(int_sizes[i]);
         }

@@ -140,7 +140,11 @@ class V7Net final : public Net {
     const bool dereg_after_close_;  // Properties::dereg_after_close
     const size_t max_transfer_;     // one isend/irecv buffer, on any device
     std::atomic<bool> end_parked_accepts_{true};
-    bool reports_sizes_ = false;  // of device 0
+    std::vector<bool> reports_sizes_;  // by device: whether test() reports received sizes
+    bool reports_sizes_of(int dev) const {
+        return dev >= 0 && static_cast<size_t>(dev) < reports_sizes_.size() &&
+               reports_sizes_[static_cast<size_t>(dev)];
+    }
 
     mutable std::mutex mu_;
     // connect() in progress, by the caller's handle: its device-handle storage must stay put
