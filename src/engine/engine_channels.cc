@@ -66,9 +66,14 @@ Status check_unpack_slot(engine::Channel& ch, const net::UnpackSlot& q, int devi
         // (with the comm's GPU current: asked on a thread with none, CUDA would make a context
         // on GPU 0 for it)
         cuda::ScopedGpu gpu(device);
+        // Its first and its last byte: a plugin with a smaller allocation there would have us
+        // read past its end.
+        constexpr uintptr_t kLast = sizeof(UnpackMeta) - 1;
         ok = gpu.status().ok() &&
              cuda::device().mapped_host_address(reinterpret_cast<const void*>(base)) ==
-                 reinterpret_cast<uintptr_t>(ch.unpack.meta);
+                 reinterpret_cast<uintptr_t>(ch.unpack.meta) &&
+             cuda::device().mapped_host_address(reinterpret_cast<const void*>(base + kLast)) ==
+                 reinterpret_cast<uintptr_t>(ch.unpack.meta) + kLast;
         if (ok) ch.unpack_meta_host = base;
     } else if (ok) {
         ok = base == ch.unpack_meta_host;
