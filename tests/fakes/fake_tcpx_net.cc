@@ -1115,6 +1115,7 @@ tcpx_ncclResult_t fake_connect(int dev, void* handle, void** send_comm,
 std::mutex g_accept_mu;
 std::unordered_set<void*>& g_accepting = *new std::unordered_set<void*>;
 
+tcpx_ncclResult_t close_comm(void* c);
 tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
                              tcpx_ncclNetDeviceHandle_v7_t** recv_dev_comm);
 
@@ -1203,7 +1204,8 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     static void* last_accepted = nullptr;
     if (const char* v = std::getenv("FAKETCPX_SAME_COMM");
         v != nullptr && v[0] == '1' && last_accepted != nullptr) {
-        // The comm accepted before, handed out again (this one's left open: a leak in a test).
+        // The comm accepted before, handed out again (this one closed).
+        (void)close_comm(*recv_comm);
         *recv_comm = last_accepted;
         return tcpx_ncclSuccess;
     }
