@@ -1201,15 +1201,17 @@ tcpx_ncclResult_t accept_now(void* listen_comm, void** recv_comm,
     **recv_dev_comm = tcpx_ncclNetDeviceHandle_v7_t{TCPX_NCCL_NET_DEVICE_UNPACK, cu::kUnpackVersion,
                                                     handle, sizeof(cu::UnpackHandle), 0};
     *recv_comm = comm.release();
-    static void* last_accepted = nullptr;
+    // (accepts run on every endpoint's progress thread)
+    static std::atomic<void*> last_accepted{nullptr};
+    void* const before = last_accepted.load();
     if (const char* v = std::getenv("FAKETCPX_SAME_COMM");
-        v != nullptr && v[0] == '1' && last_accepted != nullptr) {
+        v != nullptr && v[0] == '1' && before != nullptr) {
         // The comm accepted before, handed out again (this one closed).
         (void)close_comm(*recv_comm);
-        *recv_comm = last_accepted;
+        *recv_comm = before;
         return tcpx_ncclSuccess;
     }
-    last_accepted = *recv_comm;
+    last_accepted.store(*recv_comm);
     if (const char* f = std::getenv("FAKETCPX_ACCEPT_FAILS"); f != nullptr && f[0] == '1') {
         return fail("accept: setting up the device handle (FAKETCPX_ACCEPT_FAILS)");
     }
