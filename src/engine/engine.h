@@ -835,10 +835,11 @@ class Endpoint::Impl {
     // least recently used first; how many went. `*in_use` (if given): whether some counted
     // registration is in use (it will be free once its requests end).
     size_t give_up_idle_registrations(size_t want, bool* in_use = nullptr);
-    // No place for a counted registration of ch (`ours_in_use`: whether registrations of this
-    // endpoint are in use, free once their requests end): OK to wait (later passes try again),
-    // or the budget's error once waiting has no end in sight.
-    Status wait_for_registration_place(Channel& ch, bool ours_in_use);
+    // Room in the descriptor budget for a counted registration of ch: true when there is (an
+    // idle registration of ours given up for it if need be); false when the op waits for one
+    // (later passes try again); the budget's error once waiting has no end in sight. `refused`:
+    // the transport refused one just now (the places went meanwhile): it waits, nothing given up.
+    StatusOr<bool> room_for_registration(Channel& ch, bool refused = false);
     // The channel's copy ring for `op` (a GPU op), made on first need.
     StatusOr<bool> ensure_ring(Peer& p, Channel& ch, bool tx, const engine::Op& op);
     // A receive came in: enqueue its GPU work (copy out of staging, unpack), if any.

@@ -557,12 +557,11 @@ StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx,
     void* comm = tx ? static_cast<void*>(ch.send) : static_cast<void*>(ch.recv);
     // A GPU registration: at the descriptor budget as mr_for's (an idle one makes way, or the
     // chunk waits for one).
-    bool ours_in_use = false;
-    if (props_.gpu_regs_counted && socket_budget_full() &&
-        give_up_idle_registrations(1, &ours_in_use) == 0 && socket_budget_full()) {
-        TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use)
-                                 .with_context("registering the GPU gather buffer"));
-        return false;
+    if (props_.gpu_regs_counted) {
+        auto room = room_for_registration(ch);
+        if (!room.ok())
+            return Status(room.status()).with_context("registering the GPU gather buffer");
+        if (!*room) return false;
     }
     const cuda::ScopedGpu gpu(ch.gring->device());  // (mr_for: Google's regMr)
     TCPX_RETURN_IF_ERROR(Status(gpu.status()).with_context("registering the GPU gather buffer"));
@@ -570,9 +569,9 @@ StatusOr<bool> Endpoint::Impl::ensure_gather_twin(Peer& p, Channel& ch, bool tx,
     if (!st.ok()) {
         ch.gtwin_mr = nullptr;
         if (props_.gpu_regs_counted && st.code() == StatusCode::kResourceExhausted) {
-            (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
-            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use)
-                                     .with_context("registering the GPU gather buffer"));
+            auto room = room_for_registration(ch, /*refused=*/true);
+            if (!room.ok())
+                return Status(room.status()).with_context("registering the GPU gather buffer");
             return false;
         }
         return st.with_context("registering the GPU gather buffer");
@@ -969,14 +968,11 @@ StatusOr<Endpoint::Impl::MrPick> Endpoint::Impl::mr_for(Channel& ch, bool tx, co
     // process's budget of them (the transport's reg_mr refuses it past the budget): at the
     // budget, one no request uses goes first (before this one's place below is made: giving
     // up may empty and erase any region's list). With none to give up (all ours in use, or
-    // the budget held by sockets and other endpoints) the op waits (wait_for_registration_place).
+    // the budget held by sockets and other endpoints) the op waits (room_for_registration).
     const bool counted = props_.gpu_regs_counted && type == net::MemType::kCuda;
-    if (counted && socket_budget_full()) {
-        bool ours_in_use = false;
-        if (give_up_idle_registrations(1, &ours_in_use) == 0 && socket_budget_full()) {
-            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use));
-            return MrPick{nullptr, nullptr, /*later=*/true};
-        }
+    if (counted) {
+        TCPX_ASSIGN_OR_RETURN(const bool room, room_for_registration(ch));
+        if (!room) return MrPick{nullptr, nullptr, /*later=*/true};
     }
     // Google's regMr takes the GPU of the memory from the caller's current one (cudaGetDevice):
     // the memory's, for this call (the progress thread's may be any).
@@ -1002,9 +998,7 @@ StatusOr<Endpoint::Impl::MrPick> Endpoint::Impl::mr_for(Channel& ch, bool tx, co
         if (by_window.empty()) ch.mrs.erase(op.region);
         if (counted && st.code() == StatusCode::kResourceExhausted) {
             // (the places went meanwhile: other endpoints' sockets or registrations)
-            bool ours_in_use = false;
-            (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
-            TCPX_RETURN_IF_ERROR(wait_for_registration_place(ch, ours_in_use));
+            TCPX_RETURN_IF_ERROR(room_for_registration(ch, /*refused=*/true).status());
             return MrPick{nullptr, nullptr, /*later=*/true};
         }
         return st;
@@ -1014,7 +1008,14 @@ StatusOr<Endpoint::Impl::MrPick> Endpoint::Impl::mr_for(Channel& ch, bool tx, co
     return MrPick{mh, &it->second};
 }
 
-Status Endpoint::Impl::wait_for_registration_place(Channel& ch, bool ours_in_use) {
+StatusOr<bool> Endpoint::Impl::room_for_registration(Channel& ch, bool refused) {
+    bool ours_in_use = false;
+    if (!refused) {
+        if (!socket_budget_full()) return true;
+        if (give_up_idle_registrations(1, &ours_in_use) > 0 || !socket_budget_full()) return true;
+    } else {
+        (void)give_up_idle_registrations(0, &ours_in_use);  // (only asks)
+    }
     // Ours in use are free once their requests end (or their peers fail, stalled). With none,
     // the places are other endpoints' or sockets: they may go too (a pair of endpoints in one
     // process, one's sends waiting for the other's receives), but not for sure: the wait ends
@@ -1022,19 +1023,19 @@ Status Endpoint::Impl::wait_for_registration_place(Channel& ch, bool ours_in_use
     const auto now = Clock::now();
     if (ours_in_use) {
         ch.reg_wait_since = {};
-        return Status();
+        return false;
     }
     if (ch.reg_wait_since == Clock::time_point{}) ch.reg_wait_since = now;
     const auto most = std::chrono::milliseconds(config_.peer_timeout_ms) / 2;
-    if (now - ch.reg_wait_since <= most) return Status();
+    if (now - ch.reg_wait_since <= most) return false;
     // The budget's own words (a place may have come free just now: then the next pass has it).
-    Status refused = take_registration_place("registering GPU memory");
-    if (refused.ok()) {
+    Status none = take_registration_place("registering GPU memory");
+    if (none.ok()) {
         give_back_registration_place();
-        return Status();
+        return false;
     }
     ch.reg_wait_since = {};
-    return refused.with_context(
+    return none.with_context(
         strformat("no GPU registration of this endpoint could make way for %lld ms (none in use "
                   "here)",
                   static_cast<long long>(most.count())));
