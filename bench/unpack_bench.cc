@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -41,6 +42,82 @@ double median(std::vector<double> v) {
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+// The inline path's synchronous copies out of GPU memory into pageable host memory (a control
+// message's bytes): Device::copy_to_host, through the copying stream's pinned
+// buffer up to Device::kBounceBytes, against Device::copy() of the same pageable memory (the
+// driver's own staging), alternating over kRounds rounds of `iters` copies each; the host side
+// is written by the CPU before each copy, as a receive leaves it. Figures: the median per copy
+// over all rounds, the ratio that of the medians with the per-round range beside it.
+int run_small_copies(const UnpackBenchOptions& o, const char* gpu_name, nlohmann::json* json) {
+    cuda::Device& dev = cuda::device();
+    uint8_t* gpu = nullptr;
+    CHECK_CUDA(cudaMalloc(&gpu, 1 << 20));
+    std::vector<uint8_t> host(1 << 20);
+    struct Row {
+        const char* dir;
+        size_t len;
+        double plain_us, bounce_us, lo, hi;
+    };
+    std::vector<Row> rows;
+    for (size_t len : {size_t{64}, size_t{4096}, size_t{8192}, size_t{16384}, size_t{32768},
+                       size_t{65536}, size_t{131072}, size_t{262144}}) {
+        std::vector<double> plain_all, bounce_all, ratios;
+        for (int round = 0; round < kRounds; ++round) {
+            std::vector<double> per[2];
+            for (int bounce = 0; bounce < 2; ++bounce) {
+                for (int i = 0; i < o.iters; ++i) {
+                    std::memset(host.data(), i, len);
+                    const auto a = std::chrono::steady_clock::now();
+                    Status st = bounce ? dev.copy_to_host(0, host.data(), gpu, len)
+                                       : dev.copy(0, host.data(), gpu, len);
+                    const auto b = std::chrono::steady_clock::now();
+                    if (!st.ok()) {
+                        std::fprintf(stderr, "tcpx-p2p bench unpack: %s\n", st.to_string().c_str());
+                        cudaFree(gpu);
+                        return 1;
+                    }
+                    per[bounce].push_back(std::chrono::duration<double, std::micro>(b - a).count());
+                }
+            }
+            plain_all.insert(plain_all.end(), per[0].begin(), per[0].end());
+            bounce_all.insert(bounce_all.end(), per[1].begin(), per[1].end());
+            ratios.push_back(median(per[1]) / median(per[0]));
+        }
+        rows.push_back(Row{"GPU->host", len, median(plain_all), median(bounce_all),
+                           *std::min_element(ratios.begin(), ratios.end()),
+                           *std::max_element(ratios.begin(), ratios.end())});
+    }
+    cudaFree(gpu);
+    if (json != nullptr) {
+        auto& out = (*json)["small_copies"];
+        out["copies_per_round"] = o.iters;
+        for (const Row& r : rows) {
+            out["results"].push_back({{"direction", r.dir},
+                                      {"bytes", r.len},
+                                      {"pageable_us", r.plain_us},
+                                      {"bounce_us", r.bounce_us},
+                                      {"ratio", r.bounce_us / r.plain_us},
+                                      {"ratio_min", r.lo},
+                                      {"ratio_max", r.hi}});
+        }
+        return 0;
+    }
+    std::printf(
+        "\nsmall synchronous copies out of the GPU (inline transfers), %s, %d copies per figure "
+        "and round, median of %d alternating rounds\n"
+        "pageable: Device::copy() into pageable host memory (the driver stages it); bounce: "
+        "copy_to_host (a pinned buffer of ours up to %zu KiB); ratio: "
+        "bounce/pageable, lower is faster\n\n",
+        gpu_name, o.iters, kRounds, cuda::Device::kBounceBytes / 1024);
+    std::printf("%10s %8s %14s %12s %8s %14s\n", "direction", "bytes", "pageable us", "bounce us",
+                "ratio", "rounds");
+    for (const Row& r : rows) {
+        std::printf("%10s %8zu %14.2f %12.2f %7.2fx %6.2f-%.2fx\n", r.dir, r.len, r.plain_us,
+                    r.bounce_us, r.bounce_us / r.plain_us, r.lo, r.hi);
+    }
+    return 0;
+}
 
 }  // namespace
 
@@ -134,6 +211,7 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
+    nlohmann::json json;
     if (o.json) {
         nlohmann::json out;
         out["benchmark"] = "unpack";
@@ -149,7 +227,7 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
                                       {"ratio_min", r.ratio_lo},
                                       {"ratio_max", r.ratio_hi}});
         }
-        std::printf("%s\n", out.dump(2).c_str());
+        json = std::move(out);
     } else {
         std::printf(
             "tcpx-p2p bench unpack: %s, one launch per receive, %d launches per figure, median "
@@ -174,7 +252,9 @@ int run_unpack_bench(const UnpackBenchOptions& o) {
     cudaFree(count);
     cudaFreeHost(host_entries);
     cudaStreamDestroy(stream);
-    return 0;
+    const int rc = run_small_copies(o, prop.name, o.json ? &json : nullptr);
+    if (rc == 0 && o.json) std::printf("%s\n", json.dump(2).c_str());
+    return rc;
 }
 
 }  // namespace tcpx::bench

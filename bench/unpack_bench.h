@@ -1,5 +1,6 @@
 // `tcpx-p2p bench unpack`: the unpack kernel against cudaMemcpy device-to-device of the same
-// bytes, in the same run (built with the CUDA parts).
+// bytes, in the same run (built with the CUDA parts); then the inline path's small synchronous
+// copies through a pinned buffer against the same copies of pageable memory.
 #pragma once
 
 namespace tcpx::bench {

@@ -231,7 +231,9 @@ int main(int argc, char** argv) {
 #ifdef TCPX_P2P_HAVE_CUDA
     // bench unpack (built with the CUDA parts)
     auto* bench_unpack = bench->add_subcommand(
-        "unpack", "The devmem-TCP unpack kernel vs cudaMemcpy device-to-device, on this GPU");
+        "unpack",
+        "The devmem-TCP unpack kernel vs cudaMemcpy device-to-device, and small copies of pageable "
+        "memory through a pinned buffer vs without, on this GPU");
     tcpx::bench::UnpackBenchOptions unpack_opts;
     bench_unpack->add_option("--iters", unpack_opts.iters, "Launches per figure")
         ->capture_default_str()

@@ -595,24 +595,10 @@ class CudaDevice final : public Device {
     }
 
     Status copy(int device, void* dst, const void* src, size_t len) override {
-        if (count() == 0) return unavailable("GPU memory: no usable GPU");
-        if (device < 0 || device >= count()) {
-            return invalid_argument(strformat("copy on GPU %d: %d usable", device, count()));
-        }
-        // With the memory's GPU current (not whatever the calling thread had, or GPU 0 in a
-        // thread that had none, which would make a context there), on a non-blocking stream:
-        // the per-thread and legacy default streams wait for the application's work on the
-        // legacy stream (PyTorch's default), and this runs under the engine's lock.
-        OnGpu on(device);
-        TCPX_RETURN_IF_ERROR(on.status());
-        TCPX_ASSIGN_OR_RETURN(cudaStream_t stream, take_stream(device));
-        // cudaMemcpy may return before a copy from pageable memory to the device has landed:
-        // wait for it, so that the bytes are in place for any stream once this returns.
-        Status st = cuda_status(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, stream),
-                                "copying GPU memory");
-        if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "copying GPU memory");
-        give_back(device, stream);
-        return st;
+        return run_copy(device, dst, src, len, false);
+    }
+    Status copy_to_host(int device, void* host, const void* gpu, size_t len) override {
+        return run_copy(device, host, gpu, len, true);
     }
 
     StatusOr<std::unique_ptr<CopyRing>> make_ring(int device, size_t slot_bytes, int slots,
@@ -641,25 +627,63 @@ class CudaDevice final : public Device {
     }
 
  private:
-    // A stream of GPU `device` (current) for one copy: one per thread copying at once, made as
-    // needed and kept for the process's life.
-    StatusOr<cudaStream_t> take_stream(int device) {
+    // A stream of GPU `device` for one synchronous copy at a time, and its pinned bounce buffer
+    // (kBounceBytes, made the first time a copy of pageable memory uses it; none where that
+    // failed).
+    struct CopyStream {
+        cudaStream_t stream = nullptr;
+        void* bounce = nullptr;
+    };
+
+    // `to_pageable`: dst is pageable host memory, src GPU memory.
+    Status run_copy(int device, void* dst, const void* src, size_t len, bool to_pageable) {
+        if (count() == 0) return unavailable("GPU memory: no usable GPU");
+        if (device < 0 || device >= count()) {
+            return invalid_argument(strformat("copy on GPU %d: %d usable", device, count()));
+        }
+        // With the memory's GPU current (not whatever the calling thread had, or GPU 0 in a
+        // thread that had none, which would make a context there), on a non-blocking stream:
+        // the per-thread and legacy default streams wait for the application's work on the
+        // legacy stream (PyTorch's default), and this runs under the engine's lock.
+        OnGpu on(device);
+        TCPX_RETURN_IF_ERROR(on.status());
+        TCPX_ASSIGN_OR_RETURN(CopyStream cs, take_stream(device));
+        const bool small = to_pageable && len <= kBounceBytes;
+        if (small && cs.bounce == nullptr &&
+            cudaHostAlloc(&cs.bounce, kBounceBytes, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();  // (not sticky) without it, the copy goes as it is
+            cs.bounce = nullptr;
+        }
+        const bool bounce = small && cs.bounce != nullptr;
+        // cudaMemcpy may return before a copy from pageable memory to the device has landed:
+        // wait for it, so that the bytes are in place for any stream once this returns.
+        Status st = cuda_status(
+            cudaMemcpyAsync(bounce ? cs.bounce : dst, src, len, cudaMemcpyDefault, cs.stream),
+            "copying GPU memory");
+        if (st.ok()) st = cuda_status(cudaStreamSynchronize(cs.stream), "copying GPU memory");
+        if (st.ok() && bounce) std::memcpy(dst, cs.bounce, len);
+        give_back(device, cs);
+        return st;
+    }
+
+    // One per thread copying at once, made as needed and kept for the process's life.
+    StatusOr<CopyStream> take_stream(int device) {
         {
             std::lock_guard<std::mutex> lock(streams_mu_);
             if (streams_.size() < static_cast<size_t>(count())) streams_.resize(count());
             auto& free = streams_[static_cast<size_t>(device)];
             if (!free.empty()) {
-                cudaStream_t s = free.back();
+                CopyStream s = free.back();
                 free.pop_back();
                 return s;
             }
         }
-        cudaStream_t s = nullptr;
-        TCPX_RETURN_IF_ERROR(
-            cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
+        CopyStream s;
+        TCPX_RETURN_IF_ERROR(cuda_status(
+            cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
         return s;
     }
-    void give_back(int device, cudaStream_t s) {
+    void give_back(int device, CopyStream s) {
         std::lock_guard<std::mutex> lock(streams_mu_);
         streams_[static_cast<size_t>(device)].push_back(s);
     }
@@ -667,7 +691,7 @@ class CudaDevice final : public Device {
     std::once_flag once_;
     int count_ = 0;
     std::mutex streams_mu_;
-    std::vector<std::vector<cudaStream_t>> streams_;  // by GPU, free ones
+    std::vector<std::vector<CopyStream>> streams_;  // by GPU, free ones
 };
 
 }  // namespace

@@ -275,7 +275,7 @@ Status Endpoint::Impl::read_region(const Region* r, uint64_t offset, uint64_t le
     if (len == 0) return Status();
     if (r->kind == MemKind::kCuda) {
         ++sync_copies_;
-        return cuda::device().copy(r->device, out, r->base + offset, len);
+        return cuda::device().copy_to_host(r->device, out, r->base + offset, len);
     }
     std::memcpy(out, r->base + offset, len);
     return Status();

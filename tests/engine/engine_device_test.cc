@@ -1466,6 +1466,65 @@ TEST_P(EngineDevice, AGpuRegistrationWithNoPlaceFailsNamingTheBound) {
     EXPECT_EQ(mismatch(bbufs[0].buf.get(), 0, kLen, 7), -1);
 }
 
+// Inline transfers of GPU memory are one synchronous copy a piece between the control message
+// and the GPU, out of it through a pinned buffer up to cuda::Device::kBounceBytes and straight
+// past it.
+// With every length inline (XFER_INLINE_THRESHOLD at its 1 MiB most), lengths around that bound
+// land byte for byte, WRITE and READ, between host and GPU memory and GPU and GPU, and nothing
+// around them changes.
+TEST_P(EngineDevice, InlineGpuTransfersOfEveryLengthLandWhole) {
+    if (GetParam() != Transport::kSocket) GTEST_SKIP() << "the inline path is the engine's own";
+    Config config = a_config_;
+    config.xfer_inline_threshold = 1 << 20;
+    config.xfer_inline_alone_read = 1 << 20;
+    Pair pair;
+    connected_pair(config, "inline", &pair);
+    ASSERT_NE(pair.a, nullptr);
+    std::vector<Reg> abufs, bbufs;
+    add(pair.a.get(), host_buffer(kSize), &abufs);
+    add(pair.a.get(), device_buffer(kSize, 0, emulation()), &abufs);
+    add(pair.b.get(), device_buffer(kSize, gpus_ - 1, emulation()), &bbufs);
+    constexpr uint64_t kB = cuda::Device::kBounceBytes;
+    const uint64_t lens[] = {1, 4095, 8192, kB - 1, kB, kB + 1, 1 << 20};
+    uint64_t seed = 700;
+    for (int src = 0; src < 2; ++src) {
+        for (uint64_t len : lens) {
+            SCOPED_TRACE(std::string(src ? "device" : "host") + " len " + std::to_string(len));
+            const Reg& from = abufs[static_cast<size_t>(src)];
+            const Reg& to = bbufs[0];
+            const uint64_t off = 4096 + 3, roff = 65536 + 5;
+            fill(from.buf.get(), off, len, ++seed);
+            std::vector<uint8_t> before = to.buf->download(0, kSize);
+            auto w = pair.a->write(pair.link.a_to_b, from.mem, off, to.desc, roff, len);
+            ASSERT_TRUE(w.ok()) << w.status().to_string();
+            ASSERT_TRUE(pair.a->wait(*w, 30s).ok());
+            std::vector<uint8_t> after = to.buf->download(0, kSize);
+            ASSERT_EQ(find_pattern_mismatch(after.data() + roff, len, seed), -1);
+            ASSERT_EQ(std::memcmp(after.data(), before.data(), roff), 0);
+            ASSERT_EQ(std::memcmp(after.data() + roff + len, before.data() + roff + len,
+                                  kSize - roff - len),
+                      0);
+            // Back into the other kind of memory on a, between zeros that must stay.
+            const Reg& back = abufs[static_cast<size_t>(1 - src)];
+            const uint64_t boff = 1 << 21;
+            std::vector<uint8_t> zeros(len + 2, 0);
+            back.buf->upload(boff - 1, zeros.data(), len + 2);
+            auto r = pair.a->read(pair.link.a_to_b, back.mem, boff, to.desc, roff, len);
+            ASSERT_TRUE(r.ok()) << r.status().to_string();
+            ASSERT_TRUE(pair.a->wait(*r, 30s).ok());
+            ASSERT_EQ(mismatch(back.buf.get(), boff, len, seed), -1);
+            std::vector<uint8_t> edges = back.buf->download(boff - 1, len + 2);
+            EXPECT_EQ(edges.front(), 0);
+            EXPECT_EQ(edges.back(), 0);
+        }
+    }
+    pair.a.reset();
+    pair.b.reset();
+    for (auto* bufs : {&abufs, &bbufs}) {
+        for (auto& r : *bufs) EXPECT_TRUE(r.buf->canaries_intact());
+    }
+}
+
 #if TCPX_TEST_REAL_GPU
 // Small transfers (inline: the bytes ride in the control message) are copied into and out of GPU
 // memory on a stream of the engine's own, which does not wait for the application's work on the

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/device.h"
@@ -275,6 +278,74 @@ TEST(CudaMemory, ARangeMustBeMappedThroughout) {
         vmm.release(h[i]);
     }
     vmm.free(va, 4 * kPiece);
+}
+
+// Synchronous copies out of GPU memory into pageable host memory (inline transfers) go through a
+// pinned buffer of the copying stream up to Device::kBounceBytes, straight past it: every length
+// around that bound lands byte for byte (there and back), nothing past either end is written,
+// and threads copying at once (each with a stream and buffer of its own) do not mix their bytes.
+TEST(CudaMemory, SmallCopiesOfPageableMemoryLandByteForByte) {
+    if (device_count() == 0) GTEST_SKIP() << "no GPU";
+    Device& dev = device();
+    constexpr size_t kB = Device::kBounceBytes;
+    constexpr size_t kGuard = 64;
+    const size_t lens[] = {1, 7, 4096, 8193, kB - 1, kB, kB + 1, 3 * kB + 5};
+    constexpr int kThreads = 4;
+    std::vector<std::thread> threads;
+    std::vector<std::string> failures(kThreads);
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            uint8_t* gpu = nullptr;
+            if (cudaMalloc(&gpu, 4 * kB + 2 * kGuard) != cudaSuccess) {
+                failures[t] = "cudaMalloc";
+                return;
+            }
+            std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
+            for (int round = 0; round < 3 && failures[t].empty(); ++round) {
+                for (size_t len : lens) {
+                    std::vector<uint8_t> src(len), back(len + 2 * kGuard, 0xee);
+                    for (auto& b : src) b = static_cast<uint8_t>(rng());
+                    const uint8_t mark = static_cast<uint8_t>(0x40 + t);
+                    // (the copies run on streams that do not wait for the legacy stream)
+                    if (cudaMemset(gpu, mark, 4 * kB + 2 * kGuard) != cudaSuccess ||
+                        cudaDeviceSynchronize() != cudaSuccess) {
+                        failures[t] = "cudaMemset";
+                        break;
+                    }
+                    Status st = dev.copy(0, gpu + kGuard, src.data(), len);
+                    if (st.ok()) st = dev.copy_to_host(0, back.data() + kGuard, gpu + kGuard, len);
+                    if (!st.ok()) {
+                        failures[t] = st.to_string();
+                        break;
+                    }
+                    if (std::memcmp(back.data() + kGuard, src.data(), len) != 0) {
+                        failures[t] = "bytes differ at len " + std::to_string(len);
+                        break;
+                    }
+                    for (size_t i = 0; i < kGuard; ++i) {
+                        if (back[i] != 0xee || back[kGuard + len + i] != 0xee) {
+                            failures[t] = "host guard written at len " + std::to_string(len);
+                        }
+                    }
+                    std::vector<uint8_t> whole(4 * kB + 2 * kGuard);
+                    cudaMemcpy(whole.data(), gpu, whole.size(), cudaMemcpyDeviceToHost);
+                    for (size_t i = 0; i < kGuard; ++i) {
+                        if (whole[i] != mark || whole[kGuard + len + i] != mark) {
+                            failures[t] = "GPU guard written at len " + std::to_string(len);
+                        }
+                    }
+                }
+            }
+            cudaFree(gpu);
+        });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+    // Bad arguments are refused, not copied.
+    std::vector<uint8_t> host(16);
+    EXPECT_EQ(dev.copy_to_host(device_count(), host.data(), host.data(), 16).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(dev.copy(-1, host.data(), host.data(), 16).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
