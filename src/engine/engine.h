@@ -58,6 +58,7 @@
 #include "engine/reaper.h"
 #include "engine/registry.h"
 #include "engine/spin_score.h"
+#include "engine/tag_queue.h"
 #include "engine/xfer_table.h"
 #include "net/net.h"
 #include "tcpx/endpoint.h"
@@ -164,9 +165,11 @@ struct Xfer {
     // and its weight in the endpoint's served_weight_ (its pieces and kServedRecordWeight).
     uint64_t served_pieces = 0;
     uint64_t served_weight = 0;
-    // Two-sided.
+    // Two-sided. A receive no send has met yet waits in its peer's posted_recvs at
+    // posted_seq (with its tag).
     uint64_t tag = 0;
     uint64_t len = 0;
+    uint64_t posted_seq = 0;
 };
 
 // How a chunk's bytes move, decided when it is queued from its memory and the channel.
@@ -449,14 +452,14 @@ struct Peer {
     uint64_t moved_reported = 0;
     Clock::time_point reported_at{};
     uint64_t peer_moved = 0;
-    std::unordered_set<Xfer*> xfers;  // every transfer with this peer
-    std::deque<Xfer*> posted_recvs;   // receives not yet matched, in posting order
+    std::unordered_set<Xfer*> xfers;       // every transfer with this peer
+    engine::TagQueue<Xfer*> posted_recvs;  // receives not yet matched
     struct Rts {
         uint64_t send_xfer;
         uint64_t tag;
         uint64_t len;
     };
-    std::deque<Rts> unexpected;  // the peer's sends not yet matched
+    engine::TagQueue<Rts> unexpected;  // the peer's sends not yet matched
     // Extents not yet cut into chunk requests, per direction, in the order they were queued.
     std::deque<Extent> tx_pending, rx_pending;
     // Notifications from this peer that our application has not taken yet (those held for its

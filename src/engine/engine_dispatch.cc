@@ -538,25 +538,22 @@ Status Endpoint::Impl::on_read_resp(Peer& p, uint16_t flags, std::string_view bo
 Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
     wire::SendRts rts;
     TCPX_RETURN_IF_ERROR(wire::decode_send_rts(body, &rts));
-    auto it = std::find_if(p.posted_recvs.begin(), p.posted_recvs.end(),
-                           [&](const Xfer* x) { return x->tag == rts.tag; });
-    if (it == p.posted_recvs.end()) {
+    std::optional<Xfer*> recv = p.posted_recvs.take(rts.tag);
+    if (!recv) {
         // Bounded: a peer cannot make us hold more unmatched sends than transfers it may have.
         if (p.unexpected.size() >= static_cast<size_t>(config_.max_transfers)) {
             return resource_exhausted("too many unmatched sends from the peer");
         }
         TCPX_RETURN_IF_ERROR(take_served_weight(1));
         try {
-            p.unexpected.push_back(Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+            p.unexpected.push(rts.tag, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
         } catch (...) {
             --served_weight_;
             throw;
         }
         return Status();
     }
-    Xfer* recv = *it;
-    p.posted_recvs.erase(it);
-    match(p, recv, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
+    match(p, *recv, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
     return Status();
 }
 

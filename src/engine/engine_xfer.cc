@@ -45,13 +45,8 @@ Status Endpoint::Impl::dereg(MemId mem) {
         // A receive no send has matched holds the region with nothing on the wire: it ends now
         // (CANCELLED), rather than hold this up for PEER_TIMEOUT_MS and then take its peer down.
         for (auto& [id, p] : peers_) {
-            for (auto it = p->posted_recvs.begin(); it != p->posted_recvs.end();) {
-                Xfer* x = *it;
-                if (!uses_region(*x, dying)) {
-                    ++it;
-                    continue;
-                }
-                it = p->posted_recvs.erase(it);
+            for (Xfer* x :
+                 p->posted_recvs.take_if([&](const Xfer* x) { return uses_region(*x, dying); })) {
                 end_unmatched_recv(x, cancelled("the receive's memory was deregistered"));
             }
         }
@@ -803,15 +798,11 @@ StatusOr<XferId> Endpoint::Impl::recv(PeerId peer, MemId mem, uint64_t offset, u
         x->len = len;
         x->waiting = true;
         hold(x, *r, offset, len);
-        auto it = std::find_if(p->unexpected.begin(), p->unexpected.end(),
-                               [&](const Peer::Rts& rts) { return rts.tag == tag; });
-        if (it != p->unexpected.end()) {
-            const Peer::Rts rts = *it;
-            p->unexpected.erase(it);
+        if (std::optional<Peer::Rts> rts = p->unexpected.take(tag)) {
             --served_weight_;
-            match(*p, x, rts);
+            match(*p, x, *rts);
         } else {
-            p->posted_recvs.push_back(x);
+            x->posted_seq = p->posted_recvs.push(tag, x).seq;
         }
         progress_peer(*p, false, false);
     });
@@ -865,13 +856,11 @@ Status Endpoint::Impl::cancel(XferId xfer) {
     if (x->kind == Xfer::Kind::kRecv) {
         // Only a receive still waiting for its send holds nothing on the wire: the sender has not
         // been told to go ahead (no RECV_CTS), and a send that comes later meets another receive.
-        auto it = std::find(p.posted_recvs.begin(), p.posted_recvs.end(), x);
-        if (it == p.posted_recvs.end()) {
+        if (!p.posted_recvs.erase({x->tag, x->posted_seq})) {
             return failed_precondition(
                 "cancel: the receive has met its send, and its bytes are on the wire; it "
                 "completes or fails on its own");
         }
-        p.posted_recvs.erase(it);
         end_unmatched_recv(x, cancelled("the receive was cancelled"));
         return Status();
     }

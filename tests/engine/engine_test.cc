@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -2049,6 +2050,81 @@ TEST_F(EnginePair, SendRecvByTag) {
     EXPECT_TRUE(tr->wait(10s).ok());
     EXPECT_EQ(find_pattern_mismatch(bbuf_->data(), 1 << 20, 5150), -1);
     EXPECT_EQ(*sa.peer_name(), "beta");
+    expect_canaries();
+}
+
+// Matching by tag with many sends and receives of many tags held at once: 3,000 small sends over
+// 400 tags (several of most), half their receives posted before any send in a random order of
+// tags, a tenth of those cancelled, the rest posted after. Within a tag the k-th receive not
+// cancelled takes the k-th send, byte for byte.
+TEST_F(EnginePair, ManyTagsHeldAtOnceMatchInOrderWithinEachTag) {
+    constexpr size_t kMsgs = 3000;
+    constexpr uint64_t kTags = 400;
+    constexpr uint64_t kSlot = 256;
+    std::mt19937_64 rng(4242);
+    std::vector<uint64_t> tag(kMsgs), len(kMsgs);
+    std::map<uint64_t, std::vector<size_t>> sends_of;  // by tag, in posting order
+    for (size_t i = 0; i < kMsgs; ++i) {
+        tag[i] = rng() % kTags * 0x9e3779b97f4a7c15ULL;  // spread over the 64 bits
+        len[i] = 1 + rng() % (kSlot - 1);
+        fill_pattern(abuf_->data() + i * kSlot, len[i], 1000 + i);
+        sends_of[tag[i]].push_back(i);
+    }
+    // One receive a send, each in a slot of its own; receive r takes some send of tag[r's
+    // message]; which is found by order within the tag below.
+    std::vector<size_t> order(kMsgs);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::shuffle(order.begin(), order.end(), rng);
+    struct Recv {
+        uint64_t tag;
+        uint64_t slot;
+        XferId id;
+        bool cancelled;
+    };
+    std::vector<Recv> recvs;
+    auto post_recv = [&](uint64_t t) {
+        const uint64_t slot = recvs.size();
+        auto r = b_->recv(link_.b_to_a, bmem_, slot * kSlot, kSlot, t);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        recvs.push_back(Recv{t, slot, *r, false});
+    };
+    // Before the sends: the tags of half the messages, in a random order; every tenth cancelled
+    // (and one more posted in its place, later).
+    size_t extra = 0;
+    for (size_t k = 0; k < kMsgs / 2; ++k) {
+        post_recv(tag[order[k]]);
+        if (k % 10 == 3) {
+            ASSERT_TRUE(b_->cancel(recvs.back().id).ok());
+            recvs.back().cancelled = true;
+            ++extra;
+        }
+    }
+    std::vector<XferId> sends;
+    for (size_t i = 0; i < kMsgs; ++i) {
+        auto s = a_->send(link_.a_to_b, amem_, i * kSlot, len[i], tag[i]);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        sends.push_back(*s);
+    }
+    for (size_t k = kMsgs / 2; k < kMsgs; ++k) post_recv(tag[order[k]]);
+    for (size_t k = 0; k < kMsgs / 2 && extra > 0; ++k) {
+        if (k % 10 == 3) {
+            post_recv(tag[order[k]]);
+            --extra;
+        }
+    }
+    for (XferId s : sends) ASSERT_TRUE(a_->wait(s, 30s).ok());
+    std::map<uint64_t, size_t> taken;  // by tag: receives not cancelled so far
+    for (const Recv& r : recvs) {
+        if (r.cancelled) {
+            EXPECT_EQ(b_->wait(r.id, 10s).code(), StatusCode::kCancelled);
+            continue;
+        }
+        ASSERT_TRUE(b_->wait(r.id, 30s).ok()) << "receive " << r.slot;
+        const size_t m = sends_of[r.tag][taken[r.tag]++];
+        ASSERT_EQ(find_pattern_mismatch(bbuf_->data() + r.slot * kSlot, len[m], 1000 + m), -1)
+            << "receive " << r.slot << " (tag " << r.tag << ") is not message " << m;
+    }
+    for (const auto& [t, ids] : sends_of) EXPECT_EQ(taken[t], ids.size()) << "tag " << t;
     expect_canaries();
 }
 
