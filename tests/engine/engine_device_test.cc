@@ -53,6 +53,24 @@ std::string transport_name(const ::testing::TestParamInfo<Transport>& info) {
     }
 }
 
+// `after` (a whole buffer) holds pattern `seed` at [off, off + len) and is `before` everywhere
+// else.
+::testing::AssertionResult landed_only_there(const std::vector<uint8_t>& before,
+                                             const std::vector<uint8_t>& after, uint64_t off,
+                                             uint64_t len, uint64_t seed) {
+    if (const int64_t bad = find_pattern_mismatch(after.data() + off, len, seed); bad != -1) {
+        return ::testing::AssertionFailure() << "wrong byte at " << off + bad;
+    }
+    if (std::memcmp(after.data(), before.data(), off) != 0) {
+        return ::testing::AssertionFailure() << "changed before " << off;
+    }
+    if (std::memcmp(after.data() + off + len, before.data() + off + len,
+                    after.size() - off - len) != 0) {
+        return ::testing::AssertionFailure() << "changed after " << off + len;
+    }
+    return ::testing::AssertionSuccess();
+}
+
 class EngineDevice : public ::testing::TestWithParam<Transport> {
  protected:
     static constexpr size_t kSize = 6 << 20;
@@ -279,11 +297,7 @@ TEST_P(EngineDevice, EveryMixOfHostAndDeviceMemoryWriteAndRead) {
                 std::vector<uint8_t> before = to.buf->download(0, kSize);
                 ASSERT_TRUE(write(from, off, to, roff, len).ok());
                 std::vector<uint8_t> after = to.buf->download(0, kSize);
-                ASSERT_EQ(find_pattern_mismatch(after.data() + roff, len, seed), -1);
-                ASSERT_EQ(std::memcmp(after.data(), before.data(), roff), 0);
-                ASSERT_EQ(std::memcmp(after.data() + roff + len, before.data() + roff + len,
-                                      kSize - roff - len),
-                          0);
+                ASSERT_TRUE(landed_only_there(before, after, roff, len, seed));
                 // Read it back into the other kind of memory on a.
                 const Reg& back = a_bufs_[static_cast<size_t>(1 - src)];
                 const uint64_t boff = rng() % (kSize - len + 1);
@@ -1499,11 +1513,7 @@ TEST_P(EngineDevice, InlineGpuTransfersOfEveryLengthLandWhole) {
             ASSERT_TRUE(w.ok()) << w.status().to_string();
             ASSERT_TRUE(pair.a->wait(*w, 30s).ok());
             std::vector<uint8_t> after = to.buf->download(0, kSize);
-            ASSERT_EQ(find_pattern_mismatch(after.data() + roff, len, seed), -1);
-            ASSERT_EQ(std::memcmp(after.data(), before.data(), roff), 0);
-            ASSERT_EQ(std::memcmp(after.data() + roff + len, before.data() + roff + len,
-                                  kSize - roff - len),
-                      0);
+            ASSERT_TRUE(landed_only_there(before, after, roff, len, seed));
             // Back into the other kind of memory on a, between zeros that must stay.
             const Reg& back = abufs[static_cast<size_t>(1 - src)];
             const uint64_t boff = 1 << 21;
