@@ -879,9 +879,12 @@ class Endpoint::Impl {
 
     Status check_serving_limit(const Peer& p) const;
     // RESOURCE_EXHAUSTED when serving a request of `pieces` more would take `p` past
-    // MAX_SERVED_PIECES (which fails it); else counts them for `x` (destroy() gives them back).
+    // MAX_SERVED_PIECES, or all peers past MAX_SERVED_PIECES_TOTAL (served_room); else counts
+    // them for `x` (destroy() gives them back).
+    Status served_room(const Peer& p, uint64_t pieces) const;
     Status hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces);
     // Takes `weight` of MAX_SERVED_PIECES_TOTAL (served_weight_), or says it is past it.
+    Status total_served_room(uint64_t weight) const;
     Status take_served_weight(uint64_t weight);
     // A request's chunk size (wire::WriteReq::chunk): 0 (the agreed one) or at most that.
     Status check_request_chunk(const Peer& p, uint64_t chunk, const char* what) const;

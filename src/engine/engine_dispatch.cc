@@ -210,7 +210,7 @@ Status Endpoint::Impl::check_serving_limit(const Peer& p) const {
     return Status();
 }
 
-Status Endpoint::Impl::hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces) {
+Status Endpoint::Impl::served_room(const Peer& p, uint64_t pieces) const {
     // Each request is bounded (wire::kMaxSegments pieces), but a peer may have MAX_TRANSFERS of
     // them served at once, each holding its list until its data has moved.
     if (p.served_pieces + pieces > static_cast<uint64_t>(config_.max_served_pieces)) {
@@ -218,14 +218,19 @@ Status Endpoint::Impl::hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces) {
             "the peer's requests in flight name more than %lld pieces (TCPX_P2P_MAX_SERVED_PIECES)",
             static_cast<long long>(config_.max_served_pieces)));
     }
-    TCPX_RETURN_IF_ERROR(take_served_weight(pieces + engine::kServedRecordWeight));
+    return total_served_room(pieces + engine::kServedRecordWeight);
+}
+
+Status Endpoint::Impl::hold_served_pieces(Peer& p, Xfer* x, uint64_t pieces) {
+    TCPX_RETURN_IF_ERROR(served_room(p, pieces));
+    served_weight_ += pieces + engine::kServedRecordWeight;
     p.served_pieces += pieces;
     x->served_pieces = pieces;
     x->served_weight = pieces + engine::kServedRecordWeight;
     return Status();
 }
 
-Status Endpoint::Impl::take_served_weight(uint64_t weight) {
+Status Endpoint::Impl::total_served_room(uint64_t weight) const {
     const auto limit = static_cast<uint64_t>(config_.max_served_pieces_total);
     if (served_weight_ > limit || weight > limit - served_weight_) {
         return resource_exhausted(strformat(
@@ -234,6 +239,11 @@ Status Endpoint::Impl::take_served_weight(uint64_t weight) {
             static_cast<unsigned long long>(limit),
             static_cast<unsigned long long>(served_weight_)));
     }
+    return Status();
+}
+
+Status Endpoint::Impl::take_served_weight(uint64_t weight) {
+    TCPX_RETURN_IF_ERROR(total_served_room(weight));
     served_weight_ += weight;
     return Status();
 }
@@ -474,12 +484,23 @@ Status Endpoint::Impl::on_read_req(Peer& p, uint16_t flags, std::string_view bod
         if (st.ok()) count(p, &Stats::bytes_sent, total);
         return Status();
     }
+    // Past the bounds on what is served (the peer's MAX_SERVED_PIECES, all peers'
+    // MAX_SERVED_PIECES_TOTAL) a read is refused, the connection kept: unlike a write's, its
+    // refusal leaves no data of the peer's to drain, and the peer that asks last, past a total
+    // that others filled, may be an honest one.
+    if (Status room = served_room(p, req.segs.size()); !room.ok()) {
+        std::string no = wire::encode_read_resp(req.xfer, 0, room.with_context("read refused"));
+        wire::end_message(&no);
+        send_reply(p, std::move(no));
+        count(p, &Stats::requests_served);
+        return Status();
+    }
     std::string msg = wire::encode_read_resp(req.xfer, 0, Status());
     wire::end_message(&msg);
     hold_notification();
     send_reply(p, std::move(msg));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kServeRead, p, false));
-    TCPX_RETURN_IF_ERROR(hold_served_pieces(p, x, req.segs.size()));  // (fails the peer)
+    TCPX_RETURN_IF_ERROR(hold_served_pieces(p, x, req.segs.size()));  // (room checked above)
     x->wire_id = req.xfer;
     if (req.chunk != 0) x->chunk = req.chunk;
     for (size_t i = 0; i < req.segs.size(); ++i) {

@@ -103,6 +103,19 @@ bool read_next(int fd, wire::Header* h, std::string* body) {
     return true;
 }
 
+// The result of the READ_RESP that answers READ_REQ `xfer` (PINGs skipped): its status code, or
+// -1 where none came.
+int read_resp_code(int fd, uint64_t xfer) {
+    wire::Header h;
+    std::string body;
+    if (!read_next(fd, &h, &body) || h.type != static_cast<uint16_t>(wire::MsgType::kReadResp)) {
+        return -1;
+    }
+    wire::ReadResp resp;
+    if (!wire::decode_read_resp(body, h.flags, &resp).ok() || resp.xfer != xfer) return -1;
+    return static_cast<int>(wire::to_status(resp.result, "").code());
+}
+
 // Reads messages until the peer's WRITE_ACK (heartbeats skipped) and decodes it; `ack` views
 // into `body`. False on EOF, timeout, another message or a malformed acknowledgement.
 bool read_write_ack(int fd, std::string* body, wire::WriteAck* ack) {
@@ -877,6 +890,42 @@ TEST(EngineHostile, ServedRequestsOfAllPeersAreBoundedTogether) {
     ASSERT_TRUE(c.ok());
     for (uint64_t i = 1; i <= 4; ++i) send_all(c.fd(), unknown_key_write(i, 1000));
     EXPECT_FALSE(closed_by_peer(c.fd(), 300ms)) << "what a and b held did not come back";
+    expect_serves(ep.get());
+}
+
+// A read past the total that other peers' requests filled is refused, its peer kept (it may be an
+// honest one that asked last); once they go, the same read is served.
+TEST(EngineHostile, AReadPastTheServedTotalOthersFilledIsRefusedNotItsPeer) {
+    Config tc = engine_test_config();
+    tc.max_served_pieces = 4096;
+    tc.max_served_pieces_total = 4096;
+    tc.peer_timeout_ms = 60000;  // stalled requests must not end a peer first
+    auto ep = make_endpoint("target", tc);
+    ASSERT_NE(ep, nullptr);
+    constexpr size_t kLen = 64 << 20;
+    GuardedBuffer src(kLen);
+    const MemId mem = *ep->reg(src.data(), kLen);
+    RemoteMem desc = *ep->describe(mem);
+    auto a = std::make_unique<RawPeer>(*ep, "a");
+    RawPeer b(*ep, "b");
+    ASSERT_TRUE(a->ok() && b.ok());
+    // a: 4 x (1000 pieces + 16 for the record) = 4064 of 4096, held while their data drains.
+    for (uint64_t i = 1; i <= 4; ++i) send_all(a->fd(), unknown_key_write(i, 1000));
+    std::this_thread::sleep_for(100ms);
+    // b: a read of 100 pieces of 64 KiB (not inline), past the total.
+    wire::ReadReq req;
+    req.xfer = 7;
+    for (uint64_t i = 0; i < 100; ++i) req.segs.push_back({desc.key, i * 65536, 65536});
+    send_all(b.fd(), wire::encode_read_req(req));
+    EXPECT_EQ(read_resp_code(b.fd(), 7), static_cast<int>(StatusCode::kResourceExhausted));
+    EXPECT_FALSE(closed_by_peer(b.fd(), 200ms)) << "b, refused a read, was failed";
+    EXPECT_FALSE(closed_by_peer(a->fd(), 100ms)) << "a, within the total, was failed";
+    a.reset();
+    std::this_thread::sleep_for(200ms);
+    req.xfer = 8;
+    send_all(b.fd(), wire::encode_read_req(req));
+    EXPECT_EQ(read_resp_code(b.fd(), 8), static_cast<int>(StatusCode::kOk));
+    EXPECT_TRUE(src.canaries_intact());
     expect_serves(ep.get());
 }
 
@@ -1836,7 +1885,9 @@ TEST(EngineHostile, RepliesQueuedForAllPeersAreBoundedTogether) {
 // The pieces of a peer's requests served at once are bounded too (MAX_SERVED_PIECES): each
 // request's list is held until its data has moved, and MAX_TRANSFERS requests of a million
 // pieces each would be terabytes. The reads stay in flight: the raw peer never takes their data.
-TEST(EngineHostile, RequestsPastTheServedPiecesBoundFailThePeer) {
+// A read past the bound is refused (RESOURCE_EXHAUSTED), the connection kept: it leaves nothing
+// to drain. A write past it, whose data would still come, fails the peer.
+TEST(EngineHostile, RequestsPastTheServedPiecesBoundAreRefused) {
     Config c = engine_test_config();
     c.max_served_pieces = 1024;  // the least it may be
     c.peer_timeout_ms = 60000;   // stalled reads must not end the peer first
@@ -1855,13 +1906,12 @@ TEST(EngineHostile, RequestsPastTheServedPiecesBoundFailThePeer) {
         return wire::encode_read_req(req);
     };
     send_all(raw.fd(), read_req(1));
-    wire::Header h;
-    std::string body;
-    ASSERT_TRUE(read_next(raw.fd(), &h, &body));
-    EXPECT_EQ(h.type, static_cast<uint16_t>(wire::MsgType::kReadResp));
-    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "failed within the bound";
+    EXPECT_EQ(read_resp_code(raw.fd(), 1), static_cast<int>(StatusCode::kOk));
     send_all(raw.fd(), read_req(2));  // 1,200 pieces in flight: past the bound
-    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a request past the pieces bound was served";
+    EXPECT_EQ(read_resp_code(raw.fd(), 2), static_cast<int>(StatusCode::kResourceExhausted));
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a refused read failed the peer";
+    send_all(raw.fd(), unknown_key_write(3, 600));  // a write past it
+    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a write past the pieces bound was served";
     EXPECT_TRUE(src.canaries_intact());
     expect_serves(ep.get());
 }
