@@ -116,6 +116,19 @@ int read_resp_code(int fd, uint64_t xfer) {
     return static_cast<int>(wire::to_status(resp.result, "").code());
 }
 
+// The result of the RECV_CTS that answers SEND_RTS `send_xfer` (PINGs skipped): its status code,
+// or -1 where none came.
+int recv_cts_code(int fd, uint64_t send_xfer) {
+    wire::Header h;
+    std::string body;
+    if (!read_next(fd, &h, &body) || h.type != static_cast<uint16_t>(wire::MsgType::kRecvCts)) {
+        return -1;
+    }
+    wire::RecvCts cts;
+    if (!wire::decode_recv_cts(body, &cts).ok() || cts.send_xfer != send_xfer) return -1;
+    return static_cast<int>(wire::to_status(cts.result, "").code());
+}
+
 // Reads messages until the peer's WRITE_ACK (heartbeats skipped) and decodes it; `ack` views
 // into `body`. False on EOF, timeout, another message or a malformed acknowledgement.
 bool read_write_ack(int fd, std::string* body, wire::WriteAck* ack) {
@@ -930,14 +943,15 @@ TEST(EngineHostile, AReadPastTheServedTotalOthersFilledIsRefusedNotItsPeer) {
 }
 
 // Sends waiting for their receive count against the same total, one each: a peer that floods us
-// with sends nobody receives is disconnected at the total, not at its own MAX_TRANSFERS.
+// with sends nobody receives has them refused at the total, not at its own MAX_TRANSFERS.
 TEST(EngineHostile, UnmatchedSendsCountAgainstTheServedTotal) {
     Config tc = engine_test_config();
     tc.max_served_pieces = 1024;
     tc.max_served_pieces_total = 1024;
     auto ep = make_endpoint("target", tc);
     ASSERT_NE(ep, nullptr);
-    RawPeer raw(*ep);
+    auto raw_peer = std::make_unique<RawPeer>(*ep);
+    RawPeer& raw = *raw_peer;
     ASSERT_TRUE(raw.ok());
     std::string burst;
     for (uint64_t i = 1; i <= 1024; ++i) {
@@ -950,7 +964,13 @@ TEST(EngineHostile, UnmatchedSendsCountAgainstTheServedTotal) {
     std::string one = wire::encode_send_rts(wire::SendRts{5000, 5000, 8});
     wire::end_message(&one);
     send_all(raw.fd(), one);
-    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "the 1025th was held";
+    // Refused (its data comes only once we say go: nothing to drain), the connection kept.
+    EXPECT_EQ(recv_cts_code(raw.fd(), 5000), static_cast<int>(StatusCode::kResourceExhausted))
+        << "the 1025th was held";
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a refused send failed the peer";
+    // What it held comes back when it goes.
+    raw_peer.reset();
+    std::this_thread::sleep_for(200ms);
     expect_serves(ep.get());
 }
 
@@ -1916,8 +1936,9 @@ TEST(EngineHostile, RequestsPastTheServedPiecesBoundAreRefused) {
     expect_serves(ep.get());
 }
 
-// Sends the application has not posted receives for are held, MAX_TRANSFERS of them at most.
-TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
+// Sends the application has not posted receives for are held, MAX_TRANSFERS of them at most; one
+// past that is refused, the connection kept.
+TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitAreRefused) {
     Config c = engine_test_config();
     c.max_transfers = 16;
     auto ep = make_endpoint("target", c);
@@ -1929,7 +1950,9 @@ TEST(EngineHostile, UnmatchedSendsPastTheTransferLimitFailThePeer) {
     }
     EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "failed within the limit";
     send_all(raw.fd(), wire::encode_send_rts(wire::SendRts{17, 117, 4096}));
-    EXPECT_TRUE(closed_by_peer(raw.fd(), 5s)) << "a 17th unmatched send was held";
+    EXPECT_EQ(recv_cts_code(raw.fd(), 17), static_cast<int>(StatusCode::kResourceExhausted))
+        << "a 17th unmatched send was held";
+    EXPECT_FALSE(closed_by_peer(raw.fd(), 200ms)) << "a refused send failed the peer";
     expect_serves(ep.get());
 }
 

@@ -2409,6 +2409,57 @@ TEST(EngineEndpoints, ASendWaitsForItsReceiveLongerThanThePeerTimeout) {
     EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
 }
 
+// Sends past what the receiver holds unmatched (its MAX_TRANSFERS) fail on their own with
+// RESOURCE_EXHAUSTED, the connection kept: the sends it holds complete once their receives come,
+// byte for byte, and a send after them goes through.
+TEST(EngineEndpoints, SendsPastWhatTheReceiverHoldsUnmatchedFailAlone) {
+    Config rc = engine_test_config();
+    rc.max_transfers = 16;
+    auto a = make_endpoint("sender", engine_test_config());
+    auto b = make_endpoint("receiver", rc);
+    ASSERT_TRUE(a && b);
+    const Link l = link(a.get(), b.get());
+    ASSERT_NE(l.a_to_b, 0u);
+    constexpr uint64_t kSlot = 4096;
+    constexpr int kSends = 20;
+    GuardedBuffer src(kSends * kSlot), dst(kSends * kSlot);
+    const MemId smem = *a->reg(src.data(), kSends * kSlot);
+    const MemId dmem = *b->reg(dst.data(), kSends * kSlot);
+    std::vector<XferId> sends;
+    for (int i = 0; i < kSends; ++i) {
+        fill_pattern(src.data() + i * kSlot, kSlot, 500 + i);
+        auto s = a->send(l.a_to_b, smem, i * kSlot, kSlot, 1000 + i);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        sends.push_back(*s);
+    }
+    // The receiver takes them in order, 16 at most: the last four are refused.
+    for (int i = 16; i < kSends; ++i) {
+        const Status st = a->wait(sends[i], 10s);
+        EXPECT_EQ(st.code(), StatusCode::kResourceExhausted)
+            << "send " << i << ": " << st.to_string();
+    }
+    std::vector<XferId> recvs;
+    for (int i = 0; i < 16; ++i) {
+        auto r = b->recv(l.b_to_a, dmem, i * kSlot, kSlot, 1000 + i);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        recvs.push_back(*r);
+    }
+    for (int i = 0; i < 16; ++i) {
+        ASSERT_TRUE(a->wait(sends[i], 10s).ok()) << "send " << i;
+        ASSERT_TRUE(b->wait(recvs[i], 10s).ok()) << "receive " << i;
+        EXPECT_EQ(find_pattern_mismatch(dst.data() + i * kSlot, kSlot, 500 + i), -1) << i;
+    }
+    // Room again: one of the refused goes through now.
+    auto r = b->recv(l.b_to_a, dmem, 16 * kSlot, kSlot, 1016);
+    auto s = a->send(l.a_to_b, smem, 16 * kSlot, kSlot, 1016);
+    ASSERT_TRUE(r.ok() && s.ok());
+    EXPECT_TRUE(a->wait(*s, 10s).ok());
+    EXPECT_TRUE(b->wait(*r, 10s).ok());
+    EXPECT_EQ(find_pattern_mismatch(dst.data() + 16 * kSlot, kSlot, 516), -1);
+    EXPECT_TRUE(a->peer_status(l.a_to_b).ok());
+    EXPECT_TRUE(src.canaries_intact() && dst.canaries_intact());
+}
+
 // A send and a receive posted while connecting, each larger than what travels inline: their
 // chunks are cut by the size the connection agrees on, known only once it is ready (they were
 // cut by 0 before: a division by zero in the thread making progress, on the peer's RECV_CTS for
