@@ -117,6 +117,13 @@ void log_lost(const char* what, const std::string& agent, const Status& st) {
 
 }  // namespace
 
+template <typename Body>
+nixl_status_t TcpxBackend::closing(const char* what, Body&& body) const noexcept {
+    const nixl_status_t st = guarded(what, std::forward<Body>(body));
+    disconnect_closed();
+    return st;
+}
+
 struct TcpxBackend::Request final : nixlBackendReqH {
     nixl_xfer_op_t op = NIXL_WRITE;
     std::string agent;
@@ -338,7 +345,7 @@ nixl_status_t TcpxBackend::getConnInfo(std::string& str) const {
 
 nixl_status_t TcpxBackend::loadRemoteConnInfo(const std::string& remote_agent,
                                               const std::string& remote_conn_info) {
-    return guarded("loadRemoteConnInfo", [&]() -> nixl_status_t {
+    return closing("loadRemoteConnInfo", [&]() -> nixl_status_t {
         auto info = Endpoint::parse_metadata(remote_conn_info);
         if (!info.ok()) return NIXL_ERR_INVALID_PARAM;
         // Each agent's endpoint carries the agent's name: connection info naming another
@@ -398,7 +405,12 @@ void TcpxBackend::harvest_inbound() const {
         auto peer = ep_->accept(std::chrono::milliseconds(0));
         if (!peer.ok()) break;
         auto name = ep_->peer_name(*peer);
-        if (!name.ok()) continue;
+        if (!name.ok()) {
+            // Gone already, or no memory to say: closed either way, or it would hold one of
+            // MAX_PEERS unrecorded (release_lost() releases only what it knows).
+            close_peer(*peer, false);
+            continue;
+        }
         // A name is the peer's own claim. One that is ours, or that of an agent whose connection
         // to us is still up, is refused: it would take over that agent's replies (and what it
         // already sent is dropped, see deliverable()).
@@ -478,7 +490,31 @@ void TcpxBackend::close_peer(PeerId peer, bool deliver) const {
     }
     // (Peer ids grow: the earliest closed go first, judged as the unrecorded are.)
     while (closed_.size() > max_conn_info_) closed_.erase(closed_.begin());
-    (void)ep_->disconnect(peer);
+    try {
+        to_disconnect_.push_back(peer);
+        any_to_disconnect_.store(true, std::memory_order_release);
+    } catch (const std::bad_alloc&) {
+        (void)ep_->disconnect(peer);  // (no memory to defer it: here, as it was)
+    }
+}
+
+void TcpxBackend::disconnect_closed() const noexcept {
+    if (!any_to_disconnect_.load(std::memory_order_acquire)) return;  // (as almost always)
+    std::vector<PeerId> peers;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        peers.swap(to_disconnect_);
+        any_to_disconnect_.store(false, std::memory_order_release);
+    }
+    // (Each closed already, out of the maps: nothing else picks it meanwhile; ids never repeat.)
+    for (PeerId peer : peers) {
+        try {
+            (void)ep_->disconnect(peer);
+        } catch (...) {
+            // Out of memory in the engine: the peer stays connected, unrecorded here, as one
+            // whose entry could not be made (harvest_inbound); the others still go.
+        }
+    }
 }
 
 bool TcpxBackend::deliverable(const Notification& n) const {
@@ -567,7 +603,7 @@ nixl_status_t TcpxBackend::failed(const char* what, const std::string& agent, Pe
 }
 
 nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
-    return guarded("connect", [&]() -> nixl_status_t {
+    return closing("connect", [&]() -> nixl_status_t {
         if (remote_agent == localAgent) return NIXL_SUCCESS;
         // Started, not awaited: a failure shows in the first transfer.
         auto peer = connection_to(remote_agent);
@@ -577,7 +613,7 @@ nixl_status_t TcpxBackend::connect(const std::string& remote_agent) {
 }
 
 nixl_status_t TcpxBackend::disconnect(const std::string& remote_agent) {
-    return guarded("disconnect", [&]() -> nixl_status_t {
+    return closing("disconnect", [&]() -> nixl_status_t {
         std::lock_guard<std::mutex> lock(mu_);
         drop_outbound(remote_agent);
         // NIXL disconnects only when the application invalidates the agent's metadata, and
@@ -646,7 +682,7 @@ nixl_status_t TcpxBackend::postXfer(const nixl_xfer_op_t& operation,
                                     const nixl_meta_dlist_t& /*remote*/,
                                     const std::string& remote_agent, nixlBackendReqH*& handle,
                                     const nixl_opt_b_args_t* opt_args) const {
-    return guarded("postXfer", [&]() -> nixl_status_t {
+    return closing("postXfer", [&]() -> nixl_status_t {
         auto* req = dynamic_cast<Request*>(handle);
         if (req == nullptr || req->op != operation || req->agent != remote_agent) {
             return NIXL_ERR_INVALID_PARAM;
@@ -703,7 +739,7 @@ nixl_status_t TcpxBackend::start(Request* req, const nixl_opt_b_args_t* opt_args
 }
 
 nixl_status_t TcpxBackend::checkXfer(nixlBackendReqH* handle) const {
-    return guarded("checkXfer", [&]() -> nixl_status_t {
+    return closing("checkXfer", [&]() -> nixl_status_t {
         auto* req = dynamic_cast<Request*>(handle);
         if (req == nullptr) return NIXL_ERR_INVALID_PARAM;
         reap_abandoned();
@@ -812,20 +848,24 @@ void TcpxBackend::abandon(Request* req) const {
         abandoned_.reserve(abandoned_.size() + abandon_reserved_ + 1);
     }
     abandoned_.push_back(req->xfer);
+    any_abandoned_.store(true, std::memory_order_release);
     req->active = false;
 }
 
 void TcpxBackend::reap_abandoned() const {
+    // (Without mu_ where none is abandoned, as almost always: every checkXfer and postXfer
+    // comes here.)
+    if (!any_abandoned_.load(std::memory_order_acquire)) return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (abandoned_.empty()) return;
     std::erase_if(abandoned_,
                   [&](XferId x) { return ep_->poll(x).state != XferState::kInProgress; });
+    any_abandoned_.store(!abandoned_.empty(), std::memory_order_release);
 }
 
 // --- notifications ----------------------------------------------------------------------------
 
 nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
-    return guarded("getNotifs", [&]() -> nixl_status_t {
+    return closing("getNotifs", [&]() -> nixl_status_t {
         // Exactly once, even out of memory: nothing is moved into notif_list (which NIXL drops
         // when we fail) until there is room for all of it; what cannot be delivered now stays,
         // in pending_ and local_notifs_, for the next call.
@@ -874,7 +914,7 @@ nixl_status_t TcpxBackend::getNotifs(notif_list_t& notif_list) {
 }
 
 nixl_status_t TcpxBackend::genNotif(const std::string& remote_agent, const std::string& msg) const {
-    return guarded("genNotif", [&]() -> nixl_status_t {
+    return closing("genNotif", [&]() -> nixl_status_t {
         if (remote_agent == localAgent) {
             std::lock_guard<std::mutex> lock(mu_);
             local_notifs_.emplace_back(localAgent, msg);

@@ -12,6 +12,7 @@
 // possibly made by the very thread that would wait).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -79,11 +80,20 @@ class TcpxBackend final : public nixlBackendEngine {
     // The connection to `agent`: ours (made now, asynchronously, from its connection info if we
     // have none), else the one it opened to us. Locks mu_.
     StatusOr<PeerId> connection_to(const std::string& agent) const;
-    // Forgets our connection to `agent` and closes it. mu_ held.
+    // Forgets our connection to `agent` and closes it (close_peer). mu_ held.
     void drop_outbound(const std::string& agent) const;
     // Closes `peer`, remembering whether what it sent before is still to be delivered (a peer we
-    // had accepted as its agent) or not (one we refused). mu_ held.
+    // had accepted as its agent) or not (one we refused). mu_ held. The engine's disconnect
+    // comes later, in disconnect_closed(), once mu_ is released.
     void close_peer(PeerId peer, bool deliver) const;
+    // Disconnects the peers close_peer() closed, without mu_: an engine disconnect waits for the
+    // peer's transport requests (up to 100 ms over an ncclNet plugin) and GPU work, and every
+    // other call (checkXfer's polls, releaseReqH, NIXL's own lock in getNotifs) would wait on
+    // mu_ meanwhile. Locks mu_ briefly.
+    void disconnect_closed() const noexcept;
+    // guarded(), then disconnect_closed(): for the entry points that may close connections.
+    template <typename Body>
+    nixl_status_t closing(const char* what, Body&& body) const noexcept;
     // Whether the connection `peer` has ended (failed, or closed); its error then.
     std::optional<Status> connection_lost(PeerId peer) const;
     // `what` on `peer` (to `agent`) failed with `st`: NIXL's status for it, logged. When the
@@ -135,6 +145,7 @@ class TcpxBackend final : public nixlBackendEngine {
     mutable std::map<std::string, PeerId> outbound_;  // our connections, by agent
     mutable std::map<std::string, PeerId> inbound_;   // connections to us, by agent
     mutable std::vector<XferId> abandoned_;           // released while in flight
+    mutable std::atomic<bool> any_abandoned_{false};  // !abandoned_.empty(), read without mu_
     mutable size_t abandon_reserved_ = 0;             // its room kept for reserve_abandon
     mutable std::vector<std::pair<std::string, std::string>> local_notifs_;
     // Connections we closed whose notifications may still wait in the engine (it keeps what a
@@ -147,7 +158,9 @@ class TcpxBackend final : public nixlBackendEngine {
         uint64_t fetches = 0;  // fetches_ when it was closed
     };
     mutable std::map<PeerId, Closed> closed_;
-    mutable uint64_t fetches_ = 0;  // get_notifications calls made
+    mutable std::vector<PeerId> to_disconnect_;  // closed, not yet disconnected (under mu_)
+    mutable std::atomic<bool> any_to_disconnect_{false};  // !to_disconnect_.empty(), without mu_
+    mutable uint64_t fetches_ = 0;                        // get_notifications calls made
     mutable std::chrono::steady_clock::time_point next_release_{};
     // Taken from the engine, not yet delivered: a getNotifs that could not allocate the room for
     // them leaves them here, delivered first by the next one.
