@@ -565,18 +565,18 @@ Status Endpoint::Impl::on_send_rts(Peer& p, std::string_view body) {
         // nor all peers more than MAX_SERVED_PIECES_TOTAL. Past either the send is refused, the
         // connection kept: its data comes only once we say go, so nothing is left to drain,
         // and the peer whose send comes last, past a total others filled, may be an honest one.
+        // (Within the peer's bound it takes its weight of the total, given back when matched.)
         Status room =
-            p.unexpected.size() >= static_cast<size_t>(config_.max_transfers)
-                ? resource_exhausted(strformat("the peer has %zu sends waiting for a receive "
+            p.unexpected.size() < static_cast<size_t>(config_.max_transfers)
+                ? take_served_weight(1)
+                : resource_exhausted(strformat("the peer has %zu sends waiting for a receive "
                                                "(TCPX_P2P_MAX_TRANSFERS)",
-                                               p.unexpected.size()))
-                : total_served_room(1);
+                                               p.unexpected.size()));
         if (!room.ok()) {
             send_reply(p,
                        wire::encode_recv_cts(rts.send_xfer, 0, room.with_context("send refused")));
             return Status();
         }
-        served_weight_ += 1;
         try {
             p.unexpected.push(rts.tag, Peer::Rts{rts.send_xfer, rts.tag, rts.len});
         } catch (...) {
