@@ -776,6 +776,12 @@ class Endpoint::Impl {
     StatusOr<std::vector<engine::Region*>> resolve_pieces(const char* op,
                                                           std::span<const IoVec> iov);
     StatusOr<Xfer*> new_xfer(Xfer::Kind kind, Peer& p, bool user_visible);
+    // What a write, read or notify is refused before anything else: a notification larger than
+    // the peer accepts (it would fail the connection), a request that would not fit one control
+    // message. Errors start with `op`.
+    Status check_notification_to_send(const char* op, size_t size) const;
+    Status check_request_fits(const char* op, size_t pieces,
+                              std::optional<std::string_view> notification) const;
     // Whether a one-sided transfer touches GPU memory on either side (remote: by its descriptor).
     static bool touches_gpu(std::span<const IoVec> iov,
                             const std::vector<engine::Region*>& regions);

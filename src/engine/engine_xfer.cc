@@ -432,6 +432,31 @@ StatusOr<std::vector<Region*>> Endpoint::Impl::resolve_pieces(const char* op,
     return regions;
 }
 
+Status Endpoint::Impl::check_notification_to_send(const char* op, size_t size) const {
+    if (size > config_.max_notification_size) {
+        return invalid_argument(strformat(
+            "%s: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)", op,
+            size, static_cast<unsigned long long>(config_.max_notification_size)));
+    }
+    return Status();
+}
+
+Status Endpoint::Impl::check_request_fits(const char* op, size_t pieces,
+                                          std::optional<std::string_view> notification) const {
+    // The request must fit one control message (the peer refuses larger ones; a write's inline
+    // data may come on top, see CtrlConn::set_max_message).
+    const size_t notification_bytes = notification ? notification->size() : 0;
+    const uint64_t request_bytes = 64 + 24 * uint64_t{pieces} + notification_bytes;
+    if (request_bytes > config_.max_ctrl_message) {
+        return invalid_argument(strformat(
+            "%s: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
+            "request (TCPX_P2P_MAX_CTRL_MESSAGE); split it",
+            op, pieces, notification_bytes,
+            static_cast<unsigned long long>(config_.max_ctrl_message)));
+    }
+    return Status();
+}
+
 bool Endpoint::Impl::touches_gpu(std::span<const IoVec> iov, const std::vector<Region*>& regions) {
     for (size_t i = 0; i < iov.size(); ++i) {
         if (regions[i]->kind == MemKind::kCuda || iov[i].remote.kind == MemKind::kCuda) return true;
@@ -441,11 +466,8 @@ bool Endpoint::Impl::touches_gpu(std::span<const IoVec> iov, const std::vector<R
 
 StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
                                        std::optional<std::string_view> notification) {
-    if (notification && notification->size() > config_.max_notification_size) {
-        return invalid_argument(strformat(
-            "write: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
-            notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
-    }
+    TCPX_RETURN_IF_ERROR(
+        check_notification_to_send("write", notification ? notification->size() : 0));
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     TCPX_RETURN_IF_ERROR(check_deferrable(*p));
@@ -453,16 +475,7 @@ StatusOr<XferId> Endpoint::Impl::write(PeerId peer, std::span<const IoVec> iov,
     uint64_t total = 0;
     for (const IoVec& v : iov) total += v.len;
     const bool gpu = touches_gpu(iov, regions);
-    // The request must fit one control message (the peer refuses larger ones; inline data may
-    // come on top, see CtrlConn::set_max_message).
-    const uint64_t request_bytes = 64 + 24 * iov.size() + (notification ? notification->size() : 0);
-    if (request_bytes > config_.max_ctrl_message) {
-        return invalid_argument(strformat(
-            "write: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
-            "request (TCPX_P2P_MAX_CTRL_MESSAGE); split it",
-            iov.size(), notification ? notification->size() : size_t{0},
-            static_cast<unsigned long long>(config_.max_ctrl_message)));
-    }
+    TCPX_RETURN_IF_ERROR(check_request_fits("write", iov.size(), notification));
     const bool is_inline =
         total <= inline_limit(*p, gpu) && (!gpu || iov.size() <= wire::kMaxInlineGpuPieces);
     std::string payload;  // an inline write's bytes, read before anything is sent
@@ -518,23 +531,13 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
                                       std::optional<std::string_view> notification) {
     // It travels in the request; the target holds it (or refuses the read when it has no room)
     // and delivers it on our READ_DONE, once the data is in place here.
-    if (notification && notification->size() > config_.max_notification_size) {
-        return invalid_argument(strformat(
-            "read: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
-            notification->size(), static_cast<unsigned long long>(config_.max_notification_size)));
-    }
+    TCPX_RETURN_IF_ERROR(
+        check_notification_to_send("read", notification ? notification->size() : 0));
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     TCPX_RETURN_IF_ERROR(check_deferrable(*p));
     TCPX_ASSIGN_OR_RETURN(std::vector<Region*> regions, resolve_pieces("read", iov));
-    const uint64_t request_bytes = 64 + 24 * iov.size() + (notification ? notification->size() : 0);
-    if (request_bytes > config_.max_ctrl_message) {
-        return invalid_argument(strformat(
-            "read: %zu pieces and a notification of %zu bytes exceed the %llu-byte limit of one "
-            "request (TCPX_P2P_MAX_CTRL_MESSAGE); split it",
-            iov.size(), notification ? notification->size() : size_t{0},
-            static_cast<unsigned long long>(config_.max_ctrl_message)));
-    }
+    TCPX_RETURN_IF_ERROR(check_request_fits("read", iov.size(), notification));
     TCPX_ASSIGN_OR_RETURN(Xfer * x, new_xfer(Xfer::Kind::kRead, *p, true));
     const XferId id = x->user_id;
     // From here on the transfer exists (its id is the caller's): see guard_post.
@@ -580,11 +583,7 @@ StatusOr<XferId> Endpoint::Impl::read(PeerId peer, std::span<const IoVec> iov,
 }
 
 Status Endpoint::Impl::notify(PeerId peer, std::string_view payload) {
-    if (payload.size() > config_.max_notification_size) {
-        return invalid_argument(strformat(
-            "notify: a notification of %zu bytes exceeds TCPX_P2P_MAX_NOTIFICATION_SIZE (%llu)",
-            payload.size(), static_cast<unsigned long long>(config_.max_notification_size)));
-    }
+    TCPX_RETURN_IF_ERROR(check_notification_to_send("notify", payload.size()));
     auto lock = api_lock();
     TCPX_ASSIGN_OR_RETURN(Peer * p, postable_peer(peer));
     TCPX_RETURN_IF_ERROR(check_deferrable(*p));

@@ -2774,13 +2774,22 @@ TEST(EngineEndpoints, OversizedRequestsAreRefusedAtThePost) {
         EXPECT_NE(x.status().message().find(words), std::string::npos) << x.status().to_string();
     };
     const std::string note(1025, 'n');
-    refused(a->write(l.a_to_b, am, 0, bd, 0, 16, note), "TCPX_P2P_MAX_NOTIFICATION_SIZE");
-    EXPECT_EQ(a->notify(l.a_to_b, note).code(), StatusCode::kInvalidArgument);
+    refused(a->write(l.a_to_b, am, 0, bd, 0, 16, note), "write: a notification of 1025 bytes");
+    refused(a->read(l.a_to_b, am, 0, bd, 0, 16, note), "read: a notification of 1025 bytes");
+    const Status n = a->notify(l.a_to_b, note);
+    EXPECT_EQ(n.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(n.message().find("notify: a notification of 1025 bytes exceeds "
+                               "TCPX_P2P_MAX_NOTIFICATION_SIZE (1024)"),
+              std::string::npos)
+        << n.to_string();
     // 3000 pieces: 72 KB of piece list, more than one request of 64 KiB holds.
     std::vector<IoVec> iov;
     for (uint64_t k = 0; k < 3000; ++k) iov.push_back(IoVec{am, 16 * k, bd, 16 * k, 16});
-    refused(a->writev(l.a_to_b, iov), "split it");
-    refused(a->readv(l.a_to_b, iov), "split it");
+    refused(a->writev(l.a_to_b, iov), "write: 3000 pieces and a notification of 0 bytes");
+    refused(a->readv(l.a_to_b, iov), "read: 3000 pieces and a notification of 0 bytes");
+    // 2700 pieces fit alone (64,864 bytes), not with a notification of 1000 bytes.
+    refused(a->readv(l.a_to_b, std::span<const IoVec>(iov).first(2700), std::string(1000, 'r')),
+            "read: 2700 pieces and a notification of 1000 bytes exceed the 65536-byte limit");
     // One piece past the limit of a transfer (ctrl_wire.h: kMaxSegments).
     const std::vector<IoVec> many((1u << 20) + 1, IoVec{am, 0, bd, 0, 1});
     refused(a->writev(l.a_to_b, many), "exceed the limit");
