@@ -669,20 +669,18 @@ Status V7Net::close_send(SendComm* comm) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     if (w == nullptr) return Status();
     if (w->magic != kSendWrap) return invalid_argument("close_send: not a send comm");
-    Status st = from_nccl_result(table_->close_send(w->comm), name_ + ": closeSend");
-    forget_live_comm(w->comm);
-    forget_counted_mrs_of(w);
-    release_all(w);
-    w->magic = 0;
-    delete w;
-    return st;
+    return close_wrap(w, table_->close_send(w->comm), "closeSend");
 }
 
 Status V7Net::close_recv(RecvComm* comm) {
     auto* w = reinterpret_cast<CommWrap*>(comm);
     if (w == nullptr) return Status();
     if (w->magic != kRecvWrap) return invalid_argument("close_recv: not a receive comm");
-    Status st = from_nccl_result(table_->close_recv(w->comm), name_ + ": closeRecv");
+    return close_wrap(w, table_->close_recv(w->comm), "closeRecv");
+}
+
+Status V7Net::close_wrap(CommWrap* w, tcpx_ncclResult_t closed, const char* call) {
+    Status st = from_nccl_result(closed, name_ + ": " + call);
     forget_live_comm(w->comm);
     forget_counted_mrs_of(w);
     release_all(w);

@@ -131,6 +131,9 @@ class V7Net final : public Net {
     void forget_counted_mrs_of(void* comm);
     // Frees the wrappers of requests abandoned by closing `comm`.
     static void release_all(CommWrap* comm);
+    // The rest of close_send / close_recv once the plugin's close returned `closed` (`call`
+    // names it in an error): forgets and frees what the wrapper held, and the wrapper.
+    Status close_wrap(CommWrap* w, tcpx_ncclResult_t closed, const char* call);
 
     const NcclNetTable* const table_;
     const V7Options options_;
