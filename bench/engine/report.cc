@@ -236,7 +236,7 @@ void print_table(const EngineBenchOptions& o, const Config& c, const Setup& s,
     }
     std::printf(
         "latency: one transfer from post to completion, nothing else in flight (1 peer); raw: "
-        "ping-pong over 1 TCP stream,\n"
+        "ping-pong over 1 TCP stream, receives polling,\n"
         "  WRITE vs the data there and %llu B back (data + ack), READ vs %llu B there and the "
         "data back (request + data)\n\n",
         static_cast<unsigned long long>(kSmallMessage),

@@ -1,6 +1,7 @@
 // The raw TCP baseline of the benchmarks: what the same bytes cost over plain TCP sockets,
 // measured in the same run as the transport or engine beside it. `streams` TCP connections, one
-// thread per stream and side, blocking send/recv, and one more connection for ping-pongs. The
+// thread per stream and side, blocking send/recv, and one more connection for ping-pongs (whose
+// receives poll: raw TCP's best latency, not a wakeup's). The
 // responder's half answers raw-* commands on the benchmark's command channel (harness/roles.h).
 #pragma once
 
@@ -28,7 +29,8 @@ Status run_threads(int n, const std::function<Status(int)>& fn);
 //
 // `streams` TCP connections, one thread per stream and side, blocking send/recv; each message is
 // split evenly over the streams (stream_share/stream_offset), message k coming from / landing in
-// slot k % slots of the caller's buffer. One more connection carries ping-pongs.
+// slot k % slots of the caller's buffer. One more connection carries ping-pongs; their receives
+// poll the socket (MSG_DONTWAIT, yielding) rather than sleep, as the measured side's waits do.
 
 // The responder's half: serves the raw-* commands.
 class RawTcpResponder {
