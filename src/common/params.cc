@@ -353,6 +353,10 @@ Settings with_machine_defaults(Settings s, int64_t cores) {
     if (s.xfer_inline_busy == 0) {
         s.xfer_inline_busy = s.socket_io == "caller" ? 64 * 1024 : 32 * 1024;
     }
+    // The progress thread's spin through quiet spells: where a core to spare is likely. On a few
+    // cores it would take one from the threads doing the work, as the thread's own stand-back
+    // says (src/engine/engine.cc, kBusySpinFor and after).
+    if (s.progress_quiet_spin == "auto") s.progress_quiet_spin = cores > 4 ? "on" : "off";
     return s;
 }
 

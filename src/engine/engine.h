@@ -1140,6 +1140,7 @@ class Endpoint::Impl {
     std::atomic<bool> standing_back_{false};
     Clock::time_point caller_last_pass_{};   // the last api_progress(), looping or not (under mu_)
     Clock::duration caller_progress_for_{};  // how long the thread stands back (by the cores)
+    bool spin_when_quiet_ = false;  // the progress thread spins after work with nothing in flight
     // A caller that made progress is going to sleep (drive()): the progress thread takes over
     // now rather than when the caller's last pass grows old.
     void hand_back_progress();

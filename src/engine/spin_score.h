@@ -28,4 +28,43 @@ class SpinScore {
     std::atomic<int> score_{kHistory * kOne};
 };
 
+// The progress thread's spin after work that left nothing in flight (PROGRESS_QUIET_SPIN): a
+// quiet spell starts at the first pass that finds nothing to do and ends at the next that moves
+// something. It is spun through for its first `spin_for` while most recent spells ended within
+// that (a peer's requests arriving back to back), and slept through otherwise: once past
+// `spin_for` (a timed wakeup in a long spell spins no more), while spells run longer (requests
+// further apart than a spin would wait: the score turns it off, and back on when they come
+// close again: a spell is scored whether it was spun through or slept through).
+template <typename TimePoint, typename Duration>
+class QuietSpin {
+ public:
+    QuietSpin(bool enabled, Duration spin_for) : enabled_(enabled), spin_for_(spin_for) {}
+
+    // A pass moved something: ends the spell, if one was running, and scores it.
+    void moved(TimePoint now) {
+        if (!quiet_) return;
+        score_.record(now - since_ < spin_for_);
+        quiet_ = false;
+    }
+    // A pass found nothing to do with nothing in flight: starts a spell, if none is running.
+    void quiet(TimePoint now) {
+        if (quiet_) return;
+        quiet_ = true;
+        since_ = now;
+    }
+    // Something is in flight: not a quiet spell (the busy spin decides), and not scored.
+    void busy() { quiet_ = false; }
+    // Whether to poll again rather than sleep, in a running spell.
+    bool spin(TimePoint now) const {
+        return enabled_ && quiet_ && score_.pays() && now - since_ < spin_for_;
+    }
+
+ private:
+    bool enabled_;
+    Duration spin_for_;
+    bool quiet_ = false;
+    TimePoint since_{};
+    SpinScore score_;
+};
+
 }  // namespace tcpx::engine

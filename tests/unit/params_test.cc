@@ -107,6 +107,17 @@ TEST(Params, AutomaticValuesFollowTheCores) {
     Settings threads;
     threads.socket_io = "threads";
     EXPECT_EQ(with_machine_defaults(threads, 2).xfer_inline_alone, 64u * 1024);
+    // The progress thread's quiet spin: on past 4 cores, unless set.
+    for (int64_t cores : {1, 4, 5, 16, 208}) {
+        EXPECT_EQ(with_machine_defaults(Settings{}, cores).progress_quiet_spin,
+                  cores > 4 ? "on" : "off")
+            << cores << " cores";
+        for (const char* set : {"on", "off"}) {
+            Settings in;
+            in.progress_quiet_spin = set;
+            EXPECT_EQ(with_machine_defaults(in, cores).progress_quiet_spin, set);
+        }
+    }
     // effective() is the rule applied to this process's usable cores.
     const Settings here = Settings{}.effective();
     const Settings rule = with_machine_defaults(Settings{}, usable_cores());
