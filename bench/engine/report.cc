@@ -147,24 +147,33 @@ std::string inline_text(const Config& c) {
         format_bytes(std::max(c.xfer_inline_threshold, c.xfer_inline_alone_read)).c_str());
 }
 
+// Whether the progress threads poll after their work before they sleep (PROGRESS_QUIET_SPIN),
+// which lone transfers' latency depends on: said where there is a progress thread to do it.
+std::string quiet_spin_text(const Config& c) {
+    if (c.progress_thread != "on") return "";
+    return c.progress_quiet_spin == "on" ? "; progress quiet spin on" : "; progress quiet spin off";
+}
+
 // The engine's settings as they ran (Config::effective: automatic values resolved).
 void print_engine_line(const Config& c, const Setup& s) {
     if (c.net_plugin.empty()) {
         std::printf(
             "engine: %lld channel%s x %lld data sockets = %d raw streams, chunk %s, window %lld, "
-            "%s, %s\n",
+            "%s, %s%s\n",
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             static_cast<long long>(c.nsocks), s.raw_streams,
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
             inline_text(c).c_str(),
-            io_threads_phrase(s.io_threads, c.progress_thread == "on").c_str());
+            io_threads_phrase(s.io_threads, c.progress_thread == "on").c_str(),
+            quiet_spin_text(c).c_str());
     } else {
         std::printf(
-            "engine: %lld channel%s, chunk %s, window %lld, %s; net: ncclNet plugin "
+            "engine: %lld channel%s, chunk %s, window %lld, %s%s; net: ncclNet plugin "
             "%s, data sockets and their threads %s\n",
             static_cast<long long>(c.channels), c.channels == 1 ? "" : "s",
             format_bytes(c.xfer_chunk_size).c_str(), static_cast<long long>(c.window),
-            inline_text(c).c_str(), c.net_plugin.c_str(), plugin_sockets_text().c_str());
+            inline_text(c).c_str(), quiet_spin_text(c).c_str(), c.net_plugin.c_str(),
+            plugin_sockets_text().c_str());
     }
     if (!s.target.empty()) std::printf("target: %s\n", printable(s.target).c_str());
 }
@@ -294,6 +303,7 @@ void print_json(const EngineBenchOptions& o, const Config& c, const Setup& s,
         {"xfer_inline_threshold", c.xfer_inline_threshold},
         {"io_threads_per_endpoint", s.io_threads},  // 0: caller mode (no I/O thread)
         {"progress_thread", c.progress_thread},
+        {"progress_quiet_spin", c.progress_quiet_spin},
         {"target", s.target},
         {"min_seconds", o.min_seconds},
         {"min_iters", o.min_iters},

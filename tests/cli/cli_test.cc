@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/machine.h"
 #include "cuda/device.h"
 #include "tests/cli/cli_run.h"
 #include "tests/support/sanitizers.h"
@@ -124,6 +125,7 @@ TEST(BenchEngineCli, WithoutProgressThreadsTheTargetSidePolls) {
             EXPECT_TRUE(
                 contains(r.output, "no progress thread: the calls make progress, the target polls"))
                 << r.output;
+            EXPECT_FALSE(contains(r.output, "progress quiet spin")) << r.output;  // no such thread
             EXPECT_TRUE(contains(r.output, std::string(io) == "caller"
                                                ? "socket I/O in the calls (caller)"
                                                : "I/O threads per endpoint"))
@@ -141,6 +143,18 @@ TEST(BenchEngineCli, WithoutProgressThreadsTheTargetSidePolls) {
     const auto doc = json_of(json_run.output);
     ASSERT_FALSE(doc.is_discarded()) << json_run.output;
     EXPECT_EQ(doc["config"]["progress_thread"], "off");
+    // The progress threads' quiet spin, as it ran: in the header where there is a progress
+    // thread, and in the JSON (automatic: off on 4 cores or fewer, on past them).
+    for (const char* spin : {"on", "off"}) {
+        const CliResult header = run_cli(quick({"bench", "engine", "--sizes", "4K", "--procs", "1",
+                                                "--op", "write", "--no-latency", "--no-baseline"}),
+                                         {{"TCPX_P2P_PROGRESS_QUIET_SPIN", spin}});
+        ASSERT_TRUE(exited_with(header, 0)) << header.output;
+        EXPECT_TRUE(contains(header.output, std::string("; progress quiet spin ") + spin))
+            << header.output;
+    }
+    const std::string automatic = usable_cores() > 4 ? "on" : "off";
+    EXPECT_EQ(doc["config"]["progress_quiet_spin"], automatic);
     const CliResult bad =
         run_cli(quick({"bench", "engine", "--progress-thread", "sometimes", "--sizes", "4K"}));
     EXPECT_TRUE(exited_with(bad, 105));  // CLI11's validation failure, as for --op
