@@ -90,20 +90,18 @@ Status set_progress_timeout(int fd, int ms, const char* what) {
 Status recv_all_polling(int fd, uint8_t* p, size_t len, int ms) {
     auto last = Clock::now();
     while (len > 0) {
-        const ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+        bool eof = false;
+        TCPX_ASSIGN_OR_RETURN(const size_t n, recv_some(fd, p, len, &eof));
+        if (eof) return unavailable("connection closed by peer");
         if (n > 0) {
             p += n;
-            len -= static_cast<size_t>(n);
+            len -= n;
             last = Clock::now();
-            continue;
-        }
-        if (n == 0) return unavailable("connection closed by peer");
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return errno_status(errno, "recv");
-        if (Clock::now() - last > std::chrono::milliseconds(ms)) {
+        } else if (Clock::now() - last > std::chrono::milliseconds(ms)) {
             return errno_status(EAGAIN, "recv");
+        } else {
+            std::this_thread::yield();
         }
-        std::this_thread::yield();
     }
     return Status();
 }
