@@ -18,6 +18,10 @@ case "$tool" in
 memcheck)
     filter='Unpack*:CudaMemory*'
     for t in "${engine_tests[@]}"; do filter+=":*EngineDevice.$t/*"; done
+    # The randomized mixed traffic (tests/engine/engine_stress_test.cc), each setting for its
+    # default 1.5 s: cancels and both copy paths, at random moments.
+    filter+=':*EngineStress.*'
+
     ;;
 initcheck) filter='*' ;;
 *) echo "memcheck.sh: unknown tool '$tool' (memcheck or initcheck)" >&2; exit 2 ;;
