@@ -115,7 +115,8 @@ struct TCPX_API Stats {
     uint64_t bytes_received = 0;  // bytes of completed transfers that landed in its memory
     uint64_t transfers_started = 0;    // posted here (write, read, send, recv and vectors)
     uint64_t transfers_completed = 0;  // of those, done
-    uint64_t transfers_failed = 0;     // of those, failed (their peer's failure included)
+    uint64_t transfers_failed = 0;  // of those, failed (cancelled ones and their peer's failure
+                                    // included): started = completed + failed + in flight
     uint64_t requests_served = 0;      // the peers' reads and writes served here
     uint64_t errors = 0;               // peers failed: connection lost, protocol errors, timeouts
     uint64_t retries = 0;  // transport requests the transport had no room for yet (posted later)

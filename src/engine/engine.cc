@@ -1588,10 +1588,10 @@ void Endpoint::Impl::finish_teardown(Peer& p) {
     }
     std::vector<Xfer*> xfers(p.xfers.begin(), p.xfers.end());
     for (Xfer* x : xfers) {
-        if (x->user_id != 0) {
-            count(p, &Stats::transfers_failed);
-            xfers_->finish(x->user_id, p.error);
-        }
+        // Each of ours was counted when it started; it ends failed here, also one a cancel has
+        // already reported (detached: its id is 0, but it was still waiting for the peer).
+        if (!x->served()) count(p, &Stats::transfers_failed);
+        if (x->user_id != 0) xfers_->finish(x->user_id, p.error);
         destroy(x);
     }
     p.awaiting.clear();
