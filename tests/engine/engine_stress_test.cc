@@ -96,6 +96,9 @@ struct Setting {
     Mem a = Mem::kHost;
     Mem b = Mem::kHost;
     bool fake_tcpx = false;  // over the emulated TCPX plugin (GPU memory: its unpack path)
+    // Its transport breaks connections on purpose (TCPX_P2P_FAULT): operations may fail once
+    // the peer is reported gone, and must then all end, none hanging.
+    bool peer_fails = false;
 };
 
 Config base_config() {
@@ -119,6 +122,27 @@ Config small_chunks() {
     return c;
 }
 
+// Completions held back at random moments: transfers end out of order, and all end well.
+Config injected_delays() {
+    Config c = base_config();
+    std::string spec;
+    const char* ops[] = {"test", "isend", "irecv"};
+    for (int i = 1; i <= 60; ++i) {
+        if (!spec.empty()) spec += ",";
+        spec += "delay:" + std::string(ops[i % 3]) + ":" + std::to_string(i * 17) + ":" +
+                std::to_string(1 + (i * 7) % 15) + "ms";
+    }
+    c.fault = spec;
+    return c;
+}
+
+// The 40th chunk completed breaks its connection: the peer fails on both sides mid-traffic.
+Config connection_reset() {
+    Config c = base_config();
+    c.fault = "reset:test:40";
+    return c;
+}
+
 Config no_progress_thread() {
     Config c = base_config();
     c.progress_thread = "off";
@@ -133,6 +157,8 @@ const Setting kSettings[] = {
     {"GpuToHostNoProgressThread", no_progress_thread, Mem::kGpu, Mem::kHost},
     {"HostToGpuOverFakeTcpx", [] { return base_config(); }, Mem::kHost, Mem::kGpu, true},
     {"GpuBothSidesOverFakeTcpxSmallChunks", small_chunks, Mem::kGpu, Mem::kGpu, true},
+    {"GpuToHostInjectedDelays", injected_delays, Mem::kGpu, Mem::kHost},
+    {"GpuBothSidesConnectionReset", connection_reset, Mem::kGpu, Mem::kGpu, false, true},
 };
 #else
 const Setting kSettings[] = {
@@ -156,6 +182,8 @@ const Setting kSettings[] = {
          c.xfer_inline_alone_read = 256 * 1024;
          return c;
      }},
+    {"InjectedDelays", injected_delays},
+    {"ConnectionReset", connection_reset, Mem::kHost, Mem::kHost, false, true},
 };
 #endif
 
@@ -204,11 +232,14 @@ class NotificationBook {
         }
         return true;
     }
-    std::vector<std::string> problems() {
+    // `missing_ok`: the peer failed, and what it had not delivered by then is lost.
+    std::vector<std::string> problems(bool missing_ok) {
         std::lock_guard<std::mutex> g(mu_);
         std::vector<std::string> out;
         for (const std::string& p : expected_) {
-            if (seen_.count(p) == 0) out.push_back("notification never seen: " + p);
+            if (seen_.count(p) == 0 && !missing_ok) {
+                out.push_back("notification never seen: " + p);
+            }
         }
         for (const auto& [p, n] : seen_) {
             if (forbidden_.count(p) != 0) {
@@ -293,7 +324,10 @@ class Worker {
           deadline_(deadline) {}
 
     void run() {
-        while (Clock::now() < deadline_ && errors_.empty()) {
+        // Where the peer is to fail, on until it has (however slow the machine), within bounds.
+        const auto end = peer_may_fail_ ? deadline_ + 30s : deadline_;
+        while (errors_.empty() && !peer_down_ &&
+               (Clock::now() < deadline_ || (peer_may_fail_ && Clock::now() < end))) {
             ++step_;
             switch (rng_() % 15) {
                 case 0:
@@ -328,6 +362,8 @@ class Worker {
     int completed() const { return completed_; }
     int cancelled() const { return cancelled_; }
     int refused() const { return refused_; }
+    bool peer_down() const { return peer_down_; }
+    void set_peer_may_fail() { peer_may_fail_ = true; }
 
  private:
     // This thread's slot of a kind, in a side's region: filled and read back through the buffer.
@@ -351,6 +387,17 @@ class Worker {
             if (v[i] != kSentinel) return static_cast<int64_t>(i);
         }
         return -1;
+    }
+
+    // An operation failed. Where the setting breaks connections on purpose, that is the peer's
+    // failure once the endpoint reports the peer gone: the thread stops there. Anything else is
+    // an error. (What a transfer that completed left in memory is checked either way.)
+    void op_failed(const std::string& what) {
+        if (peer_may_fail_ && !me_->ep->peer_status(me_->to_peer).ok()) {
+            peer_down_ = true;
+            return;
+        }
+        fail(what);
     }
 
     void fail(const std::string& what) {
@@ -390,6 +437,7 @@ class Worker {
                 }
                 break;
         }
+        fail("a transfer did not end in 30 s");
         return Status(StatusCode::kTimeout, "the transfer did not end in 30 s");
     }
 
@@ -404,8 +452,8 @@ class Worker {
             ++cancelled_;
             return false;
         }
-        fail(std::string(op) + " ended with " + st.to_string() +
-             (cancel ? " (cancel said " + cancel->to_string() + ")" : ""));
+        op_failed(std::string(op) + " ended with " + st.to_string() +
+                  (cancel ? " (cancel said " + cancel->to_string() + ")" : ""));
         return false;
     }
 
@@ -484,7 +532,7 @@ class Worker {
                                 notification);
         }
         if (!x.ok()) {
-            fail("write: " + x.status().to_string());
+            op_failed("write: " + x.status().to_string());
             if (note) other_book_->forbid(*note);
             return;
         }
@@ -525,7 +573,7 @@ class Worker {
                                notification);
         }
         if (!x.ok()) {
-            fail("read: " + x.status().to_string());
+            op_failed("read: " + x.status().to_string());
             if (note) other_book_->forbid(*note);
             return;
         }
@@ -577,14 +625,14 @@ class Worker {
             auto r0 = receiver->ep->recv(receiver->to_peer, receiver->mem,
                                          slot_offset(id_, decoy_into), room, tag);
             if (!r0.ok()) {
-                fail("recv (to cancel): " + r0.status().to_string());
+                op_failed("recv (to cancel): " + r0.status().to_string());
                 return;
             }
             const Status c = receiver->ep->cancel(*r0);
-            if (!c.ok()) fail("cancel of an unmatched recv: " + c.to_string());
+            if (!c.ok()) op_failed("cancel of an unmatched recv: " + c.to_string());
             const Status w = receiver->ep->wait(*r0, 10s);
             if (w.code() != StatusCode::kCancelled) {
-                fail("a cancelled recv ended with " + w.to_string());
+                op_failed("a cancelled recv ended with " + w.to_string());
             }
         }
         StatusOr<XferId> r = Status(StatusCode::kInternal, "not posted");
@@ -605,13 +653,13 @@ class Worker {
             post_recv();
         }
         if (!r.ok() || !sent.ok()) {
-            fail("send/recv post: " + (r.ok() ? sent.status() : r.status()).to_string());
+            op_failed("send/recv post: " + (r.ok() ? sent.status() : r.status()).to_string());
             return;
         }
         const Status ss = sender->ep->wait(*sent, 30s);
         const Status rs = receiver->ep->wait(*r, 30s);
         if (!ss.ok() || !rs.ok()) {
-            fail("send/recv: send " + ss.to_string() + ", recv " + rs.to_string());
+            op_failed("send/recv: send " + ss.to_string() + ", recv " + rs.to_string());
             return;
         }
         completed_ += 2;
@@ -649,16 +697,16 @@ class Worker {
                 fill(me_, kSource, src);
                 fill_sentinel(other_, kWrittenInto, len);
                 auto tmp = me_->ep->reg(me_->buf->data() + slot_offset(id_, kSource), len);
-                if (!tmp.ok()) return fail("reg: " + tmp.status().to_string());
+                if (!tmp.ok()) return op_failed("reg: " + tmp.status().to_string());
                 auto x = me_->ep->write(me_->to_peer, *tmp, 0, other_->desc,
                                         slot_offset(id_, kWrittenInto), len);
-                if (!x.ok()) return fail("write: " + x.status().to_string());
+                if (!x.ok()) return op_failed("write: " + x.status().to_string());
                 const Status d = me_->ep->dereg(*tmp);
-                if (!d.ok()) return fail("dereg of a write's source: " + d.to_string());
+                if (!d.ok()) return op_failed("dereg of a write's source: " + d.to_string());
                 // dereg() waited for it: it has ended, and ended well.
                 const Status st = me_->ep->wait(*x, 0ms);
                 if (!st.ok())
-                    return fail("a write whose source was deregistered: " + st.to_string());
+                    return op_failed("a write whose source was deregistered: " + st.to_string());
                 ++completed_;
                 check_window("write (source deregistered)", contents(other_, kWrittenInto, len),
                              src.data(), {Piece{0, 0, len}});
@@ -674,14 +722,15 @@ class Worker {
                 const uint64_t src_base = rng_() % (kStatic - len + 1);
                 fill_sentinel(me_, kReadInto, len);
                 auto tmp = me_->ep->reg(me_->buf->data() + slot_offset(id_, kReadInto), len);
-                if (!tmp.ok()) return fail("reg: " + tmp.status().to_string());
+                if (!tmp.ok()) return op_failed("reg: " + tmp.status().to_string());
                 auto x = me_->ep->read(me_->to_peer, *tmp, 0, other_->desc, src_base, len);
-                if (!x.ok()) return fail("read: " + x.status().to_string());
+                if (!x.ok()) return op_failed("read: " + x.status().to_string());
                 const Status d = me_->ep->dereg(*tmp);
-                if (!d.ok()) return fail("dereg of a read's destination: " + d.to_string());
+                if (!d.ok()) return op_failed("dereg of a read's destination: " + d.to_string());
                 const Status st = me_->ep->wait(*x, 0ms);
                 if (!st.ok()) {
-                    return fail("a read whose destination was deregistered: " + st.to_string());
+                    return op_failed("a read whose destination was deregistered: " +
+                                     st.to_string());
                 }
                 ++completed_;
                 check_window("read (destination deregistered)", contents(me_, kReadInto, len),
@@ -694,17 +743,17 @@ class Worker {
                 fill_sentinel(other_, kWrittenInto, len);
                 auto tmp =
                     other_->ep->reg(other_->buf->data() + slot_offset(id_, kWrittenInto), len);
-                if (!tmp.ok()) return fail("reg at the peer: " + tmp.status().to_string());
+                if (!tmp.ok()) return op_failed("reg at the peer: " + tmp.status().to_string());
                 auto desc = other_->ep->describe(*tmp);
-                if (!desc.ok()) return fail("describe: " + desc.status().to_string());
+                if (!desc.ok()) return op_failed("describe: " + desc.status().to_string());
                 auto x = me_->ep->write(me_->to_peer, me_->mem, slot_offset(id_, kSource), *desc, 0,
                                         len);
-                if (!x.ok()) return fail("write: " + x.status().to_string());
+                if (!x.ok()) return op_failed("write: " + x.status().to_string());
                 if (rng_() % 2 == 0) {
                     std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 200));
                 }
                 const Status d = other_->ep->dereg(*tmp);
-                if (!d.ok()) return fail("dereg at the peer: " + d.to_string());
+                if (!d.ok()) return op_failed("dereg at the peer: " + d.to_string());
                 // From here on nothing lands there: what is there now stays.
                 const std::vector<uint8_t> after_dereg = contents(other_, kWrittenInto, len);
                 const Status st = me_->ep->wait(*x, 30s);
@@ -718,7 +767,9 @@ class Worker {
                     check_window("write (destination deregistered)", later, src.data(),
                                  {Piece{0, 0, len}});
                 } else if (st.code() == StatusCode::kTimeout) {
-                    fail("a write into a region deregistered at the peer: " + st.to_string());
+                    op_failed("a write into a region deregistered at the peer: " + st.to_string());
+                } else if (peer_may_fail_ && !me_->ep->peer_status(me_->to_peer).ok()) {
+                    peer_down_ = true;  // (part of it may have landed before the connection broke)
                 } else if (int64_t at = not_sentinel(later); at != -1) {
                     fail("a write refused at the peer (" + st.to_string() + ") changed byte " +
                          std::to_string(at));
@@ -736,7 +787,7 @@ class Worker {
         Status st = me_->ep->notify(me_->to_peer, note);
         if (!st.ok()) {
             other_book_->forbid(note);
-            fail("notify: " + st.to_string());
+            op_failed("notify: " + st.to_string());
         }
     }
 
@@ -755,6 +806,8 @@ class Worker {
     int completed_ = 0;
     int cancelled_ = 0;
     int refused_ = 0;  // writes into a region deregistered at the peer before they arrived
+    bool peer_may_fail_ = false;
+    bool peer_down_ = false;
 };
 
 TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
@@ -872,22 +925,33 @@ TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
                                                        on_a ? &book_b : &book_a, base_seed + 7 * t,
                                                        deadline));
         }
+        if (setting.peer_fails) {
+            for (auto& w : workers) w->set_peer_may_fail();
+        }
         std::vector<std::thread> threads;
         for (auto& w : workers) threads.emplace_back([&w] { w->run(); });
         for (auto& t : threads) t.join();
+        bool went_down = false;
         for (auto& w : workers) {
+            went_down = went_down || w->peer_down();
             errors.insert(errors.end(), w->errors().begin(), w->errors().end());
             completed += w->completed();
             cancelled += w->cancelled();
             refused += w->refused();
         }
+        if (setting.peer_fails && !went_down) {
+            errors.push_back("the injected fault never took the peer down");
+        }
         // Every notification expected arrives (those of cancelled writes too).
-        eventually([&] { return book_a.all_seen() && book_b.all_seen(); }, 20s);
+        eventually([&] { return book_a.all_seen() && book_b.all_seen(); },
+                   setting.peer_fails ? 1s : 20s);
         stop = true;
         ca.join();
         cb.join();
         for (NotificationBook* book : {&book_a, &book_b}) {
-            for (std::string& p : book->problems()) errors.push_back(std::move(p));
+            for (std::string& p : book->problems(setting.peer_fails)) {
+                errors.push_back(std::move(p));
+            }
         }
         // Nothing wrote the read-only areas, or outside the regions.
         for (Side* side : {&sa, &sb}) {
@@ -911,14 +975,16 @@ TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
                                  " completed and " + std::to_string(s.transfers_failed) +
                                  " failed");
             }
-            if (s.errors != 0) errors.push_back("an endpoint counts a failed peer");
+            if (s.errors != 0 && !setting.peer_fails) {
+                errors.push_back("an endpoint counts a failed peer");
+            }
         }
         a.reset();
         b.reset();
     }
     if (fake_tcpx_memory_set) ::unsetenv("FAKETCPX_MEMORY");
     for (const std::string& e : errors) ADD_FAILURE() << e;
-    EXPECT_GT(completed, 20) << "too few transfers to mean anything";
+    EXPECT_GT(completed, setting.peer_fails ? 5 : 20) << "too few transfers to mean anything";
     std::printf("[ stress   ] %s: %d transfers completed, %d cancelled, %d refused by a dereg\n",
                 setting.name, completed, cancelled, refused);
     EXPECT_TRUE(eventually([&] { return count_open_sockets() <= sockets_before; }))
