@@ -115,10 +115,11 @@ struct TCPX_API Stats {
     uint64_t bytes_received = 0;  // bytes of completed transfers that landed in its memory
     uint64_t transfers_started = 0;    // posted here (write, read, send, recv and vectors)
     uint64_t transfers_completed = 0;  // of those, done
-    uint64_t transfers_failed = 0;  // of those, failed (cancelled ones and their peer's failure
-                                    // included): started = completed + failed + in flight
-    uint64_t requests_served = 0;      // the peers' reads and writes served here
-    uint64_t errors = 0;               // peers failed: connection lost, protocol errors, timeouts
+    // Of those, failed: cancelled ones and their peer's failure included (started = completed +
+    // failed + those in flight).
+    uint64_t transfers_failed = 0;
+    uint64_t requests_served = 0;  // the peers' reads and writes served here
+    uint64_t errors = 0;           // peers failed: connection lost, protocol errors, timeouts
     uint64_t retries = 0;  // transport requests the transport had no room for yet (posted later)
     uint64_t window_blocked_ns = 0;  // time data channels had chunks waiting on a full window
     // Chunks that waited for staging memory (MAX_STAGING_BYTES_TOTAL), each wait counted once.
