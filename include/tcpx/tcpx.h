@@ -195,7 +195,7 @@ typedef struct tcpx_stats_t {
     uint64_t bytes_received;      /* bytes of completed transfers that landed in our memory */
     uint64_t transfers_started;   /* posted here */
     uint64_t transfers_completed; /* of those, done */
-    uint64_t transfers_failed;    /* of those, failed */
+    uint64_t transfers_failed;    /* of those, failed (cancelled ones included) */
     uint64_t requests_served;     /* the peers' reads and writes served here */
     uint64_t errors;              /* peers failed */
     uint64_t retries;             /* transport requests posted later for lack of room */
