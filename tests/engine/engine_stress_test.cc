@@ -136,7 +136,8 @@ Config injected_delays() {
     return c;
 }
 
-// The 40th chunk completed breaks its connection: the peer fails on both sides mid-traffic.
+// The 40th chunk completed breaks its connection: the peer fails on both sides mid-traffic (and
+// then the endpoints connect again and go on).
 Config connection_reset() {
     Config c = base_config();
     c.fault = "reset:test:40";
@@ -210,6 +211,13 @@ class NotificationBook {
     void expect(const std::string& payload) {
         std::lock_guard<std::mutex> g(mu_);
         expected_.insert(payload);
+        if (strict_) must_.insert(payload);
+    }
+    // From now on every notification expected must arrive, whatever problems() is told (the
+    // connection that failed is behind us).
+    void set_strict() {
+        std::lock_guard<std::mutex> g(mu_);
+        strict_ = true;
     }
     // The post failed, or the transfer was cancelled before it could carry the notification.
     void forbid(const std::string& payload) {
@@ -232,12 +240,19 @@ class NotificationBook {
         }
         return true;
     }
+    bool all_required_seen() {
+        std::lock_guard<std::mutex> g(mu_);
+        for (const std::string& p : must_) {
+            if (seen_.count(p) == 0) return false;
+        }
+        return true;
+    }
     // `missing_ok`: the peer failed, and what it had not delivered by then is lost.
     std::vector<std::string> problems(bool missing_ok) {
         std::lock_guard<std::mutex> g(mu_);
         std::vector<std::string> out;
         for (const std::string& p : expected_) {
-            if (seen_.count(p) == 0 && !missing_ok) {
+            if (seen_.count(p) == 0 && (!missing_ok || must_.count(p) != 0)) {
                 out.push_back("notification never seen: " + p);
             }
         }
@@ -259,6 +274,8 @@ class NotificationBook {
     std::mutex mu_;
     std::set<std::string> expected_;
     std::set<std::string> forbidden_;
+    std::set<std::string> must_;
+    bool strict_ = false;
     std::map<std::string, int> seen_;
 };
 
@@ -364,6 +381,7 @@ class Worker {
     int refused() const { return refused_; }
     bool peer_down() const { return peer_down_; }
     void set_peer_may_fail() { peer_may_fail_ = true; }
+    void set_phase(int phase) { phase_ = phase; }
 
  private:
     // This thread's slot of a kind, in a side's region: filled and read back through the buffer.
@@ -393,20 +411,33 @@ class Worker {
     // failure once the endpoint reports the peer gone: the thread stops there. Anything else is
     // an error. (What a transfer that completed left in memory is checked either way.)
     void op_failed(const std::string& what) {
-        if (peer_may_fail_ && !me_->ep->peer_status(me_->to_peer).ok()) {
+        if (peer_may_fail_ && peer_gone()) {
             peer_down_ = true;
             return;
         }
         fail(what);
     }
 
+    // Either endpoint reports the other gone, now or within a moment (the side whose transport
+    // broke knows first; an op on the other side's endpoint may fail first).
+    bool peer_gone() {
+        return eventually(
+            [&] {
+                return !me_->ep->peer_status(me_->to_peer).ok() ||
+                       !other_->ep->peer_status(other_->to_peer).ok();
+            },
+            5s);
+    }
+
     void fail(const std::string& what) {
-        errors_.push_back("thread " + std::to_string(id_) + " (seed " + std::to_string(seed_) +
-                          ", step " + std::to_string(step_) + "): " + what);
+        errors_.push_back("phase " + std::to_string(phase_) + ", thread " + std::to_string(id_) +
+                          " (seed " + std::to_string(seed_) + ", step " + std::to_string(step_) +
+                          "): " + what);
     }
 
     std::string unique(const char* what) {
-        return std::string(what) + ":" + std::to_string(id_) + ":" + std::to_string(step_);
+        return std::string(what) + ":" + std::to_string(phase_) + ":" + std::to_string(id_) + ":" +
+               std::to_string(step_);
     }
 
     // Waits for a transfer the way an application might: one wait, short waits that time out,
@@ -768,7 +799,7 @@ class Worker {
                                  {Piece{0, 0, len}});
                 } else if (st.code() == StatusCode::kTimeout) {
                     op_failed("a write into a region deregistered at the peer: " + st.to_string());
-                } else if (peer_may_fail_ && !me_->ep->peer_status(me_->to_peer).ok()) {
+                } else if (peer_may_fail_ && peer_gone()) {
                     peer_down_ = true;  // (part of it may have landed before the connection broke)
                 } else if (int64_t at = not_sentinel(later); at != -1) {
                     fail("a write refused at the peer (" + st.to_string() + ") changed byte " +
@@ -808,6 +839,7 @@ class Worker {
     int refused_ = 0;  // writes into a region deregistered at the peer before they arrived
     bool peer_may_fail_ = false;
     bool peer_down_ = false;
+    int phase_ = 1;  // (in notifications' payloads: each phase's are its own)
 };
 
 TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
@@ -866,6 +898,9 @@ TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
             side->buf->upload(0, side->read_only.data(), kStatic);
         }
         Config a_config = config, b_config = config;
+        // A reset breaks a's transport only: each endpoint's rule fires once, and b's would
+        // otherwise break the connection made again after a's did.
+        if (setting.peer_fails) b_config.fault.clear();
         if (setting.a == Mem::kGpu || setting.b == Mem::kGpu) {
             a_config.gpu_index = 0;
             b_config.gpu_index = gpus - 1;
@@ -875,20 +910,23 @@ TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
         ASSERT_TRUE(a && b);
         // Connected so that neither side needs a progress thread: b's accept drives b while
         // this thread drives a (get_notifications makes progress).
+        auto connect_pair = [&](Link* l) {
+            auto to_b = a->connect_async(b->metadata());
+            ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
+            l->a_to_b = *to_b;
+            StatusOr<PeerId> to_a = Status(StatusCode::kInternal, "not accepted");
+            std::thread acceptor([&] { to_a = b->accept(10s); });
+            const bool ready = eventually([&] {
+                (void)a->get_notifications();
+                return a->peer_status(l->a_to_b).ok();
+            });
+            acceptor.join();
+            ASSERT_TRUE(to_a.ok()) << to_a.status().to_string();
+            ASSERT_TRUE(ready) << a->peer_status(l->a_to_b).to_string();
+            l->b_to_a = *to_a;
+        };
         Link l;
-        auto to_b = a->connect_async(b->metadata());
-        ASSERT_TRUE(to_b.ok()) << to_b.status().to_string();
-        l.a_to_b = *to_b;
-        StatusOr<PeerId> to_a = Status(StatusCode::kInternal, "not accepted");
-        std::thread acceptor([&] { to_a = b->accept(10s); });
-        const bool ready = eventually([&] {
-            (void)a->get_notifications();
-            return a->peer_status(l.a_to_b).ok();
-        });
-        acceptor.join();
-        ASSERT_TRUE(to_a.ok()) << to_a.status().to_string();
-        ASSERT_TRUE(ready) << a->peer_status(l.a_to_b).to_string();
-        l.b_to_a = *to_a;
+        ASSERT_NO_FATAL_FAILURE(connect_pair(&l));
         sa.ep = a.get();
         sb.ep = b.get();
         sa.to_peer = l.a_to_b;
@@ -916,35 +954,54 @@ TEST_P(EngineStress, MixedTrafficFromBothSidesLandsExactly) {
         };
         std::thread ca(collector, a.get(), &book_a), cb(collector, b.get(), &book_b);
 
-        const auto deadline =
-            Clock::now() + std::chrono::microseconds(int64_t(run_seconds() * 1e6));
-        std::vector<std::unique_ptr<Worker>> workers;
-        for (int t = 0; t < kThreads; ++t) {
-            const bool on_a = t < kThreadsPerSide;
-            workers.push_back(std::make_unique<Worker>(t, on_a ? &sa : &sb, on_a ? &sb : &sa,
-                                                       on_a ? &book_b : &book_a, base_seed + 7 * t,
-                                                       deadline));
-        }
+        // One phase of the workers, on the connection the sides name now; `peer_fails`: the
+        // transport breaks it on purpose. Returns whether a worker saw the peer go.
+        auto run_phase = [&](int phase, bool peer_fails, uint64_t seed) {
+            const auto deadline =
+                Clock::now() + std::chrono::microseconds(int64_t(run_seconds() * 1e6));
+            std::vector<std::unique_ptr<Worker>> workers;
+            for (int t = 0; t < kThreads; ++t) {
+                const bool on_a = t < kThreadsPerSide;
+                workers.push_back(std::make_unique<Worker>(t, on_a ? &sa : &sb, on_a ? &sb : &sa,
+                                                           on_a ? &book_b : &book_a, seed + 7 * t,
+                                                           deadline));
+                workers.back()->set_phase(phase);
+                if (peer_fails) workers.back()->set_peer_may_fail();
+            }
+            std::vector<std::thread> threads;
+            for (auto& w : workers) threads.emplace_back([&w] { w->run(); });
+            for (auto& t : threads) t.join();
+            bool went_down = false;
+            for (auto& w : workers) {
+                went_down = went_down || w->peer_down();
+                errors.insert(errors.end(), w->errors().begin(), w->errors().end());
+                completed += w->completed();
+                cancelled += w->cancelled();
+                refused += w->refused();
+            }
+            return went_down;
+        };
         if (setting.peer_fails) {
-            for (auto& w : workers) w->set_peer_may_fail();
-        }
-        std::vector<std::thread> threads;
-        for (auto& w : workers) threads.emplace_back([&w] { w->run(); });
-        for (auto& t : threads) t.join();
-        bool went_down = false;
-        for (auto& w : workers) {
-            went_down = went_down || w->peer_down();
-            errors.insert(errors.end(), w->errors().begin(), w->errors().end());
-            completed += w->completed();
-            cancelled += w->cancelled();
-            refused += w->refused();
-        }
-        if (setting.peer_fails && !went_down) {
-            errors.push_back("the injected fault never took the peer down");
+            if (!run_phase(1, true, base_seed)) {
+                errors.push_back("the injected fault never took the peer down");
+            }
+            // The endpoints connect again (the fault fires once) and the same traffic runs on
+            // the new connection, nothing of the failed one in its way: every transfer ends
+            // well, every notification arrives.
+            eventually([&] { return !b->peer_status(l.b_to_a).ok(); });
+            ASSERT_NO_FATAL_FAILURE(connect_pair(&l));
+            sa.to_peer = l.a_to_b;
+            sb.to_peer = l.b_to_a;
+            book_a.set_strict();
+            book_b.set_strict();
+            (void)run_phase(2, false, base_seed + 1000003);
+        } else {
+            (void)run_phase(1, false, base_seed);
         }
         // Every notification expected arrives (those of cancelled writes too).
         eventually([&] { return book_a.all_seen() && book_b.all_seen(); },
                    setting.peer_fails ? 1s : 20s);
+        eventually([&] { return book_a.all_required_seen() && book_b.all_required_seen(); }, 20s);
         stop = true;
         ca.join();
         cb.join();
