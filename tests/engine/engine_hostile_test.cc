@@ -2402,12 +2402,13 @@ TEST(EngineHostile, CancelledReadsAPeerNeverAnswersCountAgainstMaxTransfers) {
     }
     // The peer gone, its cancelled reads, reported CANCELLED at once but still waiting for its
     // answer, end with it: counted failed, as every transfer that ends without completing is.
+    Stats s;
     EXPECT_TRUE(eventually([&] {
-        const Stats s = ep->stats();
+        s = ep->stats();
         return s.transfers_started == 16 && s.transfers_failed == 16 && s.errors == 1;
-    })) << ep->stats().transfers_started << " started, " << ep->stats().transfers_completed
-        << " completed, " << ep->stats().transfers_failed << " failed, "
-        << ep->stats().errors << " peers failed";
+    })) << s.transfers_started
+        << " started, " << s.transfers_completed << " completed, " << s.transfers_failed
+        << " failed, " << s.errors << " peers failed";
     // The peer gone, so are its cancelled reads: room for ours again.
     auto other = make_endpoint("answers", engine_test_config());
     ASSERT_NE(other, nullptr);

@@ -532,36 +532,52 @@ class Worker {
         return out;
     }
 
-    void do_write() {
-        // A cancelled write still lands at the peer, in its own time: its window there is not
-        // ours to check again until its notification says it has.
-        if (poisoned_ && !other_book_->has_seen(*poisoned_)) {
-            do_read();
-            return;
-        }
+    // A cancelled write of ours still lands at the peer, in its own time: our window there is
+    // not ours to write or check again until its notification says it has.
+    bool window_there_landing() {
+        if (poisoned_ && !other_book_->has_seen(*poisoned_)) return true;
         poisoned_.reset();
+        return false;
+    }
+
+    // One time in `one_in`, a notification for the transfer about to be posted, expected at the
+    // peer from now on.
+    std::optional<std::string> maybe_note(const char* kind, uint64_t one_in) {
+        if (rng_() % one_in != 0) return std::nullopt;
+        std::string note = unique(kind);
+        other_book_->expect(note);
+        return note;
+    }
+
+    // A write (from our `src_base`, to the peer's `dst_base`) or a read (from the peer's
+    // `src_base` into our `dst_base`) of `pieces`: half the time a single piece goes through the
+    // one-piece call, else through the vector one.
+    StatusOr<XferId> post_one_sided(bool write, const std::vector<Piece>& pieces, uint64_t src_base,
+                                    uint64_t dst_base, const std::optional<std::string>& note) {
+        const auto notification = note ? std::optional<std::string_view>(*note) : std::nullopt;
+        if (pieces.size() == 1 && rng_() % 2 == 0) {
+            const Piece& p = pieces[0];
+            return write ? me_->ep->write(me_->to_peer, me_->mem, src_base + p.src, other_->desc,
+                                          dst_base + p.dst, p.len, notification)
+                         : me_->ep->read(me_->to_peer, me_->mem, dst_base + p.dst, other_->desc,
+                                         src_base + p.src, p.len, notification);
+        }
+        const std::vector<IoVec> iov = iovecs(pieces, src_base, dst_base, write);
+        return write ? me_->ep->writev(me_->to_peer, iov, notification)
+                     : me_->ep->readv(me_->to_peer, iov, notification);
+    }
+
+    void do_write() {
+        if (window_there_landing()) return do_read();
         const uint64_t span = random_span(rng_);
         std::vector<Piece> pieces = random_pieces(rng_, span, rng_() % 3 == 0 ? 40 : 1);
         const std::vector<uint8_t> src = pattern(span, seed_ * 1000003 + step_);
         fill(me_, kSource, src);
         fill_sentinel(other_, kWrittenInto, span);
-        std::optional<std::string> note;
-        if (rng_() % 3 == 0) {
-            note = unique("w");
-            other_book_->expect(*note);
-        }
+        const std::optional<std::string> note = maybe_note("w", 3);
         const uint64_t src_base = slot_offset(id_, kSource);
         const uint64_t dst_base = slot_offset(id_, kWrittenInto);
-        const auto notification = note ? std::optional<std::string_view>(*note) : std::nullopt;
-        StatusOr<XferId> x = Status(StatusCode::kInternal, "not posted");
-        if (pieces.size() == 1 && rng_() % 2 == 0) {
-            const Piece& p = pieces[0];
-            x = me_->ep->write(me_->to_peer, me_->mem, src_base + p.src, other_->desc,
-                               dst_base + p.dst, p.len, notification);
-        } else {
-            x = me_->ep->writev(me_->to_peer, iovecs(pieces, src_base, dst_base, true),
-                                notification);
-        }
+        StatusOr<XferId> x = post_one_sided(true, pieces, src_base, dst_base, note);
         if (!x.ok()) {
             op_failed("write: " + x.status().to_string());
             if (note) other_book_->forbid(*note);
@@ -588,21 +604,8 @@ class Worker {
         const uint8_t* src = other_->read_only.data() + src_base;
         fill_sentinel(me_, kReadInto, span);
         const uint64_t dst_base = slot_offset(id_, kReadInto);
-        std::optional<std::string> note;
-        if (rng_() % 4 == 0) {
-            note = unique("r");
-            other_book_->expect(*note);
-        }
-        const auto notification = note ? std::optional<std::string_view>(*note) : std::nullopt;
-        StatusOr<XferId> x = Status(StatusCode::kInternal, "not posted");
-        if (pieces.size() == 1 && rng_() % 2 == 0) {
-            const Piece& p = pieces[0];
-            x = me_->ep->read(me_->to_peer, me_->mem, dst_base + p.dst, other_->desc,
-                              src_base + p.src, p.len, notification);
-        } else {
-            x = me_->ep->readv(me_->to_peer, iovecs(pieces, src_base, dst_base, false),
-                               notification);
-        }
+        const std::optional<std::string> note = maybe_note("r", 4);
+        StatusOr<XferId> x = post_one_sided(false, pieces, src_base, dst_base, note);
         if (!x.ok()) {
             op_failed("read: " + x.status().to_string());
             if (note) other_book_->forbid(*note);
@@ -630,11 +633,7 @@ class Worker {
     // posted before or after the send; now and then a receive is posted and cancelled first, and
     // must not take the message.
     void do_send_recv() {
-        if (poisoned_ && !other_book_->has_seen(*poisoned_)) {
-            do_read();
-            return;
-        }
-        poisoned_.reset();
+        if (window_there_landing()) return do_read();
         const bool outbound = rng_() % 2 == 0;
         Side* sender = outbound ? me_ : other_;
         Side* receiver = outbound ? other_ : me_;
@@ -716,11 +715,7 @@ class Worker {
     // dereg() returns or is refused there, landing nothing. Either way nothing touches the
     // memory once dereg() has returned, and the registration is gone.
     void do_dereg_in_flight() {
-        if (poisoned_ && !other_book_->has_seen(*poisoned_)) {
-            do_read();
-            return;
-        }
-        poisoned_.reset();
+        if (window_there_landing()) return do_read();
         const uint64_t len = random_span(rng_);
         switch (rng_() % 3) {
             case 0: {  // a write whose source goes
